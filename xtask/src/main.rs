@@ -1,0 +1,36 @@
+//! `cargo xtask`: the project's automation. Every check CI runs lives here so that the same
+//! steps run on a laptop and in `.ci/run`.
+//!
+//! - `codegen [--check]`: regenerate `verbs-ffi/src/generated/` (or verify it is current)
+//! - `ci`: everything (packages, fmt, clippy, docs, tests, codegen drift, no_std, loom, fuzz, rxe)
+//! - `rxe [--filter S]`: the real-device suite on Soft-RoCE inside a QEMU VM
+//! - `loom`, `fuzz [--seconds N]`, `bench`, `insn`
+
+use std::process::ExitCode;
+
+mod rxe;
+mod util;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    let result = match cmd {
+        "codegen" => util::codegen(rest),
+        "rxe" => rxe::run(rest),
+        "help" | "-h" | "--help" => {
+            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | fuzz [--seconds N] | bench | insn>");
+            Ok(())
+        }
+        other => Err(format!("unknown xtask command {other:?} (try `cargo xtask help`)")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -149,8 +149,20 @@ fn generate(root: &Path) -> Result<BTreeMap<String, String>, String> {
 
     // 2. Function tables with symbol versions from the libraries themselves.
     for (lib, path, pattern, table, file) in [
-        ("libibverbs.so.1", LIBIBVERBS, "_?ibv_.*", "IbvFns", "ibverbs.rs"),
-        ("librdmacm.so.1", LIBRDMACM, "rdma_.*", "RdmaCmFns", "rdmacm.rs"),
+        (
+            "libibverbs.so.1",
+            LIBIBVERBS,
+            "_?ibv_.*",
+            "IbvFns",
+            "ibverbs.rs",
+        ),
+        (
+            "librdmacm.so.1",
+            LIBRDMACM,
+            "rdma_.*",
+            "RdmaCmFns",
+            "rdmacm.rs",
+        ),
     ] {
         let versions = symbol_versions(path)?;
         let decls = base_builder(header)
@@ -248,7 +260,9 @@ fn function_table(
         }
     }
     if fns.is_empty() {
-        return Err(format!("no exported functions of {lib} matched the headers"));
+        return Err(format!(
+            "no exported functions of {lib} matched the headers"
+        ));
     }
     let mut fields = Vec::new();
     let mut nones = Vec::new();
@@ -312,8 +326,8 @@ fn function_table(
             }
         }
     };
-    let file: syn::File =
-        syn::parse2(tokens).map_err(|e| format!("internal: generated table does not parse: {e}"))?;
+    let file: syn::File = syn::parse2(tokens)
+        .map_err(|e| format!("internal: generated table does not parse: {e}"))?;
     let mut s = String::new();
     let _ = writeln!(
         s,

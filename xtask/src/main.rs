@@ -24,7 +24,9 @@ fn main() -> ExitCode {
             println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | fuzz [--seconds N] | bench | insn>");
             Ok(())
         }
-        other => Err(format!("unknown xtask command {other:?} (try `cargo xtask help`)")),
+        other => Err(format!(
+            "unknown xtask command {other:?} (try `cargo xtask help`)"
+        )),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

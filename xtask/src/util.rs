@@ -15,9 +15,7 @@ pub fn root() -> PathBuf {
 pub fn run(cmd: &mut Command) -> Result<(), String> {
     cmd.current_dir(root());
     eprintln!("$ {}", show(cmd));
-    let status = cmd
-        .status()
-        .map_err(|e| format!("{}: {e}", show(cmd)))?;
+    let status = cmd.status().map_err(|e| format!("{}: {e}", show(cmd)))?;
     if status.success() {
         Ok(())
     } else {
@@ -43,7 +41,14 @@ pub fn cargo() -> Command {
 /// `cargo xtask codegen [--check]`: runs the generator crate.
 pub fn codegen(args: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "--release", "-p", "hotverbs-codegen", "--"]);
+    cmd.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "hotverbs-codegen",
+        "--",
+    ]);
     cmd.args(args);
     run(&mut cmd)
 }

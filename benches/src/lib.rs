@@ -1,0 +1,1 @@
+//! Shared code of the benches and `cargo xtask insn` (being built).

@@ -1,0 +1,2 @@
+//! hotverbs-datapath: the no_std hot path (being built).
+#![cfg_attr(not(any(test, feature = "std")), no_std)]

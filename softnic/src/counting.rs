@@ -1,0 +1,1 @@
+//! The counting test device (being built).

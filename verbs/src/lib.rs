@@ -1,0 +1,1 @@
+//! hotverbs: the setup layer (being built).

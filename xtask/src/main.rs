@@ -8,6 +8,7 @@
 
 use std::process::ExitCode;
 
+mod insn;
 mod rxe;
 mod util;
 
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
     let result = match cmd {
         "codegen" => util::codegen(rest),
         "rxe" => rxe::run(rest),
+        "insn" => insn::run(rest),
         "help" | "-h" | "--help" => {
             println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | fuzz [--seconds N] | bench | insn>");
             Ok(())

@@ -244,14 +244,13 @@ macro_rules! ctx_op {
     ($ctx:expr, $op:ident) => {{
         // SAFETY: forwarded from the caller's contract (live context).
         let vctx = unsafe { verbs_get_ctx($ctx) };
-        // SAFETY: vctx is non-null only for an extended context, whose `sz` says how many
-        // bytes before `context` are valid; the op field is read only when it is inside.
-        if vctx.is_null()
-            || unsafe { (*vctx).sz } < size_of::<verbs_context>() - offset_of!(verbs_context, $op)
-        {
+        let need = size_of::<verbs_context>() - offset_of!(verbs_context, $op);
+        // SAFETY: vctx is non-null only for an extended context, whose `sz` field (just
+        // before `context`) says how many bytes before `context` are valid.
+        if vctx.is_null() || unsafe { (*vctx).sz } < need {
             None
         } else {
-            // SAFETY: within the valid part (checked above).
+            // SAFETY: the op field lies within the valid part (checked above).
             unsafe { (*vctx).$op }
         }
     }};

@@ -6,7 +6,7 @@
 //! codegen read from the library, so `ibv_query_port` is `ibv_query_port@IBVERBS_1.1` and
 //! never the `IBVERBS_1.0` compat symbol that takes the old struct.
 //!
-//! Invariants of this module: the table behind a [`Once`] is written exactly once, before
+//! Invariants of this module: the table behind a `Once` is written exactly once, before
 //! its state becomes `READY` with Release ordering; readers observe `READY` with Acquire and
 //! only then read it; after that it is immutable for the life of the process.
 
@@ -20,14 +20,15 @@ use crate::IbvFns;
 #[cfg(feature = "rdmacm")]
 use crate::RdmaCmFns;
 
-/// A library could not be opened.
+/// A library could not be opened. Small (< 128 bytes) and `Copy`: it is cached for the
+/// life of the process and returned by value; the `dlerror` text is kept up to 80 bytes.
 #[derive(Clone, Copy)]
 pub struct LoadError {
     /// The soname we tried, e.g. `libibverbs.so.1`.
     pub library: &'static str,
     /// What to install, e.g. `rdma-core (Debian/Ubuntu: ibverbs-providers)`.
     pub install: &'static str,
-    detail: [u8; 160],
+    detail: [u8; 80],
     detail_len: u8,
 }
 
@@ -36,7 +37,7 @@ impl LoadError {
         let mut e = LoadError {
             library,
             install,
-            detail: [0; 160],
+            detail: [0; 80],
             detail_len: 0,
         };
         if let Some(d) = detail {

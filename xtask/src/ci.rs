@@ -1,0 +1,189 @@
+//! `cargo xtask ci`: the one place the checks live. `.ci/run` calls it on a fresh clone.
+//!
+//! Steps, in order (each prints a `==> step` header and its duration; the first failure
+//! stops the run with a non-zero exit):
+//! 1. `packages`  apt-get install what is missing (root only; otherwise say what to install)
+//! 2. `fmt`       cargo fmt --all --check
+//! 3. `clippy`    cargo clippy --workspace --all-targets -D warnings
+//! 4. `docs`      cargo doc --workspace --no-deps with RUSTDOCFLAGS=-D warnings
+//! 5. `codegen`   regenerate the bindings and diff (drift), plus a self-check that a
+//!                hand-edited generated file is caught
+//! 6. `no_std`    the no_std crates built with --no-default-features
+//! 7. `test`      cargo test --workspace (summary lines reach the output)
+//! 8. `loom`      the loom models (`cargo xtask loom`)
+//! 9. `fuzz`      a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 10. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//!
+//! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
+
+use std::process::Command;
+use std::time::Instant;
+
+use crate::util::{cargo, root, run};
+
+/// Debian packages the checks need (headers + libclang for codegen, rdma-core libraries for
+/// the run-time loader tests, valgrind for `xtask insn`); the rxe harness adds its own.
+const PACKAGES: &[&str] = &[
+    "libibverbs-dev",
+    "librdmacm-dev",
+    "ibverbs-providers",
+    "rdma-core",
+    "ibverbs-utils",
+    "rdmacm-utils",
+    "perftest",
+    "libclang-dev",
+    "clang",
+    "valgrind",
+    "binutils",
+];
+
+const STEPS: &[&str] = &[
+    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "loom", "fuzz", "rxe",
+];
+
+/// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
+pub fn run_ci(args: &[String]) -> Result<(), String> {
+    let mut skip: Vec<String> = Vec::new();
+    let mut only: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--skip" => skip.extend(list(it.next())?),
+            "--only" => only.extend(list(it.next())?),
+            other => return Err(format!("unknown option {other:?} (use --skip/--only)")),
+        }
+    }
+    for s in skip.iter().chain(&only) {
+        if !STEPS.contains(&s.as_str()) {
+            return Err(format!("unknown step {s:?}; steps: {}", STEPS.join(", ")));
+        }
+    }
+    let t0 = Instant::now();
+    for step in STEPS {
+        let selected =
+            (only.is_empty() || only.iter().any(|s| s == step)) && !skip.iter().any(|s| s == step);
+        if !selected {
+            eprintln!("==> {step}: skipped (--skip/--only)");
+            continue;
+        }
+        eprintln!("==> {step}");
+        let t = Instant::now();
+        let r = match *step {
+            "packages" => packages(),
+            "fmt" => run(cargo().args(["fmt", "--all", "--check"])),
+            "clippy" => run(cargo()
+                .args(["clippy", "--workspace", "--all-targets", "--locked", "--"])
+                .args(["-D", "warnings"])),
+            "docs" => run(cargo()
+                .args(["doc", "--workspace", "--no-deps", "--locked"])
+                .env("RUSTDOCFLAGS", "-D warnings")),
+            "codegen" => codegen_checks(),
+            "no_std" => no_std(),
+            "test" => run(cargo().args(["test", "--workspace", "--locked"])),
+            "loom" => crate::verify::loom(&[]),
+            "fuzz" => crate::verify::fuzz(&[]),
+            "rxe" => crate::rxe::run(&[]),
+            _ => unreachable!("step list and match agree"),
+        };
+        eprintln!("<== {step}: {:.1} s", t.elapsed().as_secs_f64());
+        r.map_err(|e| format!("step {step} failed: {e}"))?;
+    }
+    eprintln!(
+        "ci: all steps passed in {:.0} s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn list(v: Option<&String>) -> Result<Vec<String>, String> {
+    let v = v.ok_or("--skip/--only need a comma-separated list")?;
+    Ok(v.split(',').map(str::to_string).collect())
+}
+
+/// Installed Debian packages among `pkgs` that are missing.
+pub fn missing_packages(pkgs: &[&str]) -> Vec<String> {
+    pkgs.iter()
+        .filter(|p| {
+            let out = Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output();
+            !matches!(out, Ok(o) if String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .map(|p| p.to_string())
+        .collect()
+}
+
+/// Installs the missing packages (ours and the rxe harness's) with apt-get when root.
+pub fn packages() -> Result<(), String> {
+    let mut all: Vec<&str> = PACKAGES.to_vec();
+    for p in crate::rxe::packages() {
+        if !all.contains(p) {
+            all.push(p);
+        }
+    }
+    let missing = missing_packages(&all);
+    if missing.is_empty() {
+        eprintln!("all {} packages present", all.len());
+        return Ok(());
+    }
+    let root_user = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !root_user {
+        return Err(format!(
+            "missing packages (run as root or install them): sudo apt-get install -y {}",
+            missing.join(" ")
+        ));
+    }
+    run(Command::new("apt-get")
+        .args(["update", "-q"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Drift check, then proof that the drift check bites: a copy of the generated files with
+/// one hand edit must be reported out of date.
+fn codegen_checks() -> Result<(), String> {
+    crate::util::codegen(&["--check".to_string()])?;
+    let tmp = root().join("target/codegen-selfcheck");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let gen = root().join("verbs-ffi/src/generated");
+    for entry in std::fs::read_dir(&gen).map_err(|e| format!("{}: {e}", gen.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        std::fs::copy(entry.path(), tmp.join(entry.file_name())).map_err(|e| e.to_string())?;
+    }
+    let victim = tmp.join("types.rs");
+    let text = std::fs::read_to_string(&victim).map_err(|e| e.to_string())?;
+    let edited = text.replacen("pub wr_id: u64,", "pub wr_id: u32,", 1);
+    if edited == text {
+        return Err("self-check: could not find a line to hand-edit in types.rs".into());
+    }
+    std::fs::write(&victim, edited).map_err(|e| e.to_string())?;
+    let tampered = crate::util::codegen(&[
+        "--check".to_string(),
+        "--against".to_string(),
+        tmp.display().to_string(),
+    ]);
+    match tampered {
+        Err(_) => {
+            eprintln!(
+                "codegen self-check: a hand-edited generated file is reported out of date (good)"
+            );
+            Ok(())
+        }
+        Ok(()) => Err("codegen --check accepted a hand-edited generated file".into()),
+    }
+}
+
+fn no_std() -> Result<(), String> {
+    for p in ["hotverbs-ffi", "hotverbs-datapath"] {
+        run(cargo().args(["build", "--locked", "-p", p, "--no-default-features"]))?;
+    }
+    Ok(())
+}

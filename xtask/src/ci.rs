@@ -7,7 +7,7 @@
 //! 3. `clippy`    cargo clippy --workspace --all-targets -D warnings
 //! 4. `docs`      cargo doc --workspace --no-deps with RUSTDOCFLAGS=-D warnings
 //! 5. `codegen`   regenerate the bindings and diff (drift), plus a self-check that a
-//!                hand-edited generated file is caught
+//!    hand-edited generated file is caught
 //! 6. `no_std`    the no_std crates built with --no-default-features
 //! 7. `test`      cargo test --workspace (summary lines reach the output)
 //! 8. `loom`      the loom models (`cargo xtask loom`)

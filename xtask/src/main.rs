@@ -8,9 +8,11 @@
 
 use std::process::ExitCode;
 
+mod ci;
 mod insn;
 mod rxe;
 mod util;
+mod verify;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,7 +22,10 @@ fn main() -> ExitCode {
     };
     let result = match cmd {
         "codegen" => util::codegen(rest),
+        "ci" => ci::run_ci(rest),
         "rxe" => rxe::run(rest),
+        "loom" => verify::loom(rest),
+        "fuzz" => verify::fuzz(rest),
         "insn" => insn::run(rest),
         "help" | "-h" | "--help" => {
             println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | fuzz [--seconds N] | bench | insn>");

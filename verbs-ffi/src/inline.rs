@@ -202,14 +202,15 @@ cq_fn!(/// `ibv_wc_read_sl(3)`.
 cq_fn!(/// `ibv_wc_read_completion_ts(3)`.
     ibv_wc_read_completion_ts => read_completion_ts() -> u64);
 
-/// `ibv_wc_read_invalidated_rkey(3)`: the header reads it through `read_imm_data`.
+/// `ibv_wc_read_invalidated_rkey(3)`: the header returns `read_imm_data` unchanged (the
+/// `__be32` is reinterpreted, not byte-swapped; the equivalence test pins this).
 ///
 /// # Safety
 /// As [`ibv_wc_read_imm_data`].
 #[inline(always)]
 pub unsafe fn ibv_wc_read_invalidated_rkey(cq: *mut ibv_cq_ex) -> u32 {
     // SAFETY: forwarded contract.
-    u32::from_be(unsafe { ibv_wc_read_imm_data(cq) })
+    unsafe { ibv_wc_read_imm_data(cq) }
 }
 
 /// `ibv_cq_ex_to_cq`: an extended CQ starts with the `ibv_cq` fields.

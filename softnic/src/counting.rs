@@ -1,1 +1,534 @@
-//! The counting test device (being built).
+//! The counting test device: a minimal provider behind the verbs ABI for benches and unit
+//! tests of the datapath.
+//!
+//! It owns a real `ibv_context` whose `ops.post_send` / `post_recv` / `post_srq_recv` /
+//! `poll_cq` / `req_notify_cq` are this module's `extern "C"` functions, and one `ibv_qp`,
+//! `ibv_cq` and `ibv_srq` pointing at it, so `hotverbs_ffi::inline::ibv_post_send` reaches it
+//! exactly as it reaches a hardware provider. `post_send` walks the chain and queues one
+//! `IBV_WC_SUCCESS` completion (with `wr_id` and opcode) per signaled WR (every WR with
+//! `sq_sig_all`); it checks nothing else and moves no data. `poll_cq` hands completions back.
+//! Receives are counted and remembered (their `wr_id`s) so tests can complete them.
+//!
+//! Nothing allocates after [`CountingDevice::new`]: completions and posted receives live in
+//! fixed rings allocated there; state sits behind a tiny spin lock (uncontended: one CAS),
+//! so a poster and a poller thread may use the device at once.
+//!
+//! Test hooks model what a real device does on errors: a rejected post at a chain index
+//! ([`fail_next_post`](CountingDevice::fail_next_post)), an error completion that moves the
+//! QP to the error state ([`fail_next_wr`](CountingDevice::fail_next_wr)), after which every
+//! WR and every posted receive completes with `IBV_WC_WR_FLUSH_ERR`, and a RESET
+//! ([`reset_qp`](CountingDevice::reset_qp)) that drops posted receives without completions and
+//! leaves completions already queued in the CQ (a datapath must recognise them as stale).
+//! A loopback mode makes each SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM consume the oldest
+//! posted receive and queue its receive completion (`IBV_WC_RNR_RETRY_EXC_ERR` if none).
+
+use core::cell::UnsafeCell;
+use core::ffi::c_int;
+use core::marker::PhantomPinned;
+use core::ptr;
+use std::boxed::Box;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::vec::Vec;
+
+use hotverbs_ffi::*;
+
+/// A fixed-capacity FIFO (allocated once).
+struct Fifo<T: Copy> {
+    buf: Vec<T>,
+    head: usize,
+    len: usize,
+}
+
+impl<T: Copy> Fifo<T> {
+    fn new(cap: usize, fill: T) -> Self {
+        Self {
+            buf: std::vec![fill; cap.max(1)],
+            head: 0,
+            len: 0,
+        }
+    }
+    fn push(&mut self, v: T) -> bool {
+        if self.len == self.buf.len() {
+            return false;
+        }
+        let i = (self.head + self.len) % self.buf.len();
+        self.buf[i] = v;
+        self.len += 1;
+        true
+    }
+    fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        let v = self.buf[self.head];
+        self.head = (self.head + 1) % self.buf.len();
+        self.len -= 1;
+        Some(v)
+    }
+}
+
+struct Inner {
+    cqes: Fifo<ibv_wc>,
+    recvs: Fifo<u64>,
+    qp_error: bool,
+    sq_sig_all: bool,
+    loopback: bool,
+    fail_post: Option<(c_int, usize)>,
+    fail_wr: Option<ibv_wc_status>,
+    overflows: u64,
+}
+
+impl Inner {
+    fn push_cqe(
+        &mut self,
+        wr_id: u64,
+        status: ibv_wc_status,
+        opcode: ibv_wc_opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) {
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        let mut wc: ibv_wc = unsafe { core::mem::zeroed() };
+        wc.wr_id = wr_id;
+        wc.status = status;
+        wc.opcode = opcode;
+        wc.byte_len = byte_len;
+        wc.qp_num = QP_NUM;
+        if let Some(imm) = imm {
+            wc.wc_flags = IBV_WC_WITH_IMM;
+            wc.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        if !self.cqes.push(wc) {
+            self.overflows += 1;
+        }
+    }
+
+    /// The QP enters the error state: posted receives complete with FLUSH_ERR.
+    fn enter_error(&mut self) {
+        self.qp_error = true;
+        while let Some(id) = self.recvs.pop() {
+            self.push_cqe(id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, None);
+        }
+    }
+}
+
+/// The QP number the device reports.
+pub const QP_NUM: u32 = 0x11;
+
+/// The counting device: one context, QP, CQ and SRQ. Always used pinned (the verbs
+/// objects point at each other).
+#[repr(C)]
+pub struct CountingDevice {
+    // Must stay the first field: `qp->context` etc. point here and the callbacks cast it
+    // back to the device.
+    ctx: UnsafeCell<ibv_context>,
+    qp: UnsafeCell<ibv_qp>,
+    cq: UnsafeCell<ibv_cq>,
+    srq: UnsafeCell<ibv_srq>,
+    lock: AtomicBool,
+    inner: UnsafeCell<Inner>,
+    send_wrs: AtomicU64,
+    doorbells: AtomicU64,
+    recv_wrs: AtomicU64,
+    recv_doorbells: AtomicU64,
+    polls: AtomicU64,
+    _pin: PhantomPinned,
+}
+
+// SAFETY: all mutable state is behind the spin lock (`inner`) or atomic; the verbs structs
+// are written only during construction.
+unsafe impl Sync for CountingDevice {}
+// SAFETY: as above; nothing is tied to the creating thread.
+unsafe impl Send for CountingDevice {}
+
+impl CountingDevice {
+    /// A device whose CQ (and receive queue) hold `cq_capacity` entries.
+    pub fn new(cq_capacity: usize) -> Pin<Box<Self>> {
+        // SAFETY: ibv_wc is plain data; all-zero is valid. The verbs structs below are plain
+        // C data too (integers, pointers, pthread objects whose all-zero pattern is their
+        // static initialiser).
+        let wc_fill: ibv_wc = unsafe { core::mem::zeroed() };
+        let dev = Box::pin(CountingDevice {
+            // SAFETY: see above.
+            ctx: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            // SAFETY: see above.
+            qp: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            // SAFETY: see above.
+            cq: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            // SAFETY: see above.
+            srq: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            lock: AtomicBool::new(false),
+            inner: UnsafeCell::new(Inner {
+                cqes: Fifo::new(cq_capacity, wc_fill),
+                recvs: Fifo::new(cq_capacity, 0),
+                qp_error: false,
+                sq_sig_all: false,
+                loopback: false,
+                fail_post: None,
+                fail_wr: None,
+                overflows: 0,
+            }),
+            send_wrs: AtomicU64::new(0),
+            doorbells: AtomicU64::new(0),
+            recv_wrs: AtomicU64::new(0),
+            recv_doorbells: AtomicU64::new(0),
+            polls: AtomicU64::new(0),
+            _pin: PhantomPinned,
+        });
+        let ctx = dev.ctx.get();
+        // SAFETY: the device is pinned on the heap, so these addresses are final; nobody
+        // else has a pointer to it yet.
+        unsafe {
+            (*ctx).ops.post_send = Some(post_send);
+            (*ctx).ops.post_recv = Some(post_recv);
+            (*ctx).ops.post_srq_recv = Some(post_srq_recv);
+            (*ctx).ops.poll_cq = Some(poll_cq);
+            (*ctx).ops.req_notify_cq = Some(req_notify_cq);
+            (*ctx).cmd_fd = -1;
+            (*ctx).async_fd = -1;
+            let cq = dev.cq.get();
+            (*cq).context = ctx;
+            (*cq).cqe = cq_capacity as c_int;
+            let qp = dev.qp.get();
+            (*qp).context = ctx;
+            (*qp).send_cq = cq;
+            (*qp).recv_cq = cq;
+            (*qp).qp_num = QP_NUM;
+            (*qp).state = IBV_QPS_RTS;
+            (*qp).qp_type = IBV_QPT_RC;
+            let srq = dev.srq.get();
+            (*srq).context = ctx;
+        }
+        dev
+    }
+
+    /// The QP (`sq_sig_all = 0` unless [`set_sq_sig_all`](Self::set_sq_sig_all)).
+    pub fn qp(&self) -> *mut ibv_qp {
+        self.qp.get()
+    }
+    /// The CQ (send and receive completions).
+    pub fn cq(&self) -> *mut ibv_cq {
+        self.cq.get()
+    }
+    /// An SRQ feeding the same receive queue as the QP.
+    pub fn srq(&self) -> *mut ibv_srq {
+        self.srq.get()
+    }
+    /// The context.
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx.get()
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+        // SAFETY: the lock is held (Acquire above pairs with the Release below), so this is
+        // the only reference to `inner`.
+        let r = f(unsafe { &mut *self.inner.get() });
+        self.lock.store(false, Ordering::Release);
+        r
+    }
+
+    /// Send WRs accepted by `post_send` since creation.
+    pub fn send_wrs(&self) -> u64 {
+        self.send_wrs.load(Ordering::Relaxed)
+    }
+    /// `post_send` calls (doorbells) since creation, including rejected ones.
+    pub fn doorbells(&self) -> u64 {
+        self.doorbells.load(Ordering::Relaxed)
+    }
+    /// Receive WRs accepted since creation (QP and SRQ).
+    pub fn recv_wrs(&self) -> u64 {
+        self.recv_wrs.load(Ordering::Relaxed)
+    }
+    /// `post_recv` + `post_srq_recv` calls since creation.
+    pub fn recv_doorbells(&self) -> u64 {
+        self.recv_doorbells.load(Ordering::Relaxed)
+    }
+    /// `poll_cq` calls since creation.
+    pub fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed)
+    }
+    /// Completions dropped because the CQ was full (a real CQ would overrun).
+    pub fn cq_overflows(&self) -> u64 {
+        self.with(|i| i.overflows)
+    }
+    /// Completions waiting in the CQ.
+    pub fn queued_cqes(&self) -> usize {
+        self.with(|i| i.cqes.len)
+    }
+    /// Receives posted and not yet consumed.
+    pub fn posted_recvs(&self) -> usize {
+        self.with(|i| i.recvs.len)
+    }
+    /// True while the QP is in the error state.
+    pub fn qp_in_error(&self) -> bool {
+        self.with(|i| i.qp_error)
+    }
+
+    /// Signal every WR, as a QP created with `sq_sig_all = 1`.
+    pub fn set_sq_sig_all(&self, on: bool) {
+        self.with(|i| i.sq_sig_all = on)
+    }
+    /// Loopback: each SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM consumes a posted receive.
+    pub fn set_loopback(&self, on: bool) {
+        self.with(|i| i.loopback = on)
+    }
+    /// The next `post_send` rejects the WR at `index` of its chain with `errno` (the WRs
+    /// before it are accepted), as a provider does for a full SQ (ENOMEM) or a bad WR.
+    pub fn fail_next_post(&self, errno: c_int, index: usize) {
+        self.with(|i| i.fail_post = Some((errno, index)))
+    }
+    /// The next accepted send WR completes with `status` (signaled or not) and the QP
+    /// enters the error state.
+    pub fn fail_next_wr(&self, status: ibv_wc_status) {
+        self.with(|i| i.fail_wr = Some(status))
+    }
+    /// Moves the QP to the error state now (posted receives are flushed).
+    pub fn set_qp_error(&self) {
+        self.with(|i| i.enter_error())
+    }
+    /// Moves the QP through RESET back to RTS: posted receives vanish without completions;
+    /// completions already in the CQ stay.
+    pub fn reset_qp(&self) {
+        self.with(|i| {
+            i.qp_error = false;
+            while i.recvs.pop().is_some() {}
+        })
+    }
+    /// Completes the oldest posted receive as if a message of `byte_len` bytes (with `imm`)
+    /// arrived. Returns false if no receive was posted.
+    pub fn complete_recv(&self, byte_len: u32, imm: Option<u32>) -> bool {
+        self.with(|i| match i.recvs.pop() {
+            Some(id) => {
+                i.push_cqe(id, IBV_WC_SUCCESS, IBV_WC_RECV, byte_len, imm);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// # Safety
+    /// `p` is the context pointer of one of this module's objects.
+    unsafe fn from_ctx<'a>(p: *mut ibv_context) -> &'a CountingDevice {
+        // SAFETY: `ctx` is the first field of the repr(C) device, which is pinned and
+        // outlives its verbs objects (caller's contract).
+        unsafe { &*(p as *const CountingDevice) }
+    }
+}
+
+fn wc_opcode(op: ibv_wr_opcode) -> ibv_wc_opcode {
+    match op {
+        IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => IBV_WC_RDMA_WRITE,
+        IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
+        _ => IBV_WC_SEND,
+    }
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: qp is this device's QP (the ops table is only reachable through it).
+    let dev = unsafe { CountingDevice::from_ctx((*qp).context) };
+    dev.doorbells.fetch_add(1, Ordering::Relaxed);
+    dev.with(|inner| {
+        let mut index = 0usize;
+        let mut accepted = 0u64;
+        let rc = loop {
+            if wr.is_null() {
+                break 0;
+            }
+            if let Some((errno, at)) = inner.fail_post {
+                if at == index {
+                    inner.fail_post = None;
+                    // SAFETY: `bad` is writable per ibv_post_send(3).
+                    unsafe { *bad = wr };
+                    break errno;
+                }
+            }
+            // SAFETY: the caller passes a valid chain (ibv_post_send(3)).
+            let w = unsafe { &*wr };
+            accepted += 1;
+            if inner.qp_error {
+                inner.push_cqe(w.wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode(w.opcode), 0, None);
+            } else if let Some(status) = inner.fail_wr.take() {
+                inner.push_cqe(w.wr_id, status, wc_opcode(w.opcode), 0, None);
+                inner.enter_error();
+            } else {
+                let mut ok = true;
+                if inner.loopback
+                    && matches!(
+                        w.opcode,
+                        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
+                    )
+                {
+                    let mut len = 0u32;
+                    for s in 0..w.num_sge.max(0) as usize {
+                        // SAFETY: sg_list holds num_sge entries.
+                        len += unsafe { (*w.sg_list.add(s)).length };
+                    }
+                    let imm = if w.opcode == IBV_WR_SEND {
+                        None
+                    } else {
+                        // SAFETY: imm_data is the member used by the *_WITH_IMM opcodes.
+                        Some(u32::from_be(unsafe { w.__bindgen_anon_1.imm_data }))
+                    };
+                    let op = if w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
+                        IBV_WC_RECV_RDMA_WITH_IMM
+                    } else {
+                        IBV_WC_RECV
+                    };
+                    match inner.recvs.pop() {
+                        Some(id) => inner.push_cqe(id, IBV_WC_SUCCESS, op, len, imm),
+                        None => {
+                            inner.push_cqe(
+                                w.wr_id,
+                                IBV_WC_RNR_RETRY_EXC_ERR,
+                                wc_opcode(w.opcode),
+                                0,
+                                None,
+                            );
+                            inner.enter_error();
+                            ok = false;
+                        }
+                    }
+                }
+                if ok && (inner.sq_sig_all || w.send_flags & IBV_SEND_SIGNALED != 0) {
+                    inner.push_cqe(w.wr_id, IBV_WC_SUCCESS, wc_opcode(w.opcode), 0, None);
+                }
+            }
+            wr = w.next;
+            index += 1;
+        };
+        dev.send_wrs.fetch_add(accepted, Ordering::Relaxed);
+        rc
+    })
+}
+
+fn post_recv_common(
+    dev: &CountingDevice,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    dev.recv_doorbells.fetch_add(1, Ordering::Relaxed);
+    dev.with(|inner| {
+        let mut accepted = 0;
+        let rc = loop {
+            if wr.is_null() {
+                break 0;
+            }
+            // SAFETY: the caller passes a valid chain (ibv_post_recv(3)).
+            let w = unsafe { &*wr };
+            if inner.qp_error {
+                inner.push_cqe(w.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, None);
+            } else if !inner.recvs.push(w.wr_id) {
+                // SAFETY: `bad` is writable per ibv_post_recv(3).
+                unsafe { *bad = wr };
+                break libc::ENOMEM;
+            }
+            accepted += 1;
+            wr = w.next;
+        };
+        dev.recv_wrs.fetch_add(accepted, Ordering::Relaxed);
+        rc
+    })
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: qp is this device's QP.
+    post_recv_common(unsafe { CountingDevice::from_ctx((*qp).context) }, wr, bad)
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: srq is this device's SRQ.
+    post_recv_common(unsafe { CountingDevice::from_ctx((*srq).context) }, wr, bad)
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: cq is this device's CQ.
+    let dev = unsafe { CountingDevice::from_ctx((*cq).context) };
+    dev.polls.fetch_add(1, Ordering::Relaxed);
+    if n <= 0 {
+        return 0;
+    }
+    dev.with(|inner| {
+        let mut got = 0;
+        while got < n {
+            match inner.cqes.pop() {
+                Some(c) => {
+                    // SAFETY: `wc` has room for `n` entries (ibv_poll_cq(3)).
+                    unsafe { ptr::write(wc.add(got as usize), c) };
+                    got += 1;
+                }
+                None => break,
+            }
+        }
+        got
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hotverbs_ffi::inline;
+
+    #[test]
+    fn counts_and_completes_signaled_wrs() {
+        let dev = CountingDevice::new(16);
+        // SAFETY: zeroed WRs are valid; we link three and sign the middle one.
+        let mut wrs: [ibv_send_wr; 3] = unsafe { core::mem::zeroed() };
+        for (i, w) in wrs.iter_mut().enumerate() {
+            w.wr_id = i as u64;
+            w.opcode = IBV_WR_RDMA_WRITE;
+        }
+        wrs[1].send_flags = IBV_SEND_SIGNALED;
+        let base = wrs.as_mut_ptr();
+        // SAFETY: indices inside the array.
+        unsafe {
+            (*base).next = base.add(1);
+            (*base.add(1)).next = base.add(2);
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: live device QP, valid chain.
+        let rc = unsafe { inline::ibv_post_send(dev.qp(), base, &mut bad) };
+        assert_eq!(rc, 0);
+        assert_eq!((dev.send_wrs(), dev.doorbells()), (3, 1));
+        // SAFETY: zeroed WCs are valid.
+        let mut wc: [ibv_wc; 4] = unsafe { core::mem::zeroed() };
+        // SAFETY: live CQ, 4 entries of room.
+        let n = unsafe { inline::ibv_poll_cq(dev.cq(), 4, wc.as_mut_ptr()) };
+        assert_eq!(n, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].opcode),
+            (1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
+        );
+        dev.fail_next_post(libc::EINVAL, 1);
+        // SAFETY: as above.
+        let rc = unsafe { inline::ibv_post_send(dev.qp(), base, &mut bad) };
+        assert_eq!(rc, libc::EINVAL);
+        assert_eq!(bad, base.wrapping_add(1));
+        assert_eq!(dev.send_wrs(), 4);
+    }
+}

@@ -1,6 +1,380 @@
-//! hotverbs-softnic: an in-process RDMA device behind the verbs ABI (being built).
+//! hotverbs-softnic: an in-process RDMA device behind the verbs ABI.
+//!
+//! softnic is a device, not a code path. Its objects are the public ABI structs
+//! (`ibv_context` with a filled `ops` table, `ibv_pd`, `ibv_mr`, `ibv_cq`, `ibv_qp`,
+//! `ibv_srq`, `ibv_ah`, `ibv_comp_channel`), so `hotverbs_ffi::inline::ibv_post_send` on a
+//! softnic QP dispatches through `qp->context->ops.post_send` into softnic exactly as it
+//! reaches librxe or libmlx5. The setup verbs come as the same function-table type that
+//! libibverbs is loaded into: [`verbs_table`] returns a `&'static IbvFns` whose entries are
+//! softnic's `unsafe extern "C" fn`s with libibverbs' return conventions.
+//!
+//! # Tour
+//! - [`verbs_table`]: the table (`ibv_get_device_list` lists one device, `"softnic"`).
+//! - [`open_device`] + [`Config`]: an extra device with custom limits, usable through the
+//!   same table.
+//! - [`inject_qp_error`], [`sq_outstanding`], [`send_wrs_waiting`]: test hooks.
+//! - `fabric` (private): the process-wide object registry and the work-request engine
+//!   (one mutex; work executes synchronously inside `post_send`).
+//! - `mem` (private): the only module that touches application memory (registered,
+//!   bounds-checked ranges only).
+//! - `verbs` (private): the `extern "C"` verbs; `strings` (private): the `*_str` verbs.
+//! - [`counting`]: the counting test device.
+//!
+//! # Example
+//! ```
+//! use hotverbs_ffi::*;
+//! let fns = hotverbs_softnic::verbs_table();
+//! unsafe {
+//!     let mut n = 0;
+//!     let list = fns.ibv_get_device_list.unwrap()(&mut n);
+//!     assert_eq!(n, 1);
+//!     let ctx = fns.ibv_open_device.unwrap()(*list);
+//!     fns.ibv_free_device_list.unwrap()(list);
+//!     let pd = fns.ibv_alloc_pd.unwrap()(ctx);
+//!     let cq = fns.ibv_create_cq.unwrap()(ctx, 16, core::ptr::null_mut(), core::ptr::null_mut(), 0);
+//!     let mut wc = [ibv_wc::default(); 4];
+//!     assert_eq!(inline::ibv_poll_cq(cq, 4, wc.as_mut_ptr()), 0);
+//!     assert_eq!(fns.ibv_destroy_cq.unwrap()(cq), 0);
+//!     assert_eq!(fns.ibv_dealloc_pd.unwrap()(pd), 0);
+//!     assert_eq!(fns.ibv_close_device.unwrap()(ctx), 0);
+//! }
+//! ```
+//!
+//! # Behaviour, and what each choice follows
+//! "man" = the libibverbs man page named; "rxe Sn/Gn" = the measured row of
+//! `shared/rxe-vm/fault-truth.md`; "IBA" = the InfiniBand spec as the RDMA Aware Networks
+//! Programming manual states it. Where rxe departs from the man pages, softnic follows the
+//! man page and the entry says so.
+//!
+//! ## Objects and limits
+//! - Device defaults are rxe's (`ibv_devinfo -v` on rxe0): max_qp_wr 1048576, max_sge 32,
+//!   max_cqe 32767, max_inline_data 512, max_srq_wr 1048576, max_srq_sge 27,
+//!   max_qp_rd_atom 128, atomic_cap ATOMIC_HCA, one port.
+//! - Port 1: ACTIVE, active_mtu 1024 and max_mtu 4096 (rxe on a 1500-byte netdev), link
+//!   layer Ethernet, lid 0, gid_tbl_len 16. GID 0 is link-local (fe80::EUI-64 of the
+//!   device GUID), GID 1 the RoCE v2 IPv4-mapped GID `::ffff:10.77.0.N` (rxe README: "GID
+//!   index 1 is the RoCEv2 IPv4-mapped GID"); `_ibv_query_gid_ex` reports type ROCE_V2 and
+//!   ENODATA for empty entries; `ibv_query_gid` of an empty entry gives zeros. P_Key 0 is
+//!   0xffff.
+//! - `ibv_create_qp(3)`: "the actual capabilities are >= the requested": softnic returns
+//!   exactly the request (rxe rounds queue depths to 2^k-1, S3/S19; code that relies on
+//!   rounding is wrong on mlx5 too). Any of max_send_wr/max_recv_wr > max_qp_wr,
+//!   max_send_sge/max_recv_sge > max_sge, max_inline_data > the device's -> EINVAL (rxe
+//!   S19). NULL send_cq/recv_cq -> EINVAL (libibverbs would crash, rxe S19). With an SRQ the
+//!   returned max_recv_wr/max_recv_sge are 0 (man: "ignored"). A type other than RC/UC/UD
+//!   -> EOPNOTSUPP.
+//! - `ibv_create_cq(3)`: capacity exactly `cqe` (rxe rounds, S19); cqe < 1 or > max_cqe ->
+//!   EINVAL (rxe S19). `ibv_resize_cq` below the current fill -> EINVAL.
+//! - `ibv_create_srq(3)`: max_wr 0 or > max_srq_wr, max_sge > max_srq_sge -> EINVAL.
+//! - `ibv_reg_mr(3)`: "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set, then
+//!   IBV_ACCESS_LOCAL_WRITE must be set too" -> EINVAL otherwise. lkey == rkey; keys of
+//!   deregistered MRs are never reused in the process. `ibv_reg_mr_iova(2)` supported
+//!   (SGE and remote addresses are in the iova space).
+//! - `ibv_create_ah(3)`: RoCE needs a GRH: is_global 0 -> EINVAL, sgid_index beyond the
+//!   table -> ENODATA (rxe S18).
+//! - `ibv_dealloc_pd` EBUSY while MRs/QPs/SRQs/AHs use it; `ibv_destroy_cq` EBUSY while a
+//!   QP uses it; `ibv_destroy_srq` EBUSY while a QP uses it; `ibv_destroy_comp_channel`
+//!   EBUSY while a CQ uses it (rxe S21, man pages). `ibv_close_device` with live objects
+//!   returns 0 and keeps the context (memory and fds) alive so they stay usable and can
+//!   still be destroyed; libibverbs does not check either.
+//! - `ibv_destroy_qp` with work outstanding: no completions ever (rxe S21); completions of
+//!   that QP still in its CQs are removed (as mlx5's CQ clean). QPNs are unique per process
+//!   and never reused; QPs of all softnic contexts reach each other by QPN.
+//!
+//! ## QP state machine (`ibv_modify_qp(3)`, the kernel's `ib_modify_qp_is_ok`, rxe S20)
+//! - RESET->INIT needs PKEY_INDEX|PORT|ACCESS_FLAGS (RC/UC) or PKEY_INDEX|PORT|QKEY (UD);
+//!   INIT->RTR needs AV|PATH_MTU|DEST_QPN|RQ_PSN|MAX_DEST_RD_ATOMIC|MIN_RNR_TIMER (RC),
+//!   AV|PATH_MTU|DEST_QPN|RQ_PSN (UC), nothing (UD); RTR->RTS needs
+//!   SQ_PSN|TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC (RC), SQ_PSN (UC/UD). A missing
+//!   required attribute, or one the transition does not allow (e.g. QKEY on RC, TIMEOUT in
+//!   RTS->RTS, ACCESS_FLAGS on UD) -> EINVAL, state unchanged.
+//! - Allowed: RESET->RESET, INIT->INIT, RTS->RTS, INIT/RTR/RTS/ERR -> ERR and -> RESET.
+//!   Invalid (EINVAL): RESET->RTR/RTS/ERR, INIT->RTS, RTR->RTR, RTS->INIT/RTR, ERR->INIT/RTS,
+//!   any SQD/SQE transition (not modelled), a CUR_STATE that is not the current state.
+//!   RESET->ERR is invalid as in the kernel table and rxe S20.
+//! - Values: port_num must be 1; the AV must be global (RoCE), sgid_index beyond the table ->
+//!   ENODATA; timeout > 31 and max_rd_atomic / max_dest_rd_atomic > 128 -> EINVAL (rxe S20).
+//!   retry_cnt and rnr_retry are stored unvalidated (rxe S20); rnr_retry >= 7 means "retry
+//!   forever".
+//! - To RESET: queues emptied without completions (rxe S14), SQ accounting restarts.
+//!   To ERR: receive queue flushed first, then waiting send WRs, all WR_FLUSH_ERR
+//!   (rxe G8). `ibv_qp.state` always mirrors the state; `ibv_query_qp` reports it in both
+//!   qp_state and cur_qp_state (rxe G10 reports cur_qp_state 0; the man page says current).
+//!
+//! ## Posting (`ibv_post_send(3)`, `ibv_post_recv(3)`)
+//! - The chain is validated in order; the first rejected WR is returned in `*bad_wr` with its
+//!   errno, WRs before it are posted, nothing from it on is (man). rxe returns bad_wr NULL
+//!   and queues the WRs anyway when posting before RTS (S1); softnic follows the man page.
+//! - post_send outside RTS (and ERR) -> EINVAL. post_recv in RESET -> EINVAL; in
+//!   INIT/RTR/RTS the receive is queued (rxe S2). post_recv on a QP with an SRQ -> EINVAL
+//!   (man: "you must use ibv_post_srq_recv()").
+//! - In ERR, post_send returns 0 and the WR completes at once with WR_FLUSH_ERR, signaled or
+//!   not (rxe G9, IBA). post_recv in ERR also flushes at once (IBA; rxe holds it until
+//!   ERR->ERR, G9).
+//! - SQ full -> ENOMEM, RQ/SRQ full -> ENOMEM (rxe S3/S4, mlx5). num_sge beyond the cap or
+//!   negative -> EINVAL (rxe S4/S6). errno is not touched by a rejected post (rxe G1).
+//! - SQ occupancy: a WR occupies a slot from its post until a completion of that WR or of a
+//!   later WR of the same SQ (signaled success, error or flush) is *polled* — libmlx5
+//!   reclaims SQ space in `poll_cq` the same way; rxe frees a slot on the ACK (S3). An
+//!   unsignaled success never frees its slot by itself: a datapath that never signals (or
+//!   never polls) fills the SQ and gets ENOMEM, so SQ accounting bugs show up on softnic.
+//!   Completions polled after the QP was reset release nothing of the new incarnation.
+//!   [`sq_outstanding`] reports the occupancy.
+//! - Receives free their slot when consumed by an incoming message (rxe S4).
+//! - IBV_SEND_INLINE on SEND/SEND_WITH_IMM/RDMA_WRITE/RDMA_WRITE_WITH_IMM copies the data at
+//!   post time; more than max_inline_data bytes -> EINVAL with bad_wr at that WR, QP stays
+//!   RTS (rxe S5). On READ/atomics the flag is ignored (man: inline is for SEND and RDMA
+//!   WRITE; rxe S5 misapplies it).
+//! - Atomics: remote_addr not 8-byte aligned, or not exactly one local SGE of >= 8 bytes ->
+//!   EINVAL at post (rxe S10); on a device configured with `atomics: false` -> EINVAL.
+//!   The 64-bit remote word is handled in host byte order, as rxe does; CAS/FAA are atomic
+//!   against each other and return the original value into the local SGE.
+//! - UD: a NULL AH -> EINVAL. Opcodes the QP type does not support (READ/atomics on UC,
+//!   anything but SEND/SEND_WITH_IMM on UD, unknown opcodes) are accepted and complete with
+//!   LOC_QP_OP_ERR, moving the QP to ERR (rxe S18/S21).
+//!
+//! ## Execution and completions
+//! - Work runs synchronously inside post_send. Completions carry wr_id, qp_num, the opcode
+//!   of the WR (for error and flush completions too; man `ibv_poll_cq(3)` only guarantees
+//!   wr_id/status/qp_num/vendor_err there, rxe G2 puts 0), byte_len = the sum of the SGE
+//!   lengths for every successful send-side opcode including atomics (rxe G6) and 0 on
+//!   errors (G2), wc_flags WITH_IMM on SEND_WITH_IMM/RDMA_WRITE_WITH_IMM sender completions
+//!   (rxe G5). Signaled = IBV_SEND_SIGNALED or sq_sig_all; an unsignaled success makes no
+//!   CQE, errors and flushes always do (rxe G3).
+//! - Receive completions: RECV (RECV_RDMA_WITH_IMM for WRITE_WITH_IMM, byte_len = the write
+//!   length, receive buffer untouched: rxe S17), imm_data as posted (big-endian as the
+//!   sender wrote it), WITH_IMM flag, src_qp = sender's QPN (on RC/UC too, where the man
+//!   page calls it undefined), IBV_WC_GRH only on UD (man: "valid only for UD QPs"; rxe G4
+//!   sets it on RC too).
+//! - Zero-length SGEs and zero-byte WRITE/READ are not key-checked (rxe S16).
+//! - Local errors: a bad lkey, an SGE outside its MR or an MR of another PD ->
+//!   LOC_PROT_ERR (the manual; rxe S7 reports LOC_QP_OP_ERR for a gather-side bad lkey);
+//!   READ/atomic results into an MR without LOCAL_WRITE -> LOC_PROT_ERR (rxe S8).
+//! - Remote errors on RC: responder QP lacking REMOTE_WRITE/READ/ATOMIC in its access flags
+//!   -> REM_INV_REQ_ERR (rxe S9/S10); bad rkey, range outside the MR, MR without the remote
+//!   right -> REM_ACCESS_ERR (rxe S9/S10). Nothing is written. The responder goes to ERR
+//!   too, its receives flushed (rxe S9), with IBV_EVENT_QP_REQ_ERR / QP_ACCESS_ERR (IBA;
+//!   rxe raises none, G7). On UC the message is silently dropped and the sender succeeds.
+//! - Receive buffer too small: the receive completes with LOC_LEN_ERR, the sender with
+//!   REM_INV_REQ_ERR, both go to ERR, nothing is written (man/IBA; rxe S11 reports
+//!   REM_OP_ERR/LOC_QP_OP_ERR and writes a prefix). A receive buffer in an MR without
+//!   LOCAL_WRITE: LOC_PROT_ERR at the receiver, REM_OP_ERR at the sender (rxe S8).
+//! - RNR (no receive posted for SEND/SEND_WITH_IMM/WRITE_WITH_IMM on RC): rnr_retry 7 ->
+//!   the WR and everything posted after it on that SQ wait, and run when the responder
+//!   posts a receive (rxe S12); rnr_retry < 7 -> RNR_RETRY_EXC_ERR at once (softnic does
+//!   not model the RNR timer; rxe fails after the retries' delay), responder unaffected.
+//!   UC/UD drop the message silently.
+//! - A responder that does not exist or is not in RTR/RTS (destroyed, RESET, INIT, ERR):
+//!   RC gets RETRY_EXC_ERR at once whatever retry_cnt (rxe S14/S21/S22 after the timeouts;
+//!   with retry_cnt 7 rxe never completes — softnic does not hang). WRs waiting in RNR on a
+//!   responder that leaves RTR/RTS or is destroyed also end with RETRY_EXC_ERR.
+//! - After an error completion the QP is in ERR: the failing WR's completion first, then
+//!   its receives flushed, then every send WR still waiting, signaled or not (rxe G8, S13).
+//!   WRs that already executed (unsignaled successes) are not flushed, as on rxe (S13: the
+//!   unsignaled successful #0 gets no completion) and mlx5: their slots are released by the
+//!   next completion polled (the failing WR's), or — if the QP went to ERR by
+//!   `ibv_modify_qp`/[`inject_qp_error`] with no later completion — only by a reset. A QP going to ERR through an error
+//!   raises IBV_EVENT_QP_FATAL (IBA; rxe raises none, G7), and IBV_EVENT_QP_LAST_WQE_REACHED
+//!   when it uses an SRQ.
+//! - UD: AH + remote QPN + Q_Key (remote_qkey with the high bit set means the QP's own
+//!   Q_Key, IBA); the AH's dgid must be a GID of the target's device; a wrong Q_Key, QPN,
+//!   GID, non-UD target or a message larger than the 1024-byte path MTU is dropped and the
+//!   sender succeeds (rxe S18). The receive gets a 40-byte GRH area: 20 zero bytes then
+//!   the IPv4 header, as rxe writes for RoCE v2 (rxe S18), byte_len = 40 + payload,
+//!   IBV_WC_GRH. A too-short UD receive completes with LOC_LEN_ERR and that UD QP goes to
+//!   ERR (rxe S18; the man page expects LOC_LEN_ERR).
+//! - Multicast: `ibv_attach_mcast` on UD QPs with a multicast GID (ff..), EINVAL otherwise;
+//!   a UD send to a multicast dgid with remote_qpn 0xFFFFFF reaches every attached QP
+//!   (whose Q_Key matches) except the sender. Detaching an unattached QP -> EINVAL.
+//! - SRQ: receives are taken in posting order by any QP using it; `ibv_modify_srq` with
+//!   IBV_SRQ_LIMIT arms the limit and IBV_EVENT_SRQ_LIMIT_REACHED fires once when the
+//!   number of posted receives drops below it, disarming it (man ibv_modify_srq(3));
+//!   IBV_SRQ_MAX_WR resizes (not below the current fill).
+//! - CQ overflow: the completion that does not fit is lost, the CQ enters the error state
+//!   and IBV_EVENT_CQ_ERR is raised (man ibv_create_cq(3)/IBA); from then on `poll_cq`
+//!   returns `-EOVERFLOW` until the CQ is destroyed. rxe (S15) silently drops instead.
+//! - Notification: `req_notify_cq` arms once; the next completion (with solicited_only,
+//!   the next solicited or error completion) queues an event on the channel, whose fd is a
+//!   pipe (epoll-able, blocking unless the application sets O_NONBLOCK).
+//!   `ibv_get_async_event` likewise reads the context's `async_fd` pipe.
+//! - Thread safety: every verb takes one process-wide mutex, so posting on one thread while
+//!   another polls is correct; atomics from different QPs serialise on it too. `poll_cq` on
+//!   an empty CQ takes no lock (an atomic fill count published with Release after each
+//!   change), so a busy-polling thread does not slow the poster down.
+//! - Limits of the model: no timers (RNR and transport retries resolve at once, see above),
+//!   no SQD/SQE states, no memory windows, no extended (`ibv_qp_ex`/`ibv_cq_ex`) verbs, one
+//!   port; QPNs are never reused, so a process can create about 2^24 QPs in its lifetime.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
 
 pub mod counting;
+mod fabric;
+mod mem;
+mod strings;
+mod verbs;
+
+use hotverbs_ffi::{ibv_context, ibv_qp, IbvFns};
+
+/// Attributes of a softnic device; `Default` is close to rxe (`ibv_devinfo -v` on rxe0).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Device name (`ibv_get_device_name`).
+    pub name: String,
+    /// Maximum `max_send_wr` / `max_recv_wr` of a QP.
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR.
+    pub max_sge: u32,
+    /// Maximum CQ size.
+    pub max_cqe: u32,
+    /// Maximum `max_inline_data` of a QP.
+    pub max_inline_data: u32,
+    /// Maximum number of QPs of a context.
+    pub max_qp: u32,
+    /// Maximum `max_wr` of an SRQ.
+    pub max_srq_wr: u32,
+    /// Maximum `max_sge` of an SRQ.
+    pub max_srq_sge: u32,
+    /// Maximum outstanding RDMA READ / atomic (reported; bounds `max_rd_atomic`).
+    pub max_qp_rd_atom: u32,
+    /// Whether atomics are supported (`atomic_cap` ATOMIC_HCA, else ATOMIC_NONE and atomic
+    /// WRs are rejected with EINVAL).
+    pub atomics: bool,
+    /// Reported `max_cq`.
+    pub max_cq: u32,
+    /// Reported `max_mr`.
+    pub max_mr: u32,
+    /// Reported `max_pd`.
+    pub max_pd: u32,
+    /// Reported `max_ah`.
+    pub max_ah: u32,
+    /// Reported `max_srq`.
+    pub max_srq: u32,
+    /// `ibv_context.num_comp_vectors` (create_cq's comp_vector must be below it).
+    pub num_comp_vectors: u32,
+    /// IPv4 address in the device's RoCE v2 GID (index 1); `None` picks `10.77.x.y` from the
+    /// device number (the default device is 10.77.0.1).
+    pub ipv4: Option<[u8; 4]>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: "softnic".to_string(),
+            max_qp_wr: 1_048_576,
+            max_sge: 32,
+            max_cqe: 32767,
+            max_inline_data: 512,
+            max_qp: 1_048_560,
+            max_srq_wr: 1_048_576,
+            max_srq_sge: 27,
+            max_qp_rd_atom: 128,
+            atomics: true,
+            max_cq: 1_048_576,
+            max_mr: 524_287,
+            max_pd: 1_048_576,
+            max_ah: 32767,
+            max_srq: 917_503,
+            num_comp_vectors: 1,
+            ipv4: None,
+        }
+    }
+}
+
+static TABLE: IbvFns = IbvFns {
+    _ibv_query_gid_ex: Some(verbs::query_gid_ex),
+    ibv_ack_async_event: Some(verbs::ack_async_event),
+    ibv_ack_cq_events: Some(verbs::ack_cq_events),
+    ibv_alloc_pd: Some(verbs::alloc_pd),
+    ibv_attach_mcast: Some(verbs::attach_mcast),
+    ibv_close_device: Some(verbs::close_device),
+    ibv_create_ah: Some(verbs::create_ah),
+    ibv_create_ah_from_wc: Some(verbs::create_ah_from_wc),
+    ibv_create_comp_channel: Some(verbs::create_comp_channel),
+    ibv_create_cq: Some(verbs::create_cq),
+    ibv_create_qp: Some(verbs::create_qp),
+    ibv_create_srq: Some(verbs::create_srq),
+    ibv_dealloc_pd: Some(verbs::dealloc_pd),
+    ibv_dereg_mr: Some(verbs::dereg_mr),
+    ibv_destroy_ah: Some(verbs::destroy_ah),
+    ibv_destroy_comp_channel: Some(verbs::destroy_comp_channel),
+    ibv_destroy_cq: Some(verbs::destroy_cq),
+    ibv_destroy_qp: Some(verbs::destroy_qp),
+    ibv_destroy_srq: Some(verbs::destroy_srq),
+    ibv_detach_mcast: Some(verbs::detach_mcast),
+    ibv_event_type_str: Some(strings::event_type_str),
+    ibv_free_device_list: Some(verbs::free_device_list),
+    ibv_get_async_event: Some(verbs::get_async_event),
+    ibv_get_cq_event: Some(verbs::get_cq_event),
+    ibv_get_device_guid: Some(verbs::get_device_guid),
+    ibv_get_device_list: Some(verbs::get_device_list),
+    ibv_get_device_name: Some(verbs::get_device_name),
+    ibv_init_ah_from_wc: Some(verbs::init_ah_from_wc),
+    ibv_modify_qp: Some(verbs::modify_qp),
+    ibv_modify_srq: Some(verbs::modify_srq),
+    ibv_open_device: Some(verbs::open_device_c),
+    ibv_node_type_str: Some(strings::node_type_str),
+    ibv_port_state_str: Some(strings::port_state_str),
+    ibv_query_device: Some(verbs::query_device),
+    ibv_query_gid: Some(verbs::query_gid),
+    ibv_query_pkey: Some(verbs::query_pkey),
+    ibv_query_port: Some(verbs::query_port),
+    ibv_query_qp: Some(verbs::query_qp),
+    ibv_query_srq: Some(verbs::query_srq),
+    ibv_reg_mr: Some(verbs::reg_mr),
+    ibv_reg_mr_iova: Some(verbs::reg_mr_iova),
+    ibv_reg_mr_iova2: Some(verbs::reg_mr_iova2),
+    ibv_resize_cq: Some(verbs::resize_cq),
+    ibv_wc_status_str: Some(strings::wc_status_str),
+    ..IbvFns::EMPTY
+};
+
+/// softnic's verbs as the function table libibverbs is loaded into: every setup verb the
+/// hotverbs layer uses, with libibverbs' conventions (NULL + errno, or an errno value).
+/// Objects of any softnic context ([`open_device`] ones included) are accepted by every
+/// entry.
+pub fn verbs_table() -> &'static IbvFns {
+    &TABLE
+}
+
+/// Opens a context on a new device with `config`'s attributes (not listed by
+/// `ibv_get_device_list`). Close it with the table's `ibv_close_device`. Returns NULL and
+/// sets errno if no file descriptor is available for its async event pipe.
+pub fn open_device(config: Config) -> *mut ibv_context {
+    let mut f = fabric::lock();
+    let d = verbs::add_device(&mut f, config, true);
+    verbs::new_context(&mut f, d)
+}
+
+/// Moves `qp` to ERR as a fatal error would: its receives and waiting send WRs complete
+/// with `IBV_WC_WR_FLUSH_ERR` and `IBV_EVENT_QP_FATAL` is raised on its context. A QP
+/// already in ERR is left alone.
+///
+/// # Safety
+/// `qp` is a live QP created through [`verbs_table`].
+pub unsafe fn inject_qp_error(qp: *mut ibv_qp) {
+    // SAFETY: a live softnic QP (caller).
+    verbs::inject_error(unsafe { (*qp).handle } as usize);
+}
+
+/// Number of SQ slots `qp` currently occupies (posted WRs whose slot was not yet released
+/// by a completion of them or of a later WR). For tests of SQ accounting.
+///
+/// # Safety
+/// `qp` is a live QP created through [`verbs_table`].
+pub unsafe fn sq_outstanding(qp: *mut ibv_qp) -> u32 {
+    let mut f = fabric::lock();
+    // SAFETY: a live softnic QP (caller).
+    let q = f.qp(unsafe { (*qp).handle } as usize);
+    (q.sq_posted - q.sq_released) as u32
+}
+
+/// Number of send WRs of `qp` waiting to execute (RNR wait with `rnr_retry` 7).
+///
+/// # Safety
+/// `qp` is a live QP created through [`verbs_table`].
+pub unsafe fn send_wrs_waiting(qp: *mut ibv_qp) -> usize {
+    let mut f = fabric::lock();
+    // SAFETY: a live softnic QP (caller).
+    f.qp(unsafe { (*qp).handle } as usize).pending_len()
+}

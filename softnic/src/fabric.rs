@@ -1,0 +1,1705 @@
+//! The process-wide state of every softnic device and the work-request engine.
+//!
+//! One [`Fabric`] behind one mutex holds every object of every softnic context; the ABI
+//! structs handed to the application carry the object's slab index in their `handle` field
+//! (contexts and completion channels, which have none, are wrapped in `#[repr(C)]` structs
+//! whose first field is the ABI struct). Work is executed synchronously inside `post_send`
+//! under that lock, so a QP delivers straight into its peer's receive queue and no second
+//! lock order exists. The only shared user memory access goes through [`crate::mem`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use hotverbs_ffi::*;
+
+use crate::mem::{self, Seg};
+use crate::Config;
+
+/// First QP number handed out (rxe starts at 17; QPNs 0 and 1 are special in IB).
+pub(crate) const QPN_BASE: u32 = 17;
+/// The multicast QPN of the IBA (`0xFFFFFF`).
+pub(crate) const MCAST_QPN: u32 = 0x00ff_ffff;
+/// Size of the GRH area at the start of every UD receive buffer.
+pub(crate) const GRH_LEN: usize = 40;
+/// Active path MTU of the port (rxe on a 1500-byte netdev: 1024).
+pub(crate) const ACTIVE_MTU: usize = 1024;
+/// Number of GID table entries reported by the port.
+pub(crate) const GID_TBL_LEN: u32 = 16;
+/// `poll_cq` return value after a CQ overflow (negative, as `ibv_poll_cq(3)` says for errors).
+pub(crate) const POLL_CQ_OVERFLOW: i32 = -libc::EOVERFLOW;
+
+/// A raw pointer that may cross threads: it is only dereferenced under the fabric lock or
+/// by the application that owns the object.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ptr<T>(pub(crate) *mut T);
+// SAFETY: the pointee is an ABI struct owned by softnic; all softnic accesses happen under
+// the fabric mutex.
+unsafe impl<T> Send for Ptr<T> {}
+
+/// A context as allocated by softnic: the ABI struct first, then our index.
+#[repr(C)]
+pub(crate) struct SoftContext {
+    pub(crate) ibv: ibv_context,
+    pub(crate) idx: u32,
+}
+
+/// A CQ as allocated by softnic: the ABI struct first, then the number of completions
+/// ready to poll, so polling an empty CQ takes no lock (`u32::MAX` after an overflow).
+#[repr(C)]
+pub(crate) struct SoftCq {
+    pub(crate) ibv: ibv_cq,
+    pub(crate) ready: AtomicU32,
+}
+
+/// A completion channel as allocated by softnic.
+#[repr(C)]
+pub(crate) struct SoftChannel {
+    pub(crate) ibv: ibv_comp_channel,
+    pub(crate) idx: u32,
+}
+
+pub(crate) struct Device {
+    pub(crate) config: Config,
+    pub(crate) ibv: Ptr<ibv_device>,
+    pub(crate) guid: u64,
+    pub(crate) ipv4: [u8; 4],
+    /// The default device is never freed; extra devices belong to one context.
+    pub(crate) owned_by_ctx: bool,
+}
+
+impl Device {
+    pub(crate) fn gid(&self, index: u32) -> Option<[u8; 16]> {
+        let mut g = [0u8; 16];
+        match index {
+            0 => {
+                g[0] = 0xfe;
+                g[1] = 0x80;
+                g[8..].copy_from_slice(&self.guid.to_be_bytes());
+            }
+            1 => {
+                g[10] = 0xff;
+                g[11] = 0xff;
+                g[12..].copy_from_slice(&self.ipv4);
+            }
+            _ => return None,
+        }
+        Some(g)
+    }
+}
+
+pub(crate) struct Ctx {
+    pub(crate) dev: u32,
+    pub(crate) ptr: Ptr<SoftContext>,
+    pub(crate) async_q: VecDeque<(ibv_event_type, usize)>,
+    pub(crate) async_wr: i32,
+    pub(crate) objects: u32,
+    pub(crate) qps: u32,
+}
+
+pub(crate) struct Pd {
+    pub(crate) ctx: u32,
+    pub(crate) users: u32,
+    pub(crate) ptr: Ptr<ibv_pd>,
+}
+
+pub(crate) struct Mr {
+    pub(crate) pd: u32,
+    pub(crate) addr: usize,
+    pub(crate) iova: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+    pub(crate) key: u32,
+    pub(crate) ptr: Ptr<ibv_mr>,
+}
+
+pub(crate) struct Cq {
+    pub(crate) ctx: u32,
+    pub(crate) ring: VecDeque<(ibv_wc, SqTag)>,
+    pub(crate) cap: usize,
+    pub(crate) overflowed: bool,
+    /// `Some(solicited_only)` while armed by `req_notify_cq`.
+    pub(crate) armed: Option<bool>,
+    pub(crate) channel: Option<u32>,
+    pub(crate) users: u32,
+    pub(crate) ptr: Ptr<SoftCq>,
+}
+
+/// Which SQ slots a send-side completion covers: polling it releases every slot of QP `qp`
+/// (in reset epoch `epoch`) up to and including WR `seq`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqTag {
+    qp: u32,
+    epoch: u32,
+    seq: u64,
+}
+
+impl SqTag {
+    const NONE: SqTag = SqTag {
+        qp: u32::MAX,
+        epoch: 0,
+        seq: 0,
+    };
+}
+
+pub(crate) struct Channel {
+    pub(crate) ctx: u32,
+    pub(crate) wr: i32,
+    pub(crate) events: VecDeque<u32>,
+    pub(crate) users: u32,
+    pub(crate) ptr: Ptr<SoftChannel>,
+}
+
+pub(crate) struct Ah {
+    pub(crate) pd: u32,
+    pub(crate) attr: ibv_ah_attr,
+    pub(crate) ptr: Ptr<ibv_ah>,
+}
+
+#[derive(Default)]
+pub(crate) struct RecvEntry {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<ibv_sge>,
+}
+
+/// A receive queue (of a QP or an SRQ); entries are recycled so steady-state posting does
+/// not allocate.
+#[derive(Default)]
+pub(crate) struct RecvQueue {
+    pub(crate) q: VecDeque<RecvEntry>,
+    pub(crate) spare: Vec<RecvEntry>,
+    pub(crate) cap: u32,
+    pub(crate) max_sge: u32,
+}
+
+impl RecvQueue {
+    fn new(cap: u32, max_sge: u32) -> Self {
+        RecvQueue {
+            q: VecDeque::with_capacity((cap as usize).min(4096)),
+            spare: Vec::new(),
+            cap,
+            max_sge,
+        }
+    }
+
+    fn clear(&mut self) {
+        while let Some(e) = self.q.pop_front() {
+            self.spare.push(e);
+        }
+    }
+
+    /// Validates and appends one receive WR.
+    ///
+    /// # Safety
+    /// `wr` is a valid `ibv_recv_wr` whose `sg_list` holds `num_sge` entries.
+    unsafe fn push(&mut self, wr: &ibv_recv_wr) -> Result<(), i32> {
+        if wr.num_sge < 0 || wr.num_sge as u32 > self.max_sge {
+            return Err(libc::EINVAL);
+        }
+        if self.q.len() >= self.cap as usize {
+            return Err(libc::ENOMEM);
+        }
+        let mut e = self.spare.pop().unwrap_or_default();
+        e.wr_id = wr.wr_id;
+        e.sges.clear();
+        if wr.num_sge > 0 {
+            // SAFETY: caller guarantees sg_list holds num_sge entries.
+            let s = unsafe { core::slice::from_raw_parts(wr.sg_list, wr.num_sge as usize) };
+            e.sges.extend_from_slice(s);
+        }
+        self.q.push_back(e);
+        Ok(())
+    }
+}
+
+pub(crate) struct Srq {
+    pub(crate) ctx: u32,
+    pub(crate) pd: u32,
+    pub(crate) rq: RecvQueue,
+    pub(crate) limit: u32,
+    pub(crate) users: u32,
+    pub(crate) ptr: Ptr<ibv_srq>,
+}
+
+/// A send WR copied at post time (its SGE list, and the data itself when inline).
+#[derive(Default)]
+pub(crate) struct SendEntry {
+    seq: u64,
+    wr_id: u64,
+    opcode: ibv_wr_opcode,
+    flags: u32,
+    signaled: bool,
+    imm: u32,
+    remote_addr: u64,
+    rkey: u32,
+    compare_add: u64,
+    swap: u64,
+    ah: u32,
+    remote_qpn: u32,
+    remote_qkey: u32,
+    sges: Vec<ibv_sge>,
+    inline: bool,
+    data: Vec<u8>,
+}
+
+pub(crate) struct Qp {
+    pub(crate) ctx: u32,
+    pub(crate) pd: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
+    pub(crate) qpt: ibv_qp_type,
+    pub(crate) state: ibv_qp_state,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: ibv_qp_cap,
+    pub(crate) attr: ibv_qp_attr,
+    pub(crate) qp_context: usize,
+    /// WRs accepted by post_send since the last reset (free-running sequence).
+    pub(crate) sq_posted: u64,
+    /// Slots released: every WR with `seq < sq_released` no longer occupies the SQ (a
+    /// completion covering it was polled).
+    pub(crate) sq_released: u64,
+    /// Bumped on every reset: completions of an earlier epoch release nothing.
+    epoch: u32,
+
+    pending: VecDeque<SendEntry>,
+    spare: Vec<SendEntry>,
+    pub(crate) rq: RecvQueue,
+    pub(crate) mcast: u32,
+    pub(crate) ptr: Ptr<ibv_qp>,
+}
+
+impl Cq {
+    /// Publishes the ring's fill level to lock-free pollers.
+    pub(crate) fn publish(&self) {
+        let v = if self.overflowed {
+            u32::MAX
+        } else {
+            self.ring.len() as u32
+        };
+        // SAFETY: the SoftCq lives until destroy_cq, which removes this Cq first (under the
+        // fabric lock we hold).
+        let ready = unsafe { &(*self.ptr.0).ready };
+        // Release: pairs with the Acquire in poll_cq, so a poller that sees a non-zero count
+        // and then takes the lock finds the entries.
+        ready.store(v, Ordering::Release);
+    }
+}
+
+impl Qp {
+    fn qpn(idx: usize) -> u32 {
+        idx as u32 + QPN_BASE
+    }
+
+    pub(crate) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+/// Why a QP is moved to ERR (selects the async event).
+#[derive(Clone, Copy)]
+pub(crate) enum ErrCause {
+    /// A requester-side or receive completion error: `IBV_EVENT_QP_FATAL`.
+    Fatal,
+    /// Responder saw an invalid request: `IBV_EVENT_QP_REQ_ERR`.
+    InvalidRequest,
+    /// Responder saw an access violation: `IBV_EVENT_QP_ACCESS_ERR`.
+    Access,
+    /// The application asked (modify_qp): no event.
+    Modify,
+}
+
+enum Outcome {
+    Done(ibv_wc_status),
+    Rnr,
+}
+
+/// What happened to a message offered to a receive queue.
+enum Delivery {
+    Ok,
+    NoRecv,
+    /// Receiver completed its WR with an error and must go to ERR.
+    RecvError,
+}
+
+pub(crate) struct Fabric {
+    pub(crate) devices: Vec<Option<Device>>,
+    pub(crate) ctxs: Vec<Option<Ctx>>,
+    pub(crate) pds: Vec<Option<Pd>>,
+    pub(crate) mrs: Vec<Option<Mr>>,
+    pub(crate) cqs: Vec<Option<Cq>>,
+    pub(crate) channels: Vec<Option<Channel>>,
+    pub(crate) qps: Vec<Option<Box<Qp>>>,
+    pub(crate) srqs: Vec<Option<Srq>>,
+    pub(crate) ahs: Vec<Option<Ah>>,
+    pub(crate) mcast: HashMap<[u8; 16], Vec<u32>>,
+    /// QPs (indices) with WRs waiting for a receive (RNR with `rnr_retry` 7).
+    rnr_waiting: Vec<u32>,
+    scratch_waiters: Vec<u32>,
+    src_segs: Vec<Seg>,
+    dst_segs: Vec<Seg>,
+}
+
+static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
+
+/// The fabric lock (poisoning is ignored: softnic never panics while holding it on purpose,
+/// and a test that panicked elsewhere must not wedge the others).
+pub(crate) fn lock() -> MutexGuard<'static, Fabric> {
+    let m = FABRIC.get_or_init(|| Mutex::new(Fabric::new()));
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn slab_insert<T>(v: &mut Vec<Option<T>>, t: T) -> usize {
+    v.push(Some(t));
+    v.len() - 1
+}
+
+/// Writes one byte to a non-blocking pipe: wakes `poll`/`epoll` and blocking readers.
+pub(crate) fn ring_fd(fd: i32) {
+    let b = 1u8;
+    // SAFETY: writing one byte from a live local; fd is our own pipe's write end.
+    let _ = unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+}
+
+/// Reads one byte from a pipe (blocking unless the application made it non-blocking).
+pub(crate) fn wait_fd(fd: i32) -> bool {
+    let mut b = 0u8;
+    loop {
+        // SAFETY: reading one byte into a live local.
+        let n = unsafe { libc::read(fd, (&mut b as *mut u8).cast(), 1) };
+        if n == 1 {
+            return true;
+        }
+        if n < 0 && hotverbs_ffi::errno() == libc::EINTR {
+            continue;
+        }
+        return false;
+    }
+}
+
+/// A pipe: (read end, blocking; write end, non-blocking), both close-on-exec.
+pub(crate) fn make_pipe() -> Option<(i32, i32)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: fds[1] is the pipe we just created.
+    unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
+    Some((fds[0], fds[1]))
+}
+
+fn ok_state_for_recv(s: ibv_qp_state) -> bool {
+    s == IBV_QPS_RTR || s == IBV_QPS_RTS
+}
+
+impl Fabric {
+    fn new() -> Self {
+        Fabric {
+            devices: Vec::new(),
+            ctxs: Vec::new(),
+            pds: Vec::new(),
+            mrs: Vec::new(),
+            cqs: Vec::new(),
+            channels: Vec::new(),
+            qps: Vec::new(),
+            srqs: Vec::new(),
+            ahs: Vec::new(),
+            mcast: HashMap::new(),
+            rnr_waiting: Vec::new(),
+            scratch_waiters: Vec::new(),
+            src_segs: Vec::new(),
+            dst_segs: Vec::new(),
+        }
+    }
+
+    pub(crate) fn add_device(&mut self, d: Device) -> usize {
+        slab_insert(&mut self.devices, d)
+    }
+
+    pub(crate) fn add<T>(v: &mut Vec<Option<T>>, t: T) -> usize {
+        slab_insert(v, t)
+    }
+
+    pub(crate) fn add_qp(&mut self, qp: Qp) -> usize {
+        self.qps.push(Some(Box::new(qp)));
+        self.qps.len() - 1
+    }
+
+    pub(crate) fn qp(&mut self, i: usize) -> &mut Qp {
+        self.qps[i].as_mut().expect("live QP index")
+    }
+
+    pub(crate) fn qp_idx_by_qpn(&self, qpn: u32) -> Option<usize> {
+        let i = qpn.checked_sub(QPN_BASE)? as usize;
+        match self.qps.get(i) {
+            Some(Some(_)) => Some(i),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn ctx_dev(&self, ctx: u32) -> &Device {
+        let d = self.ctxs[ctx as usize].as_ref().expect("live ctx").dev;
+        self.devices[d as usize].as_ref().expect("live device")
+    }
+
+    pub(crate) fn cfg(&self, ctx: u32) -> &Config {
+        &self.ctx_dev(ctx).config
+    }
+
+    /// Queues an async event on a context and wakes its `async_fd`.
+    pub(crate) fn raise(&mut self, ctx: u32, ty: ibv_event_type, element: usize) {
+        if let Some(Some(c)) = self.ctxs.get_mut(ctx as usize) {
+            c.async_q.push_back((ty, element));
+            ring_fd(c.async_wr);
+        }
+    }
+
+    // ------------------------------------------------------------------ memory keys
+
+    pub(crate) fn mr_key(idx: usize) -> u32 {
+        // Low byte is a tag so random small integers are not valid keys.
+        ((idx as u32 + 1) << 8) | 0x5a
+    }
+
+    fn mr_by_key(&self, key: u32) -> Option<&Mr> {
+        if key & 0xff != 0x5a {
+            return None;
+        }
+        let i = (key >> 8).checked_sub(1)? as usize;
+        let mr = self.mrs.get(i)?.as_ref()?;
+        (mr.key == key).then_some(mr)
+    }
+
+    /// Resolves `[addr, addr + len)` of the MR named by `key` in PD `pd` to host memory,
+    /// requiring the `need` access bits.
+    pub(crate) fn resolve(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> Option<usize> {
+        let mr = self.mr_by_key(key)?;
+        if mr.pd != pd || mr.access & need != need {
+            return None;
+        }
+        let off = addr.checked_sub(mr.iova)?;
+        if off.checked_add(len)? > mr.len {
+            return None;
+        }
+        Some(mr.addr + off as usize)
+    }
+
+    /// Resolves an SGE list into `out` (zero-length SGEs are not checked: rxe S16).
+    fn resolve_sges(&self, sges: &[ibv_sge], pd: u32, need: u32, out: &mut Vec<Seg>) -> bool {
+        out.clear();
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            match self.resolve(s.lkey, pd, s.addr, s.length as u64, need) {
+                Some(p) => out.push(Seg {
+                    ptr: p,
+                    len: s.length as usize,
+                }),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    // ------------------------------------------------------------------ completions
+
+    /// Appends a completion; handles overflow (CQ error + `IBV_EVENT_CQ_ERR`) and
+    /// completion-channel notification.
+    fn push_cqe(&mut self, cq: u32, wc: ibv_wc, solicited: bool) {
+        self.push_cqe_tagged(cq, wc, solicited, SqTag::NONE);
+    }
+
+    fn push_cqe_tagged(&mut self, cq: u32, wc: ibv_wc, solicited: bool, tag: SqTag) {
+        let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
+            return;
+        };
+        if c.overflowed {
+            return;
+        }
+        if c.ring.len() >= c.cap {
+            c.overflowed = true;
+            c.publish();
+            let (ctx, ptr) = (c.ctx, c.ptr.0 as usize);
+            self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
+            return;
+        }
+        c.ring.push_back((wc, tag));
+        c.publish();
+        if let Some(sol_only) = c.armed {
+            if !sol_only || solicited || wc.status != IBV_WC_SUCCESS {
+                c.armed = None;
+                if let Some(ch) = c.channel {
+                    if let Some(Some(chan)) = self.channels.get_mut(ch as usize) {
+                        chan.events.push_back(cq);
+                        ring_fd(chan.wr);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn poll(&mut self, cq: u32, n: i32, out: *mut ibv_wc) -> i32 {
+        let Fabric { cqs, qps, .. } = self;
+        let Some(Some(c)) = cqs.get_mut(cq as usize) else {
+            return -libc::EINVAL;
+        };
+        if c.overflowed {
+            return POLL_CQ_OVERFLOW;
+        }
+        let mut k = 0;
+        while k < n {
+            let Some((wc, tag)) = c.ring.pop_front() else {
+                break;
+            };
+            // SAFETY: the caller of ibv_poll_cq provides room for n entries; k < n.
+            unsafe { out.add(k as usize).write(wc) };
+            k += 1;
+            if tag.qp != u32::MAX {
+                if let Some(Some(q)) = qps.get_mut(tag.qp as usize) {
+                    if q.epoch == tag.epoch {
+                        q.sq_released = q.sq_released.max(tag.seq + 1);
+                    }
+                }
+            }
+        }
+        c.publish();
+        k
+    }
+
+    fn send_wc(qpn: u32, e: &SendEntry, status: ibv_wc_status, byte_len: u32) -> ibv_wc {
+        let mut wc = ibv_wc {
+            wr_id: e.wr_id,
+            status,
+            qp_num: qpn,
+            byte_len: if status == IBV_WC_SUCCESS {
+                byte_len
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        wc.opcode = match e.opcode {
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => IBV_WC_RDMA_WRITE,
+            IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+            IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
+            IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
+            _ => IBV_WC_SEND,
+        };
+        if status == IBV_WC_SUCCESS
+            && (e.opcode == IBV_WR_SEND_WITH_IMM || e.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+        {
+            wc.wc_flags = IBV_WC_WITH_IMM;
+        }
+        wc
+    }
+
+    /// Records the end of send WR `e` of QP `qi`: a CQE if signaled or failed, and the SQ
+    /// slots up to and including it are released when a CQE is generated.
+    /// Records the end of send WR `e` of QP `qi`. An unsignaled success makes no completion
+    /// (and is done: a later error does not flush it, as on rxe and mlx5); any other end
+    /// makes one, which covers `e` and every earlier WR (their slots are released when it
+    /// is polled).
+    fn complete_send(&mut self, qi: usize, e: &SendEntry, status: ibv_wc_status) {
+        let qp = self.qp(qi);
+        let signaled = e.signaled || qp.sq_sig_all;
+        if status == IBV_WC_SUCCESS && !signaled {
+            return;
+        }
+        let byte_len = if e.inline {
+            e.data.len() as u32
+        } else {
+            e.sges.iter().fold(0u32, |a, s| a.wrapping_add(s.length))
+        };
+        let wc = Self::send_wc(Qp::qpn(qi), e, status, byte_len);
+        self.push_send_cqe(qi, e.seq, wc);
+    }
+
+    fn push_send_cqe(&mut self, qi: usize, seq: u64, wc: ibv_wc) {
+        let qp = self.qp(qi);
+        let tag = SqTag {
+            qp: qi as u32,
+            epoch: qp.epoch,
+            seq,
+        };
+        let cq = qp.send_cq;
+        self.push_cqe_tagged(cq, wc, false, tag);
+    }
+
+    fn recycle(&mut self, qi: usize, e: SendEntry) {
+        self.qp(qi).spare.push(e);
+    }
+
+    // ------------------------------------------------------------------ QP errors
+
+    /// Moves a QP to ERR: its receive queue is flushed first, then its waiting send WRs in
+    /// posting order (rxe G8); peers waiting on it are failed.
+    pub(crate) fn qp_error(&mut self, qi: usize, cause: ErrCause) {
+        let qpn = Qp::qpn(qi);
+        {
+            let qp = self.qp(qi);
+            if qp.state == IBV_QPS_ERR {
+                return;
+            }
+            qp.state = IBV_QPS_ERR;
+            // SAFETY: the ABI struct lives until destroy_qp, which takes the fabric lock.
+            unsafe { (*qp.ptr.0).state = IBV_QPS_ERR };
+        }
+        self.flush_rq(qi);
+        self.flush_pending(qi);
+        let (ctx, ptr, srq) = {
+            let qp = self.qp(qi);
+            (qp.ctx, qp.ptr.0 as usize, qp.srq)
+        };
+        let ev = match cause {
+            ErrCause::Fatal => Some(IBV_EVENT_QP_FATAL),
+            ErrCause::InvalidRequest => Some(IBV_EVENT_QP_REQ_ERR),
+            ErrCause::Access => Some(IBV_EVENT_QP_ACCESS_ERR),
+            ErrCause::Modify => None,
+        };
+        if let Some(ev) = ev {
+            self.raise(ctx, ev, ptr);
+        }
+        if srq.is_some() {
+            self.raise(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, ptr);
+        }
+        self.fail_waiters_on(qpn);
+    }
+
+    fn flush_rq(&mut self, qi: usize) {
+        let qpn = Qp::qpn(qi);
+        loop {
+            let qp = self.qp(qi);
+            let Some(r) = qp.rq.q.pop_front() else { break };
+            let cq = qp.recv_cq;
+            let wc = ibv_wc {
+                wr_id: r.wr_id,
+                status: IBV_WC_WR_FLUSH_ERR,
+                opcode: IBV_WC_RECV,
+                qp_num: qpn,
+                ..Default::default()
+            };
+            qp.rq.spare.push(r);
+            self.push_cqe(cq, wc, false);
+        }
+    }
+
+    fn flush_pending(&mut self, qi: usize) {
+        while let Some(e) = self.qp(qi).pending.pop_front() {
+            self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
+            self.recycle(qi, e);
+        }
+        self.rnr_waiting.retain(|&w| w as usize != qi);
+    }
+
+    /// Requesters stuck in RNR on `qpn`, which can no longer answer: their head WR ends with
+    /// `IBV_WC_RETRY_EXC_ERR` (rxe S14/S21), and they go to ERR.
+    fn fail_waiters_on(&mut self, qpn: u32) {
+        let mut w = std::mem::take(&mut self.scratch_waiters);
+        w.clear();
+        w.extend(self.rnr_waiting.iter().copied());
+        for &qi in &w {
+            let qi = qi as usize;
+            if self.qps.get(qi).is_none_or(|q| q.is_none()) {
+                continue;
+            }
+            let qp = self.qp(qi);
+            if qp.attr.dest_qp_num != qpn || qp.state == IBV_QPS_ERR {
+                continue;
+            }
+            if let Some(e) = qp.pending.pop_front() {
+                self.complete_send(qi, &e, IBV_WC_RETRY_EXC_ERR);
+                self.recycle(qi, e);
+                self.qp_error(qi, ErrCause::Fatal);
+            }
+        }
+        self.scratch_waiters = w;
+    }
+
+    /// Retries the waiting WRs of requesters whose responder is QP `qpn` (or any QP using
+    /// SRQ `srq`), after a receive was posted.
+    pub(crate) fn kick_waiters(&mut self, qpn: Option<u32>, srq: Option<u32>) {
+        if self.rnr_waiting.is_empty() {
+            return;
+        }
+        let mut w = std::mem::take(&mut self.scratch_waiters);
+        w.clear();
+        w.extend(self.rnr_waiting.iter().copied());
+        for &qi in &w {
+            let qi = qi as usize;
+            if self.qps.get(qi).is_none_or(|q| q.is_none()) {
+                continue;
+            }
+            let dest = self.qp(qi).attr.dest_qp_num;
+            let hit = Some(dest) == qpn
+                || (srq.is_some()
+                    && self
+                        .qp_idx_by_qpn(dest)
+                        .is_some_and(|d| self.qp(d).srq == srq));
+            if hit {
+                self.run_pending(qi);
+            }
+        }
+        self.scratch_waiters = w;
+    }
+
+    /// Executes waiting send WRs of QP `qi` in order until one waits again.
+    fn run_pending(&mut self, qi: usize) {
+        loop {
+            let qp = self.qp(qi);
+            if qp.state != IBV_QPS_RTS {
+                return;
+            }
+            let Some(mut e) = qp.pending.pop_front() else {
+                break;
+            };
+            match self.execute(qi, &mut e) {
+                Outcome::Rnr => {
+                    self.qp(qi).pending.push_front(e);
+                    return;
+                }
+                Outcome::Done(_) => self.recycle(qi, e),
+            }
+        }
+        self.rnr_waiting.retain(|&w| w as usize != qi);
+    }
+
+    // ------------------------------------------------------------------ posting
+
+    /// `post_send`: validates each WR in chain order; the first invalid one is returned
+    /// through `bad` with its errno and nothing from it onward is posted.
+    ///
+    /// # Safety
+    /// `wr` is a valid chain of `ibv_send_wr` (as `ibv_post_send(3)` requires); `bad` is
+    /// writable.
+    pub(crate) unsafe fn post_send(
+        &mut self,
+        qi: usize,
+        mut wr: *mut ibv_send_wr,
+        bad: *mut *mut ibv_send_wr,
+    ) -> i32 {
+        while !wr.is_null() {
+            // SAFETY: a valid chain (caller).
+            let w = unsafe { &*wr };
+            // SAFETY: forwarded contract.
+            if let Err(e) = unsafe { self.accept_send(qi, w) } {
+                if !bad.is_null() {
+                    // SAFETY: writable (caller).
+                    unsafe { *bad = wr };
+                }
+                return e;
+            }
+            wr = w.next;
+        }
+        0
+    }
+
+    /// # Safety
+    /// `w` is a valid WR; its `sg_list` holds `num_sge` entries; inline SGE addresses are
+    /// readable.
+    unsafe fn accept_send(&mut self, qi: usize, w: &ibv_send_wr) -> Result<(), i32> {
+        let (max_inline, atomics) = {
+            let ctx = self.qp(qi).ctx;
+            let c = self.cfg(ctx);
+            (c.max_inline_data, c.atomics)
+        };
+        let qp = self.qp(qi);
+        if qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR {
+            return Err(libc::EINVAL);
+        }
+        if qp.sq_posted - qp.sq_released >= qp.cap.max_send_wr as u64 {
+            return Err(libc::ENOMEM);
+        }
+        if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_send_sge {
+            return Err(libc::EINVAL);
+        }
+        let sges: &[ibv_sge] = if w.num_sge > 0 {
+            // SAFETY: caller guarantees sg_list holds num_sge entries.
+            unsafe { core::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+        } else {
+            &[]
+        };
+        let op = w.opcode;
+        let is_atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+        let carries_data = matches!(
+            op,
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+        );
+        let inline = w.send_flags & IBV_SEND_INLINE != 0 && carries_data;
+        let total: u64 = sges.iter().map(|s| s.length as u64).sum();
+        if inline && total > max_inline.min(qp.cap.max_inline_data) as u64 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the union member matching the opcode is the one the application set.
+        let (remote_addr, rkey, compare_add, swap, ah, rqpn, rqkey) = unsafe {
+            if is_atomic {
+                let a = w.wr.atomic;
+                (
+                    a.remote_addr,
+                    a.rkey,
+                    a.compare_add,
+                    a.swap,
+                    core::ptr::null_mut(),
+                    0,
+                    0,
+                )
+            } else if qp.qpt == IBV_QPT_UD {
+                let u = w.wr.ud;
+                (0, 0, 0, 0, u.ah, u.remote_qpn, u.remote_qkey)
+            } else {
+                let r = w.wr.rdma;
+                (r.remote_addr, r.rkey, 0, 0, core::ptr::null_mut(), 0, 0)
+            }
+        };
+        if is_atomic {
+            // ibv_post_send(3): atomics act on an aligned 64-bit remote word, and return it
+            // into the local SGE (rxe S10: misaligned / short local buffer -> EINVAL).
+            if !atomics || remote_addr % 8 != 0 || sges.len() != 1 || sges[0].length < 8 {
+                return Err(libc::EINVAL);
+            }
+        }
+        if qp.qpt == IBV_QPT_UD && ah.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // Accepted: it occupies a slot from here on.
+        let mut e = qp.spare.pop().unwrap_or_default();
+        e.seq = qp.sq_posted;
+        qp.sq_posted += 1;
+        e.wr_id = w.wr_id;
+        e.opcode = op;
+        e.flags = w.send_flags;
+        e.signaled = w.send_flags & IBV_SEND_SIGNALED != 0;
+        // SAFETY: plain 32-bit union; either member is the same bits.
+        e.imm = unsafe { w.__bindgen_anon_1.imm_data };
+        e.remote_addr = remote_addr;
+        e.rkey = rkey;
+        e.compare_add = compare_add;
+        e.swap = swap;
+        e.ah = if ah.is_null() {
+            u32::MAX
+        } else {
+            // SAFETY: non-null AH pointers come from ibv_create_ah, which softnic allocated.
+            unsafe { (*ah).handle }
+        };
+        e.remote_qpn = rqpn;
+        e.remote_qkey = rqkey;
+        e.sges.clear();
+        e.sges.extend_from_slice(sges);
+        e.inline = inline;
+        e.data.clear();
+        if inline {
+            for s in sges {
+                // SAFETY: IBV_SEND_INLINE: the buffers are readable at post time (caller).
+                unsafe { mem::read_inline(&mut e.data, s.addr as usize, s.length as usize) };
+            }
+        }
+        if qp.state == IBV_QPS_ERR {
+            // Posting to a QP in ERR: the WR completes at once with a flush (rxe G9).
+            self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
+            self.recycle(qi, e);
+        } else if !qp.pending.is_empty() {
+            qp.pending.push_back(e);
+        } else {
+            match self.execute(qi, &mut e) {
+                Outcome::Rnr => {
+                    self.qp(qi).pending.push_back(e);
+                    self.rnr_waiting.push(qi as u32);
+                }
+                Outcome::Done(_) => self.recycle(qi, e),
+            }
+        }
+        Ok(())
+    }
+
+    /// `post_recv` on a QP.
+    ///
+    /// # Safety
+    /// As `ibv_post_recv(3)`: a valid chain; `bad` writable.
+    pub(crate) unsafe fn post_recv(
+        &mut self,
+        qi: usize,
+        mut wr: *mut ibv_recv_wr,
+        bad: *mut *mut ibv_recv_wr,
+    ) -> i32 {
+        let mut rc = 0;
+        let mut posted = false;
+        while !wr.is_null() {
+            // SAFETY: valid chain (caller).
+            let w = unsafe { &*wr };
+            let qp = self.qp(qi);
+            let r = if qp.srq.is_some() || qp.state == IBV_QPS_RESET {
+                Err(libc::EINVAL)
+            } else {
+                // SAFETY: forwarded.
+                unsafe { qp.rq.push(w) }
+            };
+            if let Err(e) = r {
+                if !bad.is_null() {
+                    // SAFETY: writable (caller).
+                    unsafe { *bad = wr };
+                }
+                rc = e;
+                break;
+            }
+            posted = true;
+            wr = w.next;
+        }
+        if posted {
+            if self.qp(qi).state == IBV_QPS_ERR {
+                // Receives posted in ERR are flushed (IBA; rxe defers this, G9).
+                self.flush_rq(qi);
+            } else {
+                self.kick_waiters(Some(Qp::qpn(qi)), None);
+            }
+        }
+        rc
+    }
+
+    /// `post_srq_recv`.
+    ///
+    /// # Safety
+    /// As `ibv_post_srq_recv(3)`.
+    pub(crate) unsafe fn post_srq_recv(
+        &mut self,
+        si: usize,
+        mut wr: *mut ibv_recv_wr,
+        bad: *mut *mut ibv_recv_wr,
+    ) -> i32 {
+        let mut rc = 0;
+        let mut posted = false;
+        while !wr.is_null() {
+            // SAFETY: valid chain (caller).
+            let w = unsafe { &*wr };
+            let srq = self.srqs[si].as_mut().expect("live SRQ");
+            // SAFETY: forwarded.
+            if let Err(e) = unsafe { srq.rq.push(w) } {
+                if !bad.is_null() {
+                    // SAFETY: writable (caller).
+                    unsafe { *bad = wr };
+                }
+                rc = e;
+                break;
+            }
+            posted = true;
+            wr = w.next;
+        }
+        if posted {
+            self.kick_waiters(None, Some(si as u32));
+        }
+        rc
+    }
+
+    // ------------------------------------------------------------------ execution
+
+    /// Executes one send WR now; on `Done` the completion (and any error transition) has
+    /// been recorded.
+    fn execute(&mut self, qi: usize, e: &mut SendEntry) -> Outcome {
+        let mut src = std::mem::take(&mut self.src_segs);
+        let (out, peer_err) = self.execute_inner(qi, e, &mut src);
+        self.src_segs = src;
+        if let Outcome::Done(status) = out {
+            self.complete_send(qi, e, status);
+            if status != IBV_WC_SUCCESS {
+                self.qp_error(qi, ErrCause::Fatal);
+            }
+            if let Some((pi, cause)) = peer_err {
+                self.qp_error(pi, cause);
+            }
+        }
+        out
+    }
+
+    fn execute_inner(
+        &mut self,
+        qi: usize,
+        e: &SendEntry,
+        src: &mut Vec<Seg>,
+    ) -> (Outcome, Option<(usize, ErrCause)>) {
+        let done = |s| (Outcome::Done(s), None);
+        let (qpt, pd, dest, rnr_retry) = {
+            let qp = self.qp(qi);
+            (qp.qpt, qp.pd, qp.attr.dest_qp_num, qp.attr.rnr_retry)
+        };
+        let op = e.opcode;
+        let valid = match qpt {
+            IBV_QPT_RC => matches!(
+                op,
+                IBV_WR_SEND
+                    | IBV_WR_SEND_WITH_IMM
+                    | IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_WRITE_WITH_IMM
+                    | IBV_WR_RDMA_READ
+                    | IBV_WR_ATOMIC_CMP_AND_SWP
+                    | IBV_WR_ATOMIC_FETCH_AND_ADD
+            ),
+            IBV_QPT_UC => matches!(
+                op,
+                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+            ),
+            _ => matches!(op, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM),
+        };
+        if !valid {
+            // rxe S18/S21: an opcode the QP type does not support completes with
+            // LOC_QP_OP_ERR and moves the QP to ERR.
+            return done(IBV_WC_LOC_QP_OP_ERR);
+        }
+        // Local side: gather (or, for READ/atomics, scatter target needing LOCAL_WRITE).
+        let local_write = op == IBV_WR_RDMA_READ
+            || op == IBV_WR_ATOMIC_CMP_AND_SWP
+            || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+        if e.inline {
+            src.clear();
+            src.push(Seg {
+                ptr: e.data.as_ptr() as usize,
+                len: e.data.len(),
+            });
+        } else {
+            let need = if local_write {
+                IBV_ACCESS_LOCAL_WRITE
+            } else {
+                0
+            };
+            if !self.resolve_sges(&e.sges, pd, need, src) {
+                return done(IBV_WC_LOC_PROT_ERR);
+            }
+        }
+        let total: usize = src.iter().map(|s| s.len).sum();
+        if qpt == IBV_QPT_UD {
+            return done(self.ud_send(qi, e, src, total));
+        }
+        let reliable = qpt == IBV_QPT_RC;
+        // A missing / not-ready responder never answers: RC retries run out (rxe S21/S22;
+        // softnic does not wait for timeouts), UC loses the message silently.
+        let peer = match self.qp_idx_by_qpn(dest) {
+            Some(p) if ok_state_for_recv(self.qp(p).state) => p,
+            _ => {
+                return done(if reliable {
+                    IBV_WC_RETRY_EXC_ERR
+                } else {
+                    IBV_WC_SUCCESS
+                });
+            }
+        };
+        let (ppd, paccess) = {
+            let p = self.qp(peer);
+            (p.pd, p.attr.qp_access_flags)
+        };
+        let drop_or = |s| {
+            if reliable {
+                s
+            } else {
+                IBV_WC_SUCCESS
+            }
+        };
+        let rnr = || {
+            if rnr_retry >= 7 {
+                (Outcome::Rnr, None)
+            } else {
+                (Outcome::Done(IBV_WC_RNR_RETRY_EXC_ERR), None)
+            }
+        };
+        match op {
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
+                let imm = (op == IBV_WR_SEND_WITH_IMM).then_some(e.imm);
+                let sol = e.flags & IBV_SEND_SOLICITED != 0;
+                match self.deliver(peer, Qp::qpn(qi), src, total, imm, IBV_WC_RECV, sol, false) {
+                    (Delivery::Ok, _) => done(IBV_WC_SUCCESS),
+                    (Delivery::NoRecv, _) if reliable => rnr(),
+                    (Delivery::NoRecv, _) => done(IBV_WC_SUCCESS),
+                    (Delivery::RecvError, status) => {
+                        // Receiver: LOC_LEN_ERR / LOC_PROT_ERR on its receive, then ERR.
+                        // Sender: REM_INV_REQ_ERR (too long) / REM_OP_ERR (receiver's
+                        // buffer not writable) — IBA NAK codes.
+                        let s = if status == IBV_WC_LOC_LEN_ERR {
+                            IBV_WC_REM_INV_REQ_ERR
+                        } else {
+                            IBV_WC_REM_OP_ERR
+                        };
+                        (Outcome::Done(drop_or(s)), Some((peer, ErrCause::Fatal)))
+                    }
+                }
+            }
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
+                if paccess & IBV_ACCESS_REMOTE_WRITE == 0 {
+                    return self.remote_fail(reliable, peer, IBV_WC_REM_INV_REQ_ERR);
+                }
+                let dst = if total > 0 {
+                    match self.resolve(
+                        e.rkey,
+                        ppd,
+                        e.remote_addr,
+                        total as u64,
+                        IBV_ACCESS_REMOTE_WRITE,
+                    ) {
+                        Some(p) => p,
+                        None => return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR),
+                    }
+                } else {
+                    0
+                };
+                if op == IBV_WR_RDMA_WRITE_WITH_IMM && !self.has_recv(peer) {
+                    return if reliable {
+                        rnr()
+                    } else {
+                        done(IBV_WC_SUCCESS)
+                    };
+                }
+                if total > 0 {
+                    let d = [Seg {
+                        ptr: dst,
+                        len: total,
+                    }];
+                    // SAFETY: both sides resolved and bounds-checked above.
+                    unsafe { mem::scatter(&d, 0, src, 0, total) };
+                }
+                if op == IBV_WR_RDMA_WRITE_WITH_IMM {
+                    let sol = e.flags & IBV_SEND_SOLICITED != 0;
+                    self.deliver(
+                        peer,
+                        Qp::qpn(qi),
+                        &[],
+                        total,
+                        Some(e.imm),
+                        IBV_WC_RECV_RDMA_WITH_IMM,
+                        sol,
+                        true,
+                    );
+                }
+                done(IBV_WC_SUCCESS)
+            }
+            IBV_WR_RDMA_READ => {
+                if paccess & IBV_ACCESS_REMOTE_READ == 0 {
+                    return self.remote_fail(true, peer, IBV_WC_REM_INV_REQ_ERR);
+                }
+                if total > 0 {
+                    let Some(p) = self.resolve(
+                        e.rkey,
+                        ppd,
+                        e.remote_addr,
+                        total as u64,
+                        IBV_ACCESS_REMOTE_READ,
+                    ) else {
+                        return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
+                    };
+                    let s = [Seg { ptr: p, len: total }];
+                    // SAFETY: both sides resolved and bounds-checked above.
+                    unsafe { mem::scatter(src, 0, &s, 0, total) };
+                }
+                done(IBV_WC_SUCCESS)
+            }
+            _ => {
+                // Atomics (RC only; validated at post: aligned, one local SGE >= 8 bytes).
+                if paccess & IBV_ACCESS_REMOTE_ATOMIC == 0 {
+                    return self.remote_fail(true, peer, IBV_WC_REM_INV_REQ_ERR);
+                }
+                let Some(p) = self.resolve(e.rkey, ppd, e.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
+                else {
+                    return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
+                };
+                // SAFETY: resolved, bounds-checked and 8-byte aligned (post-time check; MR
+                // addresses map 1:1 modulo the iova offset, which keeps alignment only if
+                // the MR start is as aligned as its iova: checked here).
+                let orig = if p % 8 != 0 {
+                    return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
+                } else if op == IBV_WR_ATOMIC_CMP_AND_SWP {
+                    // SAFETY: as above.
+                    unsafe { mem::atomic_cmp_swap(p, e.compare_add, e.swap) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { mem::atomic_fetch_add(p, e.compare_add) }
+                };
+                let bytes = orig.to_ne_bytes();
+                let s = [Seg {
+                    ptr: bytes.as_ptr() as usize,
+                    len: 8,
+                }];
+                // SAFETY: src is the checked local SGE (>= 8 bytes); `s` is a live local.
+                unsafe { mem::scatter(src, 0, &s, 0, 8) };
+                done(IBV_WC_SUCCESS)
+            }
+        }
+    }
+
+    /// A responder-side failure: RC gets the NAK status and the responder goes to ERR
+    /// (rxe S9/S10); UC silently drops the message.
+    fn remote_fail(
+        &mut self,
+        reliable: bool,
+        peer: usize,
+        status: ibv_wc_status,
+    ) -> (Outcome, Option<(usize, ErrCause)>) {
+        if !reliable {
+            return (Outcome::Done(IBV_WC_SUCCESS), None);
+        }
+        let cause = if status == IBV_WC_REM_ACCESS_ERR {
+            ErrCause::Access
+        } else {
+            ErrCause::InvalidRequest
+        };
+        (Outcome::Done(status), Some((peer, cause)))
+    }
+
+    fn has_recv(&mut self, pi: usize) -> bool {
+        let qp = self.qp(pi);
+        match qp.srq {
+            Some(s) => self.srqs[s as usize]
+                .as_ref()
+                .is_some_and(|s| !s.rq.q.is_empty()),
+            None => !qp.rq.q.is_empty(),
+        }
+    }
+
+    fn take_recv(&mut self, pi: usize) -> Option<RecvEntry> {
+        let qp = self.qp(pi);
+        match qp.srq {
+            None => qp.rq.q.pop_front(),
+            Some(si) => {
+                let srq = self.srqs[si as usize].as_mut()?;
+                let r = srq.rq.q.pop_front()?;
+                if srq.limit > 0 && (srq.rq.q.len() as u32) < srq.limit {
+                    // ibv_modify_srq(3): the limit event fires once, then the SRQ is disarmed.
+                    srq.limit = 0;
+                    let (ctx, ptr) = (srq.ctx, srq.ptr.0 as usize);
+                    self.raise(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, ptr);
+                }
+                Some(r)
+            }
+        }
+    }
+
+    fn give_back_recv(&mut self, pi: usize, r: RecvEntry) {
+        let qp = self.qp(pi);
+        match qp.srq {
+            None => qp.rq.spare.push(r),
+            Some(si) => {
+                if let Some(s) = self.srqs[si as usize].as_mut() {
+                    s.rq.spare.push(r);
+                }
+            }
+        }
+    }
+
+    /// Consumes the responder's next receive for a message of `len` bytes from `src`
+    /// (`src` empty and `no_data` for WRITE_WITH_IMM, whose payload went to memory).
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &mut self,
+        pi: usize,
+        src_qpn: u32,
+        src: &[Seg],
+        len: usize,
+        imm: Option<u32>,
+        opcode: ibv_wc_opcode,
+        solicited: bool,
+        no_data: bool,
+    ) -> (Delivery, ibv_wc_status) {
+        let Some(r) = self.take_recv(pi) else {
+            return (Delivery::NoRecv, 0);
+        };
+        let (ppd, qpt, cq) = {
+            let p = self.qp(pi);
+            (p.pd, p.qpt, p.recv_cq)
+        };
+        let ud = qpt == IBV_QPT_UD;
+        let mut status = IBV_WC_SUCCESS;
+        let mut byte_len = len;
+        if !no_data {
+            let mut dst = std::mem::take(&mut self.dst_segs);
+            if !self.resolve_sges(&r.sges, ppd, IBV_ACCESS_LOCAL_WRITE, &mut dst) {
+                status = IBV_WC_LOC_PROT_ERR;
+            } else {
+                let room: usize = dst.iter().map(|s| s.len).sum();
+                let hdr = if ud { GRH_LEN } else { 0 };
+                if len + hdr > room {
+                    status = IBV_WC_LOC_LEN_ERR;
+                } else {
+                    if ud {
+                        let grh = self.grh_bytes(src_qpn, pi, len);
+                        let s = [Seg {
+                            ptr: grh.as_ptr() as usize,
+                            len: GRH_LEN,
+                        }];
+                        // SAFETY: dst resolved and checked to hold hdr + len bytes.
+                        unsafe { mem::scatter(&dst, 0, &s, 0, GRH_LEN) };
+                    }
+                    // SAFETY: dst resolved with room >= hdr + len; src checked by the caller.
+                    unsafe { mem::scatter(&dst, hdr, src, 0, len) };
+                    byte_len = len + hdr;
+                }
+            }
+            self.dst_segs = dst;
+        }
+        let mut wc = ibv_wc {
+            wr_id: r.wr_id,
+            status,
+            opcode,
+            qp_num: Qp::qpn(pi),
+            src_qp: src_qpn,
+            ..Default::default()
+        };
+        if status == IBV_WC_SUCCESS {
+            wc.byte_len = byte_len as u32;
+            if let Some(i) = imm {
+                wc.__bindgen_anon_1.imm_data = i;
+                wc.wc_flags |= IBV_WC_WITH_IMM;
+            }
+            if ud {
+                wc.wc_flags |= IBV_WC_GRH;
+            }
+        }
+        self.give_back_recv(pi, r);
+        self.push_cqe(cq, wc, solicited);
+        if status == IBV_WC_SUCCESS {
+            (Delivery::Ok, status)
+        } else {
+            (Delivery::RecvError, status)
+        }
+    }
+
+    /// The 40-byte GRH area of a UD receive: as rxe writes it for RoCE v2 over IPv4, 20
+    /// zero bytes then the IPv4 header (rxe S18).
+    fn grh_bytes(&self, src_qpn: u32, dst_qi: usize, len: usize) -> [u8; GRH_LEN] {
+        let mut g = [0u8; GRH_LEN];
+        let sip = self
+            .qp_idx_by_qpn(src_qpn)
+            .and_then(|i| self.qps[i].as_ref())
+            .map_or([0; 4], |q| self.ctx_dev(q.ctx).ipv4);
+        let dip = self.qps[dst_qi]
+            .as_ref()
+            .map_or([0; 4], |q| self.ctx_dev(q.ctx).ipv4);
+        let ip = &mut g[20..];
+        ip[0] = 0x45;
+        let tot = (20 + 8 + 12 + len + 4) as u16; // IPv4 + UDP + BTH/DETH + ICRC
+        ip[2..4].copy_from_slice(&tot.to_be_bytes());
+        ip[8] = 64; // TTL
+        ip[9] = 17; // UDP
+        ip[12..16].copy_from_slice(&sip);
+        ip[16..20].copy_from_slice(&dip);
+        let mut sum = 0u32;
+        for c in ip.chunks(2) {
+            sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        g
+    }
+
+    /// UD send: resolves the AH, checks the Q_Key and delivers to one QP or to every member
+    /// of a multicast group. Unreliable: the sender always succeeds.
+    fn ud_send(&mut self, qi: usize, e: &SendEntry, src: &[Seg], total: usize) -> ibv_wc_status {
+        let qpd = self.qp(qi).pd;
+        let Some(ah) = self.ahs.get(e.ah as usize).and_then(|a| a.as_ref()) else {
+            return IBV_WC_LOC_QP_OP_ERR;
+        };
+        if ah.pd != qpd {
+            return IBV_WC_LOC_QP_OP_ERR;
+        }
+        // SAFETY: raw is always a valid view of the 16-byte union.
+        let dgid = unsafe { ah.attr.grh.dgid.raw };
+        if total > ACTIVE_MTU {
+            // rxe S18: a UD message larger than the path MTU is silently dropped.
+            return IBV_WC_SUCCESS;
+        }
+        let own_qkey = self.qp(qi).attr.qkey;
+        let qkey = if e.remote_qkey & 0x8000_0000 != 0 {
+            own_qkey
+        } else {
+            e.remote_qkey
+        };
+        let imm = (e.opcode == IBV_WR_SEND_WITH_IMM).then_some(e.imm);
+        let sol = e.flags & IBV_SEND_SOLICITED != 0;
+        let mut targets = std::mem::take(&mut self.scratch_waiters);
+        targets.clear();
+        if dgid[0] == 0xff && e.remote_qpn == MCAST_QPN {
+            if let Some(g) = self.mcast.get(&dgid) {
+                targets.extend(g.iter().copied().filter(|&q| q != Qp::qpn(qi)));
+            }
+        } else if let Some(t) = self.qp_idx_by_qpn(e.remote_qpn) {
+            // The AH must name the target's port (one of its GIDs).
+            let tctx = self.qp(t).ctx;
+            let dev = self.ctx_dev(tctx);
+            if dev.gid(0) == Some(dgid) || dev.gid(1) == Some(dgid) {
+                targets.push(e.remote_qpn);
+            }
+        }
+        for &tq in &targets {
+            let Some(t) = self.qp_idx_by_qpn(tq) else {
+                continue;
+            };
+            let (tt, ts, tk) = {
+                let q = self.qp(t);
+                (q.qpt, q.state, q.attr.qkey)
+            };
+            if tt != IBV_QPT_UD || !ok_state_for_recv(ts) || tk != qkey {
+                continue; // dropped (rxe S18: wrong Q_Key or QPN -> nothing)
+            }
+            if let (Delivery::RecvError, _) =
+                self.deliver(t, Qp::qpn(qi), src, total, imm, IBV_WC_RECV, sol, false)
+            {
+                // rxe S18: a too-short UD receive completes in error and the UD QP goes to ERR.
+                self.qp_error(t, ErrCause::Fatal);
+            }
+        }
+        self.scratch_waiters = targets;
+        IBV_WC_SUCCESS
+    }
+
+    // ------------------------------------------------------------------ modify_qp
+
+    /// `ibv_modify_qp(3)`.
+    pub(crate) fn modify_qp(&mut self, qi: usize, attr: &ibv_qp_attr, mask: u32) -> i32 {
+        let (ctx, cur, qpt) = {
+            let q = self.qp(qi);
+            (q.ctx, q.state, q.qpt)
+        };
+        let (max_rd_atom, dev_gids) = (self.cfg(ctx).max_qp_rd_atom, GID_TBL_LEN);
+        if mask & IBV_QP_CUR_STATE != 0 && attr.cur_qp_state != cur {
+            return libc::EINVAL;
+        }
+        let next = if mask & IBV_QP_STATE != 0 {
+            attr.qp_state
+        } else {
+            cur
+        };
+        let Some((req, opt)) = transition(cur, next, qpt) else {
+            return libc::EINVAL;
+        };
+        let m = mask & !(IBV_QP_STATE | IBV_QP_CUR_STATE);
+        if m & req != req || m & !(req | opt) != 0 {
+            return libc::EINVAL;
+        }
+        if m & IBV_QP_PORT != 0 && attr.port_num != 1 {
+            return libc::EINVAL;
+        }
+        if m & IBV_QP_AV != 0 {
+            // RoCE: the address vector must carry a GRH (rxe S20: is_global=0 -> EINVAL).
+            if attr.ah_attr.is_global == 0 {
+                return libc::EINVAL;
+            }
+            if attr.ah_attr.grh.sgid_index as u32 >= dev_gids {
+                return libc::ENODATA;
+            }
+        }
+        if m & IBV_QP_TIMEOUT != 0 && attr.timeout > 31 {
+            return libc::EINVAL;
+        }
+        if m & IBV_QP_MAX_QP_RD_ATOMIC != 0 && attr.max_rd_atomic as u32 > max_rd_atom {
+            return libc::EINVAL;
+        }
+        if m & IBV_QP_MAX_DEST_RD_ATOMIC != 0 && attr.max_dest_rd_atomic as u32 > max_rd_atom {
+            return libc::EINVAL;
+        }
+        {
+            let a = &mut self.qp(qi).attr;
+            macro_rules! take {
+                ($bit:expr, $($f:ident),+) => {
+                    if m & $bit != 0 { $(a.$f = attr.$f;)+ }
+                };
+            }
+            take!(IBV_QP_ACCESS_FLAGS, qp_access_flags);
+            take!(IBV_QP_PKEY_INDEX, pkey_index);
+            take!(IBV_QP_PORT, port_num);
+            take!(IBV_QP_QKEY, qkey);
+            take!(IBV_QP_AV, ah_attr);
+            take!(IBV_QP_PATH_MTU, path_mtu);
+            take!(IBV_QP_TIMEOUT, timeout);
+            take!(IBV_QP_RETRY_CNT, retry_cnt);
+            take!(IBV_QP_RNR_RETRY, rnr_retry);
+            take!(IBV_QP_RQ_PSN, rq_psn);
+            take!(IBV_QP_MAX_QP_RD_ATOMIC, max_rd_atomic);
+            take!(
+                IBV_QP_ALT_PATH,
+                alt_ah_attr,
+                alt_pkey_index,
+                alt_port_num,
+                alt_timeout
+            );
+            take!(IBV_QP_MIN_RNR_TIMER, min_rnr_timer);
+            take!(IBV_QP_SQ_PSN, sq_psn);
+            take!(IBV_QP_MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+            take!(IBV_QP_PATH_MIG_STATE, path_mig_state);
+            take!(IBV_QP_DEST_QPN, dest_qp_num);
+        }
+        if next == cur {
+            return 0;
+        }
+        match next {
+            IBV_QPS_ERR => self.qp_error(qi, ErrCause::Modify),
+            IBV_QPS_RESET => self.reset_qp(qi),
+            _ => {
+                let q = self.qp(qi);
+                q.state = next;
+                // SAFETY: the ABI struct lives until destroy_qp (which takes the lock).
+                unsafe { (*q.ptr.0).state = next };
+                if next == IBV_QPS_RTR {
+                    // A responder that becomes ready may have waiters (loopback or re-setup).
+                    self.kick_waiters(Some(Qp::qpn(qi)), None);
+                }
+            }
+        }
+        0
+    }
+
+    /// To RESET: queues emptied without completions (ibv_modify_qp(3), rxe S14).
+    pub(crate) fn reset_qp(&mut self, qi: usize) {
+        let qpn = Qp::qpn(qi);
+        let q = self.qp(qi);
+        q.state = IBV_QPS_RESET;
+        // SAFETY: the ABI struct lives until destroy_qp.
+        unsafe { (*q.ptr.0).state = IBV_QPS_RESET };
+        q.rq.clear();
+        while let Some(e) = q.pending.pop_front() {
+            q.spare.push(e);
+        }
+        q.sq_posted = 0;
+        q.sq_released = 0;
+        q.epoch = q.epoch.wrapping_add(1);
+        self.rnr_waiting.retain(|&w| w as usize != qi);
+        self.fail_waiters_on(qpn);
+    }
+
+    /// Removes a QP: waiting requesters on it fail, CQEs it left are purged (as mlx5's
+    /// `cq_clean`), multicast memberships dropped.
+    pub(crate) fn remove_qp(&mut self, qi: usize) -> Box<Qp> {
+        let qpn = Qp::qpn(qi);
+        self.rnr_waiting.retain(|&w| w as usize != qi);
+        let q = self.qps[qi].take().expect("live QP");
+        self.fail_waiters_on(qpn);
+        for g in self.mcast.values_mut() {
+            g.retain(|&m| m != qpn);
+        }
+        self.mcast.retain(|_, g| !g.is_empty());
+        for cq in [q.send_cq, q.recv_cq] {
+            if let Some(Some(c)) = self.cqs.get_mut(cq as usize) {
+                c.ring.retain(|(wc, _)| wc.qp_num != qpn);
+                c.publish();
+            }
+        }
+        q
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_qp_struct(
+        ctx: u32,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        srq: Option<u32>,
+        init: &ibv_qp_init_attr,
+        cap: ibv_qp_cap,
+        ptr: *mut ibv_qp,
+    ) -> Qp {
+        Qp {
+            ctx,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            qpt: init.qp_type,
+            state: IBV_QPS_RESET,
+            sq_sig_all: init.sq_sig_all != 0,
+            cap,
+            attr: ibv_qp_attr::default(),
+            qp_context: init.qp_context as usize,
+            sq_posted: 0,
+            sq_released: 0,
+            epoch: 0,
+            pending: VecDeque::with_capacity((cap.max_send_wr as usize).min(1024)),
+            spare: Vec::new(),
+            rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
+            mcast: 0,
+            ptr: Ptr(ptr),
+        }
+    }
+
+    pub(crate) fn new_srq_rq(max_wr: u32, max_sge: u32) -> RecvQueue {
+        RecvQueue::new(max_wr, max_sge)
+    }
+}
+
+/// The QP state table of the IBA as the kernel's `ib_modify_qp_is_ok` encodes it (and rxe
+/// enforces, fault-truth S20): `(required, optional)` attribute masks, without STATE /
+/// CUR_STATE, or `None` for an invalid transition. SQD/SQE are not modelled.
+fn transition(cur: ibv_qp_state, next: ibv_qp_state, qpt: ibv_qp_type) -> Option<(u32, u32)> {
+    let ud = qpt == IBV_QPT_UD;
+    let rc = qpt == IBV_QPT_RC;
+    let init_attrs = if ud {
+        IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY
+    } else {
+        IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+    };
+    Some(match (cur, next) {
+        (IBV_QPS_RESET, IBV_QPS_RESET) => (0, 0),
+        (IBV_QPS_RESET, IBV_QPS_INIT) => (init_attrs, 0),
+        (IBV_QPS_INIT, IBV_QPS_INIT) => (0, init_attrs),
+        (IBV_QPS_INIT, IBV_QPS_RTR) => {
+            if ud {
+                (0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY)
+            } else {
+                let base = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+                let req = if rc {
+                    base | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
+                } else {
+                    base
+                };
+                (
+                    req,
+                    IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX,
+                )
+            }
+        }
+        (IBV_QPS_RTR, IBV_QPS_RTS) => {
+            if ud {
+                (IBV_QP_SQ_PSN, IBV_QP_QKEY)
+            } else if rc {
+                (
+                    IBV_QP_SQ_PSN
+                        | IBV_QP_TIMEOUT
+                        | IBV_QP_RETRY_CNT
+                        | IBV_QP_RNR_RETRY
+                        | IBV_QP_MAX_QP_RD_ATOMIC,
+                    IBV_QP_ALT_PATH
+                        | IBV_QP_ACCESS_FLAGS
+                        | IBV_QP_MIN_RNR_TIMER
+                        | IBV_QP_PATH_MIG_STATE,
+                )
+            } else {
+                (
+                    IBV_QP_SQ_PSN,
+                    IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE,
+                )
+            }
+        }
+        (IBV_QPS_RTS, IBV_QPS_RTS) => {
+            if ud {
+                (0, IBV_QP_QKEY)
+            } else if rc {
+                (
+                    0,
+                    IBV_QP_ACCESS_FLAGS
+                        | IBV_QP_ALT_PATH
+                        | IBV_QP_PATH_MIG_STATE
+                        | IBV_QP_MIN_RNR_TIMER,
+                )
+            } else {
+                (
+                    0,
+                    IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE,
+                )
+            }
+        }
+        (IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_ERR, IBV_QPS_ERR) => (0, 0),
+        (IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_ERR, IBV_QPS_RESET) => (0, 0),
+        _ => return None,
+    })
+}

@@ -1,1 +1,111 @@
-//! hotverbs: the setup layer (being built).
+//! hotverbs: the setup layer of an RDMA library for people who count nanoseconds —
+//! "normal verbs" as a safe Rust API, verb by verb.
+//!
+//! One set of types runs over two kinds of device: real ones through the run-time loaded
+//! `libibverbs.so.1` (mlx5, rxe, ...) and the in-process software device `softnic`. A
+//! [`Context`] holds the function table it was opened through and calls every verb via
+//! that table, so the same program runs on either, chosen by device name.
+//!
+//! # Tour
+//! - [`devices()`], [`Context`]: list and open devices; [`Context::query_device`],
+//!   [`Context::query_port`], [`Context::gid_table`], [`Context::query_pkey`];
+//!   [`Context::port_info`] picks the first active port and, on RoCE, the RoCE v2 IPv4 GID.
+//! - [`Pd`], [`Mr`]: protection domains and memory regions (over borrowed caller memory
+//!   or owned page-aligned/huge-page buffers), with [`Sge`] and [`RemoteMr`] descriptors.
+//! - [`Cq`], [`CompChannel`], [`Wc`]: completion queues, event channels (fd for epoll),
+//!   [`AsyncEvent`]s.
+//! - [`QpBuilder`], [`Qp`]: RC/UC/UD QPs; typed transitions [`Qp::to_init`],
+//!   [`Qp::to_rtr`], [`Qp::to_rts`], [`Qp::to_error`], [`Qp::reset`], [`Qp::query`],
+//!   and [`Qp::connect`] for all of RESET->INIT->RTR->RTS.
+//! - [`Srq`], [`Ah`]: shared receive queues, address handles (also from a received
+//!   [`Wc`]), multicast with [`Qp::attach_mcast`].
+//! - [`exchange`]: endpoint exchange over TCP in our format and `ibv_rc_pingpong`'s.
+//! - [`cm`]: the rdma_cm path (librdmacm, loaded at run time).
+//! - [`Error`]: every failure names the verb, the errno and a hint.
+//!
+//! # Lifetimes
+//! Objects hold their parents (`Arc`s inside): a PD lives until its MRs, QPs, SRQs and AHs
+//! are gone, a CQ until its QPs are, a context until everything made from it is. Dropping
+//! destroys; a destroy that fails in `Drop` is printed and recorded
+//! ([`take_drop_errors`]). Each type also has `destroy(self) -> Result<()>`, which returns
+//! the verb's error — or `EBUSY` while children still hold the object.
+//!
+//! # Hand-off to the datapath
+//! [`Qp::as_raw`], [`Cq::as_raw`], [`Srq::as_raw`] give the raw pointers, valid while the
+//! owning object lives; [`Mr::local`] / [`Mr::sge`] give `(addr, length, lkey)` and
+//! [`Mr::remote`] gives `(addr, len, rkey)`.
+//!
+//! # Example: a connected RC pair, one send
+//! ```
+//! use std::time::Duration;
+//! use hotverbs::*;
+//!
+//! let ctx = Context::open("softnic")?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(64, None)?;
+//! let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+//! let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+//! let port = ctx.port_info(None, None)?;
+//! a.connect(&port, &b.endpoint(&port), &ConnectOptions::default())?;
+//! b.connect(&port, &a.endpoint(&port), &ConnectOptions::default())?;
+//!
+//! let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
+//! tx.as_mut_slice()[..5].copy_from_slice(b"hello");
+//! // SAFETY: rx and tx stay registered and untouched until their completions are polled.
+//! unsafe {
+//!     b.post_recv(1, &[rx.local(0, 64)?])?;
+//!     a.post_send(&SendWr::send(2, &[tx.local(0, 5)?]).signaled())?;
+//! }
+//! let mut got = Vec::new();
+//! while got.len() < 2 {
+//!     got.push(cq.wait_one(Duration::from_secs(5))?.ok()?.wr_id());
+//! }
+//! got.sort();
+//! assert_eq!(got, [1, 2]);
+//! assert_eq!(&rx.as_slice()[..5], b"hello");
+//! # Ok::<(), hotverbs::Error>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+mod ah;
+pub mod cm;
+mod cq;
+mod device;
+mod error;
+pub mod exchange;
+mod mr;
+mod pd;
+mod qp;
+mod srq;
+
+pub use ah::{Ah, AhAttr};
+pub use cq::{async_event_name, AsyncElement, AsyncEvent, CompChannel, Cq, CqEvent, Wc};
+pub use device::{
+    devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
+    GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC,
+};
+pub use error::{take_drop_errors, Error, Result};
+pub use exchange::{Endpoint, ExchangeError};
+pub use hotverbs_ffi;
+pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
+pub use hotverbs_softnic::Config as SoftnicConfig;
+pub use mr::{AccessFlags, Mr, OwnedBuf, RemoteMr, Sge};
+pub use pd::Pd;
+pub use qp::{
+    ConnectOptions, Grh, InitAttr, Qp, QpAttr, QpBuilder, QpState, QpType, RtrAttr, RtsAttr,
+    SendWr, DEFAULT_QKEY,
+};
+pub use srq::Srq;
+
+/// An all-zero value of a C struct.
+///
+/// # Safety
+/// `T` must be plain C data for which all-zero bytes are a valid value (the verbs structs:
+/// integers, raw pointers, unions of those).
+pub(crate) unsafe fn zeroed<T>() -> T {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { std::mem::zeroed() }
+}

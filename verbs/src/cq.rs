@@ -1,0 +1,725 @@
+//! Completion queues, completion channels and asynchronous events: `ibv_create_cq`,
+//! `ibv_create_comp_channel`, `ibv_req_notify_cq`, `ibv_get_cq_event`,
+//! `ibv_ack_cq_events`, `ibv_poll_cq`, `ibv_get_async_event`, `ibv_ack_async_event`.
+//!
+//! Invariants: a [`Cq`] is an `Arc<CqInner>`; QPs hold clones, so the CQ is destroyed after
+//! them. `cq_context` of every CQ we create points to its boxed unacknowledged-event
+//! counter (which outlives the CQ), so [`CompChannel::get_cq_event`] can count events and
+//! the CQ's destruction can acknowledge any the user did not (libibverbs'
+//! `ibv_destroy_cq` would otherwise wait for them forever).
+
+use std::fmt;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hotverbs_ffi::{ibv_comp_channel, ibv_cq, ibv_wc};
+
+use crate::device::Context;
+use crate::error::{record_drop_error, Error, Result};
+
+pub(crate) struct ChanInner {
+    ctx: Context,
+    ch: *mut ibv_comp_channel,
+}
+
+// SAFETY: a completion channel is an fd plus a struct libibverbs only reads; its verbs are
+// thread-safe.
+unsafe impl Send for ChanInner {}
+// SAFETY: see Send.
+unsafe impl Sync for ChanInner {}
+
+impl ChanInner {
+    fn destroy(&mut self) -> Result<()> {
+        let ch = std::mem::replace(&mut self.ch, std::ptr::null_mut());
+        if ch.is_null() {
+            return Ok(());
+        }
+        let f = self
+            .ctx
+            .fns()
+            .ibv_destroy_comp_channel
+            .ok_or_else(|| Error::missing("ibv_destroy_comp_channel"))?;
+        // SAFETY: ch came from this table and no CQ uses it any more (they hold Arcs of us).
+        let ret = unsafe { f(ch) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_destroy_comp_channel", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ChanInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            record_drop_error(e);
+        }
+    }
+}
+
+/// A completion event channel (`struct ibv_comp_channel`): CQs created with it signal
+/// completions (after [`Cq::req_notify`]) on its file descriptor, which `epoll` can watch.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// let ctx = hotverbs::Context::open("softnic")?;
+/// let ch = ctx.create_comp_channel()?;
+/// let cq = ctx.create_cq(16, Some(&ch))?;
+/// cq.req_notify(false)?;
+/// // Nothing completed yet: no event within 10 ms.
+/// assert!(ch.wait_cq_event(Duration::from_millis(10))?.is_none());
+/// assert!(ch.fd() >= 0);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_comp_channel(3)`, `ibv_get_cq_event(3)`
+#[derive(Clone)]
+pub struct CompChannel {
+    inner: Arc<ChanInner>,
+}
+
+impl fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// One completion event taken from a channel: which CQ it was for. The event is counted
+/// against that CQ and must be acknowledged with [`Cq::ack_events`] (or is acknowledged
+/// when the CQ is destroyed).
+///
+/// # Example
+/// ```
+/// # use std::time::Duration;
+/// # let ctx = hotverbs::Context::open("softnic")?;
+/// # let ch = ctx.create_comp_channel()?;
+/// # let cq = ctx.create_cq(16, Some(&ch))?;
+/// if let Some(ev) = ch.wait_cq_event(Duration::from_millis(1))? {
+///     assert!(ev.is_for(&cq));
+///     cq.ack_events(1);
+/// }
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqEvent {
+    cq: *mut ibv_cq,
+}
+
+impl CqEvent {
+    /// The raw CQ the event is for.
+    pub fn cq_raw(&self) -> *mut ibv_cq {
+        self.cq
+    }
+    /// Is it for `cq`?
+    pub fn is_for(&self, cq: &Cq) -> bool {
+        self.cq == cq.as_raw()
+    }
+}
+
+impl Context {
+    /// `ibv_create_comp_channel(3)`.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        let f = self
+            .fns()
+            .ibv_create_comp_channel
+            .ok_or_else(|| Error::missing("ibv_create_comp_channel"))?;
+        // SAFETY: live context.
+        let ch = unsafe { f(self.as_raw()) };
+        if ch.is_null() {
+            return Err(Error::from_errno("ibv_create_comp_channel"));
+        }
+        Ok(CompChannel {
+            inner: Arc::new(ChanInner {
+                ctx: self.clone(),
+                ch,
+            }),
+        })
+    }
+
+    /// `ibv_create_cq(3)` with room for at least `cqe` completions, signalling on `channel`
+    /// if given.
+    ///
+    /// # Errors
+    /// `EINVAL` when `cqe` exceeds the device's `max_cqe` (the hint says the limit).
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let f = self
+            .fns()
+            .ibv_create_cq
+            .ok_or_else(|| Error::missing("ibv_create_cq"))?;
+        let unacked = Box::new(AtomicU32::new(0));
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
+        let ctx_ptr = (&*unacked as *const AtomicU32).cast_mut().cast();
+        let n = i32::try_from(cqe).unwrap_or(i32::MAX);
+        // SAFETY: live context; ch null or a live channel of this context; cq_context
+        // points to the boxed counter, which outlives the CQ (dropped after destroy).
+        let cq = unsafe { f(self.as_raw(), n, ctx_ptr, ch, 0) };
+        if cq.is_null() {
+            let e = Error::from_errno("ibv_create_cq");
+            let ctx = self.clone();
+            return Err(e.or_hint(|| {
+                let max = ctx.query_device().ok()?.max_cqe();
+                (cqe as i64 > max as i64 || cqe == 0)
+                    .then(|| format!("cqe {cqe} outside 1..=max_cqe {max}"))
+            }));
+        }
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                ctx: self.clone(),
+                _channel: channel.map(|c| c.inner.clone()),
+                cq,
+                unacked,
+            }),
+        })
+    }
+}
+
+impl CompChannel {
+    /// The channel's file descriptor (for `epoll`/`poll`; readable when an event is pending).
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: the channel is live while self lives.
+        unsafe { (*self.inner.ch).fd }
+    }
+
+    /// The raw `ibv_comp_channel`.
+    pub fn as_raw(&self) -> *mut ibv_comp_channel {
+        self.inner.ch
+    }
+
+    /// `ibv_get_cq_event(3)`: blocks until the next completion event (unless the fd was
+    /// made non-blocking, then `EAGAIN`).
+    pub fn get_cq_event(&self) -> Result<CqEvent> {
+        let f = self
+            .inner
+            .ctx
+            .fns()
+            .ibv_get_cq_event
+            .ok_or_else(|| Error::missing("ibv_get_cq_event"))?;
+        let mut cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut cq_ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: live channel, valid out-pointers.
+        let ret = unsafe { f(self.inner.ch, &mut cq, &mut cq_ctx) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_get_cq_event", ret));
+        }
+        if !cq_ctx.is_null() {
+            // SAFETY: every CQ created by this crate on a channel has cq_context pointing to
+            // its live counter (the CQ cannot be destroyed before its events are acked, and
+            // we count this one now).
+            unsafe { (*cq_ctx.cast::<AtomicU32>()).fetch_add(1, Ordering::Relaxed) };
+        }
+        Ok(CqEvent { cq })
+    }
+
+    /// Waits up to `timeout` for the fd to become readable (`poll(2)`), then takes the
+    /// event. `Ok(None)` on timeout: never hangs.
+    pub fn wait_cq_event(&self, timeout: Duration) -> Result<Option<CqEvent>> {
+        if !poll_readable(self.fd(), timeout).map_err(|e| e.with_hint("poll on the channel fd"))? {
+            return Ok(None);
+        }
+        self.get_cq_event().map(Some)
+    }
+
+    /// `ibv_destroy_comp_channel(3)` now, returning its error (`EBUSY` while CQs use it).
+    pub fn destroy(self) -> Result<()> {
+        let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
+            Error::new("ibv_destroy_comp_channel", libc::EBUSY)
+                .with_hint("CQs created on this channel (or clones of it) are still alive")
+        })?;
+        inner.destroy()
+    }
+}
+
+/// `poll(2)` for readability with a timeout; Ok(false) on timeout.
+pub(crate) fn poll_readable(fd: RawFd, timeout: Duration) -> Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let e = hotverbs_ffi::errno();
+        if e != libc::EINTR {
+            return Err(Error::new("poll", e));
+        }
+    }
+}
+
+pub(crate) struct CqInner {
+    ctx: Context,
+    /// Held so the channel outlives the CQ (libibverbs: EBUSY otherwise).
+    _channel: Option<Arc<ChanInner>>,
+    cq: *mut ibv_cq,
+    unacked: Box<AtomicU32>,
+}
+
+// SAFETY: CQ verbs are thread-safe; polling from several threads at once is the caller's
+// business (the datapath is single-owner), the setup layer only polls through &self
+// which libibverbs providers lock internally.
+unsafe impl Send for CqInner {}
+// SAFETY: see Send.
+unsafe impl Sync for CqInner {}
+
+impl CqInner {
+    fn destroy(&mut self) -> Result<()> {
+        let cq = std::mem::replace(&mut self.cq, std::ptr::null_mut());
+        if cq.is_null() {
+            return Ok(());
+        }
+        let n = self.unacked.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            if let Some(ack) = self.ctx.fns().ibv_ack_cq_events {
+                // SAFETY: live CQ; n events were taken from its channel and not acked.
+                unsafe { ack(cq, n) };
+            }
+        }
+        let f = self
+            .ctx
+            .fns()
+            .ibv_destroy_cq
+            .ok_or_else(|| Error::missing("ibv_destroy_cq"))?;
+        // SAFETY: cq came from this table; no QP uses it any more (they hold Arcs of us).
+        let ret = unsafe { f(cq) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_destroy_cq", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            record_drop_error(e);
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+///
+/// Cheap to clone; QPs that use it keep it alive. For the hot path, hand
+/// [`as_raw`](Self::as_raw) to the datapath's poller; [`poll`](Self::poll) and
+/// [`wait_one`](Self::wait_one) are for setup code, tests and examples.
+///
+/// # Example
+/// ```
+/// let ctx = hotverbs::Context::open("softnic")?;
+/// let cq = ctx.create_cq(64, None)?;
+/// assert!(cq.capacity() >= 64);
+/// let mut wcs = [hotverbs::Wc::default(); 8];
+/// assert_eq!(cq.poll(&mut wcs)?, 0);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_req_notify_cq(3)`
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl fmt::Debug for Cq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cq")
+            .field("handle", &self.inner.cq)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl Cq {
+    /// The raw `ibv_cq` for the datapath.
+    ///
+    /// # Safety contract for users of the pointer
+    /// Valid while this `Cq` (or a clone, or a QP using it) lives. Polling it from the
+    /// datapath while also calling [`Cq::poll`] from another thread is a data race on the
+    /// provider's CQ state unless the provider locks (libibverbs providers do; the
+    /// datapath should be the only poller).
+    pub fn as_raw(&self) -> *mut ibv_cq {
+        self.inner.cq
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Actual number of entries (`cq->cqe`; at least what was asked).
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: live CQ.
+        unsafe { (*self.inner.cq).cqe.max(0) as u32 }
+    }
+
+    /// `ibv_poll_cq(3)` into `wcs`; returns how many were written.
+    pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
+        // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc so the slice is n writable
+        // ibv_wc entries.
+        let ret =
+            unsafe { hotverbs_ffi::inline::ibv_poll_cq(self.inner.cq, n, wcs.as_mut_ptr().cast()) };
+        if ret < 0 {
+            return Err(Error::from_ret("ibv_poll_cq", ret).or_hint(|| {
+                Some(
+                    "the CQ overran (more completions than its capacity) or the device failed"
+                        .into(),
+                )
+            }));
+        }
+        Ok(ret as usize)
+    }
+
+    /// Busy-polls until one completion arrives or `timeout` passes (`ETIMEDOUT`). For
+    /// setup, tests and examples; never hangs.
+    pub fn wait_one(&self, timeout: Duration) -> Result<Wc> {
+        let deadline = Instant::now() + timeout;
+        let mut wc = [Wc::default()];
+        loop {
+            if self.poll(&mut wc)? == 1 {
+                return Ok(wc[0]);
+            }
+            if Instant::now() >= deadline {
+                return Err(
+                    Error::new("ibv_poll_cq", libc::ETIMEDOUT).with_hint(format!(
+                        "no completion within {timeout:?}: was the WR signaled, the QP in RTS, \
+                     the peer's receive posted?"
+                    )),
+                );
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// `ibv_req_notify_cq(3)`: arm the CQ so the next completion (only solicited ones if
+    /// `solicited_only`) raises an event on its channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // SAFETY: live CQ.
+        let ret = unsafe {
+            hotverbs_ffi::inline::ibv_req_notify_cq(self.inner.cq, solicited_only as i32)
+        };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_req_notify_cq", ret));
+        }
+        Ok(())
+    }
+
+    /// `ibv_ack_cq_events(3)`: acknowledge `n` events taken from the channel for this CQ.
+    /// Acknowledging more than were taken is clamped.
+    pub fn ack_events(&self, n: u32) {
+        let prev = self
+            .inner
+            .unacked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u - u.min(n)))
+            .unwrap_or(0);
+        let n = n.min(prev);
+        if n == 0 {
+            return;
+        }
+        if let Some(ack) = self.inner.ctx.fns().ibv_ack_cq_events {
+            // SAFETY: live CQ; n events were taken for it and not yet acked.
+            unsafe { ack(self.inner.cq, n) };
+        }
+    }
+
+    /// Events taken from the channel for this CQ and not yet acknowledged.
+    pub fn unacked_events(&self) -> u32 {
+        self.inner.unacked.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_destroy_cq(3)` now, returning its error (`EBUSY` while QPs or clones use it).
+    pub fn destroy(self) -> Result<()> {
+        let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
+            Error::new("ibv_destroy_cq", libc::EBUSY)
+                .with_hint("QPs using this CQ (or clones of it) are still alive")
+        })?;
+        inner.destroy()
+    }
+}
+
+/// A work completion (`struct ibv_wc`), `repr(transparent)` so slices of it are what
+/// `ibv_poll_cq` fills.
+///
+/// # Example
+/// ```
+/// let wc = hotverbs::Wc::default();
+/// assert!(wc.is_ok());
+/// assert_eq!(wc.status_name(), "IBV_WC_SUCCESS");
+/// ```
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Wc(pub ibv_wc);
+
+impl Default for Wc {
+    fn default() -> Self {
+        // SAFETY: ibv_wc is plain C data; all-zero is valid.
+        Wc(unsafe { crate::zeroed() })
+    }
+}
+
+impl Wc {
+    /// The WR id given at post time.
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+    /// `IBV_WC_*` status.
+    pub fn status(&self) -> u32 {
+        self.0.status
+    }
+    /// Status name, e.g. `IBV_WC_REM_ACCESS_ERR`.
+    pub fn status_name(&self) -> &'static str {
+        hotverbs_ffi::wc_status_name(self.0.status)
+    }
+    /// Success?
+    pub fn is_ok(&self) -> bool {
+        self.0.status == hotverbs_ffi::IBV_WC_SUCCESS
+    }
+    /// `IBV_WC_SEND`, `IBV_WC_RECV`, ... (valid only on success).
+    pub fn opcode(&self) -> u32 {
+        self.0.opcode
+    }
+    /// Bytes received (receives) or transferred.
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+    /// Immediate data (host order), if the completion carries one.
+    pub fn imm_data(&self) -> Option<u32> {
+        if self.0.wc_flags & hotverbs_ffi::IBV_WC_WITH_IMM != 0 {
+            // SAFETY: WITH_IMM says the union holds imm_data.
+            Some(u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+        } else {
+            None
+        }
+    }
+    /// Local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+    /// Source QP (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+    /// Source LID (UD receives).
+    pub fn slid(&self) -> u16 {
+        self.0.slid
+    }
+    /// Carries a GRH in the first 40 bytes of the receive buffer (UD)?
+    pub fn has_grh(&self) -> bool {
+        self.0.wc_flags & hotverbs_ffi::IBV_WC_GRH != 0
+    }
+    /// `Ok(self)` on success, else an error naming the status.
+    pub fn ok(self) -> Result<Wc> {
+        if self.is_ok() {
+            return Ok(self);
+        }
+        Err(Error::new("ibv_poll_cq", libc::EIO).with_hint(format!(
+            "{} (wr_id {}, vendor_err {:#x}){}",
+            self.status_name(),
+            self.wr_id(),
+            self.0.vendor_err,
+            wc_hint(self.0.status)
+        )))
+    }
+}
+
+fn wc_hint(status: u32) -> &'static str {
+    match status {
+        hotverbs_ffi::IBV_WC_REM_ACCESS_ERR => {
+            ": the remote MR lacks the access flag, or addr/len/rkey are outside it"
+        }
+        hotverbs_ffi::IBV_WC_LOC_PROT_ERR => ": an SGE's lkey/addr/len is outside its MR",
+        hotverbs_ffi::IBV_WC_LOC_LEN_ERR => ": the receive buffer is smaller than the message",
+        hotverbs_ffi::IBV_WC_RNR_RETRY_EXC_ERR => ": the peer had no receive posted",
+        hotverbs_ffi::IBV_WC_RETRY_EXC_ERR => {
+            ": the peer did not answer (wrong LID/GID/QPN, or it is down)"
+        }
+        hotverbs_ffi::IBV_WC_WR_FLUSH_ERR => {
+            ": the QP is in the error state; earlier completion has the cause"
+        }
+        _ => "",
+    }
+}
+
+impl fmt::Debug for Wc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wc")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.status_name())
+            .field("opcode", &self.opcode())
+            .field("byte_len", &self.byte_len())
+            .field("qp_num", &self.qp_num())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an asynchronous event is about.
+///
+/// # Example
+/// ```
+/// use hotverbs::{AsyncElement, AsyncEvent};
+/// fn describe(ev: &AsyncEvent) -> String {
+///     match ev.element {
+///         AsyncElement::Qp { qp_num, .. } => format!("{} on QP {qp_num:#x}", ev.name),
+///         AsyncElement::Port(p) => format!("{} on port {p}", ev.name),
+///         _ => ev.name.to_string(),
+///     }
+/// }
+/// # let _ = describe;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncElement {
+    /// A CQ (raw pointer, for identification only).
+    Cq(*mut ibv_cq),
+    /// A QP, with its number.
+    Qp {
+        /// The raw QP (identification only; it may be destroyed by now).
+        qp: *mut hotverbs_ffi::ibv_qp,
+        /// Its QP number.
+        qp_num: u32,
+    },
+    /// An SRQ.
+    Srq(*mut hotverbs_ffi::ibv_srq),
+    /// A port.
+    Port(u8),
+    /// The whole device.
+    Device,
+}
+
+/// An asynchronous event (`struct ibv_async_event`), already acknowledged; its element is
+/// copied out.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// let ctx = hotverbs::Context::open("softnic")?;
+/// // Nothing happened: no event.
+/// assert!(ctx.wait_async_event(Duration::from_millis(5))?.is_none());
+/// assert_eq!(hotverbs::async_event_name(hotverbs_ffi::IBV_EVENT_QP_FATAL), "IBV_EVENT_QP_FATAL");
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// `IBV_EVENT_*`.
+    pub event_type: u32,
+    /// Its name, e.g. `IBV_EVENT_QP_FATAL`.
+    pub name: &'static str,
+    /// What it is about.
+    pub element: AsyncElement,
+}
+
+/// The name of an `ibv_event_type` (as `ibv_event_type_str(3)` would describe it).
+pub fn async_event_name(t: u32) -> &'static str {
+    use hotverbs_ffi::*;
+    match t {
+        IBV_EVENT_CQ_ERR => "IBV_EVENT_CQ_ERR",
+        IBV_EVENT_QP_FATAL => "IBV_EVENT_QP_FATAL",
+        IBV_EVENT_QP_REQ_ERR => "IBV_EVENT_QP_REQ_ERR",
+        IBV_EVENT_QP_ACCESS_ERR => "IBV_EVENT_QP_ACCESS_ERR",
+        IBV_EVENT_COMM_EST => "IBV_EVENT_COMM_EST",
+        IBV_EVENT_SQ_DRAINED => "IBV_EVENT_SQ_DRAINED",
+        IBV_EVENT_PATH_MIG => "IBV_EVENT_PATH_MIG",
+        IBV_EVENT_PATH_MIG_ERR => "IBV_EVENT_PATH_MIG_ERR",
+        IBV_EVENT_DEVICE_FATAL => "IBV_EVENT_DEVICE_FATAL",
+        IBV_EVENT_PORT_ACTIVE => "IBV_EVENT_PORT_ACTIVE",
+        IBV_EVENT_PORT_ERR => "IBV_EVENT_PORT_ERR",
+        IBV_EVENT_LID_CHANGE => "IBV_EVENT_LID_CHANGE",
+        IBV_EVENT_PKEY_CHANGE => "IBV_EVENT_PKEY_CHANGE",
+        IBV_EVENT_SM_CHANGE => "IBV_EVENT_SM_CHANGE",
+        IBV_EVENT_SRQ_ERR => "IBV_EVENT_SRQ_ERR",
+        IBV_EVENT_SRQ_LIMIT_REACHED => "IBV_EVENT_SRQ_LIMIT_REACHED",
+        IBV_EVENT_QP_LAST_WQE_REACHED => "IBV_EVENT_QP_LAST_WQE_REACHED",
+        IBV_EVENT_CLIENT_REREGISTER => "IBV_EVENT_CLIENT_REREGISTER",
+        IBV_EVENT_GID_CHANGE => "IBV_EVENT_GID_CHANGE",
+        IBV_EVENT_WQ_FATAL => "IBV_EVENT_WQ_FATAL",
+        _ => "IBV_EVENT_<unknown>",
+    }
+}
+
+impl Context {
+    /// `ibv_get_async_event(3)` + `ibv_ack_async_event(3)`: blocks for the next
+    /// asynchronous event and acknowledges it.
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        let get = self
+            .fns()
+            .ibv_get_async_event
+            .ok_or_else(|| Error::missing("ibv_get_async_event"))?;
+        // SAFETY: plain C data.
+        let mut ev: hotverbs_ffi::ibv_async_event = unsafe { crate::zeroed() };
+        // SAFETY: live context, writable event.
+        let ret = unsafe { get(self.as_raw(), &mut ev) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_get_async_event", ret));
+        }
+        use hotverbs_ffi::*;
+        // SAFETY: the event type says which union member is valid; for QP events the QP is
+        // live until we ack (libibverbs' destroy waits for the ack).
+        let element = unsafe {
+            match ev.event_type {
+                IBV_EVENT_CQ_ERR => AsyncElement::Cq(ev.element.cq),
+                IBV_EVENT_QP_FATAL
+                | IBV_EVENT_QP_REQ_ERR
+                | IBV_EVENT_QP_ACCESS_ERR
+                | IBV_EVENT_COMM_EST
+                | IBV_EVENT_SQ_DRAINED
+                | IBV_EVENT_PATH_MIG
+                | IBV_EVENT_PATH_MIG_ERR
+                | IBV_EVENT_QP_LAST_WQE_REACHED => AsyncElement::Qp {
+                    qp: ev.element.qp,
+                    qp_num: if ev.element.qp.is_null() {
+                        0
+                    } else {
+                        (*ev.element.qp).qp_num
+                    },
+                },
+                IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+                    AsyncElement::Srq(ev.element.srq)
+                }
+                IBV_EVENT_PORT_ACTIVE
+                | IBV_EVENT_PORT_ERR
+                | IBV_EVENT_LID_CHANGE
+                | IBV_EVENT_PKEY_CHANGE
+                | IBV_EVENT_SM_CHANGE
+                | IBV_EVENT_CLIENT_REREGISTER
+                | IBV_EVENT_GID_CHANGE => AsyncElement::Port(ev.element.port_num as u8),
+                _ => AsyncElement::Device,
+            }
+        };
+        if let Some(ack) = self.fns().ibv_ack_async_event {
+            // SAFETY: the event was just returned by ibv_get_async_event and is acked once.
+            unsafe { ack(&mut ev) };
+        }
+        Ok(AsyncEvent {
+            event_type: ev.event_type,
+            name: async_event_name(ev.event_type),
+            element,
+        })
+    }
+
+    /// The context's async event fd (readable when an event is pending).
+    pub fn async_fd(&self) -> RawFd {
+        // SAFETY: live context.
+        unsafe { (*self.as_raw()).async_fd }
+    }
+
+    /// Waits up to `timeout` for an asynchronous event (`poll(2)` on the async fd).
+    /// `Ok(None)` on timeout: never hangs.
+    pub fn wait_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>> {
+        if !poll_readable(self.async_fd(), timeout)? {
+            return Ok(None);
+        }
+        self.get_async_event().map(Some)
+    }
+}

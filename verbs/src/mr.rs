@@ -1,0 +1,486 @@
+//! Memory regions (`ibv_reg_mr`, `ibv_dereg_mr`) over caller memory or owned page-aligned
+//! buffers, and the descriptors the datapath needs (lkey/rkey, local SGEs, remote windows).
+//!
+//! Invariants: an [`Mr`] holds a clone of its [`Pd`] (the PD outlives it); for an owned
+//! buffer the mapping is released only after `ibv_dereg_mr` (field order + `Drop`); for
+//! caller memory the `&'a mut [u8]` borrow lasts as long as the `Mr<'a>`, so the memory
+//! can neither move nor be freed while registered.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use hotverbs_ffi::{ibv_mr, ibv_sge};
+
+pub use hotverbs_ffi::flags::AccessFlags;
+
+use crate::error::{record_drop_error, Error, Result};
+use crate::pd::Pd;
+
+/// A page-aligned anonymous mapping (`mmap`), optionally on huge pages.
+///
+/// # Example
+/// ```
+/// let buf = hotverbs::OwnedBuf::new(10_000, false)?;
+/// assert_eq!(buf.as_ptr() as usize % 4096, 0);
+/// assert!(buf.len() >= 10_000);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+pub struct OwnedBuf {
+    ptr: *mut u8,
+    len: usize,
+    map_len: usize,
+    huge: bool,
+}
+
+// SAFETY: the mapping is exclusively owned; access goes through &/&mut self.
+unsafe impl Send for OwnedBuf {}
+// SAFETY: shared access is read-only through &self.
+unsafe impl Sync for OwnedBuf {}
+
+const HUGE_PAGE: usize = 2 << 20;
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl OwnedBuf {
+    /// Maps `len` zeroed bytes (rounded up to the page size). With `huge`, tries 2 MiB huge
+    /// pages (`MAP_HUGETLB`) first and falls back to normal pages when none are available;
+    /// [`is_huge`](Self::is_huge) says which one it got.
+    ///
+    /// # Errors
+    /// `mmap: ENOMEM` (or the errno of mmap) when the mapping fails; `EINVAL` for `len == 0`.
+    pub fn new(len: usize, huge: bool) -> Result<OwnedBuf> {
+        if len == 0 {
+            return Err(Error::new("mmap", libc::EINVAL).with_hint("buffer length must be > 0"));
+        }
+        if huge {
+            let map_len = len.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+            if let Some(ptr) = Self::map(map_len, libc::MAP_HUGETLB) {
+                return Ok(OwnedBuf {
+                    ptr,
+                    len,
+                    map_len,
+                    huge: true,
+                });
+            }
+        }
+        let ps = page_size();
+        let map_len = len.div_ceil(ps) * ps;
+        match Self::map(map_len, 0) {
+            Some(ptr) => Ok(OwnedBuf {
+                ptr,
+                len,
+                map_len,
+                huge: false,
+            }),
+            None => Err(Error::new("mmap", hotverbs_ffi::errno())
+                .with_hint(format!("could not map {map_len} bytes"))),
+        }
+    }
+
+    fn map(len: usize, extra: i32) -> Option<*mut u8> {
+        // SAFETY: anonymous private mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            None
+        } else {
+            Some(p.cast())
+        }
+    }
+
+    /// Requested length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Zero length? (Never: construction rejects it.)
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Backed by huge pages?
+    pub fn is_huge(&self) -> bool {
+        self.huge
+    }
+
+    /// Start address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is our mapping, initialised (zero-filled by mmap).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping we created; no references outlive self.
+        let ret = unsafe { libc::munmap(self.ptr.cast(), self.map_len) };
+        if ret != 0 {
+            record_drop_error(Error::new("munmap", hotverbs_ffi::errno()));
+        }
+    }
+}
+
+impl fmt::Debug for OwnedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedBuf")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("huge", &self.huge)
+            .finish()
+    }
+}
+
+/// A scatter/gather element: local registered memory for a work request (`struct
+/// ibv_sge`). Made by [`Mr::local`]; converts to `ibv_sge` and to the datapath's own
+/// descriptor by its three fields.
+///
+/// # Example
+/// ```
+/// use hotverbs::{AccessFlags, Context};
+/// let pd = Context::open("softnic")?.alloc_pd()?;
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// let sge = mr.local(64, 128)?;
+/// assert_eq!(sge.addr, mr.addr() + 64);
+/// assert_eq!(sge.lkey, mr.lkey());
+/// assert!(mr.local(4000, 200).is_err()); // out of bounds
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// The MR's lkey.
+    pub lkey: u32,
+}
+
+impl From<Sge> for ibv_sge {
+    fn from(s: Sge) -> ibv_sge {
+        ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        }
+    }
+}
+
+/// A window of remote memory for one-sided operations (RDMA read/write/atomics): address,
+/// length and rkey. Sent to the peer in an [`Endpoint`](crate::exchange::Endpoint).
+///
+/// # Example
+/// ```
+/// use hotverbs::{AccessFlags, Context};
+/// let pd = Context::open("softnic")?.alloc_pd()?;
+/// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+/// let r = mr.remote();
+/// assert_eq!((r.addr, r.len, r.rkey), (mr.addr(), 4096, mr.rkey()));
+/// assert_eq!(r.slice(100, 8)?.addr, r.addr + 100);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RemoteMr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The remote MR's rkey.
+    pub rkey: u32,
+}
+
+impl RemoteMr {
+    /// The sub-window `[offset, offset + len)`, bounds-checked.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteMr> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(RemoteMr {
+                addr: self.addr + offset,
+                len,
+                rkey: self.rkey,
+            }),
+            _ => Err(
+                Error::new("RemoteMr::slice", libc::EINVAL).with_hint(format!(
+                    "window {offset}+{len} outside the remote MR of {} bytes",
+                    self.len
+                )),
+            ),
+        }
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`).
+///
+/// Either over caller memory borrowed for `'a` ([`Pd::reg_mr`]) or over an owned,
+/// page-aligned buffer ([`Pd::alloc_mr`], `'static`). Deregistered on drop;
+/// [`Mr::destroy`] returns the error instead.
+///
+/// # Example
+/// ```
+/// use hotverbs::{AccessFlags, Context};
+/// let pd = Context::open("softnic")?.alloc_pd()?;
+/// let mut mine = vec![0u8; 256];
+/// let mr = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// assert_eq!(mr.len(), 256);
+/// println!("lkey {:#x} rkey {:#x}", mr.lkey(), mr.rkey());
+/// drop(mr); // deregistered: `mine` is ours again
+/// mine[0] = 1;
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_reg_mr(3)`
+pub struct Mr<'a> {
+    mr: *mut ibv_mr,
+    pd: Pd,
+    access: AccessFlags,
+    addr: *mut u8,
+    len: usize,
+    // Dropped after `mr` is deregistered (Drop runs before fields drop).
+    owned: Option<OwnedBuf>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the MR is an identifier plus memory we own or exclusively borrow.
+unsafe impl Send for Mr<'_> {}
+// SAFETY: shared access to the memory is read-only through &self.
+unsafe impl Sync for Mr<'_> {}
+
+impl Pd {
+    /// `ibv_reg_mr(3)` over caller memory, borrowed (and so pinned in place) for the MR's
+    /// lifetime.
+    ///
+    /// # Errors
+    /// The verb's error, e.g. `EINVAL` for `REMOTE_WRITE`/`REMOTE_ATOMIC` without
+    /// `LOCAL_WRITE`, or `ENOMEM` when `RLIMIT_MEMLOCK` is too low.
+    pub fn reg_mr<'a>(&self, buf: &'a mut [u8], access: AccessFlags) -> Result<Mr<'a>> {
+        let (p, l) = (buf.as_mut_ptr(), buf.len());
+        self.register(p, l, access, None)
+    }
+
+    /// Allocates a zeroed page-aligned buffer of `len` bytes and registers it.
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr<'static>> {
+        self.alloc_mr_with(len, access, false)
+    }
+
+    /// Like [`alloc_mr`](Self::alloc_mr), on huge pages when `huge` and available
+    /// ([`Mr::is_huge`] tells).
+    pub fn alloc_mr_with(
+        &self,
+        len: usize,
+        access: AccessFlags,
+        huge: bool,
+    ) -> Result<Mr<'static>> {
+        let buf = OwnedBuf::new(len, huge)?;
+        let (p, l) = (buf.as_ptr(), buf.len());
+        self.register(p, l, access, Some(buf))
+    }
+
+    fn register<'a>(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+        owned: Option<OwnedBuf>,
+    ) -> Result<Mr<'a>> {
+        let f = self
+            .context()
+            .fns()
+            .ibv_reg_mr
+            .ok_or_else(|| Error::missing("ibv_reg_mr"))?;
+        // SAFETY: addr..addr+len is memory we own or exclusively borrow for 'a, which
+        // outlives the registration (deregistered in Drop before the borrow/owner ends).
+        let mr = unsafe { f(self.as_raw(), addr.cast(), len, access.bits() as i32) };
+        if mr.is_null() {
+            let e = Error::from_errno("ibv_reg_mr");
+            let needs_local = access
+                .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+                && !access.contains(AccessFlags::LOCAL_WRITE);
+            return Err(if e.errno == libc::EINVAL && needs_local {
+                e.with_hint("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well")
+            } else {
+                e
+            });
+        }
+        Ok(Mr {
+            mr,
+            pd: self.clone(),
+            access,
+            addr,
+            len,
+            owned,
+            _borrow: PhantomData,
+        })
+    }
+}
+
+impl<'a> Mr<'a> {
+    /// Local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: mr is live while self lives.
+        unsafe { (*self.mr).lkey }
+    }
+
+    /// Remote key, for the peer's one-sided operations.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: mr is live while self lives.
+        unsafe { (*self.mr).rkey }
+    }
+
+    /// Start address (as registered).
+    pub fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Zero length?
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Access flags it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// On huge pages? (Only owned buffers can be.)
+    pub fn is_huge(&self) -> bool {
+        self.owned.as_ref().is_some_and(OwnedBuf::is_huge)
+    }
+
+    /// The PD it is registered in.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The raw `ibv_mr`, valid while this `Mr` lives.
+    pub fn as_raw(&self) -> *mut ibv_mr {
+        self.mr
+    }
+
+    /// Start pointer of the registered memory.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr
+    }
+
+    /// The registered bytes.
+    ///
+    /// Memory the device may be writing (posted receives, RDMA writes from the peer) must
+    /// not be read until the covering completion; the posting functions' contracts say so.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: addr..addr+len is memory we own or exclusively borrow for 'a.
+        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    }
+
+    /// The registered bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    }
+
+    /// An SGE for `[offset, offset + len)` of this MR, bounds-checked.
+    pub fn local(&self, offset: usize, len: usize) -> Result<Sge> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && len <= u32::MAX as usize => Ok(Sge {
+                addr: self.addr() + offset as u64,
+                length: len as u32,
+                lkey: self.lkey(),
+            }),
+            _ => Err(Error::new("Mr::local", libc::EINVAL).with_hint(format!(
+                "SGE {offset}+{len} outside the MR of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// An SGE covering the whole MR.
+    pub fn sge(&self) -> Sge {
+        Sge {
+            addr: self.addr(),
+            length: self.len.min(u32::MAX as usize) as u32,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// The whole MR as a remote window for the peer.
+    pub fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.addr(),
+            len: self.len as u64,
+            rkey: self.rkey(),
+        }
+    }
+
+    fn dereg(&mut self) -> Result<()> {
+        let mr = std::mem::replace(&mut self.mr, std::ptr::null_mut());
+        if mr.is_null() {
+            return Ok(());
+        }
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_dereg_mr
+            .ok_or_else(|| Error::missing("ibv_dereg_mr"))?;
+        // SAFETY: mr came from this table's ibv_reg_mr and is deregistered once.
+        let ret = unsafe { f(mr) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_dereg_mr", ret));
+        }
+        Ok(())
+    }
+
+    /// `ibv_dereg_mr(3)` now, returning its error.
+    pub fn destroy(mut self) -> Result<()> {
+        self.dereg()
+    }
+}
+
+impl Drop for Mr<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.dereg() {
+            record_drop_error(e);
+        }
+    }
+}
+
+impl fmt::Debug for Mr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access)
+            .finish()
+    }
+}

@@ -1,0 +1,1442 @@
+//! Queue pairs: the builder (`ibv_create_qp`), the state machine (`ibv_modify_qp` with
+//! the attributes the manual lists per transition), `ibv_query_qp`, multicast attach and
+//! detach, and setup-side posting for tests and examples.
+//!
+//! Invariants: a [`Qp`] holds clones of its PD, both CQs and its SRQ, so none of them can
+//! be destroyed while it lives; `qp` is non-null until destroy; the tracked state is only
+//! a hint source (the device's answer to `ibv_query_qp` is authoritative).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+
+use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
+use hotverbs_ffi::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge};
+
+use crate::ah::{Ah, AhAttr};
+use crate::cq::Cq;
+use crate::device::{Gid, LinkLayer, Mtu, PortInfo};
+use crate::error::{record_drop_error, Error, Result};
+use crate::exchange::Endpoint;
+use crate::mr::{AccessFlags, RemoteMr, Sge};
+use crate::pd::Pd;
+use crate::srq::Srq;
+use crate::zeroed;
+
+/// Transport type (`enum ibv_qp_type`).
+///
+/// # Example
+/// ```
+/// assert_eq!(hotverbs::QpType::Rc.raw(), hotverbs_ffi::IBV_QPT_RC);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected: send/recv, RDMA write/read, atomics.
+    Rc,
+    /// Unreliable connected: send/recv, RDMA write.
+    Uc,
+    /// Unreliable datagram: send/recv with an address handle per message, multicast.
+    Ud,
+}
+
+impl QpType {
+    /// The raw `IBV_QPT_*`.
+    pub fn raw(self) -> u32 {
+        match self {
+            QpType::Rc => hotverbs_ffi::IBV_QPT_RC,
+            QpType::Uc => hotverbs_ffi::IBV_QPT_UC,
+            QpType::Ud => hotverbs_ffi::IBV_QPT_UD,
+        }
+    }
+}
+
+/// QP state (`enum ibv_qp_state`).
+///
+/// # Example
+/// ```
+/// use hotverbs::QpState;
+/// assert_eq!(QpState::from_raw(hotverbs_ffi::IBV_QPS_RTR), QpState::Rtr);
+/// assert_eq!(QpState::Rts.name(), "RTS");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// RESET: just created, or reset.
+    Reset,
+    /// INIT: receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained.
+    Sqd,
+    /// Send queue error (UC/UD).
+    Sqe,
+    /// Error: everything outstanding is flushed.
+    Err,
+}
+
+impl QpState {
+    /// From `IBV_QPS_*` (unknown values map to `Err`).
+    pub fn from_raw(v: u32) -> QpState {
+        match v {
+            hotverbs_ffi::IBV_QPS_RESET => QpState::Reset,
+            hotverbs_ffi::IBV_QPS_INIT => QpState::Init,
+            hotverbs_ffi::IBV_QPS_RTR => QpState::Rtr,
+            hotverbs_ffi::IBV_QPS_RTS => QpState::Rts,
+            hotverbs_ffi::IBV_QPS_SQD => QpState::Sqd,
+            hotverbs_ffi::IBV_QPS_SQE => QpState::Sqe,
+            _ => QpState::Err,
+        }
+    }
+    /// The raw `IBV_QPS_*`.
+    pub fn raw(self) -> u32 {
+        self as u32
+    }
+    /// `"RESET"`, `"INIT"`, ...
+    pub fn name(self) -> &'static str {
+        ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"][self as usize]
+    }
+}
+
+static TRANSITIONS: [[&str; 7]; 7] = [
+    [
+        "ibv_modify_qp(RESET->RESET)",
+        "ibv_modify_qp(RESET->INIT)",
+        "ibv_modify_qp(RESET->RTR)",
+        "ibv_modify_qp(RESET->RTS)",
+        "ibv_modify_qp(RESET->SQD)",
+        "ibv_modify_qp(RESET->SQE)",
+        "ibv_modify_qp(RESET->ERR)",
+    ],
+    [
+        "ibv_modify_qp(INIT->RESET)",
+        "ibv_modify_qp(INIT->INIT)",
+        "ibv_modify_qp(INIT->RTR)",
+        "ibv_modify_qp(INIT->RTS)",
+        "ibv_modify_qp(INIT->SQD)",
+        "ibv_modify_qp(INIT->SQE)",
+        "ibv_modify_qp(INIT->ERR)",
+    ],
+    [
+        "ibv_modify_qp(RTR->RESET)",
+        "ibv_modify_qp(RTR->INIT)",
+        "ibv_modify_qp(RTR->RTR)",
+        "ibv_modify_qp(RTR->RTS)",
+        "ibv_modify_qp(RTR->SQD)",
+        "ibv_modify_qp(RTR->SQE)",
+        "ibv_modify_qp(RTR->ERR)",
+    ],
+    [
+        "ibv_modify_qp(RTS->RESET)",
+        "ibv_modify_qp(RTS->INIT)",
+        "ibv_modify_qp(RTS->RTR)",
+        "ibv_modify_qp(RTS->RTS)",
+        "ibv_modify_qp(RTS->SQD)",
+        "ibv_modify_qp(RTS->SQE)",
+        "ibv_modify_qp(RTS->ERR)",
+    ],
+    [
+        "ibv_modify_qp(SQD->RESET)",
+        "ibv_modify_qp(SQD->INIT)",
+        "ibv_modify_qp(SQD->RTR)",
+        "ibv_modify_qp(SQD->RTS)",
+        "ibv_modify_qp(SQD->SQD)",
+        "ibv_modify_qp(SQD->SQE)",
+        "ibv_modify_qp(SQD->ERR)",
+    ],
+    [
+        "ibv_modify_qp(SQE->RESET)",
+        "ibv_modify_qp(SQE->INIT)",
+        "ibv_modify_qp(SQE->RTR)",
+        "ibv_modify_qp(SQE->RTS)",
+        "ibv_modify_qp(SQE->SQD)",
+        "ibv_modify_qp(SQE->SQE)",
+        "ibv_modify_qp(SQE->ERR)",
+    ],
+    [
+        "ibv_modify_qp(ERR->RESET)",
+        "ibv_modify_qp(ERR->INIT)",
+        "ibv_modify_qp(ERR->RTR)",
+        "ibv_modify_qp(ERR->RTS)",
+        "ibv_modify_qp(ERR->SQD)",
+        "ibv_modify_qp(ERR->SQE)",
+        "ibv_modify_qp(ERR->ERR)",
+    ],
+];
+
+fn transition_verb(from: QpState, to: QpState) -> &'static str {
+    TRANSITIONS[from as usize][to as usize]
+}
+
+/// Builds a QP: `QpBuilder::new(&pd, &send_cq, &recv_cq, QpType::Rc)` then setters, then
+/// [`build`](Self::build). Defaults: 16 send and 16 receive WRs, 1 SGE each, no inline
+/// data, `sq_sig_all = false` (selective signaling), no SRQ.
+///
+/// # Example
+/// ```
+/// use hotverbs::{Context, QpBuilder, QpType, QpState};
+/// let ctx = Context::open("softnic")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(256, None)?;
+/// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+///     .max_send_wr(128)
+///     .max_recv_wr(128)
+///     .max_inline_data(64)
+///     .build()?;
+/// assert_eq!(qp.query()?.state(), QpState::Reset);
+/// assert!(qp.cap().max_inline_data >= 64);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_qp(3)`
+#[derive(Clone)]
+pub struct QpBuilder<'a> {
+    pd: &'a Pd,
+    send_cq: &'a Cq,
+    recv_cq: &'a Cq,
+    qp_type: QpType,
+    cap: hotverbs_ffi::ibv_qp_cap,
+    sq_sig_all: bool,
+    srq: Option<&'a Srq>,
+}
+
+impl<'a> QpBuilder<'a> {
+    /// A builder for a QP of `qp_type` in `pd`, completing sends on `send_cq` and receives
+    /// on `recv_cq` (which may be the same CQ).
+    pub fn new(pd: &'a Pd, send_cq: &'a Cq, recv_cq: &'a Cq, qp_type: QpType) -> Self {
+        QpBuilder {
+            pd,
+            send_cq,
+            recv_cq,
+            qp_type,
+            cap: hotverbs_ffi::ibv_qp_cap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            srq: None,
+        }
+    }
+    /// Send queue depth.
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.cap.max_send_wr = n;
+        self
+    }
+    /// Receive queue depth (ignored with an SRQ).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.cap.max_recv_wr = n;
+        self
+    }
+    /// SGEs per send WR.
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.cap.max_send_sge = n;
+        self
+    }
+    /// SGEs per receive WR.
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.cap.max_recv_sge = n;
+        self
+    }
+    /// Bytes that may be sent inline (`IBV_SEND_INLINE`).
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.cap.max_inline_data = n;
+        self
+    }
+    /// Signal every send WR (`sq_sig_all = 1`). Default false: only WRs posted with
+    /// `IBV_SEND_SIGNALED` complete visibly.
+    pub fn sq_sig_all(mut self, yes: bool) -> Self {
+        self.sq_sig_all = yes;
+        self
+    }
+    /// Take receives from `srq` instead of a receive queue of its own.
+    pub fn srq(mut self, srq: &'a Srq) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+
+    /// `ibv_create_qp(3)`. The QP starts in RESET.
+    ///
+    /// # Errors
+    /// The verb's error with a hint naming the device limit a cap exceeds.
+    pub fn build(self) -> Result<Qp> {
+        let ctx = self.pd.context();
+        let f = ctx
+            .fns()
+            .ibv_create_qp
+            .ok_or_else(|| Error::missing("ibv_create_qp"))?;
+        let mut cap = self.cap;
+        if self.srq.is_some() {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        let mut init = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: self.send_cq.as_raw(),
+            recv_cq: self.recv_cq.as_raw(),
+            srq: self.srq.map_or(std::ptr::null_mut(), Srq::as_raw),
+            cap,
+            qp_type: self.qp_type.raw(),
+            sq_sig_all: self.sq_sig_all as i32,
+        };
+        // SAFETY: live PD and CQs/SRQ of the same context; init is valid and writable (the
+        // provider writes the actual caps back).
+        let qp = unsafe { f(self.pd.as_raw(), &mut init) };
+        if qp.is_null() {
+            let e = Error::from_errno("ibv_create_qp");
+            return Err(e.or_hint(|| self.cap_hint()));
+        }
+        Ok(Qp {
+            qp,
+            qp_type: self.qp_type,
+            cap: init.cap,
+            pd: self.pd.clone(),
+            send_cq: self.send_cq.clone(),
+            recv_cq: self.recv_cq.clone(),
+            srq: self.srq.cloned(),
+            state: AtomicU32::new(hotverbs_ffi::IBV_QPS_RESET),
+            port: AtomicU8::new(0),
+            local_psn: random_psn(),
+        })
+    }
+
+    fn cap_hint(&self) -> Option<String> {
+        let dev = self.pd.context().query_device().ok()?;
+        let c = &self.cap;
+        let max_wr = dev.max_qp_wr().max(0) as u32;
+        let max_sge = dev.max_sge().max(0) as u32;
+        let mut v = Vec::new();
+        if c.max_send_wr > max_wr {
+            v.push(format!(
+                "max_send_wr {} > device max_qp_wr {max_wr}",
+                c.max_send_wr
+            ));
+        }
+        if c.max_recv_wr > max_wr && self.srq.is_none() {
+            v.push(format!(
+                "max_recv_wr {} > device max_qp_wr {max_wr}",
+                c.max_recv_wr
+            ));
+        }
+        if c.max_send_sge > max_sge || c.max_recv_sge > max_sge {
+            v.push(format!(
+                "SGEs {}/{} > device max_sge {max_sge}",
+                c.max_send_sge, c.max_recv_sge
+            ));
+        }
+        if c.max_send_wr > self.send_cq.capacity() {
+            v.push(format!(
+                "max_send_wr {} > send CQ capacity {} (risk of CQ overrun)",
+                c.max_send_wr,
+                self.send_cq.capacity()
+            ));
+        }
+        if c.max_inline_data > 0 && v.is_empty() {
+            v.push(format!(
+                "max_inline_data {} may exceed what the device supports",
+                c.max_inline_data
+            ));
+        }
+        if v.is_empty() {
+            None
+        } else {
+            Some(v.join("; "))
+        }
+    }
+}
+
+/// A PSN from the process's random hasher keys (no extra dependency): 24 bits.
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+/// The GRH part of an address: where a routed (RoCE, or IB across subnets) packet goes.
+///
+/// # Example
+/// ```
+/// let grh = hotverbs::Grh::to(hotverbs::Gid::from_ipv4([10, 0, 0, 2]), 1);
+/// assert_eq!(grh.hop_limit, 64);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grh {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Local GID index to send from.
+    pub sgid_index: u8,
+    /// Hop limit (IP TTL).
+    pub hop_limit: u8,
+    /// Traffic class (IP DSCP/ECN).
+    pub traffic_class: u8,
+    /// Flow label.
+    pub flow_label: u32,
+}
+
+impl Grh {
+    /// A GRH to `dgid` from local GID `sgid_index`, hop limit 64.
+    pub fn to(dgid: Gid, sgid_index: u8) -> Grh {
+        Grh {
+            dgid,
+            sgid_index,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+    }
+}
+
+/// RESET->INIT attributes (`IBV_QP_STATE | PKEY_INDEX | PORT | ACCESS_FLAGS`, or `QKEY`
+/// instead of access flags for UD).
+///
+/// # Example
+/// ```
+/// let a = hotverbs::InitAttr { port: 1, ..Default::default() };
+/// assert_eq!(a.pkey_index, 0);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitAttr {
+    /// Physical port (from 1).
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Remote access the QP allows (RC/UC): REMOTE_WRITE/READ/ATOMIC.
+    pub access: AccessFlags,
+    /// Q_Key (UD only).
+    pub qkey: u32,
+}
+
+/// The Q_Key [`InitAttr::default`] and [`ConnectOptions::default`] use for UD QPs.
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+
+impl Default for InitAttr {
+    fn default() -> Self {
+        InitAttr {
+            port: 1,
+            pkey_index: 0,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            qkey: DEFAULT_QKEY,
+        }
+    }
+}
+
+/// INIT->RTR attributes. RC: `STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN |
+/// MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER`; UC: the first five; UD: state only.
+///
+/// # Example
+/// ```
+/// use hotverbs::{AhAttr, Mtu, RtrAttr};
+/// let a = RtrAttr { path_mtu: Mtu::Mtu1024, dest_qpn: 0x12, rq_psn: 0x345,
+///                   ah: AhAttr::lid(0x7, 1), ..Default::default() };
+/// assert_eq!(a.max_dest_rd_atomic, 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtrAttr {
+    /// Path MTU (at most the port's active MTU).
+    pub path_mtu: Mtu,
+    /// The remote QP number.
+    pub dest_qpn: u32,
+    /// The first PSN expected from the remote (its send PSN).
+    pub rq_psn: u32,
+    /// Outstanding RDMA reads/atomics this QP answers (RC).
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (RC; 12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Address of the remote port.
+    pub ah: AhAttr,
+}
+
+impl Default for RtrAttr {
+    fn default() -> Self {
+        RtrAttr {
+            path_mtu: Mtu::Mtu1024,
+            dest_qpn: 0,
+            rq_psn: 0,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah: AhAttr::lid(0, 1),
+        }
+    }
+}
+
+/// RTR->RTS attributes. RC: `STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN |
+/// MAX_QP_RD_ATOMIC`; UC/UD: `STATE | SQ_PSN`.
+///
+/// # Example
+/// ```
+/// let a = hotverbs::RtsAttr { sq_psn: 0x345, ..Default::default() };
+/// assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 7, 7));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsAttr {
+    /// Local ACK timeout code (4.096 µs * 2^timeout; 14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Transport retries (max 7).
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// Our first send PSN.
+    pub sq_psn: u32,
+    /// Outstanding RDMA reads/atomics this QP initiates.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RtsAttr {
+    fn default() -> Self {
+        RtsAttr {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: 0,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+/// Options of [`Qp::connect`] (sensible defaults: MTU = the port's active MTU capped at
+/// 4096, timeout 14, retry 7, rnr_retry 7, min_rnr_timer 12, one outstanding read/atomic
+/// each way, all remote access allowed).
+///
+/// # Example
+/// ```
+/// let o = hotverbs::ConnectOptions { mtu: Some(hotverbs::Mtu::Mtu1024), ..Default::default() };
+/// assert_eq!(o.retry_cnt, 7);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Path MTU cap; `None` = the local port's active MTU. `ibv_rc_pingpong` uses 1024.
+    pub mtu: Option<Mtu>,
+    /// See [`RtsAttr::timeout`].
+    pub timeout: u8,
+    /// See [`RtsAttr::retry_cnt`].
+    pub retry_cnt: u8,
+    /// See [`RtsAttr::rnr_retry`].
+    pub rnr_retry: u8,
+    /// See [`RtrAttr::min_rnr_timer`].
+    pub min_rnr_timer: u8,
+    /// See [`RtsAttr::max_rd_atomic`].
+    pub max_rd_atomic: u8,
+    /// See [`RtrAttr::max_dest_rd_atomic`].
+    pub max_dest_rd_atomic: u8,
+    /// See [`InitAttr::access`].
+    pub access: AccessFlags,
+    /// Service level.
+    pub sl: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// GRH hop limit (RoCE / routed).
+    pub hop_limit: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mtu: None,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            access: InitAttr::default().access,
+            sl: 0,
+            pkey_index: 0,
+            qkey: DEFAULT_QKEY,
+            hop_limit: 64,
+        }
+    }
+}
+
+/// What `ibv_query_qp(3)` answered: the attributes and the creation caps.
+///
+/// # Example
+/// ```
+/// # use hotverbs::*;
+/// # let ctx = Context::open("softnic")?;
+/// # let pd = ctx.alloc_pd()?;
+/// # let cq = ctx.create_cq(16, None)?;
+/// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+/// qp.to_init(&InitAttr::default())?;
+/// let a = qp.query()?;
+/// assert_eq!(a.state(), QpState::Init);
+/// assert_eq!(a.port(), 1);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy)]
+pub struct QpAttr {
+    /// The raw attributes.
+    pub attr: ibv_qp_attr,
+    /// The raw init attributes (caps, type, sq_sig_all).
+    pub init: ibv_qp_init_attr,
+}
+
+impl QpAttr {
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        QpState::from_raw(self.attr.qp_state)
+    }
+    /// Path MTU.
+    pub fn path_mtu(&self) -> Option<Mtu> {
+        Mtu::from_raw(self.attr.path_mtu)
+    }
+    /// Remote QP number.
+    pub fn dest_qpn(&self) -> u32 {
+        self.attr.dest_qp_num
+    }
+    /// Receive PSN.
+    pub fn rq_psn(&self) -> u32 {
+        self.attr.rq_psn
+    }
+    /// Send PSN.
+    pub fn sq_psn(&self) -> u32 {
+        self.attr.sq_psn
+    }
+    /// Q_Key (UD).
+    pub fn qkey(&self) -> u32 {
+        self.attr.qkey
+    }
+    /// Port.
+    pub fn port(&self) -> u8 {
+        self.attr.port_num
+    }
+    /// Remote access flags.
+    pub fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_truncate(self.attr.qp_access_flags)
+    }
+    /// ACK timeout code.
+    pub fn timeout(&self) -> u8 {
+        self.attr.timeout
+    }
+    /// Retry count.
+    pub fn retry_cnt(&self) -> u8 {
+        self.attr.retry_cnt
+    }
+    /// RNR retry count.
+    pub fn rnr_retry(&self) -> u8 {
+        self.attr.rnr_retry
+    }
+    /// Outstanding reads/atomics initiated.
+    pub fn max_rd_atomic(&self) -> u8 {
+        self.attr.max_rd_atomic
+    }
+    /// Outstanding reads/atomics answered.
+    pub fn max_dest_rd_atomic(&self) -> u8 {
+        self.attr.max_dest_rd_atomic
+    }
+    /// RNR timer code.
+    pub fn min_rnr_timer(&self) -> u8 {
+        self.attr.min_rnr_timer
+    }
+    /// Capabilities.
+    pub fn cap(&self) -> hotverbs_ffi::ibv_qp_cap {
+        self.attr.cap
+    }
+}
+
+impl fmt::Debug for QpAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QpAttr")
+            .field("state", &self.state())
+            .field("path_mtu", &self.path_mtu())
+            .field("dest_qpn", &self.dest_qpn())
+            .field("rq_psn", &self.rq_psn())
+            .field("sq_psn", &self.sq_psn())
+            .field("port", &self.port())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A queue pair (`struct ibv_qp`).
+///
+/// Holds its PD, CQs and SRQ alive. Move it through the states with
+/// [`to_init`](Self::to_init), [`to_rtr`](Self::to_rtr), [`to_rts`](Self::to_rts),
+/// [`to_error`](Self::to_error), [`reset`](Self::reset) — or all at once with
+/// [`connect`](Self::connect). Hand [`as_raw`](Self::as_raw) to the datapath.
+///
+/// # Example: a connected RC pair in one process
+/// ```
+/// use hotverbs::*;
+/// let ctx = Context::open("softnic")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None)?;
+/// let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+/// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+/// let port = ctx.port_info(None, None)?;
+/// a.connect(&port, &b.endpoint(&port), &ConnectOptions::default())?;
+/// b.connect(&port, &a.endpoint(&port), &ConnectOptions::default())?;
+/// assert_eq!(a.query()?.state(), QpState::Rts);
+/// assert_eq!(a.query()?.dest_qpn(), b.qp_num());
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`
+pub struct Qp {
+    qp: *mut ibv_qp,
+    qp_type: QpType,
+    cap: hotverbs_ffi::ibv_qp_cap,
+    pd: Pd,
+    send_cq: Cq,
+    recv_cq: Cq,
+    srq: Option<Srq>,
+    state: AtomicU32,
+    port: AtomicU8,
+    local_psn: u32,
+}
+
+// SAFETY: QP verbs are thread-safe; the struct holds only identifiers and atomics.
+unsafe impl Send for Qp {}
+// SAFETY: see Send.
+unsafe impl Sync for Qp {}
+
+impl fmt::Debug for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qp")
+            .field("qp_num", &self.qp_num())
+            .field("type", &self.qp_type)
+            .field("state", &self.tracked_state())
+            .finish()
+    }
+}
+
+impl Qp {
+    /// The raw `ibv_qp` for the datapath.
+    ///
+    /// # Safety contract for users of the pointer
+    /// Valid while this `Qp` lives (its PD, CQs and SRQ live at least as long). Posting
+    /// through it is the datapath's business; state changes must go through this `Qp`
+    /// (or the tracked state used for error hints goes stale — harmless, but confusing).
+    pub fn as_raw(&self) -> *mut ibv_qp {
+        self.qp
+    }
+
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: live QP.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Actual capabilities (what the device granted, at least what was asked).
+    pub fn cap(&self) -> hotverbs_ffi::ibv_qp_cap {
+        self.cap
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &Cq {
+        &self.recv_cq
+    }
+
+    /// The SRQ, if attached.
+    pub fn srq(&self) -> Option<&Srq> {
+        self.srq.as_ref()
+    }
+
+    /// The random 24-bit PSN this QP sends from when connected with
+    /// [`connect`](Self::connect) (and advertises in [`endpoint`](Self::endpoint)).
+    pub fn local_psn(&self) -> u32 {
+        self.local_psn
+    }
+
+    /// The state as last set through this `Qp` (the device may have moved it to ERR since;
+    /// [`query`](Self::query) is authoritative).
+    pub fn tracked_state(&self) -> QpState {
+        QpState::from_raw(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Our endpoint for the peer: LID, QPN, PSN and GID of `local`, no MR.
+    pub fn endpoint(&self, local: &PortInfo) -> Endpoint {
+        Endpoint {
+            lid: local.lid,
+            qpn: self.qp_num(),
+            psn: self.local_psn,
+            gid: local.gid.0,
+            mr: None,
+        }
+    }
+
+    /// `ibv_query_qp(3)`.
+    pub fn query(&self) -> Result<QpAttr> {
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_query_qp
+            .ok_or_else(|| Error::missing("ibv_query_qp"))?;
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        // SAFETY: plain C data.
+        let mut init: ibv_qp_init_attr = unsafe { zeroed() };
+        // Every standard attribute (bits 0..=20); rxe answers EOPNOTSUPP when a mask
+        // holds anything beyond them, e.g. IBV_QP_RATE_LIMIT.
+        let mask = (QpAttrMask::all() - QpAttrMask::RATE_LIMIT).bits() as i32;
+        // SAFETY: live QP, writable out-structs.
+        let ret = unsafe { f(self.qp, &mut attr, mask, &mut init) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_query_qp", ret));
+        }
+        Ok(QpAttr { attr, init })
+    }
+
+    /// Modifies with a raw attribute struct and mask (`ibv_modify_qp(3)`), for
+    /// transitions the typed methods do not cover (e.g. SQD). The error names the
+    /// transition.
+    pub fn modify(&self, attr: &mut ibv_qp_attr, mask: QpAttrMask) -> Result<()> {
+        self.modify_to(attr, mask, |_, _| None)
+    }
+
+    fn modify_to(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: QpAttrMask,
+        hint: impl FnOnce(&Qp, QpState) -> Option<String>,
+    ) -> Result<()> {
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_modify_qp
+            .ok_or_else(|| Error::missing("ibv_modify_qp"))?;
+        // SAFETY: live QP; attr is a valid, initialised struct.
+        let ret = unsafe { f(self.qp, attr, mask.bits() as i32) };
+        let to = QpState::from_raw(attr.qp_state);
+        if ret == 0 {
+            if mask.contains(QpAttrMask::STATE) {
+                self.state.store(attr.qp_state, Ordering::Relaxed);
+            }
+            if mask.contains(QpAttrMask::PORT) {
+                self.port.store(attr.port_num, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
+        let from = self
+            .query()
+            .map(|a| a.state())
+            .unwrap_or_else(|_| self.tracked_state());
+        let verb = if mask.contains(QpAttrMask::STATE) {
+            transition_verb(from, to)
+        } else {
+            "ibv_modify_qp"
+        };
+        let e = Error::from_ret(verb, ret);
+        let expected = match to {
+            QpState::Init => Some(QpState::Reset),
+            QpState::Rtr => Some(QpState::Init),
+            QpState::Rts => Some(QpState::Rtr),
+            _ => None,
+        };
+        let e = match expected {
+            Some(exp) if from != exp && !(to == QpState::Init && from == QpState::Init) => e
+                .with_hint(format!(
+                    "QP is in {}: {} must come from {} (RESET->INIT->RTR->RTS)",
+                    from.name(),
+                    to.name(),
+                    exp.name()
+                )),
+            _ if to == QpState::Err && from == QpState::Reset => {
+                e.with_hint("RESET->ERR is not a valid transition: move to INIT first")
+            }
+            _ => e,
+        };
+        Err(e.or_hint(|| hint(self, from)))
+    }
+
+    /// RESET->INIT with port, P_Key index and access flags (RC/UC) or Q_Key (UD).
+    pub fn to_init(&self, a: &InitAttr) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_INIT;
+        attr.port_num = a.port;
+        attr.pkey_index = a.pkey_index;
+        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+        if self.qp_type == QpType::Ud {
+            attr.qkey = a.qkey;
+            mask |= QpAttrMask::QKEY;
+        } else {
+            attr.qp_access_flags = a.access.bits();
+            mask |= QpAttrMask::ACCESS_FLAGS;
+        }
+        self.modify_to(&mut attr, mask, |qp, _| {
+            let ctx = qp.pd.context();
+            let ports = ctx.query_device().ok()?.phys_port_cnt();
+            if a.port == 0 || a.port > ports {
+                return Some(format!(
+                    "port {} does not exist (device has {ports})",
+                    a.port
+                ));
+            }
+            let pk = ctx.query_port(a.port).ok()?.pkey_tbl_len();
+            if a.pkey_index >= pk {
+                return Some(format!(
+                    "pkey_index {} >= P_Key table size {pk}",
+                    a.pkey_index
+                ));
+            }
+            if qp.qp_type == QpType::Uc
+                && a.access
+                    .intersects(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC)
+            {
+                return Some("UC QPs allow only REMOTE_WRITE".into());
+            }
+            None
+        })
+    }
+
+    /// INIT->RTR: path MTU, remote QPN, receive PSN, address, and for RC
+    /// `max_dest_rd_atomic` and `min_rnr_timer`. For UD only the state changes.
+    pub fn to_rtr(&self, a: &RtrAttr) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RTR;
+        let mut mask = QpAttrMask::STATE;
+        if self.qp_type != QpType::Ud {
+            attr.path_mtu = a.path_mtu.raw();
+            attr.dest_qp_num = a.dest_qpn;
+            attr.rq_psn = a.rq_psn;
+            attr.ah_attr = a.ah.to_raw();
+            mask |=
+                QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+            if self.qp_type == QpType::Rc {
+                attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+                attr.min_rnr_timer = a.min_rnr_timer;
+                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+            }
+        }
+        self.modify_to(&mut attr, mask, |qp, _| {
+            if a.dest_qpn > 0x00ff_ffff || a.rq_psn > 0x00ff_ffff {
+                return Some("QPNs and PSNs are 24-bit".into());
+            }
+            let ctx = qp.pd.context();
+            let port = match a.ah.port {
+                0 => qp.port.load(Ordering::Relaxed),
+                p => p,
+            };
+            let pa = ctx.query_port(port).ok()?;
+            if a.path_mtu > pa.active_mtu() {
+                return Some(format!(
+                    "path_mtu {} above port's active_mtu {}?",
+                    a.path_mtu.bytes(),
+                    pa.active_mtu().bytes()
+                ));
+            }
+            if pa.link_layer() == LinkLayer::Ethernet && a.ah.grh.is_none() {
+                return Some(
+                    "RoCE port: the address needs a GRH (ah.grh with the peer's GID)".into(),
+                );
+            }
+            if let Some(g) = a.ah.grh {
+                if u32::from(g.sgid_index) >= pa.gid_tbl_len() {
+                    return Some(format!(
+                        "sgid_index {} >= GID table size {}",
+                        g.sgid_index,
+                        pa.gid_tbl_len()
+                    ));
+                }
+            }
+            let dev = ctx.query_device().ok()?;
+            if i32::from(a.max_dest_rd_atomic) > dev.max_qp_rd_atom() {
+                return Some(format!(
+                    "max_dest_rd_atomic {} > device max_qp_rd_atom {}",
+                    a.max_dest_rd_atomic,
+                    dev.max_qp_rd_atom()
+                ));
+            }
+            None
+        })
+    }
+
+    /// RTR->RTS: send PSN, and for RC timeout, retries and `max_rd_atomic`.
+    pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RTS;
+        attr.sq_psn = a.sq_psn;
+        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if self.qp_type == QpType::Rc {
+            attr.timeout = a.timeout;
+            attr.retry_cnt = a.retry_cnt;
+            attr.rnr_retry = a.rnr_retry;
+            attr.max_rd_atomic = a.max_rd_atomic;
+            mask |= QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify_to(&mut attr, mask, |qp, _| {
+            if a.sq_psn > 0x00ff_ffff {
+                return Some("PSNs are 24-bit".into());
+            }
+            if a.retry_cnt > 7 || a.rnr_retry > 7 {
+                return Some("retry_cnt and rnr_retry are 3-bit (0..=7)".into());
+            }
+            if a.timeout > 31 {
+                return Some("timeout is 5-bit (0..=31)".into());
+            }
+            let dev = qp.pd.context().query_device().ok()?;
+            if i32::from(a.max_rd_atomic) > dev.max_qp_init_rd_atom() {
+                return Some(format!(
+                    "max_rd_atomic {} > device max_qp_init_rd_atom {}",
+                    a.max_rd_atomic,
+                    dev.max_qp_init_rd_atom()
+                ));
+            }
+            None
+        })
+    }
+
+    /// Any state -> ERR: outstanding WRs complete with `IBV_WC_WR_FLUSH_ERR`.
+    pub fn to_error(&self) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_ERR;
+        self.modify_to(&mut attr, QpAttrMask::STATE, |_, _| None)
+    }
+
+    /// Any state -> RESET: queues emptied; the QP can be connected again.
+    pub fn reset(&self) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RESET;
+        self.modify_to(&mut attr, QpAttrMask::STATE, |_, _| None)
+    }
+
+    /// RESET->INIT->RTR->RTS in one call, towards `remote`, from `local` (see
+    /// [`Context::port_info`](crate::Context::port_info)), sending from
+    /// [`local_psn`](Self::local_psn). A QP not in RESET is reset first. For UD the remote
+    /// is ignored (addresses go in each WR).
+    ///
+    /// The address uses a GRH when `local.gid_index` is set (always on RoCE) or the remote
+    /// has no LID; the MTU is the local active MTU capped by `opts.mtu`.
+    pub fn connect(
+        &self,
+        local: &PortInfo,
+        remote: &Endpoint,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
+        if self.query().map(|a| a.state()).unwrap_or(QpState::Err) != QpState::Reset {
+            self.reset()?;
+        }
+        self.to_init(&InitAttr {
+            port: local.port,
+            pkey_index: opts.pkey_index,
+            access: opts.access,
+            qkey: opts.qkey,
+        })?;
+        let mtu = match opts.mtu {
+            Some(m) => m.min(local.active_mtu),
+            None => local.active_mtu,
+        };
+        let grh = (local.gid_index.is_some() || remote.lid == 0).then(|| Grh {
+            dgid: Gid(remote.gid),
+            sgid_index: local.gid_index.unwrap_or(0) as u8,
+            hop_limit: opts.hop_limit,
+            traffic_class: 0,
+            flow_label: 0,
+        });
+        self.to_rtr(&RtrAttr {
+            path_mtu: mtu,
+            dest_qpn: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: opts.max_dest_rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+            ah: AhAttr {
+                dlid: remote.lid,
+                sl: opts.sl,
+                src_path_bits: 0,
+                static_rate: 0,
+                port: local.port,
+                grh,
+            },
+        })?;
+        self.to_rts(&RtsAttr {
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            sq_psn: self.local_psn,
+            max_rd_atomic: opts.max_rd_atomic,
+        })
+    }
+
+    /// Connects two QPs of this process to each other (both through RESET->INIT->RTR->RTS),
+    /// e.g. for a loopback benchmark or test; `local` is the port both use.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::*;
+    /// let ctx = Context::open("softnic")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(64, None)?;
+    /// let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// Qp::connect_pair(&a, &b, &ctx.port_info(None, None)?, &ConnectOptions::default())?;
+    /// assert_eq!(b.query()?.dest_qpn(), a.qp_num());
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    pub fn connect_pair(a: &Qp, b: &Qp, local: &PortInfo, opts: &ConnectOptions) -> Result<()> {
+        a.connect(local, &b.endpoint(local), opts)?;
+        b.connect(local, &a.endpoint(local), opts)
+    }
+
+    /// `ibv_attach_mcast(3)`: receive the multicast group `gid`/`lid` on this UD QP.
+    pub fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_attach_mcast
+            .ok_or_else(|| Error::missing("ibv_attach_mcast"))?;
+        let g = gid.to_raw();
+        // SAFETY: live QP; g is a valid GID.
+        let ret = unsafe { f(self.qp, &g, lid) };
+        if ret != 0 {
+            let ud = self.qp_type == QpType::Ud;
+            return Err(Error::from_ret("ibv_attach_mcast", ret).or_hint(|| {
+                (!ud)
+                    .then(|| "only UD QPs can join multicast groups".into())
+                    .or_else(|| {
+                        (gid.0[0] != 0xff).then(|| format!("{gid} is not a multicast GID (ff..::)"))
+                    })
+            }));
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast(3)`.
+    pub fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_detach_mcast
+            .ok_or_else(|| Error::missing("ibv_detach_mcast"))?;
+        let g = gid.to_raw();
+        // SAFETY: live QP; g is a valid GID.
+        let ret = unsafe { f(self.qp, &g, lid) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_detach_mcast", ret)
+                .or_hint(|| Some("the QP is not attached to this group?".into())));
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send(3)` of one work request (setup-side posting for tests, examples
+    /// and warm-up; the hot path is the datapath crate).
+    ///
+    /// # Safety
+    /// The memory every SGE describes must stay registered, valid and not be written
+    /// (for sends/writes) or accessed at all (for reads/atomics, whose results land there)
+    /// by Rust code until the WR's completion is polled or the QP is flushed/destroyed —
+    /// except with [`SendWr::inline`], where the data is copied during the call. The same
+    /// holds for the remote window on the peer's side.
+    pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut sges: Vec<ibv_sge> = wr.sges.iter().map(|&s| s.into()).collect();
+        // SAFETY: plain C data.
+        let mut raw: ibv_send_wr = unsafe { zeroed() };
+        raw.wr_id = wr.wr_id;
+        raw.sg_list = sges.as_mut_ptr();
+        raw.num_sge = sges.len() as i32;
+        raw.opcode = wr.opcode;
+        raw.send_flags = wr.flags.bits();
+        if let Some(imm) = wr.imm {
+            raw.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        match wr.kind {
+            WrKind::Plain => {}
+            WrKind::Rdma(r) => {
+                raw.wr.rdma.remote_addr = r.addr;
+                raw.wr.rdma.rkey = r.rkey;
+            }
+            WrKind::Atomic {
+                remote,
+                compare_add,
+                swap,
+            } => {
+                raw.wr.atomic.remote_addr = remote.addr;
+                raw.wr.atomic.rkey = remote.rkey;
+                raw.wr.atomic.compare_add = compare_add;
+                raw.wr.atomic.swap = swap;
+            }
+            WrKind::Ud { ah, qpn, qkey } => {
+                raw.wr.ud.ah = ah.as_raw();
+                raw.wr.ud.remote_qpn = qpn;
+                raw.wr.ud.remote_qkey = qkey;
+            }
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; raw and sges are valid for the call; memory validity is the
+        // caller's contract.
+        let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(self.qp, &mut raw, &mut bad) };
+        if ret != 0 {
+            let st = self.tracked_state();
+            let cap = self.cap;
+            let inline = wr.flags.contains(SendFlags::INLINE);
+            let len: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
+            return Err(Error::from_ret("ibv_post_send", ret).or_hint(|| {
+                if !matches!(st, QpState::Rts | QpState::Sqd) {
+                    Some(format!("QP is in {}: sends need RTS", st.name()))
+                } else if inline && len > u64::from(cap.max_inline_data) {
+                    Some(format!(
+                        "{len} inline bytes > max_inline_data {}",
+                        cap.max_inline_data
+                    ))
+                } else if wr.sges.len() > cap.max_send_sge as usize {
+                    Some(format!(
+                        "{} SGEs > max_send_sge {}",
+                        wr.sges.len(),
+                        cap.max_send_sge
+                    ))
+                } else {
+                    Some(format!(
+                        "send queue full? (max_send_wr {}; poll completions)",
+                        cap.max_send_wr
+                    ))
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv(3)` of one receive into `sges`.
+    ///
+    /// # Safety
+    /// The memory the SGEs describe must stay registered and valid, and must not be
+    /// accessed by Rust code, until the receive's completion is polled or the QP is
+    /// flushed/destroyed.
+    pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        let mut s: Vec<ibv_sge> = sges.iter().map(|&x| x.into()).collect();
+        let mut raw = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: s.as_mut_ptr(),
+            num_sge: s.len() as i32,
+        };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: live QP; raw/s valid for the call; memory validity is the caller's
+        // contract.
+        let ret = unsafe { hotverbs_ffi::inline::ibv_post_recv(self.qp, &mut raw, &mut bad) };
+        if ret != 0 {
+            let srq = self.srq.is_some();
+            let cap = self.cap;
+            let st = self.tracked_state();
+            return Err(Error::from_ret("ibv_post_recv", ret).or_hint(|| {
+                Some(if srq {
+                    "this QP uses an SRQ: post receives to the SRQ".into()
+                } else if st == QpState::Reset {
+                    "QP is in RESET: receives can be posted from INIT on".into()
+                } else {
+                    format!(
+                        "receive queue full (max_recv_wr {}) or too many SGEs (max {})",
+                        cap.max_recv_wr, cap.max_recv_sge
+                    )
+                })
+            }));
+        }
+        Ok(())
+    }
+
+    fn destroy_inner(&mut self) -> Result<()> {
+        let qp = std::mem::replace(&mut self.qp, std::ptr::null_mut());
+        if qp.is_null() {
+            return Ok(());
+        }
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_destroy_qp
+            .ok_or_else(|| Error::missing("ibv_destroy_qp"))?;
+        // SAFETY: qp came from this table and is destroyed once.
+        let ret = unsafe { f(qp) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_destroy_qp", ret));
+        }
+        Ok(())
+    }
+
+    /// `ibv_destroy_qp(3)` now, returning its error.
+    pub fn destroy(mut self) -> Result<()> {
+        self.destroy_inner()
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy_inner() {
+            record_drop_error(e);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum WrKind<'a> {
+    Plain,
+    Rdma(RemoteMr),
+    Atomic {
+        remote: RemoteMr,
+        compare_add: u64,
+        swap: u64,
+    },
+    Ud {
+        ah: &'a Ah,
+        qpn: u32,
+        qkey: u32,
+    },
+}
+
+/// A send work request for [`Qp::post_send`]: `new`-style constructors per opcode, then
+/// chainable flags.
+///
+/// # Example
+/// ```
+/// use hotverbs::{RemoteMr, Sge, SendWr};
+/// let sge = Sge { addr: 0x1000, length: 64, lkey: 7 };
+/// let remote = RemoteMr { addr: 0x2000, len: 64, rkey: 9 };
+/// let sges = [sge];
+/// let wr = SendWr::write(1, &sges, remote).imm(42).signaled();
+/// assert_eq!(wr.wr_id(), 1);
+/// ```
+#[derive(Clone)]
+pub struct SendWr<'a> {
+    wr_id: u64,
+    opcode: u32,
+    sges: &'a [Sge],
+    flags: SendFlags,
+    imm: Option<u32>,
+    kind: WrKind<'a>,
+}
+
+impl<'a> SendWr<'a> {
+    fn new(wr_id: u64, opcode: u32, sges: &'a [Sge], kind: WrKind<'a>) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            sges,
+            flags: SendFlags::empty(),
+            imm: None,
+            kind,
+        }
+    }
+    /// `IBV_WR_SEND` (with `imm`, `IBV_WR_SEND_WITH_IMM`).
+    pub fn send(wr_id: u64, sges: &'a [Sge]) -> Self {
+        Self::new(wr_id, hotverbs_ffi::IBV_WR_SEND, sges, WrKind::Plain)
+    }
+    /// `IBV_WR_RDMA_WRITE` into `remote` (with `imm`, `IBV_WR_RDMA_WRITE_WITH_IMM`).
+    pub fn write(wr_id: u64, sges: &'a [Sge], remote: RemoteMr) -> Self {
+        Self::new(
+            wr_id,
+            hotverbs_ffi::IBV_WR_RDMA_WRITE,
+            sges,
+            WrKind::Rdma(remote),
+        )
+    }
+    /// `IBV_WR_RDMA_READ` from `remote` into `sges`.
+    pub fn read(wr_id: u64, sges: &'a [Sge], remote: RemoteMr) -> Self {
+        Self::new(
+            wr_id,
+            hotverbs_ffi::IBV_WR_RDMA_READ,
+            sges,
+            WrKind::Rdma(remote),
+        )
+    }
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP` on the 8 bytes at `remote.addr`; the old value lands
+    /// in `sge` (8 bytes).
+    pub fn compare_swap(
+        wr_id: u64,
+        sge: &'a [Sge],
+        remote: RemoteMr,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        Self::new(
+            wr_id,
+            hotverbs_ffi::IBV_WR_ATOMIC_CMP_AND_SWP,
+            sge,
+            WrKind::Atomic {
+                remote,
+                compare_add: compare,
+                swap,
+            },
+        )
+    }
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` on the 8 bytes at `remote.addr`; the old value
+    /// lands in `sge` (8 bytes).
+    pub fn fetch_add(wr_id: u64, sge: &'a [Sge], remote: RemoteMr, add: u64) -> Self {
+        Self::new(
+            wr_id,
+            hotverbs_ffi::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            sge,
+            WrKind::Atomic {
+                remote,
+                compare_add: add,
+                swap: 0,
+            },
+        )
+    }
+    /// A UD send to `qpn` (Q_Key `qkey`) through `ah`.
+    pub fn ud(wr_id: u64, sges: &'a [Sge], ah: &'a Ah, qpn: u32, qkey: u32) -> Self {
+        Self::new(
+            wr_id,
+            hotverbs_ffi::IBV_WR_SEND,
+            sges,
+            WrKind::Ud { ah, qpn, qkey },
+        )
+    }
+    /// Adds immediate data (SEND -> SEND_WITH_IMM, WRITE -> WRITE_WITH_IMM).
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        if self.opcode == hotverbs_ffi::IBV_WR_SEND {
+            self.opcode = hotverbs_ffi::IBV_WR_SEND_WITH_IMM;
+        } else if self.opcode == hotverbs_ffi::IBV_WR_RDMA_WRITE {
+            self.opcode = hotverbs_ffi::IBV_WR_RDMA_WRITE_WITH_IMM;
+        }
+        self
+    }
+    /// `IBV_SEND_SIGNALED`: produce a completion.
+    pub fn signaled(mut self) -> Self {
+        self.flags |= SendFlags::SIGNALED;
+        self
+    }
+    /// `IBV_SEND_INLINE`: copy the data at post time.
+    pub fn inline(mut self) -> Self {
+        self.flags |= SendFlags::INLINE;
+        self
+    }
+    /// Adds raw send flags.
+    pub fn flags(mut self, f: SendFlags) -> Self {
+        self.flags |= f;
+        self
+    }
+    /// The WR id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+}

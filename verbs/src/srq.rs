@@ -1,0 +1,208 @@
+//! Shared receive queues (`ibv_create_srq`, `ibv_modify_srq`, `ibv_query_srq`,
+//! `ibv_post_srq_recv`, `ibv_destroy_srq`).
+//!
+//! Invariants: an [`Srq`] is an `Arc<SrqInner>`; QPs attached to it hold clones, so it is
+//! destroyed after them; it holds a clone of its PD.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hotverbs_ffi::{ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
+
+use crate::error::{record_drop_error, Error, Result};
+use crate::mr::Sge;
+use crate::pd::Pd;
+
+pub(crate) struct SrqInner {
+    srq: *mut ibv_srq,
+    pd: Pd,
+}
+
+// SAFETY: SRQ verbs are thread-safe; the struct is an identifier.
+unsafe impl Send for SrqInner {}
+// SAFETY: see Send.
+unsafe impl Sync for SrqInner {}
+
+impl SrqInner {
+    fn destroy(&mut self) -> Result<()> {
+        let srq = std::mem::replace(&mut self.srq, std::ptr::null_mut());
+        if srq.is_null() {
+            return Ok(());
+        }
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_destroy_srq
+            .ok_or_else(|| Error::missing("ibv_destroy_srq"))?;
+        // SAFETY: srq came from this table; no QP uses it any more.
+        let ret = unsafe { f(srq) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_destroy_srq", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            record_drop_error(e);
+        }
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`): one pool of receives for many QPs.
+///
+/// # Example
+/// ```
+/// use hotverbs::{Context, QpBuilder, QpType};
+/// let ctx = Context::open("softnic")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None)?;
+/// let srq = pd.create_srq(64, 1)?;
+/// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).srq(&srq).build()?;
+/// assert!(qp.srq().is_some());
+/// assert!(srq.query()?.max_wr >= 64);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_srq(3)`, `ibv_modify_srq(3)`, `ibv_post_srq_recv(3)`
+#[derive(Clone)]
+pub struct Srq {
+    inner: Arc<SrqInner>,
+}
+
+impl fmt::Debug for Srq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Srq")
+            .field("handle", &self.inner.srq)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// `ibv_create_srq(3)` with room for `max_wr` receives of up to `max_sge` SGEs.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let f = self
+            .context()
+            .fns()
+            .ibv_create_srq
+            .ok_or_else(|| Error::missing("ibv_create_srq"))?;
+        let mut init = ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: live PD; init valid and writable.
+        let srq = unsafe { f(self.as_raw(), &mut init) };
+        if srq.is_null() {
+            let ctx = self.context().clone();
+            return Err(Error::from_errno("ibv_create_srq").or_hint(|| {
+                let d = ctx.query_device().ok()?;
+                Some(format!(
+                    "max_wr {max_wr} (device max_srq_wr {}), max_sge {max_sge} (device max_srq_sge {})",
+                    d.max_srq_wr(),
+                    d.raw.orig_attr.max_srq_sge
+                ))
+            }));
+        }
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                srq,
+                pd: self.clone(),
+            }),
+        })
+    }
+}
+
+impl Srq {
+    /// The raw `ibv_srq` for the datapath (valid while this `Srq` or a QP using it lives).
+    pub fn as_raw(&self) -> *mut ibv_srq {
+        self.inner.srq
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+
+    /// `ibv_query_srq(3)`: max_wr, max_sge, srq_limit.
+    pub fn query(&self) -> Result<ibv_srq_attr> {
+        let f = self
+            .inner
+            .pd
+            .context()
+            .fns()
+            .ibv_query_srq
+            .ok_or_else(|| Error::missing("ibv_query_srq"))?;
+        let mut a = ibv_srq_attr::default();
+        // SAFETY: live SRQ, writable attr.
+        let ret = unsafe { f(self.inner.srq, &mut a) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_query_srq", ret));
+        }
+        Ok(a)
+    }
+
+    /// `ibv_modify_srq(3)` with `IBV_SRQ_LIMIT`: arm the limit event
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED` when fewer than `limit` receives remain).
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let f = self
+            .inner
+            .pd
+            .context()
+            .fns()
+            .ibv_modify_srq
+            .ok_or_else(|| Error::missing("ibv_modify_srq"))?;
+        let mut a = ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        // SAFETY: live SRQ, valid attr.
+        let ret = unsafe { f(self.inner.srq, &mut a, hotverbs_ffi::IBV_SRQ_LIMIT as i32) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_modify_srq", ret)
+                .or_hint(|| Some("srq_limit must be below max_wr".into())));
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv(3)` of one receive.
+    ///
+    /// # Safety
+    /// As [`Qp::post_recv`](crate::Qp::post_recv): the memory stays registered, valid and
+    /// untouched by Rust code until the receive's completion is polled.
+    pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        let mut s: Vec<ibv_sge> = sges.iter().map(|&x| x.into()).collect();
+        let mut raw = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: s.as_mut_ptr(),
+            num_sge: s.len() as i32,
+        };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: live SRQ; raw/s valid for the call; memory is the caller's contract.
+        let ret =
+            unsafe { hotverbs_ffi::inline::ibv_post_srq_recv(self.inner.srq, &mut raw, &mut bad) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_post_srq_recv", ret)
+                .or_hint(|| Some("SRQ full (max_wr) or too many SGEs".into())));
+        }
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq(3)` now, returning its error (`EBUSY` while QPs or clones use it).
+    pub fn destroy(self) -> Result<()> {
+        let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
+            Error::new("ibv_destroy_srq", libc::EBUSY)
+                .with_hint("QPs attached to this SRQ (or clones of it) are still alive")
+        })?;
+        inner.destroy()
+    }
+}

@@ -1,0 +1,33 @@
+//! `Context::open_default` and `$HOTVERBS_DEVICE` (its own test binary: it changes the
+//! process environment, so it runs alone).
+
+use hotverbs::{devices, Context, DeviceKind};
+
+#[test]
+fn default_device_follows_env_then_real_then_softnic() {
+    let saved = std::env::var("HOTVERBS_DEVICE").ok();
+
+    std::env::set_var("HOTVERBS_DEVICE", "softnic");
+    assert_eq!(Context::open_default().unwrap().name(), "softnic");
+
+    std::env::set_var("HOTVERBS_DEVICE", "no-such-device");
+    let e = Context::open_default().unwrap_err();
+    assert_eq!(e.errno, libc::ENODEV);
+    assert!(e.to_string().contains("no-such-device"), "{e}");
+
+    std::env::remove_var("HOTVERBS_DEVICE");
+    let ctx = Context::open_default().unwrap();
+    match devices().into_iter().find(|d| d.kind == DeviceKind::Real) {
+        Some(real) => {
+            assert_eq!(ctx.name(), real.name);
+            assert_eq!(ctx.kind(), DeviceKind::Real);
+        }
+        None => {
+            assert_eq!(ctx.name(), "softnic");
+            assert_eq!(ctx.kind(), DeviceKind::Softnic);
+        }
+    }
+    if let Some(v) = saved {
+        std::env::set_var("HOTVERBS_DEVICE", v);
+    }
+}

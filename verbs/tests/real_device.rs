@@ -1,0 +1,647 @@
+//! Tests that need a real RDMA device (rxe in `cargo xtask rxe`, or any mlx5/rxe host):
+//! RC send/recv/write/read/atomics, UD, SRQ, completion events, rdma_cm connect/accept,
+//! and interop with rdma-core's `ibv_rc_pingpong` in both directions.
+//!
+//! Each test probes for a device and prints "skipped: no RDMA device" when there is none —
+//! unless `HOTVERBS_RXE=1` (inside the rxe VM), where a missing device is a failure.
+//! Device: `$HOTVERBS_DEVICE` (e.g. `rxe0`), else the first real device; GID index:
+//! `$HOTVERBS_GID_INDEX` (e.g. `1`), else the default (RoCE v2 IPv4 GID).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hotverbs::cm::{CmId, ConnParam, EventChannel};
+use hotverbs::exchange::Session;
+use hotverbs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+fn rxe_required() -> bool {
+    std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1")
+}
+
+/// The device under test, or None (after printing the skip line).
+fn device() -> Option<Context> {
+    let report = devices_report();
+    let wanted = std::env::var("HOTVERBS_DEVICE")
+        .ok()
+        .filter(|n| !n.is_empty() && n != SOFTNIC);
+    let name = wanted.or_else(|| {
+        report
+            .devices
+            .iter()
+            .find(|d| d.kind == DeviceKind::Real)
+            .map(|d| d.name.clone())
+    });
+    let ctx = name.as_deref().map(Context::open);
+    match ctx {
+        Some(Ok(c)) => Some(c),
+        other => {
+            let why = match other {
+                Some(Err(e)) => e.to_string(),
+                _ => report
+                    .real_unavailable
+                    .unwrap_or_else(|| "libibverbs lists no device".into()),
+            };
+            if rxe_required() {
+                panic!("HOTVERBS_RXE=1 but no RDMA device: {why}");
+            }
+            println!("skipped: no RDMA device ({why})");
+            None
+        }
+    }
+}
+
+fn gid_index() -> Option<u32> {
+    std::env::var("HOTVERBS_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+fn port_info(ctx: &Context) -> PortInfo {
+    ctx.port_info(None, gid_index()).unwrap()
+}
+
+fn rw() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+fn rc_pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq) -> (Qp, Qp) {
+    let info = port_info(ctx);
+    let a = QpBuilder::new(pd, cq_a, cq_a, QpType::Rc).build().unwrap();
+    let b = QpBuilder::new(pd, cq_b, cq_b, QpType::Rc).build().unwrap();
+    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    (a, b)
+}
+
+#[test]
+fn real_device_is_described() {
+    let Some(ctx) = device() else { return };
+    let d = ctx.query_device().unwrap();
+    assert!(d.phys_port_cnt() >= 1);
+    let info = port_info(&ctx);
+    let p = ctx.query_port(info.port).unwrap();
+    assert!(p.is_active());
+    let table = ctx.gid_table(info.port).unwrap();
+    assert!(!table.is_empty());
+    if let Some(i) = info.gid_index {
+        assert!(table.iter().any(|e| e.index == i && e.gid == info.gid));
+    }
+    println!("{} {:?} {:?} {:?}", ctx.name(), d, p, table);
+}
+
+#[test]
+fn rc_send_recv_write_read_atomics() {
+    let Some(ctx) = device() else { return };
+    let pd = ctx.alloc_pd().unwrap();
+    let cq_a = ctx.create_cq(64, None).unwrap();
+    let cq_b = ctx.create_cq(64, None).unwrap();
+    let (a, b) = rc_pair(&ctx, &pd, &cq_a, &cq_b);
+    let mut local = pd.alloc_mr(4096, rw()).unwrap();
+    let remote = pd.alloc_mr(4096, rw()).unwrap();
+    local.as_mut_slice()[..8].copy_from_slice(b"rxe-send");
+    let win = remote.remote();
+    // SAFETY: every buffer is left alone until its completion is polled.
+    unsafe {
+        b.post_recv(1, &[remote.local(1024, 64).unwrap()]).unwrap();
+        a.post_send(
+            &SendWr::send(2, &[local.local(0, 8).unwrap()])
+                .imm(5)
+                .signaled(),
+        )
+        .unwrap();
+    }
+    assert_eq!(cq_a.wait_one(T).unwrap().ok().unwrap().wr_id(), 2);
+    let r = cq_b.wait_one(T).unwrap().ok().unwrap();
+    assert_eq!((r.byte_len(), r.imm_data()), (8, Some(5)));
+    assert_eq!(&remote.as_slice()[1024..1032], b"rxe-send");
+    // SAFETY: as above.
+    unsafe {
+        a.post_send(
+            &SendWr::write(3, &[local.local(0, 8).unwrap()], win.slice(0, 8).unwrap()).signaled(),
+        )
+        .unwrap();
+    }
+    cq_a.wait_one(T).unwrap().ok().unwrap();
+    assert_eq!(&remote.as_slice()[..8], b"rxe-send");
+    // SAFETY: as above.
+    unsafe {
+        a.post_send(
+            &SendWr::read(4, &[local.local(100, 8).unwrap()], win.slice(0, 8).unwrap()).signaled(),
+        )
+        .unwrap();
+    }
+    cq_a.wait_one(T).unwrap().ok().unwrap();
+    assert_eq!(&local.as_slice()[100..108], b"rxe-send");
+    let word = win.slice(2048, 8).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        a.post_send(&SendWr::fetch_add(5, &[local.local(200, 8).unwrap()], word, 3).signaled())
+            .unwrap();
+    }
+    cq_a.wait_one(T).unwrap().ok().unwrap();
+    // SAFETY: as above.
+    unsafe {
+        a.post_send(
+            &SendWr::compare_swap(6, &[local.local(208, 8).unwrap()], word, 3, 42).signaled(),
+        )
+        .unwrap();
+    }
+    cq_a.wait_one(T).unwrap().ok().unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(local.as_slice()[208..216].try_into().unwrap()),
+        3
+    );
+    assert_eq!(
+        u64::from_ne_bytes(remote.as_slice()[2048..2056].try_into().unwrap()),
+        42
+    );
+    // An access violation is an error completion with a hint.
+    let ro = pd
+        .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    // SAFETY: as above.
+    unsafe {
+        a.post_send(&SendWr::write(7, &[local.local(0, 8).unwrap()], ro.remote()).signaled())
+            .unwrap();
+    }
+    let wc = cq_a.wait_one(T).unwrap();
+    assert!(!wc.is_ok(), "write into a read-only MR succeeded");
+    println!("access violation: {}", wc.ok().unwrap_err());
+}
+
+#[test]
+fn ud_send_and_reply_with_ah_from_wc() {
+    let Some(ctx) = device() else { return };
+    let info = port_info(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let a = QpBuilder::new(&pd, &cq, &cq, QpType::Ud).build().unwrap();
+    let b = QpBuilder::new(&pd, &cq, &cq, QpType::Ud).build().unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &Endpoint::default(), &o).unwrap();
+    b.connect(&info, &Endpoint::default(), &o).unwrap();
+    let attr = match info.gid_index {
+        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
+        None => AhAttr::lid(info.lid, info.port),
+    };
+    let ah = pd.create_ah(&attr).unwrap();
+    let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let rx = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+    tx.as_mut_slice()[..4].copy_from_slice(b"ping");
+    // SAFETY: buffers untouched until completions.
+    unsafe {
+        b.post_recv(1, &[rx.local(0, 256).unwrap()]).unwrap();
+        a.post_recv(2, &[rx.local(256, 256).unwrap()]).unwrap();
+        a.post_send(
+            &SendWr::ud(3, &[tx.local(0, 4).unwrap()], &ah, b.qp_num(), DEFAULT_QKEY).signaled(),
+        )
+        .unwrap();
+    }
+    let mut got = None;
+    for _ in 0..2 {
+        let wc = cq.wait_one(T).unwrap().ok().unwrap();
+        if wc.wr_id() == 1 {
+            got = Some(wc);
+        }
+    }
+    let wc = got.expect("UD receive");
+    assert_eq!(&rx.as_slice()[40..44], b"ping");
+    let back = pd
+        .create_ah_from_wc(&wc, &rx.as_slice()[..40], info.port)
+        .unwrap();
+    // SAFETY: as above.
+    unsafe {
+        b.post_send(
+            &SendWr::ud(
+                4,
+                &[tx.local(0, 4).unwrap()],
+                &back,
+                wc.src_qp(),
+                DEFAULT_QKEY,
+            )
+            .signaled(),
+        )
+        .unwrap();
+    }
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(cq.wait_one(T).unwrap().ok().unwrap().wr_id());
+    }
+    ids.sort();
+    assert_eq!(ids, [2, 4]);
+}
+
+#[test]
+fn srq_shared_by_two_qps_and_completion_events() {
+    let Some(ctx) = device() else { return };
+    let info = port_info(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let rcq = ctx.create_cq(64, Some(&ch)).unwrap();
+    let scq = ctx.create_cq(64, None).unwrap();
+    let srq = pd.create_srq(64, 1).unwrap();
+    let mut pairs = Vec::new();
+    for _ in 0..2 {
+        let r = QpBuilder::new(&pd, &rcq, &rcq, QpType::Rc)
+            .srq(&srq)
+            .build()
+            .unwrap();
+        let s = QpBuilder::new(&pd, &scq, &scq, QpType::Rc).build().unwrap();
+        s.connect(&info, &r.endpoint(&info), &ConnectOptions::default())
+            .unwrap();
+        r.connect(&info, &s.endpoint(&info), &ConnectOptions::default())
+            .unwrap();
+        pairs.push((s, r));
+    }
+    let rx = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    let tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    rcq.req_notify(false).unwrap();
+    // SAFETY: buffers untouched until completions.
+    unsafe {
+        srq.post_recv(10, &[rx.local(0, 128).unwrap()]).unwrap();
+        srq.post_recv(11, &[rx.local(128, 128).unwrap()]).unwrap();
+        for (i, (s, _)) in pairs.iter().enumerate() {
+            s.post_send(&SendWr::send(i as u64, &[tx.local(0, 16).unwrap()]).signaled())
+                .unwrap();
+        }
+    }
+    let ev = ch.wait_cq_event(T).unwrap().expect("completion event");
+    assert!(ev.is_for(&rcq));
+    rcq.ack_events(1);
+    let mut qpns = Vec::new();
+    while qpns.len() < 2 {
+        qpns.push(rcq.wait_one(T).unwrap().ok().unwrap().qp_num());
+    }
+    qpns.sort();
+    let mut want: Vec<u32> = pairs.iter().map(|(_, r)| r.qp_num()).collect();
+    want.sort();
+    assert_eq!(qpns, want);
+}
+
+fn cm_addr(ctx: &Context, port: u16) -> SocketAddr {
+    if let Ok(a) = std::env::var("HOTVERBS_CM_ADDR") {
+        return SocketAddr::new(a.parse().unwrap(), port);
+    }
+    let info = port_info(ctx);
+    let ip = info
+        .gid
+        .ipv4()
+        .map(|o| IpAddr::V4(Ipv4Addr::from(o)))
+        .unwrap_or(IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1)));
+    SocketAddr::new(ip, port)
+}
+
+/// Posts one receive/send on a raw QP made by rdma_create_qp.
+///
+/// # Safety
+/// `qp` is live; `sge` describes registered memory untouched until the completion.
+unsafe fn raw_post(qp: *mut hotverbs_ffi::ibv_qp, recv: bool, wr_id: u64, sge: Sge) {
+    let mut s: hotverbs_ffi::ibv_sge = sge.into();
+    if recv {
+        let mut wr = hotverbs_ffi::ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut s,
+            num_sge: 1,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: caller's contract; wr and s valid for the call.
+        let ret = unsafe { hotverbs_ffi::inline::ibv_post_recv(qp, &mut wr, &mut bad) };
+        assert_eq!(ret, 0, "ibv_post_recv");
+    } else {
+        // SAFETY: plain C data.
+        let mut wr: hotverbs_ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut s;
+        wr.num_sge = 1;
+        wr.opcode = hotverbs_ffi::IBV_WR_SEND;
+        wr.send_flags = hotverbs_ffi::IBV_SEND_SIGNALED;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: caller's contract; wr and s valid for the call.
+        let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(qp, &mut wr, &mut bad) };
+        assert_eq!(ret, 0, "ibv_post_send");
+    }
+}
+
+#[test]
+fn rdma_cm_connect_accept_send_disconnect() {
+    let Some(ctx) = device() else { return };
+    let addr = cm_addr(&ctx, 7471);
+    drop(ctx);
+    let server = std::thread::spawn(move || {
+        let ch = EventChannel::new().unwrap();
+        let listener = CmId::new(&ch).unwrap();
+        listener.bind(addr).unwrap();
+        listener.listen(4).unwrap();
+        let (mut conn, private) = listener.get_request(T).unwrap();
+        let ctx = conn.context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        conn.create_qp(&pd, &cq, &cq, 8, 8).unwrap();
+        let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        // SAFETY: rx untouched until the completion.
+        unsafe { raw_post(conn.qp_raw(), true, 1, rx.local(0, 64).unwrap()) };
+        conn.accept(
+            &ConnParam {
+                private_data: b"server-hello".to_vec(),
+                ..Default::default()
+            },
+            T,
+        )
+        .unwrap();
+        let wc = cq.wait_one(T).unwrap().ok().unwrap();
+        assert_eq!(wc.wr_id(), 1);
+        let got = rx.as_slice()[..wc.byte_len() as usize].to_vec();
+        conn.wait_disconnected(T).unwrap();
+        (private, got)
+    });
+    std::thread::sleep(Duration::from_millis(300)); // let the server listen
+    let ch = EventChannel::new().unwrap();
+    let mut id = CmId::new(&ch).unwrap();
+    id.resolve_addr(None, addr, T).unwrap();
+    id.resolve_route(T).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    id.create_qp(&pd, &cq, &cq, 8, 8).unwrap();
+    let reply = id
+        .connect(
+            &ConnParam {
+                private_data: b"client-hello".to_vec(),
+                ..Default::default()
+            },
+            T,
+        )
+        .unwrap();
+    assert!(reply.starts_with(b"server-hello"), "{reply:?}");
+    let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    tx.as_mut_slice()[..7].copy_from_slice(b"over cm");
+    // SAFETY: tx untouched until the completion.
+    unsafe { raw_post(id.qp_raw(), false, 2, tx.local(0, 7).unwrap()) };
+    cq.wait_one(T).unwrap().ok().unwrap();
+    id.disconnect().unwrap();
+    id.wait_disconnected(T).unwrap();
+    let (private, got) = server.join().unwrap();
+    assert!(private.starts_with(b"client-hello"));
+    assert_eq!(got, b"over cm");
+}
+
+// ---------------------------------------------------------------------------------------
+// ibv_rc_pingpong interop
+// ---------------------------------------------------------------------------------------
+
+const PP_SIZE: usize = 4096;
+const PP_ITERS: usize = 20;
+const PP_RX_DEPTH: usize = 16;
+
+fn pingpong_cmd(ctx: &Context, tcp_port: u16) -> Option<Command> {
+    let bin = std::env::var("HOTVERBS_PINGPONG").unwrap_or_else(|_| "ibv_rc_pingpong".into());
+    if Command::new(&bin)
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        if rxe_required() {
+            panic!("HOTVERBS_RXE=1 but {bin} is not installed");
+        }
+        println!("skipped: {bin} not installed");
+        return None;
+    }
+    let mut c = Command::new(bin);
+    c.args(["-d", ctx.name(), "-p", &tcp_port.to_string()]);
+    c.args(["-s", &PP_SIZE.to_string(), "-n", &PP_ITERS.to_string()]);
+    c.args(["-r", &PP_RX_DEPTH.to_string(), "-m", "1024"]);
+    if let Some(g) = port_info(ctx).gid_index {
+        c.args(["-g", &g.to_string()]);
+    }
+    Some(c)
+}
+
+fn wait_child(mut child: Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "ibv_rc_pingpong did not finish: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct PpSide {
+    qp: Qp,
+    cq: Cq,
+    rx: Mr<'static>,
+    tx: Mr<'static>,
+}
+
+fn pp_side(ctx: &Context) -> PpSide {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq((PP_RX_DEPTH + 2) as u32, None).unwrap();
+    let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+        .max_send_wr(1)
+        .max_recv_wr(PP_RX_DEPTH as u32)
+        .build()
+        .unwrap();
+    let rx = pd
+        .alloc_mr(PP_SIZE * PP_RX_DEPTH, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let tx = pd.alloc_mr(PP_SIZE, AccessFlags::LOCAL_WRITE).unwrap();
+    PpSide { qp, cq, rx, tx }
+}
+
+impl PpSide {
+    fn post_recvs(&self) {
+        for i in 0..PP_RX_DEPTH {
+            // SAFETY: the receive slots are only read after their completion.
+            unsafe {
+                self.qp
+                    .post_recv(i as u64, &[self.rx.local(i * PP_SIZE, PP_SIZE).unwrap()])
+                    .unwrap()
+            };
+        }
+    }
+
+    /// One exchange step: a receive completes (reposted at once) or our send completes.
+    fn wait(&self, send_done: &mut usize, recv_done: &mut usize) {
+        let wc = self.cq.wait_one(T).unwrap().ok().unwrap();
+        if wc.opcode() == hotverbs_ffi::IBV_WC_RECV {
+            assert_eq!(wc.byte_len() as usize, PP_SIZE);
+            *recv_done += 1;
+            let slot = wc.wr_id() as usize;
+            // SAFETY: as in post_recvs.
+            unsafe {
+                self.qp
+                    .post_recv(
+                        wc.wr_id(),
+                        &[self.rx.local(slot * PP_SIZE, PP_SIZE).unwrap()],
+                    )
+                    .unwrap()
+            };
+        } else {
+            *send_done += 1;
+        }
+    }
+
+    fn send(&self, i: usize) {
+        // SAFETY: tx is not written while a send is in flight.
+        unsafe {
+            self.qp
+                .post_send(&SendWr::send(1000 + i as u64, &[self.tx.sge()]).signaled())
+                .unwrap()
+        };
+    }
+}
+
+fn pp_opts() -> ConnectOptions {
+    ConnectOptions {
+        mtu: Some(Mtu::Mtu1024),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn pingpong_interop_we_are_the_client() {
+    let Some(ctx) = device() else { return };
+    let port = 18515 + 11;
+    let Some(mut cmd) = pingpong_cmd(&ctx, port) else {
+        return;
+    };
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let info = port_info(&ctx);
+    let side = pp_side(&ctx);
+    let mut s = Session::connect(("127.0.0.1", port), T).unwrap();
+    let theirs = s.pingpong_client(&side.qp.endpoint(&info)).unwrap();
+    side.qp.connect(&info, &theirs, &pp_opts()).unwrap();
+    // Receives before our first send (the server answers each of our messages).
+    side.post_recvs();
+    let (mut sent, mut recvd) = (0, 0);
+    for i in 0..PP_ITERS {
+        side.send(i);
+        while sent < i + 1 || recvd < i + 1 {
+            side.wait(&mut sent, &mut recvd);
+        }
+    }
+    let st = wait_child(child, T);
+    assert!(st.success(), "ibv_rc_pingpong server exited with {st}");
+}
+
+#[test]
+fn pingpong_interop_we_are_the_server() {
+    let Some(ctx) = device() else { return };
+    let port = 18515 + 12;
+    let Some(mut cmd) = pingpong_cmd(&ctx, port) else {
+        return;
+    };
+    let listener = TcpListener::bind(("0.0.0.0", port)).unwrap();
+    let child = cmd
+        .arg("127.0.0.1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let info = port_info(&ctx);
+    let side = pp_side(&ctx);
+    let mut s = Session::accept(&listener, T).unwrap();
+    let theirs = s.pingpong_server_recv().unwrap();
+    // As ibv_rc_pingpong's server: connected and receiving before we answer.
+    side.qp.connect(&info, &theirs, &pp_opts()).unwrap();
+    side.post_recvs();
+    s.pingpong_server_reply(&side.qp.endpoint(&info)).unwrap();
+    let (mut sent, mut recvd) = (0, 0);
+    for i in 0..PP_ITERS {
+        while recvd < i + 1 {
+            side.wait(&mut sent, &mut recvd);
+        }
+        side.send(i);
+        while sent < i + 1 {
+            side.wait(&mut sent, &mut recvd);
+        }
+    }
+    let st = wait_child(child, T);
+    assert!(st.success(), "ibv_rc_pingpong client exited with {st}");
+}
+
+#[test]
+fn transitions_queries_and_invalid_ones() {
+    let Some(ctx) = device() else { return };
+    let info = port_info(&ctx);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
+    let peer = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
+    assert_eq!(qp.query().unwrap().state(), QpState::Reset);
+    let ah = match info.gid_index {
+        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
+        None => AhAttr::lid(info.lid, info.port),
+    };
+    let rtr = RtrAttr {
+        path_mtu: Mtu::Mtu1024.min(info.active_mtu),
+        dest_qpn: peer.qp_num(),
+        rq_psn: 0x222,
+        ah,
+        ..Default::default()
+    };
+    let e = qp.to_rtr(&rtr).unwrap_err();
+    assert_eq!(
+        (e.verb, e.errno),
+        ("ibv_modify_qp(RESET->RTR)", libc::EINVAL)
+    );
+    println!("{e}");
+    qp.to_init(&InitAttr {
+        port: info.port,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(qp.query().unwrap().state(), QpState::Init);
+    let e = qp.to_rts(&RtsAttr::default()).unwrap_err();
+    assert_eq!(e.verb, "ibv_modify_qp(INIT->RTS)");
+    qp.to_rtr(&rtr).unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!(
+        (a.state(), a.dest_qpn(), a.rq_psn()),
+        (QpState::Rtr, peer.qp_num(), 0x222)
+    );
+    qp.to_rts(&RtsAttr {
+        sq_psn: 0x333,
+        ..Default::default()
+    })
+    .unwrap();
+    let a = qp.query().unwrap();
+    assert_eq!((a.state(), a.sq_psn()), (QpState::Rts, 0x333));
+    qp.to_error().unwrap();
+    assert_eq!(qp.query().unwrap().state(), QpState::Err);
+    qp.reset().unwrap();
+    assert_eq!(qp.query().unwrap().state(), QpState::Reset);
+    qp.connect(&info, &peer.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    assert_eq!(qp.query().unwrap().state(), QpState::Rts);
+    // Lifetimes hold on the real device too.
+    let e = pd.clone().destroy().unwrap_err();
+    assert_eq!(e.errno, libc::EBUSY);
+    drop((qp, peer));
+    cq.destroy().unwrap();
+    pd.destroy().unwrap();
+    assert!(take_drop_errors().is_empty());
+}

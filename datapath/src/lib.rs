@@ -1,2 +1,92 @@
-//! hotverbs-datapath: the no_std hot path (being built).
+//! hotverbs-datapath: the `#![no_std]`, allocation-free RDMA hot path.
+//!
+//! The setup layer (`hotverbs`) creates the device objects and hands this crate raw
+//! `*mut ibv_qp` / `*mut ibv_cq` / `*mut ibv_srq` plus plain memory descriptors. From then on
+//! the datapath reaches the device only through the four hot inline verbs of verbs.h
+//! (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, via
+//! `hotverbs_ffi::inline`): it never calls a setup verb and never allocates, so the same code
+//! runs on mlx5, rxe and the software device.
+//!
+//! # Tour
+//! - [`send`]: [`SendRing<N>`] — preformatted `ibv_send_wr`s; [`Msg`] for SEND, SEND_WITH_IMM,
+//!   RDMA_WRITE(_WITH_IMM), RDMA_READ, FETCH_AND_ADD, CMP_AND_SWP and zero-byte messages;
+//!   staged WRs go out as one chain per `post_send`; every K-th WR is signaled; a full ring is
+//!   [`SendError::WouldBlock`], never a spin. UD mode through [`SendConfig::ud`].
+//!   Inline messages are safe ([`SendRing::send_now`], [`SendRing::batch`]); zero-copy ones go
+//!   through the `unsafe` [`SendRing::stage`].
+//! - [`recv`]: [`RecvRing<N>`] — receives in fixed slots of one registered region, read in
+//!   place, released and re-posted in chains; on a QP or an SRQ.
+//! - [`cq`]: [`CqPoller<B>`] — up to B completions per `poll_cq`; [`Completion`] accessors.
+//! - [`wr_id`]: the encoding (ring id in bits 63..56, sequence or slot below) that makes
+//!   dispatch a shift and a compare.
+//! - [`credits`]: SEND/RECV credit flow control so a sender never causes RNR.
+//! - [`split`]: poster and poller on two threads, sharing only single-writer counters
+//!   (model-checked with loom, see `tests/loom.rs`).
+//! - [`error`]: a named [`WcError`] per `ibv_wc_status`, [`PostError`] with errno and the
+//!   index of the first rejected WR.
+//! - [`desc`]: [`LocalBuf`], [`RemoteBuf`], [`UdDest`] — what the setup layer produces.
+//!
+//! `unsafe` lives in `send`, `recv` and `cq` (ring storage and ffi dispatch); the rest is
+//! safe code.
+//!
+//! # Error recovery
+//! An error completion puts a [`SendRing`] in the error state (new messages get
+//! [`SendError::QpError`]). Every WR still outstanding completes with a flush error (each
+//! retires exactly itself and the WRs before it), or the setup layer moves the QP to RESET,
+//! which discards them; then [`SendRing::reset`] / [`RecvRing::reset`] account for whatever
+//! never completed, and after RESET -> INIT -> RTR -> RTS the rings are usable again with no
+//! slot leaked. Completions left in the CQ from before the reset are recognised as stale.
+//!
+//! # Example
+//! A ping through the counting test device (any provider works the same way):
+//! ```
+//! use hotverbs_datapath::{CqPoller, Local, Msg, SendConfig, SendRing};
+//! use hotverbs_softnic::counting::CountingDevice;
+//!
+//! let dev = CountingDevice::new(64);
+//! // SAFETY: the device's QP and CQ outlive the ring and the poller.
+//! let mut ring: SendRing<16> =
+//!     unsafe { SendRing::new(dev.qp(), SendConfig::new(1, 16, 64).signal_every(4)) }.unwrap();
+//! let mut poller: CqPoller<8> = unsafe { CqPoller::new(dev.cq()) };
+//!
+//! // Eight inline messages in one batch (the default batch size is depth / 2 = 8):
+//! // one chain, one doorbell.
+//! let msgs = [*b"ping-000"; 8];
+//! let mut batch = ring.batch();
+//! for m in &msgs {
+//!     batch.push(Msg::send(Local::Inline(m))).unwrap();
+//! }
+//! batch.finish().unwrap();
+//! assert_eq!(dev.doorbells(), 1);
+//! assert_eq!(ring.outstanding(), 8);
+//!
+//! // Every 4th WR is signaled: two completions retire all eight.
+//! for c in poller.poll().unwrap() {
+//!     assert_eq!(c.ring(), 1);
+//!     ring.on_completion(c).unwrap();
+//! }
+//! assert_eq!(ring.outstanding(), 0);
+//! ```
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+#![warn(clippy::std_instead_of_core)]
+
+pub mod cq;
+pub mod credits;
+pub mod desc;
+pub mod error;
+pub mod recv;
+pub mod send;
+pub mod split;
+mod sync;
+pub mod wr_id;
+
+pub use cq::{Completion, CqPoller};
+pub use credits::{CreditReturn, Credits};
+pub use desc::{LocalBuf, RemoteBuf, UdDest};
+pub use error::{ConfigError, PollError, PostError, RecvError, SendError, WcError};
+pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};
+pub use send::{Batch, Local, Msg, Opcode, SendConfig, SendRing};
+pub use split::{SendCounters, SendRetirer};

@@ -1,0 +1,169 @@
+//! [`CqPoller`]: drains a CQ in bursts into an array it owns; [`Completion`] reads a WC.
+//!
+//! # Invariants (this module owns a raw CQ pointer)
+//! `wcs[..n]` is initialised by the provider for the `n` that `ibv_poll_cq(3)` returned;
+//! only that prefix is ever exposed.
+
+use core::hint::spin_loop;
+
+use hotverbs_ffi::inline::ibv_poll_cq;
+use hotverbs_ffi::*;
+
+use crate::error::{PollError, WcError};
+use crate::wr_id;
+
+/// One work completion (`struct ibv_wc`) with cheap accessors.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Completion(pub ibv_wc);
+
+impl Completion {
+    /// The raw `wr_id`.
+    #[inline(always)]
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+    /// The ring id part of `wr_id` (see [`crate::wr_id`]).
+    #[inline(always)]
+    pub fn ring(&self) -> u8 {
+        wr_id::ring_of(self.0.wr_id)
+    }
+    /// The sequence / slot part of `wr_id`.
+    #[inline(always)]
+    pub fn seq(&self) -> u64 {
+        wr_id::seq_of(self.0.wr_id)
+    }
+    /// `Ok` for `IBV_WC_SUCCESS`, else the named error.
+    #[inline(always)]
+    pub fn status(&self) -> Result<(), WcError> {
+        match WcError::from_status(self.0.status) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+    /// `opcode` (`IBV_WC_SEND`, `IBV_WC_RECV`, ...; undefined for error completions).
+    #[inline(always)]
+    pub fn opcode(&self) -> ibv_wc_opcode {
+        self.0.opcode
+    }
+    /// True for a receive-side completion (`IBV_WC_RECV*`).
+    #[inline(always)]
+    pub fn is_recv(&self) -> bool {
+        self.0.opcode & IBV_WC_RECV != 0
+    }
+    /// `byte_len`.
+    #[inline(always)]
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+    /// The immediate data in host order, if the completion carries one.
+    #[inline(always)]
+    pub fn imm(&self) -> Option<u32> {
+        if self.0.wc_flags & IBV_WC_WITH_IMM != 0 {
+            // SAFETY: imm_data is the union member the provider fills when WITH_IMM is set;
+            // both members are plain u32.
+            Some(u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+        } else {
+            None
+        }
+    }
+    /// `qp_num` of the local QP.
+    #[inline(always)]
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+    /// `src_qp` (UD / SRQ).
+    #[inline(always)]
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+}
+
+impl core::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Completion")
+            .field("ring", &self.ring())
+            .field("seq", &self.seq())
+            .field("status", &self.status())
+            .field("opcode", &self.0.opcode)
+            .field("byte_len", &self.0.byte_len)
+            .finish()
+    }
+}
+
+/// Polls one CQ, up to `B` completions per `ibv_poll_cq(3)` call.
+///
+/// # References
+/// `ibv_poll_cq(3)`.
+pub struct CqPoller<const B: usize> {
+    cq: *mut ibv_cq,
+    wcs: [Completion; B],
+}
+
+// SAFETY: ibv_poll_cq may be called from any thread; `&mut self` makes this poller the CQ's
+// only user on the Rust side, as the `new` contract requires.
+unsafe impl<const B: usize> Send for CqPoller<B> {}
+
+impl<const B: usize> CqPoller<B> {
+    const CHECK: () = assert!(B > 0 && B <= i32::MAX as usize, "CqPoller<B>: 0 < B");
+
+    /// A poller of `cq`.
+    ///
+    /// # Safety
+    /// `cq` is a live CQ that outlives the poller and is polled by no other thread at the
+    /// same time.
+    pub unsafe fn new(cq: *mut ibv_cq) -> Self {
+        let () = Self::CHECK;
+        // SAFETY: ibv_wc is plain data (integers and a u32 union); all-zero is valid.
+        let wcs = unsafe { core::mem::zeroed() };
+        Self { cq, wcs }
+    }
+
+    /// One `ibv_poll_cq(cq, B, ..)`: the completions it returned (possibly none).
+    #[inline]
+    pub fn poll(&mut self) -> Result<&[Completion], PollError> {
+        // SAFETY: the CQ is live (new's contract) and `wcs` has room for B entries;
+        // Completion is repr(transparent) over ibv_wc.
+        let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(PollError { rc: n });
+        }
+        // The provider returns at most B; min() lets the compiler drop the bounds check.
+        Ok(&self.wcs[..(n as usize).min(B)])
+    }
+
+    /// Polls until at least one completion arrives or `max_polls` empty polls went by,
+    /// with `core::hint::spin_loop` between polls. Never blocks or sleeps.
+    #[inline]
+    pub fn poll_spin(&mut self, max_polls: u64) -> Result<&[Completion], PollError> {
+        let mut polls = 0u64;
+        loop {
+            // SAFETY: as in `poll`.
+            let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
+            if n < 0 {
+                return Err(PollError { rc: n });
+            }
+            polls += 1;
+            if n > 0 || polls >= max_polls {
+                return Ok(&self.wcs[..(n as usize).min(B)]);
+            }
+            spin_loop();
+        }
+    }
+
+    /// Polls once and hands every completion to `f`; returns how many there were.
+    #[inline]
+    pub fn drain<F: FnMut(&Completion)>(&mut self, mut f: F) -> Result<usize, PollError> {
+        let batch = self.poll()?;
+        for c in batch {
+            f(c);
+        }
+        Ok(batch.len())
+    }
+
+    /// The CQ this poller drains.
+    #[inline(always)]
+    pub fn cq(&self) -> *mut ibv_cq {
+        self.cq
+    }
+}

@@ -1,0 +1,339 @@
+//! Errors: a named variant for every `ibv_wc_status`, post failures with the errno and the
+//! index of the first rejected WR, and the ring-level conditions (back-pressure, limits).
+//! Messages name the verb, the errno or status name and what to do.
+
+use core::fmt;
+
+use hotverbs_ffi::*;
+
+macro_rules! wc_errors {
+    ($($(#[$m:meta])* $name:ident = $c:ident, $hint:literal;)*) => {
+        /// A completion with a status other than `IBV_WC_SUCCESS` (`ibv_poll_cq(3)`), one
+        /// variant per `enum ibv_wc_status` value.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum WcError {
+            $($(#[$m])* $name,)*
+            /// A status this version does not know.
+            Unknown(u32),
+        }
+
+        impl WcError {
+            /// The error for `status`, or `None` for `IBV_WC_SUCCESS`.
+            #[inline]
+            pub const fn from_status(status: ibv_wc_status) -> Option<Self> {
+                match status {
+                    IBV_WC_SUCCESS => None,
+                    $($c => Some(Self::$name),)*
+                    other => Some(Self::Unknown(other)),
+                }
+            }
+
+            /// The raw `ibv_wc_status`.
+            pub const fn status(self) -> ibv_wc_status {
+                match self {
+                    $(Self::$name => $c,)*
+                    Self::Unknown(s) => s,
+                }
+            }
+
+            /// What usually causes this status and what to do.
+            pub const fn hint(self) -> &'static str {
+                match self {
+                    $(Self::$name => $hint,)*
+                    Self::Unknown(_) => "unknown status: check the provider's documentation",
+                }
+            }
+        }
+    };
+}
+
+wc_errors! {
+    /// `IBV_WC_LOC_LEN_ERR`.
+    LocLen = IBV_WC_LOC_LEN_ERR, "message longer than the receive buffer or the port MTU (UD)";
+    /// `IBV_WC_LOC_QP_OP_ERR`.
+    LocQpOp = IBV_WC_LOC_QP_OP_ERR, "malformed WR: check opcode, num_sge and inline size against the QP caps";
+    /// `IBV_WC_LOC_EEC_OP_ERR`.
+    LocEecOp = IBV_WC_LOC_EEC_OP_ERR, "EE context error (RD only)";
+    /// `IBV_WC_LOC_PROT_ERR`.
+    LocProt = IBV_WC_LOC_PROT_ERR, "local buffer outside its MR or wrong lkey/PD";
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    WrFlush = IBV_WC_WR_FLUSH_ERR, "flushed because the QP is in the error state: find the first error, then reset the QP";
+    /// `IBV_WC_MW_BIND_ERR`.
+    MwBind = IBV_WC_MW_BIND_ERR, "memory-window bind failed";
+    /// `IBV_WC_BAD_RESP_ERR`.
+    BadResp = IBV_WC_BAD_RESP_ERR, "unexpected transport response from the peer";
+    /// `IBV_WC_LOC_ACCESS_ERR`.
+    LocAccess = IBV_WC_LOC_ACCESS_ERR, "local MR lacks the access right (LOCAL_WRITE for receives/READ)";
+    /// `IBV_WC_REM_INV_REQ_ERR`.
+    RemInvReq = IBV_WC_REM_INV_REQ_ERR, "peer rejected the request: opcode not allowed or message too long for its receive";
+    /// `IBV_WC_REM_ACCESS_ERR`.
+    RemAccess = IBV_WC_REM_ACCESS_ERR, "bad rkey, remote range outside the MR, or missing remote access right";
+    /// `IBV_WC_REM_OP_ERR`.
+    RemOp = IBV_WC_REM_OP_ERR, "the peer could not complete the operation (its receive failed)";
+    /// `IBV_WC_RETRY_EXC_ERR`.
+    RetryExc = IBV_WC_RETRY_EXC_ERR, "transport retries exhausted: peer down or path broken";
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`.
+    RnrRetryExc = IBV_WC_RNR_RETRY_EXC_ERR, "receiver not ready: the peer had no receive posted; use credits or raise rnr_retry";
+    /// `IBV_WC_LOC_RDD_VIOL_ERR`.
+    LocRddViol = IBV_WC_LOC_RDD_VIOL_ERR, "RD domain violation (RD only)";
+    /// `IBV_WC_REM_INV_RD_REQ_ERR`.
+    RemInvRdReq = IBV_WC_REM_INV_RD_REQ_ERR, "invalid RD request (RD only)";
+    /// `IBV_WC_REM_ABORT_ERR`.
+    RemAbort = IBV_WC_REM_ABORT_ERR, "the peer aborted the operation";
+    /// `IBV_WC_INV_EECN_ERR`.
+    InvEecn = IBV_WC_INV_EECN_ERR, "invalid EE context number (RD only)";
+    /// `IBV_WC_INV_EEC_STATE_ERR`.
+    InvEecState = IBV_WC_INV_EEC_STATE_ERR, "invalid EE context state (RD only)";
+    /// `IBV_WC_FATAL_ERR`.
+    Fatal = IBV_WC_FATAL_ERR, "fatal device error: the device must be reopened";
+    /// `IBV_WC_RESP_TIMEOUT_ERR`.
+    RespTimeout = IBV_WC_RESP_TIMEOUT_ERR, "response timeout";
+    /// `IBV_WC_GENERAL_ERR`.
+    General = IBV_WC_GENERAL_ERR, "general provider error";
+    /// `IBV_WC_TM_ERR`.
+    Tm = IBV_WC_TM_ERR, "tag-matching error";
+    /// `IBV_WC_TM_RNDV_INCOMPLETE`.
+    TmRndvIncomplete = IBV_WC_TM_RNDV_INCOMPLETE, "tag-matching rendezvous incomplete";
+}
+
+impl WcError {
+    /// The status name (`"IBV_WC_REM_ACCESS_ERR"`).
+    pub fn name(self) -> &'static str {
+        wc_status_name(self.status())
+    }
+}
+
+impl fmt::Display for WcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "completion failed with {} ({}): {}",
+            self.name(),
+            self.status(),
+            self.hint()
+        )
+    }
+}
+
+/// A post verb (`ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_post_srq_recv(3)`) refused part
+/// of a chain. WRs before `first_rejected` were accepted; the rest were not and the ring has
+/// already dropped them (their slots are free again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError {
+    /// The verb that failed.
+    pub verb: &'static str,
+    /// The errno value it returned.
+    pub errno: i32,
+    /// Index in the posted chain of the first WR not accepted (`*bad_wr`).
+    pub first_rejected: usize,
+    /// The ring sequence number (SendRing) or slot (RecvRing) of that WR.
+    pub first_rejected_seq: u64,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed with {} ({}) at WR {} of the chain (seq {}): {}",
+            self.verb,
+            errno_name(self.errno),
+            self.errno,
+            self.first_rejected,
+            self.first_rejected_seq,
+            match self.errno {
+                libc_errno::ENOMEM => "the work queue is full: the QP's depth is smaller than the ring's",
+                libc_errno::EINVAL => "a WR field is invalid for this QP (opcode, num_sge, inline size) or the QP state does not allow posting",
+                _ => "check the QP state and capabilities",
+            }
+        )
+    }
+}
+
+/// errno values used in messages (no libc dependency in the datapath).
+mod libc_errno {
+    pub const ENOMEM: i32 = 12;
+    pub const EINVAL: i32 = 22;
+}
+
+/// Why a [`SendRing`](crate::SendRing) could not take a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// Back-pressure: all `depth` slots are staged or outstanding. Poll the CQ (a signaled
+    /// WR is always in flight when this happens), then retry.
+    WouldBlock,
+    /// The QP reported an error completion; the ring refuses new WRs until
+    /// [`SendRing::reset`](crate::SendRing::reset) after the QP went through RESET.
+    QpError(WcError),
+    /// Inline payload longer than the QP's `max_inline_data`.
+    InlineTooLong {
+        /// Payload length.
+        len: usize,
+        /// The ring's inline limit.
+        max: u32,
+    },
+    /// The remote range `offset .. offset + len` is outside the ring's [`RemoteBuf`](crate::RemoteBuf).
+    RemoteOutOfRange {
+        /// Requested offset.
+        offset: u64,
+        /// Requested length.
+        len: u64,
+    },
+    /// Atomic operations need an 8-byte aligned remote address and an 8-byte local buffer.
+    AtomicMisaligned,
+    /// An RDMA/atomic message on a ring configured without a remote buffer, or with UD.
+    NoRemote,
+    /// A safe send method was given a zero-copy [`Local::Buf`](crate::Local::Buf) payload,
+    /// which must go through the `unsafe` [`SendRing::stage`](crate::SendRing::stage).
+    NotInline,
+    /// The post verb refused part of the chain.
+    Post(PostError),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::WouldBlock => write!(f, "send ring full: poll the CQ to retire completions, then retry"),
+            Self::QpError(e) => write!(f, "QP in error after {e}; move the QP to RESET, call SendRing::reset, then INIT -> RTR -> RTS"),
+            Self::InlineTooLong { len, max } => write!(f, "inline payload of {len} bytes exceeds max_inline_data {max}: use a registered buffer"),
+            Self::RemoteOutOfRange { offset, len } => write!(f, "remote range {offset}+{len} outside the ring's remote buffer"),
+            Self::AtomicMisaligned => write!(f, "atomics need an 8-byte aligned remote offset and an 8-byte local buffer"),
+            Self::NoRemote => write!(f, "RDMA/atomic operation on a ring without a remote buffer (configure SendConfig::remote)"),
+            Self::NotInline => write!(f, "zero-copy payload given to a safe method: use the unsafe SendRing::stage"),
+            Self::Post(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<PostError> for SendError {
+    fn from(e: PostError) -> Self {
+        Self::Post(e)
+    }
+}
+
+/// A ring configuration that cannot work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `depth` is 0 or larger than the ring's `N` slots.
+    Depth,
+    /// `signal_every` is 0 or larger than `depth / 2`.
+    SignalPeriod,
+    /// `batch` is 0 or larger than `depth`.
+    Batch,
+    /// Both a remote buffer and a UD destination were given.
+    RemoteAndUd,
+    /// Receive slots: `slot_len` is 0, `count * slot_len` exceeds the region, or `count > N`.
+    Slots,
+    /// A NULL QP, CQ or SRQ pointer.
+    Null,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Depth => "depth must be in 1..=N and not above the QP's max_send_wr/max_recv_wr",
+            Self::SignalPeriod => {
+                "signal_every must be in 1..=depth/2 so a signaled WR is always in flight"
+            }
+            Self::Batch => "batch must be in 1..=depth",
+            Self::RemoteAndUd => {
+                "a ring is either RC/UC with a remote buffer or UD with a destination, not both"
+            }
+            Self::Slots => {
+                "receive slots: slot_len > 0, count <= N and count * slot_len <= region length"
+            }
+            Self::Null => "NULL QP/CQ/SRQ pointer",
+        })
+    }
+}
+
+/// Why a receive completion did not yield a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    /// The receive in `slot` completed with an error (e.g. `WrFlush` after a QP error).
+    /// The slot is idle: it is re-posted by [`RecvRing::reset`](crate::RecvRing::reset).
+    Completion {
+        /// The slot.
+        slot: u32,
+        /// The status.
+        error: WcError,
+    },
+    /// The completion does not belong to a slot this ring has posted (stale or foreign).
+    Stale {
+        /// Its `wr_id`.
+        wr_id: u64,
+    },
+}
+
+impl fmt::Display for RecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Completion { slot, error } => write!(f, "receive slot {slot}: {error}"),
+            Self::Stale { wr_id } => write!(f, "completion wr_id {wr_id:#x} is not a posted slot of this ring (dispatch bug or stale CQE)"),
+        }
+    }
+}
+
+/// `ibv_poll_cq(3)` returned a negative value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollError {
+    /// The return value of `ibv_poll_cq`.
+    pub rc: i32,
+}
+
+impl fmt::Display for PollError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ibv_poll_cq failed with {}: the CQ is in error (overrun?): recreate it",
+            self.rc
+        )
+    }
+}
+
+impl core::error::Error for WcError {}
+impl core::error::Error for PostError {}
+impl core::error::Error for SendError {}
+impl core::error::Error for ConfigError {}
+impl core::error::Error for RecvError {}
+impl core::error::Error for PollError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_maps_to_a_named_error() {
+        assert_eq!(WcError::from_status(IBV_WC_SUCCESS), None);
+        for s in IBV_WC_LOC_LEN_ERR..=IBV_WC_TM_RNDV_INCOMPLETE {
+            let e = WcError::from_status(s).unwrap();
+            assert!(!matches!(e, WcError::Unknown(_)), "status {s}");
+            assert_eq!(e.status(), s);
+            assert_eq!(e.name(), wc_status_name(s));
+        }
+        assert_eq!(
+            WcError::from_status(IBV_WC_REM_ACCESS_ERR),
+            Some(WcError::RemAccess)
+        );
+        assert_eq!(WcError::from_status(999), Some(WcError::Unknown(999)));
+    }
+
+    #[test]
+    fn messages_name_verb_and_errno() {
+        let e = PostError {
+            verb: "ibv_post_send",
+            errno: 12,
+            first_rejected: 3,
+            first_rejected_seq: 40,
+        };
+        let s = std::format!("{e}");
+        assert!(
+            s.contains("ibv_post_send") && s.contains("ENOMEM") && s.contains("WR 3"),
+            "{s}"
+        );
+        let s = std::format!("{}", WcError::RnrRetryExc);
+        assert!(
+            s.contains("IBV_WC_RNR_RETRY_EXC_ERR") && s.contains("credits"),
+            "{s}"
+        );
+    }
+}

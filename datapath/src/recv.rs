@@ -1,0 +1,425 @@
+//! [`RecvRing`]: receives preposted into fixed-size slots of one registered region.
+//!
+//! # Invariants (this module owns raw pointers)
+//! - Slot `i` is `region.addr + i * slot_len .. + slot_len`; `wrs[i].sg_list` is rewritten
+//!   to `&sges[i]` at every re-post, so the ring may move between calls.
+//! - Every slot `< count` is in exactly one state: `POSTED` (owned by the NIC), `HELD`
+//!   (a [`Received`] exists for it), `PENDING` (in `pending[..npending]`, to be re-posted)
+//!   or `IDLE` (its receive failed, e.g. flushed; re-posted by [`RecvRing::reset`]).
+//! - The region's bytes of a slot are read (as `&[u8]`) only while it is `HELD`: the NIC
+//!   writes only `POSTED` slots.
+
+use core::mem::MaybeUninit;
+use core::ptr::{self, addr_of_mut};
+
+use hotverbs_ffi::inline::{ibv_post_recv, ibv_post_srq_recv};
+use hotverbs_ffi::*;
+
+use crate::cq::Completion;
+use crate::desc::LocalBuf;
+use crate::error::{ConfigError, PostError, RecvError};
+use crate::wr_id;
+
+const IDLE: u8 = 0;
+const POSTED: u8 = 1;
+const HELD: u8 = 2;
+const PENDING: u8 = 3;
+
+/// Where receives are posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvTarget {
+    /// A QP's receive queue (`ibv_post_recv(3)`).
+    Qp(*mut ibv_qp),
+    /// A shared receive queue (`ibv_post_srq_recv(3)`).
+    Srq(*mut ibv_srq),
+}
+
+/// Configuration of a [`RecvRing`].
+#[derive(Clone, Copy, Debug)]
+pub struct RecvConfig {
+    ring_id: u8,
+    slot_len: u32,
+    count: u32,
+    repost_batch: u32,
+}
+
+impl RecvConfig {
+    /// `count` slots (at most the RQ/SRQ's `max_wr` and the ring's `N`) of `slot_len` bytes
+    /// each; released slots are re-posted in chains of 16 (or `count`, if smaller).
+    pub const fn new(ring_id: u8, slot_len: u32, count: u32) -> Self {
+        Self {
+            ring_id,
+            slot_len,
+            count,
+            repost_batch: if count < 16 { count } else { 16 },
+        }
+    }
+
+    /// Re-post once `b` slots are released (`1..=count`; 1 re-posts each release).
+    pub const fn repost_batch(mut self, b: u32) -> Self {
+        self.repost_batch = b;
+        self
+    }
+}
+
+/// A message received in place; give it back with [`RecvRing::release`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "release the slot or it is never re-posted"]
+pub struct Received {
+    slot: u32,
+    byte_len: u32,
+    /// Bytes of this message in the slot (0 for RDMA WRITE_WITH_IMM, whose data went to the
+    /// remote buffer and not to the receive).
+    in_slot: u32,
+    imm: Option<u32>,
+    src_qp: u32,
+}
+
+impl Received {
+    /// The slot index.
+    #[inline(always)]
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+    /// `byte_len` of the completion: the message length (for RDMA WRITE_WITH_IMM the length
+    /// written to the remote buffer, while the slot itself holds nothing). For UD it
+    /// includes the 40-byte GRH.
+    #[inline(always)]
+    pub fn byte_len(&self) -> u32 {
+        self.byte_len
+    }
+    /// Immediate data in host order, if any.
+    #[inline(always)]
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+    /// The sending QP (meaningful for UD and SRQ).
+    #[inline(always)]
+    pub fn src_qp(&self) -> u32 {
+        self.src_qp
+    }
+}
+
+/// `N` receive slots (N a power of two; `count <= N` are used) of one registered region.
+///
+/// # References
+/// `ibv_post_recv(3)`, `ibv_post_srq_recv(3)`.
+pub struct RecvRing<const N: usize> {
+    wrs: [ibv_recv_wr; N],
+    sges: [ibv_sge; N],
+    state: [u8; N],
+    pending: [u32; N],
+    npending: u32,
+    posted: u32,
+    held: u32,
+    count: u32,
+    repost_batch: u32,
+    slot_len: u32,
+    id_bits: u64,
+    /// Bumped by `reset`: completions of receives posted before it carry an older value in
+    /// `wr_id` bits 55..32 and are recognised as stale even though their slot is reused.
+    generation: u64,
+    region: LocalBuf,
+    target: RecvTarget,
+}
+
+/// `wr_id` layout of a receive: ring id (63..56), generation (55..32), slot (31..0).
+const GEN_SHIFT: u32 = 32;
+const GEN_MASK: u64 = (1 << 24) - 1;
+
+// SAFETY: the ring owns its arrays; the QP/SRQ pointer is used only through the post verbs,
+// which may be called from any thread (one caller at a time: `&mut self`).
+unsafe impl<const N: usize> Send for RecvRing<N> {}
+
+impl<const N: usize> RecvRing<N> {
+    const MASK: usize = {
+        assert!(N.is_power_of_two(), "RecvRing<N>: N must be a power of two");
+        N - 1
+    };
+
+    /// A ring whose slots cut `region` into `cfg.count` pieces of `cfg.slot_len` bytes.
+    /// Nothing is posted until [`fill`](Self::fill).
+    ///
+    /// # Safety
+    /// `target` is a live QP or SRQ that outlives the ring and whose receives are posted by
+    /// this ring only; `region` is registered memory with `IBV_ACCESS_LOCAL_WRITE` that stays
+    /// valid for the ring's lifetime and that nothing else reads or writes while the ring
+    /// lives (the ring hands out `&[u8]` views of held slots). Receive completions of the
+    /// target go to [`on_completion`](Self::on_completion).
+    pub unsafe fn new(
+        target: RecvTarget,
+        region: LocalBuf,
+        cfg: RecvConfig,
+    ) -> Result<Self, ConfigError> {
+        let mut slot = MaybeUninit::uninit();
+        // SAFETY: forwarded contract.
+        unsafe { Self::init_in(&mut slot, target, region, cfg)? };
+        // SAFETY: init_in returned Ok, so every field is initialised.
+        Ok(unsafe { slot.assume_init() })
+    }
+
+    /// Builds the ring in place (a `Box::new_uninit`, a `static`, ...): large rings never
+    /// pass through the stack.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    pub unsafe fn init_in(
+        slot: &mut MaybeUninit<Self>,
+        target: RecvTarget,
+        region: LocalBuf,
+        cfg: RecvConfig,
+    ) -> Result<&mut Self, ConfigError> {
+        let _ = Self::MASK;
+        let null = match target {
+            RecvTarget::Qp(q) => q.is_null(),
+            RecvTarget::Srq(s) => s.is_null(),
+        };
+        if null {
+            return Err(ConfigError::Null);
+        }
+        if cfg.slot_len == 0
+            || cfg.count == 0
+            || cfg.count as usize > N
+            || cfg.count as u64 * cfg.slot_len as u64 > region.len as u64
+        {
+            return Err(ConfigError::Slots);
+        }
+        if cfg.repost_batch == 0 || cfg.repost_batch > cfg.count {
+            return Err(ConfigError::Batch);
+        }
+        let p = slot.as_mut_ptr();
+        // SAFETY: p points to writable storage for Self. The arrays are zeroed in place
+        // (all-zero is a valid ibv_recv_wr / ibv_sge / IDLE state / slot index) and every
+        // other field is written before the reference is made, so no large value passes
+        // through the stack.
+        let ring = unsafe {
+            addr_of_mut!((*p).wrs).write_bytes(0, 1);
+            addr_of_mut!((*p).sges).write_bytes(0, 1);
+            addr_of_mut!((*p).state).write_bytes(IDLE, 1);
+            addr_of_mut!((*p).pending).write_bytes(0, 1);
+            addr_of_mut!((*p).npending).write(0);
+            addr_of_mut!((*p).posted).write(0);
+            addr_of_mut!((*p).held).write(0);
+            addr_of_mut!((*p).count).write(cfg.count);
+            addr_of_mut!((*p).repost_batch).write(cfg.repost_batch);
+            addr_of_mut!((*p).slot_len).write(cfg.slot_len);
+            addr_of_mut!((*p).id_bits).write(wr_id::encode(cfg.ring_id, 0));
+            addr_of_mut!((*p).generation).write(0);
+            addr_of_mut!((*p).region).write(region);
+            addr_of_mut!((*p).target).write(target);
+            &mut *p
+        };
+        for i in 0..cfg.count as usize {
+            ring.wrs[i].wr_id = ring.id_bits | i as u64;
+            ring.wrs[i].num_sge = 1;
+            ring.sges[i] = ibv_sge {
+                addr: region.addr + i as u64 * cfg.slot_len as u64,
+                length: cfg.slot_len,
+                lkey: region.lkey,
+            };
+        }
+        Ok(ring)
+    }
+
+    /// Queues every idle slot and posts them all (initially: all `count` slots).
+    pub fn fill(&mut self) -> Result<usize, PostError> {
+        for i in 0..self.count {
+            if self.state[i as usize] == IDLE {
+                self.queue(i);
+            }
+        }
+        self.repost()
+    }
+
+    #[inline(always)]
+    fn queue(&mut self, slot: u32) {
+        self.state[slot as usize & Self::MASK] = PENDING;
+        self.pending[self.npending as usize & Self::MASK] = slot;
+        self.npending += 1;
+    }
+
+    /// Turns a receive completion of this ring into a [`Received`] (the slot is now held by
+    /// the caller), or an error: a failed receive leaves its slot idle.
+    #[inline]
+    pub fn on_completion(&mut self, c: &Completion) -> Result<Received, RecvError> {
+        let slot = c.seq() & 0xFFFF_FFFF;
+        if slot >= self.count as u64
+            || (c.seq() >> GEN_SHIFT) != self.generation
+            || self.state[slot as usize & Self::MASK] != POSTED
+        {
+            return Err(RecvError::Stale { wr_id: c.wr_id() });
+        }
+        let i = slot as usize & Self::MASK;
+        self.posted -= 1;
+        match c.status() {
+            Ok(()) => {
+                self.state[i] = HELD;
+                self.held += 1;
+                Ok(Received {
+                    slot: slot as u32,
+                    byte_len: c.byte_len(),
+                    in_slot: if c.opcode() == IBV_WC_RECV_RDMA_WITH_IMM {
+                        0
+                    } else {
+                        c.byte_len()
+                    },
+                    imm: c.imm(),
+                    src_qp: c.src_qp(),
+                })
+            }
+            Err(error) => {
+                self.state[i] = IDLE;
+                Err(RecvError::Completion {
+                    slot: slot as u32,
+                    error,
+                })
+            }
+        }
+    }
+
+    /// The message bytes, in place in the registered region (empty for an RDMA
+    /// WRITE_WITH_IMM).
+    #[inline]
+    pub fn data(&self, m: &Received) -> &[u8] {
+        let len = m.in_slot.min(self.slot_len) as usize;
+        let addr = self.region.addr + m.slot as u64 * self.slot_len as u64;
+        // SAFETY: the slot lies inside the region (checked in `new`), the region is valid
+        // for the ring's lifetime (new's contract), and the slot is HELD, so the NIC does not
+        // write it until `release` (which takes `&mut self`, ending this borrow).
+        unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+    }
+
+    /// Gives a slot back; released slots are re-posted as one chain once `repost_batch`
+    /// of them are waiting.
+    #[inline]
+    pub fn release(&mut self, m: Received) -> Result<(), PostError> {
+        if self.state[m.slot as usize & Self::MASK] != HELD {
+            // A Received of another ring: not ours to re-post.
+            debug_assert!(false, "Received released to the wrong RecvRing");
+            return Ok(());
+        }
+        self.held -= 1;
+        self.queue(m.slot);
+        if self.npending >= self.repost_batch {
+            self.repost()?;
+        }
+        Ok(())
+    }
+
+    /// Posts every released slot now as one chain. Returns how many were posted. On failure
+    /// the slots before the rejected one are posted and the rest stay pending.
+    pub fn repost(&mut self) -> Result<usize, PostError> {
+        let n = self.npending as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let wrs = self.wrs.as_mut_ptr();
+        let sges = self.sges.as_mut_ptr();
+        for j in 0..n {
+            let i = self.pending[j & Self::MASK] as usize & Self::MASK;
+            let next = if j + 1 < n {
+                // SAFETY: masked index inside `wrs`.
+                unsafe { wrs.add(self.pending[(j + 1) & Self::MASK] as usize & Self::MASK) }
+            } else {
+                ptr::null_mut()
+            };
+            // SAFETY: i < N: inside both arrays.
+            unsafe {
+                (*wrs.add(i)).wr_id = self.id_bits | (self.generation << GEN_SHIFT) | i as u64;
+                (*wrs.add(i)).next = next;
+                (*wrs.add(i)).sg_list = sges.add(i);
+            }
+        }
+        let head = self.pending[0] as usize & Self::MASK;
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the chain links pending slots only (built above, NULL-terminated), each
+        // with a valid SGE inside the registered region; the target is live (new's contract).
+        let rc = unsafe {
+            match self.target {
+                RecvTarget::Qp(qp) => ibv_post_recv(qp, wrs.add(head), &mut bad),
+                RecvTarget::Srq(srq) => ibv_post_srq_recv(srq, wrs.add(head), &mut bad),
+            }
+        };
+        let accepted = if rc == 0 {
+            n
+        } else if bad.is_null() {
+            0
+        } else {
+            let bad_slot =
+                (bad as usize).wrapping_sub(wrs as usize) / core::mem::size_of::<ibv_recv_wr>();
+            (0..n)
+                .position(|j| self.pending[j] as usize == bad_slot)
+                .unwrap_or(0)
+        };
+        for j in 0..accepted {
+            self.state[self.pending[j] as usize & Self::MASK] = POSTED;
+        }
+        self.posted += accepted as u32;
+        if accepted < n {
+            self.pending.copy_within(accepted..n, 0);
+        }
+        self.npending = (n - accepted) as u32;
+        if rc == 0 {
+            Ok(n)
+        } else {
+            Err(PostError {
+                verb: match self.target {
+                    RecvTarget::Qp(_) => "ibv_post_recv",
+                    RecvTarget::Srq(_) => "ibv_post_srq_recv",
+                },
+                errno: rc,
+                first_rejected: accepted,
+                first_rejected_seq: self.pending[0] as u64,
+            })
+        }
+    }
+
+    /// After the setup layer moved the QP to RESET (its posted receives are gone without
+    /// completions) or after the flush completions were drained: every slot not held by the
+    /// caller becomes pending; call [`repost`](Self::repost) once the QP is back in
+    /// INIT or later. Returns how many slots were marked.
+    pub fn reset(&mut self) -> usize {
+        self.generation = (self.generation + 1) & GEN_MASK;
+        self.npending = 0;
+        self.posted = 0;
+        let mut n = 0;
+        for i in 0..self.count {
+            if self.state[i as usize] != HELD {
+                self.queue(i);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Slots owned by the NIC.
+    #[inline(always)]
+    pub fn posted(&self) -> u32 {
+        self.posted
+    }
+    /// Slots held by the caller.
+    #[inline(always)]
+    pub fn held(&self) -> u32 {
+        self.held
+    }
+    /// Slots released and waiting to be re-posted.
+    #[inline(always)]
+    pub fn pending(&self) -> u32 {
+        self.npending
+    }
+    /// Slots in use (`count`).
+    #[inline(always)]
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+    /// Bytes per slot.
+    #[inline(always)]
+    pub fn slot_len(&self) -> u32 {
+        self.slot_len
+    }
+    /// The ring id in its `wr_id`s.
+    #[inline(always)]
+    pub fn ring_id(&self) -> u8 {
+        wr_id::ring_of(self.id_bits)
+    }
+}

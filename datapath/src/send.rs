@@ -1,0 +1,833 @@
+//! [`SendRing`]: preformatted send work requests, batching, selective signaling.
+//!
+//! # Invariants (this module owns raw pointers)
+//! - `wrs[i].sg_list == &sges[i]` and `wrs[i].next == &wrs[(i + 1) & (N - 1)]` whenever
+//!   `linked_at == wrs.as_ptr()`; [`SendRing::flush`] re-links (cold) if the ring moved.
+//! - Sequence counters are free-running `u64`s with `retired <= posted <= staged` and
+//!   `staged - retired <= depth <= N`; slot of sequence `s` is `s & (N - 1)`.
+//! - A staged-but-unposted WR may hold an inline pointer into caller memory; such WRs are
+//!   posted or dropped before that memory's borrow ends (a [`Batch`] holds the borrow).
+//! - A provider reads an `ibv_send_wr` chain only during `ibv_post_send(3)`; so a slot may be
+//!   rewritten as soon as its WR is posted, and the ring only limits *outstanding* WRs to
+//!   `depth` (the SQ capacity). Zero-copy payload buffers are what stays borrowed until the
+//!   covering completion.
+
+use core::marker::PhantomData;
+use core::mem::MaybeUninit;
+use core::ptr::{self, addr_of_mut};
+
+use hotverbs_ffi::inline::ibv_post_send;
+use hotverbs_ffi::*;
+
+use crate::cq::Completion;
+use crate::desc::{LocalBuf, RemoteBuf, UdDest};
+use crate::error::{ConfigError, PostError, SendError, WcError};
+use crate::wr_id;
+
+/// The operation of one message (`enum ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opcode {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendImm,
+    /// `IBV_WR_RDMA_WRITE`.
+    Write,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteImm,
+    /// `IBV_WR_RDMA_READ`.
+    Read,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CmpSwap,
+}
+
+impl Opcode {
+    #[inline(always)]
+    const fn raw(self) -> ibv_wr_opcode {
+        match self {
+            Self::Send => IBV_WR_SEND,
+            Self::SendImm => IBV_WR_SEND_WITH_IMM,
+            Self::Write => IBV_WR_RDMA_WRITE,
+            Self::WriteImm => IBV_WR_RDMA_WRITE_WITH_IMM,
+            Self::Read => IBV_WR_RDMA_READ,
+            Self::FetchAdd => IBV_WR_ATOMIC_FETCH_AND_ADD,
+            Self::CmpSwap => IBV_WR_ATOMIC_CMP_AND_SWP,
+        }
+    }
+}
+
+/// The local side of a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local<'d> {
+    /// A zero-byte message (`num_sge = 0`).
+    Empty,
+    /// Bytes sent with `IBV_SEND_INLINE`: copied by the provider during the post, so the
+    /// slice is free as soon as the WR is posted.
+    Inline(&'d [u8]),
+    /// Registered memory (zero-copy): the NIC reads it (SEND/WRITE) or writes it
+    /// (READ/atomic result) until the covering completion. Only the `unsafe`
+    /// [`SendRing::stage`] accepts it. Payloads up to `max_inline` are still sent inline.
+    Buf(LocalBuf),
+}
+
+/// One message: opcode, local side and the per-message remote fields. Everything else
+/// (`sg_list`, `rkey`, UD address, links) is preformatted in the ring.
+#[derive(Clone, Copy, Debug)]
+pub struct Msg<'d> {
+    op: Opcode,
+    local: Local<'d>,
+    remote_offset: u64,
+    imm: u32,
+    compare_add: u64,
+    swap: u64,
+}
+
+impl<'d> Msg<'d> {
+    #[inline(always)]
+    const fn new(op: Opcode, local: Local<'d>, remote_offset: u64) -> Self {
+        Self {
+            op,
+            local,
+            remote_offset,
+            imm: 0,
+            compare_add: 0,
+            swap: 0,
+        }
+    }
+
+    /// `IBV_WR_SEND` of `local`.
+    #[inline(always)]
+    pub const fn send(local: Local<'d>) -> Self {
+        Self::new(Opcode::Send, local, 0)
+    }
+
+    /// `IBV_WR_SEND_WITH_IMM`; `imm` is in host order (sent big-endian, as `__be32`).
+    #[inline(always)]
+    pub const fn send_imm(local: Local<'d>, imm: u32) -> Self {
+        let mut m = Self::new(Opcode::SendImm, local, 0);
+        m.imm = imm;
+        m
+    }
+
+    /// `IBV_WR_RDMA_WRITE` of `local` to the ring's remote buffer at `remote_offset`.
+    #[inline(always)]
+    pub const fn write(local: Local<'d>, remote_offset: u64) -> Self {
+        Self::new(Opcode::Write, local, remote_offset)
+    }
+
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`; the peer consumes a receive and sees `imm`.
+    #[inline(always)]
+    pub const fn write_imm(local: Local<'d>, remote_offset: u64, imm: u32) -> Self {
+        let mut m = Self::new(Opcode::WriteImm, local, remote_offset);
+        m.imm = imm;
+        m
+    }
+
+    /// `IBV_WR_RDMA_READ` of `dest.len` bytes at `remote_offset` into `dest`.
+    #[inline(always)]
+    pub const fn read(dest: LocalBuf, remote_offset: u64) -> Self {
+        Self::new(Opcode::Read, Local::Buf(dest), remote_offset)
+    }
+
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` of `add` on the 8 remote bytes at `remote_offset`;
+    /// the old value lands in `dest` (8 bytes, big-endian on the wire as the NIC stores it).
+    #[inline(always)]
+    pub const fn fetch_add(dest: LocalBuf, remote_offset: u64, add: u64) -> Self {
+        let mut m = Self::new(Opcode::FetchAdd, Local::Buf(dest), remote_offset);
+        m.compare_add = add;
+        m
+    }
+
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: if the remote 8 bytes equal `compare`, store `swap`;
+    /// the old value lands in `dest`.
+    #[inline(always)]
+    pub const fn cmp_swap(dest: LocalBuf, remote_offset: u64, compare: u64, swap: u64) -> Self {
+        let mut m = Self::new(Opcode::CmpSwap, Local::Buf(dest), remote_offset);
+        m.compare_add = compare;
+        m.swap = swap;
+        m
+    }
+
+    /// The opcode.
+    #[inline(always)]
+    pub const fn opcode(&self) -> Opcode {
+        self.op
+    }
+
+    /// True if the message borrows no registered memory (inline or empty), so the safe
+    /// methods may post it.
+    #[inline(always)]
+    pub const fn is_borrow_free(&self) -> bool {
+        !matches!(self.local, Local::Buf(_))
+    }
+}
+
+/// Configuration of a [`SendRing`]; `new(required)` then chainable setters.
+#[derive(Clone, Copy, Debug)]
+pub struct SendConfig {
+    ring_id: u8,
+    depth: u32,
+    max_inline: u32,
+    signal_every: u32,
+    batch: u32,
+    remote: Option<RemoteBuf>,
+    ud: Option<UdDest>,
+}
+
+impl SendConfig {
+    /// `ring_id` goes into every `wr_id` (see [`crate::wr_id`]); `depth` is the number of
+    /// WRs that may be outstanding, at most the QP's `cap.max_send_wr` and the ring's `N`;
+    /// `max_inline` is the QP's `cap.max_inline_data` as `ibv_create_qp(3)` returned it.
+    /// Defaults: signal every `depth / 2` WRs, flush automatically every `depth / 2` staged
+    /// WRs.
+    pub const fn new(ring_id: u8, depth: u32, max_inline: u32) -> Self {
+        let half = if depth >= 2 { depth / 2 } else { 1 };
+        Self {
+            ring_id,
+            depth,
+            max_inline,
+            signal_every: half,
+            batch: half,
+            remote: None,
+            ud: None,
+        }
+    }
+
+    /// Signal every `k`-th WR (`1 <= k <= depth / 2`).
+    pub const fn signal_every(mut self, k: u32) -> Self {
+        self.signal_every = k;
+        self
+    }
+
+    /// Flush automatically once `b` WRs are staged (`1 <= b <= depth`).
+    pub const fn batch(mut self, b: u32) -> Self {
+        self.batch = b;
+        self
+    }
+
+    /// The remote buffer RDMA and atomic messages address (offsets are relative to it).
+    pub const fn remote(mut self, remote: RemoteBuf) -> Self {
+        self.remote = Some(remote);
+        self
+    }
+
+    /// UD mode: every WR carries this AH, remote QPN and Q_Key (SEND / SEND_WITH_IMM only).
+    pub const fn ud(mut self, dest: UdDest) -> Self {
+        self.ud = Some(dest);
+        self
+    }
+}
+
+/// Counters and settings, kept apart from the WR arrays so the per-message path touches
+/// one cache line of state plus the slot's WR and SGE.
+#[derive(Debug)]
+struct State {
+    staged: u64,
+    posted: u64,
+    retired: u64,
+    /// `depth` normally, 0 while the QP is in error (one compare serves both checks).
+    limit: u64,
+    next_signal: u64,
+    id_bits: u64,
+    depth: u64,
+    signal_every: u64,
+    batch: u64,
+    max_inline: u32,
+    /// A [`Batch`] is open (or was leaked with `mem::forget`).
+    batch_open: bool,
+    error: Option<WcError>,
+    deferred: Option<PostError>,
+    qp: *mut ibv_qp,
+    remote: RemoteBuf,
+    has_remote: bool,
+    linked_at: *const ibv_send_wr,
+}
+
+/// A ring of `N` preformatted `ibv_send_wr`s (N a power of two) for one QP's send queue.
+///
+/// Per message only `wr_id`, opcode/flags, the SGE (or inline pointer) and the
+/// op-specific remote fields are written; the chain links and `sg_list` are set once.
+/// Staged WRs go to the NIC as one chain per [`flush`](Self::flush) (one doorbell); every
+/// `signal_every`-th WR is signaled and its completion retires it and all earlier WRs.
+///
+/// # Placement
+/// The ring is big (`N * 144` bytes) and self-referential, but it checks its links at
+/// every post and re-links if it was moved, so it may live anywhere: a `static` (behind
+/// your own synchronisation), a stack frame of the thread that uses it, or a `Box` (the std
+/// layer builds one in place with [`SendRing::init_in`] on a `Box::new_uninit`, which
+/// avoids a large stack copy). Keeping it in one place avoids the re-link.
+///
+/// # References
+/// `ibv_post_send(3)`, `ibv_create_qp(3)` (`sq_sig_all = 0`, `cap.max_send_wr`,
+/// `cap.max_inline_data`).
+#[repr(C, align(64))]
+pub struct SendRing<const N: usize> {
+    st: State,
+    wrs: [ibv_send_wr; N],
+    sges: [ibv_sge; N],
+}
+
+// SAFETY: the ring owns its WR arrays; the raw QP pointer is only used through
+// ibv_post_send, which providers allow from any thread (one poster at a time, which `&mut`
+// guarantees).
+unsafe impl<const N: usize> Send for SendRing<N> {}
+
+impl<const N: usize> SendRing<N> {
+    const MASK: usize = {
+        assert!(N.is_power_of_two(), "SendRing<N>: N must be a power of two");
+        N - 1
+    };
+
+    /// A ring posting to `qp`, formatted from `cfg`.
+    ///
+    /// # Safety
+    /// `qp` is a live QP (created with `sq_sig_all = 0`, `cap.max_send_wr >= cfg.depth`,
+    /// `cap.max_inline_data >= cfg.max_inline`) that outlives the ring, its send queue is
+    /// used by this ring only, and its send completions are given to
+    /// [`on_completion`](Self::on_completion) (or, in split mode, to a
+    /// [`SendRetirer`](crate::split::SendRetirer)). `cfg.remote`'s rkey and `cfg.ud`'s AH stay
+    /// valid while the ring uses them.
+    pub unsafe fn new(qp: *mut ibv_qp, cfg: SendConfig) -> Result<Self, ConfigError> {
+        let mut slot = MaybeUninit::uninit();
+        // SAFETY: forwarded contract.
+        unsafe { Self::init_in(&mut slot, qp, cfg)? };
+        // SAFETY: init_in returned Ok, so every field is initialised.
+        Ok(unsafe { slot.assume_init() })
+    }
+
+    /// Formats a ring in place (for `Box::new_uninit`, a `static` or any other storage)
+    /// and returns it.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    pub unsafe fn init_in(
+        slot: &mut MaybeUninit<Self>,
+        qp: *mut ibv_qp,
+        cfg: SendConfig,
+    ) -> Result<&mut Self, ConfigError> {
+        let _ = Self::MASK;
+        let depth = cfg.depth as u64;
+        if qp.is_null() {
+            return Err(ConfigError::Null);
+        }
+        if depth == 0 || depth > N as u64 {
+            return Err(ConfigError::Depth);
+        }
+        if cfg.signal_every == 0 || cfg.signal_every as u64 > (depth / 2).max(1) {
+            return Err(ConfigError::SignalPeriod);
+        }
+        if cfg.batch == 0 || cfg.batch as u64 > depth {
+            return Err(ConfigError::Batch);
+        }
+        if cfg.remote.is_some() && cfg.ud.is_some() {
+            return Err(ConfigError::RemoteAndUd);
+        }
+        let p = slot.as_mut_ptr();
+        // SAFETY: p points to writable storage for Self; all-zero bytes are a valid
+        // ibv_send_wr / ibv_sge (integers, NULL pointers, plain unions), and `st` is written
+        // as a whole before the reference is made.
+        let ring = unsafe {
+            addr_of_mut!((*p).wrs).write_bytes(0, 1);
+            addr_of_mut!((*p).sges).write_bytes(0, 1);
+            addr_of_mut!((*p).st).write(State {
+                staged: 0,
+                posted: 0,
+                retired: 0,
+                limit: depth,
+                next_signal: cfg.signal_every as u64 - 1,
+                id_bits: wr_id::encode(cfg.ring_id, 0),
+                depth,
+                signal_every: cfg.signal_every as u64,
+                batch: cfg.batch as u64,
+                max_inline: cfg.max_inline,
+                batch_open: false,
+                error: None,
+                deferred: None,
+                qp,
+                remote: cfg.remote.unwrap_or_default(),
+                has_remote: cfg.remote.is_some(),
+                linked_at: ptr::null(),
+            });
+            &mut *p
+        };
+        for wr in ring.wrs.iter_mut() {
+            wr.num_sge = 1;
+            wr.opcode = IBV_WR_SEND;
+            if let Some(ud) = cfg.ud {
+                wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: ud.ah,
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                };
+            }
+        }
+        ring.link();
+        Ok(ring)
+    }
+
+    /// Sets `sg_list` and the ring `next` links (once, and again after a move).
+    #[cold]
+    fn link(&mut self) {
+        let wrs = self.wrs.as_mut_ptr();
+        let sges = self.sges.as_mut_ptr();
+        for i in 0..N {
+            // SAFETY: i and (i + 1) & MASK are < N, inside both arrays.
+            unsafe {
+                (*wrs.add(i)).sg_list = sges.add(i);
+                (*wrs.add(i)).next = wrs.add((i + 1) & Self::MASK);
+            }
+        }
+        self.st.linked_at = wrs;
+    }
+
+    /// Stages one message. Flushes automatically when `batch` WRs are staged or the ring
+    /// becomes full (that WR is then signaled, so the ring can always drain). Returns the
+    /// message's sequence number; it is retired when [`is_retired`](Self::is_retired) says so.
+    ///
+    /// # Safety
+    /// For a [`Local::Buf`]: the memory stays registered and valid, is not written (SEND /
+    /// WRITE source) or not accessed at all (READ / atomic destination) until
+    /// `self.is_retired(seq)` is true or [`reset`](Self::reset) returned. For a
+    /// [`Local::Inline`]: the bytes stay valid until the WR is posted (the next flush,
+    /// automatic or explicit, or `reset`). Safe alternatives: [`send_now`](Self::send_now)
+    /// and [`batch`](Self::batch).
+    #[inline]
+    pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.stage_inner(&msg)
+    }
+
+    #[inline(always)]
+    fn stage_inner(&mut self, msg: &Msg<'_>) -> Result<u64, SendError> {
+        let st = &mut self.st;
+        if st.staged - st.retired >= st.limit {
+            return Err(self.blocked());
+        }
+        let seq = st.staged;
+        let i = seq as usize & Self::MASK;
+        let wr = &mut self.wrs[i];
+        let sge = &mut self.sges[i];
+        let mut flags = 0;
+        let len: u64;
+        match msg.local {
+            Local::Empty => {
+                wr.num_sge = 0;
+                len = 0;
+            }
+            Local::Inline(data) => {
+                if data.len() > st.max_inline as usize {
+                    return Err(SendError::InlineTooLong {
+                        len: data.len(),
+                        max: st.max_inline,
+                    });
+                }
+                wr.num_sge = 1;
+                sge.addr = data.as_ptr() as u64;
+                sge.length = data.len() as u32;
+                sge.lkey = 0;
+                flags = IBV_SEND_INLINE;
+                len = data.len() as u64;
+            }
+            Local::Buf(b) => {
+                wr.num_sge = 1;
+                sge.addr = b.addr;
+                sge.length = b.len;
+                sge.lkey = b.lkey;
+                if b.len <= st.max_inline
+                    && matches!(
+                        msg.op,
+                        Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+                    )
+                {
+                    flags = IBV_SEND_INLINE;
+                }
+                len = b.len as u64;
+            }
+        }
+        wr.opcode = msg.op.raw();
+        match msg.op {
+            Opcode::Send => {}
+            Opcode::SendImm => wr.__bindgen_anon_1.imm_data = msg.imm.to_be(),
+            Opcode::Write | Opcode::WriteImm | Opcode::Read => {
+                let remote_addr = Self::remote_addr(st, msg.remote_offset, len)?;
+                wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr,
+                    rkey: st.remote.rkey,
+                };
+                wr.__bindgen_anon_1.imm_data = msg.imm.to_be();
+            }
+            Opcode::FetchAdd | Opcode::CmpSwap => {
+                if msg.remote_offset & 7 != 0 || len != 8 {
+                    return Err(SendError::AtomicMisaligned);
+                }
+                let remote_addr = Self::remote_addr(st, msg.remote_offset, 8)?;
+                if remote_addr & 7 != 0 {
+                    return Err(SendError::AtomicMisaligned);
+                }
+                wr.wr.atomic = ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr,
+                    compare_add: msg.compare_add,
+                    swap: msg.swap,
+                    rkey: st.remote.rkey,
+                };
+            }
+        }
+        let full = seq + 1 - st.retired == st.limit;
+        if seq == st.next_signal {
+            flags |= IBV_SEND_SIGNALED;
+            st.next_signal += st.signal_every;
+        } else if full {
+            // The WR that fills the ring is always signaled and posted at once: a full ring
+            // therefore always has a signaled WR in flight and drains by polling.
+            flags |= IBV_SEND_SIGNALED;
+        }
+        wr.send_flags = flags;
+        wr.wr_id = st.id_bits | (seq & wr_id::SEQ_MASK);
+        st.staged = seq + 1;
+        if full || st.staged - st.posted >= st.batch {
+            self.flush_inner()?;
+        }
+        Ok(seq)
+    }
+
+    #[inline(always)]
+    fn remote_addr(st: &State, offset: u64, len: u64) -> Result<u64, SendError> {
+        if !st.has_remote {
+            return Err(SendError::NoRemote);
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= st.remote.len => Ok(st.remote.addr.wrapping_add(offset)),
+            _ => Err(SendError::RemoteOutOfRange { offset, len }),
+        }
+    }
+
+    #[cold]
+    fn blocked(&self) -> SendError {
+        match self.st.error {
+            Some(e) => SendError::QpError(e),
+            None => SendError::WouldBlock,
+        }
+    }
+
+    /// Posts every staged WR as one chain with one `ibv_post_send` (cut after the last
+    /// staged WR, post, restore the link). On failure the WRs before the rejected one are
+    /// posted and the rest are dropped (their slots are free again).
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        if let Some(e) = self.st.deferred.take() {
+            return Err(SendError::Post(e));
+        }
+        self.flush_inner()
+    }
+
+    #[inline]
+    fn flush_inner(&mut self) -> Result<(), SendError> {
+        let n = self.st.staged - self.st.posted;
+        if n == 0 {
+            return Ok(());
+        }
+        if self.st.linked_at != self.wrs.as_ptr() {
+            self.link();
+        }
+        let first = self.st.posted as usize & Self::MASK;
+        let last = (self.st.staged - 1) as usize & Self::MASK;
+        let wrs = self.wrs.as_mut_ptr();
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: first/last are masked indices inside `wrs`; the chain first..=last is
+        // linked (checked above) and cut at `last`; every WR in it was formatted by
+        // stage_inner, with inline pointers kept valid by the stage/Batch contracts; the QP
+        // is live per `new`'s contract. The link is restored right after the call.
+        let rc = unsafe {
+            (*wrs.add(last)).next = ptr::null_mut();
+            let rc = ibv_post_send(self.st.qp, wrs.add(first), &mut bad);
+            (*wrs.add(last)).next = wrs.add((last + 1) & Self::MASK);
+            rc
+        };
+        if rc == 0 {
+            self.st.posted = self.st.staged;
+            Ok(())
+        } else {
+            Err(SendError::Post(self.post_failed(rc, bad, first)))
+        }
+    }
+
+    #[cold]
+    fn post_failed(&mut self, rc: i32, bad: *mut ibv_send_wr, first: usize) -> PostError {
+        let n = (self.st.staged - self.st.posted) as usize;
+        // Index of `bad` in the chain; a provider that leaves it NULL rejected everything.
+        let k = if bad.is_null() {
+            0
+        } else {
+            // Wrapping: a provider returning a pointer outside the chain must not panic here;
+            // the index is clamped to the chain length below.
+            let idx = (bad as usize).wrapping_sub(self.wrs.as_ptr() as usize)
+                / core::mem::size_of::<ibv_send_wr>();
+            (idx.wrapping_sub(first) & Self::MASK).min(n)
+        };
+        let rejected_seq = self.st.posted + k as u64;
+        self.st.posted = rejected_seq;
+        self.unstage_to(rejected_seq);
+        PostError {
+            verb: "ibv_post_send",
+            errno: rc,
+            first_rejected: k,
+            first_rejected_seq: rejected_seq,
+        }
+    }
+
+    /// Drops staged WRs from `seq` on and rewinds the signal schedule.
+    #[cold]
+    fn unstage_to(&mut self, seq: u64) {
+        let st = &mut self.st;
+        st.staged = seq;
+        while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
+            st.next_signal -= st.signal_every;
+        }
+    }
+
+    #[cold]
+    fn drop_leaked_batch(&mut self) {
+        // A Batch was forgotten: its unposted WRs may point at dead inline data.
+        self.st.batch_open = false;
+        let posted = self.st.posted;
+        self.unstage_to(posted);
+    }
+
+    /// Stages `msg` and posts it at once together with anything already staged: the path
+    /// for one latency-critical message (a lone inline WR is what mlx5 BlueFlames).
+    /// Safe: only inline or empty payloads ([`SendError::NotInline`] otherwise).
+    #[inline]
+    pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        if !msg.is_borrow_free() {
+            return Err(SendError::NotInline);
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let seq = self.stage_inner(&msg)?;
+        self.flush_inner()?;
+        Ok(seq)
+    }
+
+    /// Opens a batch of inline messages whose bytes live for `'d`: pushed messages are
+    /// posted when the batch auto-flushes, on [`Batch::finish`], or when it is dropped.
+    #[inline]
+    pub fn batch<'d>(&mut self) -> Batch<'_, 'd, N> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.st.batch_open = true;
+        Batch {
+            ring: self,
+            _data: PhantomData,
+        }
+    }
+
+    /// Retires the WRs covered by a send completion of this ring: a completion (success or
+    /// error) for sequence `s` retires every WR up to and including `s`. Returns how many
+    /// WRs it retired (0 for a stale completion, e.g. one left in the CQ across a
+    /// [`reset`](Self::reset)); an error status also puts the ring in the error state.
+    #[inline]
+    pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
+        let st = &mut self.st;
+        let retired = match wr_id::full_seq(st.posted, st.retired, c.seq()) {
+            Some(s) => {
+                let n = s + 1 - st.retired;
+                st.retired = s + 1;
+                n
+            }
+            // Stale (e.g. a flush left in the CQ across a reset): ignored, whatever its
+            // status, so it cannot put a recovered ring back in the error state.
+            None => return Ok(0),
+        };
+        match c.status() {
+            Ok(()) => Ok(retired),
+            Err(e) => {
+                self.enter_error(e);
+                Err(e)
+            }
+        }
+    }
+
+    #[cold]
+    fn enter_error(&mut self, e: WcError) {
+        // Keep the first error (flushes follow it).
+        if self.st.error.is_none() {
+            self.st.error = Some(e);
+        }
+        self.st.limit = 0;
+    }
+
+    /// Retires everything before `retired` (split mode: the poller's published count).
+    #[inline]
+    pub(crate) fn retire_to(&mut self, retired: u64) {
+        if retired > self.st.retired && retired <= self.st.posted {
+            self.st.retired = retired;
+        }
+    }
+
+    /// Split mode, poster side: absorbs the poller's progress (retired count, first error)
+    /// from `shared`, then publishes this ring's posted count to it. Call it after
+    /// [`SendError::WouldBlock`] and after each flush.
+    #[inline]
+    pub fn sync<O: crate::split::Orderings>(&mut self, shared: &crate::split::SendCounters<O>) {
+        self.retire_to(shared.observe_retired());
+        if let Some(e) = shared.observe_error() {
+            self.enter_error(e);
+        }
+        shared.publish_posted(self.st.posted);
+    }
+
+    /// Forgets every staged and outstanding WR and leaves the error state. Call it after the
+    /// setup layer moved the QP to RESET (which discards its WRs without completions) and
+    /// before INIT -> RTR -> RTS. Returns the number of WRs that never completed.
+    /// Completions of them still in the CQ are recognised as stale and ignored.
+    pub fn reset(&mut self) -> u64 {
+        let st = &mut self.st;
+        let dropped = st.staged - st.retired;
+        st.batch_open = false;
+        st.deferred = None;
+        st.staged = st.posted;
+        st.retired = st.posted;
+        st.error = None;
+        st.limit = st.depth;
+        // Restart the signal schedule relative to the new position.
+        st.next_signal = st.posted + st.signal_every - 1;
+        dropped
+    }
+
+    /// UD mode: switches the preformatted destination (AH, remote QPN, Q_Key) of every slot,
+    /// e.g. from a unicast peer to a multicast group. Cold (touches all `N` WRs); staged
+    /// WRs are posted first so they keep their destination. One ring per send queue: this
+    /// is how one UD QP talks to several destinations in turn.
+    pub fn set_ud_dest(&mut self, dest: UdDest) -> Result<(), SendError> {
+        if self.st.has_remote {
+            return Err(SendError::NoRemote);
+        }
+        self.flush()?;
+        for wr in self.wrs.iter_mut() {
+            wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: dest.ah,
+                remote_qpn: dest.remote_qpn,
+                remote_qkey: dest.remote_qkey,
+            };
+        }
+        Ok(())
+    }
+
+    /// True once the WR with sequence `seq` is retired (its buffers are free again).
+    #[inline(always)]
+    pub fn is_retired(&self, seq: u64) -> bool {
+        seq < self.st.retired
+    }
+    /// WRs posted and not yet retired.
+    #[inline(always)]
+    pub fn outstanding(&self) -> u64 {
+        self.st.posted - self.st.retired
+    }
+    /// WRs staged and not yet posted.
+    #[inline(always)]
+    pub fn staged(&self) -> u64 {
+        self.st.staged - self.st.posted
+    }
+    /// Slots available to [`stage`](Self::stage) (0 in the error state).
+    #[inline(always)]
+    pub fn free(&self) -> u64 {
+        self.st
+            .limit
+            .saturating_sub(self.st.staged - self.st.retired)
+    }
+    /// Total WRs posted since creation (the next posted sequence number).
+    #[inline(always)]
+    pub fn posted_total(&self) -> u64 {
+        self.st.posted
+    }
+    /// Total WRs retired since creation.
+    #[inline(always)]
+    pub fn retired_total(&self) -> u64 {
+        self.st.retired
+    }
+    /// The configured depth (maximum outstanding WRs).
+    #[inline(always)]
+    pub fn depth(&self) -> u64 {
+        self.st.depth
+    }
+    /// The signal period.
+    #[inline(always)]
+    pub fn signal_every(&self) -> u64 {
+        self.st.signal_every
+    }
+    /// The first error completion seen since creation or the last reset.
+    #[inline(always)]
+    pub fn error(&self) -> Option<WcError> {
+        self.st.error
+    }
+    /// The ring id in its `wr_id`s.
+    #[inline(always)]
+    pub fn ring_id(&self) -> u8 {
+        wr_id::ring_of(self.st.id_bits)
+    }
+    /// The preformatted WR that sequence `seq` uses (slot `seq & (N - 1)`), for inspection
+    /// in tests and debuggers.
+    pub fn slot_wr(&self, seq: u64) -> &ibv_send_wr {
+        &self.wrs[seq as usize & Self::MASK]
+    }
+
+    /// Sequence numbers of the signaled WRs among the outstanding ones are those with
+    /// `send_flags & IBV_SEND_SIGNALED`; this reports whether any posted, unretired WR is
+    /// signaled (the no-deadlock invariant: true whenever the ring is full).
+    pub fn signaled_in_flight(&self) -> bool {
+        (self.st.retired..self.st.posted)
+            .any(|s| self.wrs[s as usize & Self::MASK].send_flags & IBV_SEND_SIGNALED != 0)
+    }
+}
+
+/// Inline messages staged under one borrow of their bytes; see [`SendRing::batch`].
+#[must_use = "a batch posts its messages on finish() or drop"]
+pub struct Batch<'r, 'd, const N: usize> {
+    ring: &'r mut SendRing<N>,
+    _data: PhantomData<&'d [u8]>,
+}
+
+impl<'d, const N: usize> Batch<'_, 'd, N> {
+    /// Stages one inline or empty message (auto-flushing at the batch size or when the ring
+    /// fills). Returns its sequence number.
+    #[inline]
+    pub fn push(&mut self, msg: Msg<'d>) -> Result<u64, SendError> {
+        if !msg.is_borrow_free() {
+            return Err(SendError::NotInline);
+        }
+        self.ring.stage_inner(&msg)
+    }
+
+    /// Number of messages staged and not yet posted.
+    #[inline(always)]
+    pub fn staged(&self) -> u64 {
+        self.ring.staged()
+    }
+
+    /// Posts what is staged and closes the batch.
+    #[inline]
+    pub fn finish(self) -> Result<(), SendError> {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        this.ring.st.batch_open = false;
+        this.ring.flush_inner()
+    }
+}
+
+impl<const N: usize> Drop for Batch<'_, '_, N> {
+    fn drop(&mut self) {
+        self.ring.st.batch_open = false;
+        if let Err(SendError::Post(e)) = self.ring.flush_inner() {
+            // Reported by the next SendRing::flush.
+            self.ring.st.deferred = Some(e);
+        }
+    }
+}

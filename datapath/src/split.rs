@@ -1,0 +1,194 @@
+//! Split mode: one thread posts (owns the [`SendRing`](crate::SendRing)), another polls the
+//! CQ (owns the [`CqPoller`](crate::CqPoller) and a [`SendRetirer`]). They share only
+//! [`SendCounters`]: single-writer counters, each on its own cache line.
+//!
+//! Protocol (model-checked in `tests/loom.rs`):
+//! - poster: before reusing a slot (or a zero-copy buffer) it observes `retired` with
+//!   Acquire; after posting it publishes `posted` with Release.
+//! - poller: it observes `posted` with Acquire (to rebuild full sequence numbers from
+//!   56-bit `wr_id`s), and after a completion publishes `retired` with Release.
+//!
+//! So everything the NIC (and the poller) did with a WR's memory before the completion
+//! happens-before the poster's reuse of it, and the poster's writes to a WR's memory
+//! happen-before the poller's handling of its completion.
+
+use core::marker::PhantomData;
+
+use crate::cq::Completion;
+use crate::error::WcError;
+use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering};
+use crate::wr_id;
+
+/// The memory orderings of the split protocol. [`Paired`] is the real one; the loom model
+/// also builds a deliberately weakened variant to prove the model catches it.
+pub trait Orderings {
+    /// Ordering of a publishing store.
+    const PUBLISH: Ordering;
+    /// Ordering of an observing load.
+    const OBSERVE: Ordering;
+}
+
+/// Release on publish, Acquire on observe.
+#[derive(Debug)]
+pub enum Paired {}
+
+impl Orderings for Paired {
+    const PUBLISH: Ordering = Ordering::Release;
+    const OBSERVE: Ordering = Ordering::Acquire;
+}
+
+/// Test-only: Relaxed everywhere (the loom model's "should fail" case).
+#[cfg(loom)]
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum RelaxedForModel {}
+
+#[cfg(loom)]
+impl Orderings for RelaxedForModel {
+    const PUBLISH: Ordering = Ordering::Relaxed;
+    const OBSERVE: Ordering = Ordering::Relaxed;
+}
+
+/// No error published yet.
+const NO_ERROR: u32 = u32::MAX;
+
+/// Counters shared by the poster and the poller of one send ring.
+#[derive(Debug)]
+pub struct SendCounters<O: Orderings = Paired> {
+    /// Written by the poster only.
+    posted: CachePadded<AtomicU64>,
+    /// Written by the poller only.
+    retired: CachePadded<AtomicU64>,
+    /// Written by the poller only: first error status, or NO_ERROR.
+    error: AtomicU32,
+    _o: PhantomData<O>,
+}
+
+impl<O: Orderings> Default for SendCounters<O> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<O: Orderings> SendCounters<O> {
+    /// Zeroed counters.
+    pub fn new() -> Self {
+        Self {
+            posted: CachePadded(AtomicU64::new(0)),
+            retired: CachePadded(AtomicU64::new(0)),
+            error: AtomicU32::new(NO_ERROR),
+            _o: PhantomData,
+        }
+    }
+
+    /// Poster: WRs `..posted` are posted.
+    #[inline(always)]
+    pub fn publish_posted(&self, posted: u64) {
+        // Release: pairs with the Acquire in `observe_posted` (poller) so the WRs' memory
+        // written before the post is visible to whoever handles their completions.
+        self.posted.store(posted, O::PUBLISH);
+    }
+
+    /// Poller: how many WRs the poster has posted.
+    #[inline(always)]
+    pub fn observe_posted(&self) -> u64 {
+        // Acquire: pairs with the Release in `publish_posted`.
+        self.posted.load(O::OBSERVE)
+    }
+
+    /// Poller: WRs `..retired` are complete (their slots and buffers are free).
+    #[inline(always)]
+    pub fn publish_retired(&self, retired: u64) {
+        // Release: pairs with the Acquire in `observe_retired` (poster), so the NIC's and
+        // the poller's last use of a slot happens-before the poster reuses it.
+        self.retired.store(retired, O::PUBLISH);
+    }
+
+    /// Poster: how many WRs are retired.
+    #[inline(always)]
+    pub fn observe_retired(&self) -> u64 {
+        // Acquire: pairs with the Release in `publish_retired`.
+        self.retired.load(O::OBSERVE)
+    }
+
+    /// Poller: the QP reported `e` (the first error is kept).
+    #[cold]
+    pub fn publish_error(&self, e: WcError) {
+        if self.error.load(Ordering::Relaxed) == NO_ERROR {
+            // Release: pairs with the Acquire in `observe_error`. Single writer (poller),
+            // so the check-then-store is not a race.
+            self.error.store(e.status(), O::PUBLISH);
+        }
+    }
+
+    /// Poster: the first error the poller saw, if any.
+    #[inline(always)]
+    pub fn observe_error(&self) -> Option<WcError> {
+        // Acquire: pairs with the Release in `publish_error`.
+        match self.error.load(O::OBSERVE) {
+            NO_ERROR => None,
+            s => WcError::from_status(s),
+        }
+    }
+
+    /// Both sides after a reset of the QP and the ring (no thread may be using them):
+    /// clears the error and sets both counters to `posted`.
+    pub fn reset(&mut self, posted: u64) {
+        self.posted.store(posted, Ordering::Relaxed);
+        self.retired.store(posted, Ordering::Relaxed);
+        self.error.store(NO_ERROR, Ordering::Relaxed);
+    }
+}
+
+/// True if a WR may be staged: fewer than `depth` staged-or-outstanding WRs. The one
+/// capacity rule of [`SendRing`](crate::SendRing), shared with the loom model.
+#[inline(always)]
+pub const fn has_room(staged: u64, retired: u64, depth: u64) -> bool {
+    staged - retired < depth
+}
+
+/// The poller side's view of one send ring in split mode.
+#[derive(Debug, Default)]
+pub struct SendRetirer {
+    retired: u64,
+}
+
+impl SendRetirer {
+    /// A retirer starting at zero retired WRs (or at the ring's count after a reset).
+    pub const fn new(retired: u64) -> Self {
+        Self { retired }
+    }
+
+    /// Handles one send completion of the ring: publishes the new retired count (a
+    /// completion for sequence `s` retires everything up to `s`) and any error.
+    #[inline]
+    pub fn on_completion<O: Orderings>(
+        &mut self,
+        c: &Completion,
+        shared: &SendCounters<O>,
+    ) -> Result<u64, WcError> {
+        let posted = shared.observe_posted();
+        let n = match wr_id::full_seq(posted, self.retired, c.seq()) {
+            Some(s) => {
+                let n = s + 1 - self.retired;
+                self.retired = s + 1;
+                shared.publish_retired(self.retired);
+                n
+            }
+            None => return Ok(0),
+        };
+        match c.status() {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                shared.publish_error(e);
+                Err(e)
+            }
+        }
+    }
+
+    /// WRs retired so far.
+    #[inline(always)]
+    pub fn retired(&self) -> u64 {
+        self.retired
+    }
+}

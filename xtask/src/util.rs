@@ -41,14 +41,9 @@ pub fn cargo() -> Command {
 /// `cargo xtask codegen [--check]`: runs the generator crate.
 pub fn codegen(args: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
-    cmd.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "hotverbs-codegen",
-        "--",
-    ]);
+    // Debug build: it shares artifacts with `cargo test --workspace`, and generation
+    // itself takes about two seconds either way.
+    cmd.args(["run", "--quiet", "-p", "hotverbs-codegen", "--"]);
     cmd.args(args);
     run(&mut cmd)
 }

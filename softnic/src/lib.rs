@@ -66,6 +66,12 @@
 //! - `ibv_create_cq(3)`: capacity exactly `cqe` (rxe rounds, S19); cqe < 1 or > max_cqe ->
 //!   EINVAL (rxe S19). `ibv_resize_cq` below the current fill -> EINVAL.
 //! - `ibv_create_srq(3)`: max_wr 0 or > max_srq_wr, max_sge > max_srq_sge -> EINVAL.
+//! - Memory is provisioned when an object is created, never on the hot path: a CQ holds
+//!   room for `cqe` completions, a QP or SRQ one entry per queue slot (with room for its
+//!   SGE count and inline size) up to 4096 slots per queue, and the engine's scratch lists
+//!   room for the largest SGE count. Posting and polling therefore allocate nothing from
+//!   the first work request on (`tests/no_alloc.rs`); only queues deeper than 4096 grow on
+//!   first use beyond that.
 //! - `ibv_reg_mr(3)`: "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set, then
 //!   IBV_ACCESS_LOCAL_WRITE must be set too" -> EINVAL otherwise. lkey == rkey; keys of
 //!   deregistered MRs are never reused in the process. `ibv_reg_mr_iova(2)` supported
@@ -93,9 +99,13 @@
 //!   any SQD/SQE transition (not modelled), a CUR_STATE that is not the current state.
 //!   RESET->ERR is invalid as in the kernel table and rxe S20.
 //! - Values: port_num must be 1; the AV must be global (RoCE), sgid_index beyond the table ->
-//!   ENODATA; timeout > 31 and max_rd_atomic / max_dest_rd_atomic > 128 -> EINVAL (rxe S20).
-//!   retry_cnt and rnr_retry are stored unvalidated (rxe S20); rnr_retry >= 7 means "retry
-//!   forever".
+//!   ENODATA; timeout > 31 and max_rd_atomic > 128 -> EINVAL (rxe S20).
+//!   max_dest_rd_atomic, pkey_index, path_mtu, retry_cnt and rnr_retry are stored
+//!   unvalidated (rxe S20 accepts max_dest_rd_atomic 200, pkey_index 100, path_mtu 4096,
+//!   retry_cnt 8); rnr_retry >= 7 means "retry forever".
+//! - `ibv_modify_qp` / `ibv_query_qp` with an attribute mask bit from `IBV_QP_RATE_LIMIT`
+//!   on -> EOPNOTSUPP, as libibverbs' `ibv_cmd_modify_qp` / `ibv_cmd_query_qp` answer for
+//!   rxe and mlx5 (those attributes need the extended command path).
 //! - To RESET: queues emptied without completions (rxe S14), SQ accounting restarts.
 //!   To ERR: receive queue flushed first, then waiting send WRs, all WR_FLUSH_ERR
 //!   (rxe G8). `ibv_qp.state` always mirrors the state; `ibv_query_qp` reports it in both

@@ -2,7 +2,9 @@
 //!
 //! # Invariants
 //! Every pointer handed to these functions was produced by
-//! [`crate::fabric::Fabric::resolve`] (or points into softnic's own buffers): it lies inside a
+//! [`crate::fabric::Fabric::resolve`] (or points into softnic's own buffers, or is the
+//! non-empty source buffer of an `IBV_SEND_INLINE` WR read during the `ibv_post_send` call
+//! that passed it, which `ibv_post_send(3)` requires to be readable then): it lies inside a
 //! memory region that is registered at the time of the call (the caller holds the fabric
 //! lock, so it cannot be deregistered meanwhile) and the whole `[ptr, ptr + len)` range was
 //! bounds-checked against that region. `ibv_reg_mr(3)` makes the application promise that a
@@ -34,6 +36,25 @@ pub(crate) unsafe fn scatter(
     src_skip: usize,
     len: usize,
 ) {
+    if len == 0 {
+        return;
+    }
+    // Fast path: the whole copy lies inside the first segment on both sides (the common
+    // one-SGE case).
+    if let (Some(d), Some(s)) = (dst.first(), src.first()) {
+        if dst_skip + len <= d.len && src_skip + len <= s.len {
+            // SAFETY: both ranges lie inside one checked, registered segment each (module
+            // invariants); `copy` allows overlap.
+            unsafe {
+                core::ptr::copy(
+                    (s.ptr + src_skip) as *const u8,
+                    (d.ptr + dst_skip) as *mut u8,
+                    len,
+                );
+            }
+            return;
+        }
+    }
     let mut remaining = len;
     let (mut di, mut doff) = locate(dst, dst_skip);
     let (mut si, mut soff) = locate(src, src_skip);

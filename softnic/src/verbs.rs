@@ -796,8 +796,11 @@ pub(crate) unsafe extern "C" fn create_qp(
     ibv.state = IBV_QPS_RESET;
     ibv.qp_type = ia.qp_type;
     let p = Box::into_raw(Box::new(ibv));
-    let qp = Fabric::new_qp_struct(ci, pi, scq, rcq, srq, ia, cap, p);
+    let mut qp = Fabric::new_qp_struct(ci, pi, scq, rcq, srq, ia, cap, p);
+    qp.inline_limit = c.max_inline_data.min(cap.max_inline_data);
+    qp.atomics = c.atomics;
     f.add_qp(qp);
+    f.provision_scratch(cap.max_send_sge.max(cap.max_recv_sge));
     for cq in [scq, rcq] {
         if let Some(Some(c)) = f.cqs.get_mut(cq as usize) {
             c.users += 1;
@@ -823,18 +826,29 @@ pub(crate) unsafe extern "C" fn modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
+    if mask as u32 & EXTENDED_QP_ATTRS != 0 {
+        return libc::EOPNOTSUPP;
+    }
     let mut f = lock();
     // SAFETY: live QP, readable attr (caller).
     let (i, a) = unsafe { ((*qp).handle as usize, &*attr) };
     f.modify_qp(i, a, mask as u32)
 }
 
+/// `ibv_qp_attr_mask` bits from `IBV_QP_RATE_LIMIT` on. libibverbs' `ibv_cmd_query_qp` and
+/// `ibv_cmd_modify_qp` (which rxe, mlx5 and the other kernel providers use) refuse them
+/// with EOPNOTSUPP before asking the kernel: these attributes need the `_ex` command path.
+const EXTENDED_QP_ATTRS: u32 = !(IBV_QP_RATE_LIMIT - 1);
+
 pub(crate) unsafe extern "C" fn query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
-    _mask: c_int,
+    mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
+    if mask as u32 & EXTENDED_QP_ATTRS != 0 {
+        return libc::EOPNOTSUPP;
+    }
     let mut f = lock();
     // SAFETY: live QP (caller).
     let i = unsafe { (*qp).handle } as usize;
@@ -960,6 +974,7 @@ pub(crate) unsafe extern "C" fn create_srq(
             ptr: Ptr(p),
         },
     );
+    f.provision_scratch(ia.attr.max_sge);
     if let Some(Some(p)) = f.pds.get_mut(pi as usize) {
         p.users += 1;
     }
@@ -997,6 +1012,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
         return libc::EINVAL;
     }
     s.rq.cap = new_max;
+    s.rq.provision();
     if mask & IBV_SRQ_LIMIT != 0 {
         s.limit = a.srq_limit;
     }

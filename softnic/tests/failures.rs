@@ -704,3 +704,44 @@ fn injected_error() {
     assert_eq!(post(p.b, &mut wr), 0);
     assert_eq!(ids(&drain(p.cq_b)), vec![(9, 0)]);
 }
+
+/// Inline data is captured at post time even when the WR cannot run then: an inline SEND
+/// that waits in RNR (rnr_retry 7), and one queued behind it, deliver the bytes their
+/// (two-SGE) buffers held during post_send, not what the application wrote there after.
+#[test]
+fn inline_sends_waiting_in_rnr_keep_their_bytes() {
+    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let mut first = *b"abcdefgh";
+    let mut second = *b"12345678";
+    let mut s = [
+        ibv_sge {
+            addr: first.as_mut_ptr() as u64,
+            length: 4,
+            lkey: 0,
+        },
+        ibv_sge {
+            addr: second.as_mut_ptr() as u64,
+            length: 8,
+            lkey: 0,
+        },
+    ];
+    let mut wrs = [
+        send_wr(1, IBV_WR_SEND, &mut s, SIG | IBV_SEND_INLINE),
+        send_wr(2, IBV_WR_SEND, &mut s[1..], SIG | IBV_SEND_INLINE),
+    ];
+    assert_eq!(post_chain(p.a, &mut wrs), (0, None));
+    assert_eq!(unsafe { send_wrs_waiting(p.a) }, 2);
+    first.fill(b'x');
+    second.fill(b'y');
+    let mut r = [p.buf_b.sge(0, 64)];
+    assert_eq!(post_recv(p.b, 10, &mut r), 0);
+    let mut r = [p.buf_b.sge(64, 64)];
+    assert_eq!(post_recv(p.b, 11, &mut r), 0);
+    let a = drain(p.cq_a);
+    assert_eq!(ids(&a), vec![(1, 0), (2, 0)]);
+    assert_eq!((a[0].byte_len, a[1].byte_len), (12, 8));
+    let b = drain(p.cq_b);
+    assert_eq!((b[0].byte_len, b[1].byte_len), (12, 8));
+    assert_eq!(p.buf_b.bytes(0, 12), b"abcd12345678");
+    assert_eq!(p.buf_b.bytes(64, 8), b"12345678");
+}

@@ -486,3 +486,58 @@ fn fds_work_with_epoll() {
     assert_eq!(wait(), vec![1, 2]);
     unsafe { libc::close(ep) };
 }
+
+/// libibverbs' `ibv_cmd_query_qp` / `ibv_cmd_modify_qp` (the path rxe and mlx5 take) refuse
+/// mask bits from IBV_QP_RATE_LIMIT on with EOPNOTSUPP; softnic answers the same, and the
+/// QP is left untouched.
+#[test]
+fn query_and_modify_qp_refuse_extended_mask_bits_with_eopnotsupp() {
+    let dev = Dev::new();
+    let cq = dev.cq(16);
+    let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
+    let mut a = ibv_qp_attr::default();
+    let mut ini = ibv_qp_init_attr::default();
+    let query = |a: &mut ibv_qp_attr, ini: &mut ibv_qp_init_attr, mask: u32| {
+        // SAFETY: live QP; both out-structs are writable.
+        unsafe { fns().ibv_query_qp.unwrap()(qp, a, mask as i32, ini) }
+    };
+    for bit in [IBV_QP_RATE_LIMIT, 1 << 26, 1 << 30] {
+        assert_eq!(
+            query(&mut a, &mut ini, IBV_QP_STATE | bit),
+            libc::EOPNOTSUPP,
+            "query_qp with {bit:#x}"
+        );
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.rate_limit = 1000;
+        let init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+        assert_eq!(
+            modify(qp, &mut a, init | bit),
+            libc::EOPNOTSUPP,
+            "modify_qp with {bit:#x}"
+        );
+        assert_eq!(state(qp), IBV_QPS_RESET);
+    }
+    // Every standard bit below IBV_QP_RATE_LIMIT is fine for a query.
+    assert_eq!(query(&mut a, &mut ini, IBV_QP_RATE_LIMIT - 1), 0);
+    assert_eq!(a.qp_state, IBV_QPS_RESET);
+}
+
+/// rxe S20: max_dest_rd_atomic is not validated (200 is accepted), unlike max_rd_atomic.
+#[test]
+fn max_dest_rd_atomic_is_not_validated_as_on_rxe() {
+    let dev = Dev::new();
+    let cq = dev.cq(16);
+    let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
+    to_init(qp, ALL_ACCESS);
+    let mut r = rtr_attr(dev.ctx, qpn(qp));
+    r.max_dest_rd_atomic = 200;
+    assert_eq!(modify(qp, &mut r, RC_RTR_MASK), 0);
+    assert_eq!(state(qp), IBV_QPS_RTR);
+    let mut a = ibv_qp_attr::default();
+    let mut ini = ibv_qp_init_attr::default();
+    // SAFETY: live QP; both out-structs are writable.
+    let rc = unsafe { fns().ibv_query_qp.unwrap()(qp, &mut a, IBV_QP_STATE as i32, &mut ini) };
+    assert_eq!(rc, 0);
+    assert_eq!(a.max_dest_rd_atomic, 200);
+}

@@ -165,19 +165,35 @@ fn codegen_checks() -> Result<(), String> {
         return Err("self-check: could not find a line to hand-edit in types.rs".into());
     }
     std::fs::write(&victim, edited).map_err(|e| e.to_string())?;
-    let tampered = crate::util::codegen(&[
-        "--check".to_string(),
-        "--against".to_string(),
-        tmp.display().to_string(),
-    ]);
-    match tampered {
-        Err(_) => {
-            eprintln!(
-                "codegen self-check: a hand-edited generated file is reported out of date (good)"
-            );
-            Ok(())
-        }
-        Ok(()) => Err("codegen --check accepted a hand-edited generated file".into()),
+    // Run the check against the tampered copy and require the drift message itself: any
+    // other failure (a build error, a missing header) must not pass as "caught".
+    let out = cargo()
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "hotverbs-codegen",
+            "--",
+            "--check",
+            "--against",
+        ])
+        .arg(&tmp)
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("running codegen --check: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("out of date: run `cargo xtask codegen` and commit")
+    {
+        eprintln!(
+            "codegen self-check: a hand-edited generated file is reported out of date (good)"
+        );
+        Ok(())
+    } else if out.status.success() {
+        Err("codegen --check accepted a hand-edited generated file".into())
+    } else {
+        Err(format!(
+            "codegen self-check failed for another reason:\n{stderr}"
+        ))
     }
 }
 

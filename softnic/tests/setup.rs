@@ -1,5 +1,4 @@
 //! Device, port, GID queries, caps checks, object lifetimes and the QP state machine.
-#![allow(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 use common::*;
@@ -10,6 +9,9 @@ use hotverbs_softnic::{open_device, Config};
 #[test]
 fn device_list_and_queries() {
     let f = fns();
+    // SAFETY: the device list is read while live (n entries plus the NULL terminator) and
+    // freed once; ctx is opened from it and used until it is closed on the last line;
+    // every out-parameter is a valid local; the *_str verbs return static C strings.
     unsafe {
         let mut n = -1;
         let list = f.ibv_get_device_list.unwrap()(&mut n);
@@ -89,6 +91,7 @@ fn qp_caps() {
     });
     let dev = Dev::with_ctx(ctx);
     let f = fns();
+    // SAFETY: ctx is live; these creations fail (the point), so nothing leaks.
     unsafe {
         assert!(f.ibv_create_cq.unwrap()(ctx, 101, null_mut(), null_mut(), 0).is_null());
         assert_eq!(errno(), libc::EINVAL);
@@ -104,7 +107,7 @@ fn qp_caps() {
             qp_type: IBV_QPT_RC,
             ..Default::default()
         };
-        let qp = unsafe { f.ibv_create_qp.unwrap()(dev.pd, &mut ia) };
+        let qp = create_qp(dev.pd, &mut ia);
         (qp, ia.cap, errno())
     };
     let ok = ibv_qp_cap {
@@ -145,10 +148,7 @@ fn qp_caps() {
     assert!(got.max_send_wr >= 64 && got.max_recv_wr >= 64 && got.max_inline_data >= 128);
     let mut attr = ibv_qp_attr::default();
     let mut init = ibv_qp_init_attr::default();
-    assert_eq!(
-        unsafe { f.ibv_query_qp.unwrap()(qp, &mut attr, IBV_QP_CAP as i32, &mut init) },
-        0
-    );
+    assert_eq!(query_qp(qp, &mut attr, IBV_QP_CAP, &mut init), 0);
     assert_eq!(attr.cap.max_send_wr, got.max_send_wr);
     assert_eq!(init.qp_type, IBV_QPT_RC);
     assert_eq!(init.send_cq, cq);
@@ -166,7 +166,7 @@ fn qp_caps() {
         qp_type: IBV_QPT_RC,
         ..Default::default()
     };
-    assert!(unsafe { f.ibv_create_qp.unwrap()(dev.pd, &mut ia) }.is_null());
+    assert!(create_qp(dev.pd, &mut ia).is_null());
     assert_eq!(errno(), libc::EINVAL);
     // QPNs are distinct.
     assert_ne!(qpn(qp), qpn(q2));
@@ -180,6 +180,8 @@ fn lifetimes_and_ebusy() {
     let cq = dev.cq(8);
     let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
     let buf = dev.buf(64, IBV_ACCESS_LOCAL_WRITE);
+    // SAFETY: all objects are live until destroyed here, each exactly once (the refused
+    // destroys leave them live); the refused registrations are over buf's own memory.
     unsafe {
         assert!(f.ibv_reg_mr.unwrap()(
             dev.pd,
@@ -332,10 +334,7 @@ fn state_machine_required_masks() {
         assert_eq!(state(qp), IBV_QPS_RTS);
         let mut q = ibv_qp_attr::default();
         let mut ini = ibv_qp_init_attr::default();
-        assert_eq!(
-            unsafe { fns().ibv_query_qp.unwrap()(qp, &mut q, IBV_QP_STATE as i32, &mut ini) },
-            0
-        );
+        assert_eq!(query_qp(qp, &mut q, IBV_QP_STATE, &mut ini), 0);
         assert_eq!(q.qp_state, IBV_QPS_RTS);
         if !ud {
             assert_eq!(q.dest_qp_num, qpn(qp));
@@ -410,6 +409,7 @@ fn state_machine_transitions() {
     assert_eq!(go(IBV_QPS_RESET), 0);
     to_init(qp, ALL_ACCESS);
     assert_eq!(
+        // SAFETY: qp is live.
         unsafe { (*qp).state },
         IBV_QPS_INIT,
         "ibv_qp.state mirrors the state"
@@ -445,34 +445,40 @@ fn reset_drops_queues() {
 fn fds_work_with_epoll() {
     let dev = Dev::new();
     let f = fns();
+    // SAFETY: dev.ctx is live.
     let ch = unsafe { f.ibv_create_comp_channel.unwrap()(dev.ctx) };
+    assert!(!ch.is_null());
+    // SAFETY: dev.ctx and ch are live.
     let cq = unsafe { f.ibv_create_cq.unwrap()(dev.ctx, 8, null_mut(), ch, 0) };
+    assert!(!cq.is_null());
     let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
     connect(qp, dev.ctx, qpn(qp), ALL_ACCESS, 7);
+    // SAFETY: no preconditions; the fd is closed at the end.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     assert!(ep >= 0);
-    for (fd, tag) in [
-        (unsafe { (*ch).fd }, 1u64),
-        (unsafe { (*dev.ctx).async_fd }, 2),
-    ] {
+    // SAFETY: ch and dev.ctx are live (never destroyed in this test).
+    let (ch_fd, async_fd) = unsafe { ((*ch).fd, (*dev.ctx).async_fd) };
+    for (fd, tag) in [(ch_fd, 1u64), (async_fd, 2)] {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: tag,
         };
         assert_eq!(
+            // SAFETY: ep and fd are open; ev is a valid event.
             unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
             0
         );
     }
     let wait = || {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: ep is open; evs has room for 4 events; zero timeout.
         let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 4, 0) };
         let mut tags: Vec<u64> = evs[..n.max(0) as usize].iter().map(|e| e.u64).collect();
         tags.sort();
         tags
     };
     assert!(wait().is_empty());
-    assert_eq!(unsafe { inline::ibv_req_notify_cq(cq, 0) }, 0);
+    assert_eq!(req_notify(cq, false), 0);
     let buf = dev.buf(64, ALL_ACCESS);
     let mut s = [buf.sge(0, 8)];
     let mut wr = rdma(
@@ -482,8 +488,9 @@ fn fds_work_with_epoll() {
     );
     assert_eq!(post(qp, &mut wr), 0);
     assert_eq!(wait(), vec![1]);
-    unsafe { hotverbs_softnic::inject_qp_error(qp) };
+    inject_qp_error(qp);
     assert_eq!(wait(), vec![1, 2]);
+    // SAFETY: ep is ours and closed once.
     unsafe { libc::close(ep) };
 }
 
@@ -497,10 +504,8 @@ fn query_and_modify_qp_refuse_extended_mask_bits_with_eopnotsupp() {
     let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
     let mut a = ibv_qp_attr::default();
     let mut ini = ibv_qp_init_attr::default();
-    let query = |a: &mut ibv_qp_attr, ini: &mut ibv_qp_init_attr, mask: u32| {
-        // SAFETY: live QP; both out-structs are writable.
-        unsafe { fns().ibv_query_qp.unwrap()(qp, a, mask as i32, ini) }
-    };
+    let query =
+        |a: &mut ibv_qp_attr, ini: &mut ibv_qp_init_attr, mask: u32| query_qp(qp, a, mask, ini);
     for bit in [IBV_QP_RATE_LIMIT, 1 << 26, 1 << 30] {
         assert_eq!(
             query(&mut a, &mut ini, IBV_QP_STATE | bit),
@@ -536,8 +541,7 @@ fn max_dest_rd_atomic_is_not_validated_as_on_rxe() {
     assert_eq!(state(qp), IBV_QPS_RTR);
     let mut a = ibv_qp_attr::default();
     let mut ini = ibv_qp_init_attr::default();
-    // SAFETY: live QP; both out-structs are writable.
-    let rc = unsafe { fns().ibv_query_qp.unwrap()(qp, &mut a, IBV_QP_STATE as i32, &mut ini) };
+    let rc = query_qp(qp, &mut a, IBV_QP_STATE, &mut ini);
     assert_eq!(rc, 0);
     assert_eq!(a.max_dest_rd_atomic, 200);
 }

@@ -1,5 +1,4 @@
 //! UD with AH, remote QPN and Q_Key; the GRH area; multicast; SRQ.
-#![allow(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 use common::*;
@@ -16,7 +15,7 @@ fn ah_to(dev: &Dev, dgid: ibv_gid) -> *mut ibv_ah {
     a.grh.dgid = dgid;
     a.grh.sgid_index = 1;
     a.grh.hop_limit = 64;
-    let ah = unsafe { fns().ibv_create_ah.unwrap()(dev.pd, &mut a) };
+    let ah = create_ah(dev.pd, &mut a);
     assert!(!ah.is_null(), "create_ah errno {}", errno());
     ah
 }
@@ -95,17 +94,21 @@ fn ud_send_grh_and_reply() {
 
     // Answer the sender from the completion.
     let mut wc = *recv[0];
+    assert!(u.buf.mem.len() >= 1000 + 40);
+    // SAFETY: offset 1000 is in bounds (checked); the GRH area of the completed receive.
     let grh = unsafe { u.buf.mem.as_mut_ptr().add(1000) }.cast::<ibv_grh>();
+    // SAFETY: live PD; wc is the receive's completion; grh points at its 40-byte GRH.
     let reply = unsafe { fns().ibv_create_ah_from_wc.unwrap()(u.dev.pd, &mut wc, grh, 1) };
     assert!(!reply.is_null());
     let mut attr = ibv_ah_attr::default();
     assert_eq!(
+        // SAFETY: as above; attr is a valid out-parameter.
         unsafe { fns().ibv_init_ah_from_wc.unwrap()(u.dev.ctx, 1, &mut wc, grh, &mut attr) },
         0
     );
-    assert_eq!(unsafe { attr.grh.dgid.raw }, unsafe {
-        gid(u.dev.ctx, 1).raw
-    });
+    // SAFETY: every bit pattern of the gid union is a valid [u8; 16].
+    let (dgid, own) = unsafe { (attr.grh.dgid.raw, gid(u.dev.ctx, 1).raw) };
+    assert_eq!(dgid, own);
     let mut r = [u.buf.sge(3000, 100)];
     assert_eq!(post_recv(u.a, 3, &mut r), 0);
     let mut s = [u.buf.sge(0, 4)];
@@ -115,6 +118,7 @@ fn ud_send_grh_and_reply() {
     assert!(w
         .iter()
         .any(|w| w.wr_id == 3 && w.status == 0 && w.byte_len == 44));
+    // SAFETY: reply is live and destroyed once; the send using it has completed.
     assert_eq!(unsafe { fns().ibv_destroy_ah.unwrap()(reply) }, 0);
 }
 
@@ -125,6 +129,7 @@ fn ud_drops() {
     let u = ud_pair();
     let ah = ah_to(&u.dev, gid(u.dev.ctx, 1));
     let mut other_gid = gid(u.dev.ctx, 1);
+    // SAFETY: every bit pattern of the gid union is a valid [u8; 16].
     unsafe { other_gid.raw[15] = 250 };
     let ah_nowhere = ah_to(&u.dev, other_gid);
     for i in 0..4 {
@@ -165,7 +170,7 @@ fn ud_drops() {
         port_num: 1,
         ..Default::default()
     };
-    assert!(unsafe { fns().ibv_create_ah.unwrap()(u.dev.pd, &mut a) }.is_null());
+    assert!(create_ah(u.dev.pd, &mut a).is_null());
     assert_eq!(errno(), libc::EINVAL);
 }
 
@@ -201,13 +206,14 @@ fn multicast() {
         connect(q, dev.ctx, 0, 0, 0);
     }
     let buf = dev.buf(8192, ALL_ACCESS);
-    let mut mgid = ibv_gid { raw: [0; 16] };
-    unsafe {
-        mgid.raw[0] = 0xff;
-        mgid.raw[1] = 0x0e;
-        mgid.raw[15] = 7;
-    }
+    let mut raw = [0u8; 16];
+    raw[0] = 0xff;
+    raw[1] = 0x0e;
+    raw[15] = 7;
+    let mgid = ibv_gid { raw };
+    // SAFETY: q is a live QP of this test; mgid is a valid gid.
     let attach = |q: *mut ibv_qp| unsafe { fns().ibv_attach_mcast.unwrap()(q, &mgid, 0) };
+    // SAFETY: as for attach.
     let detach = |q: *mut ibv_qp| unsafe { fns().ibv_detach_mcast.unwrap()(q, &mgid, 0) };
     for &q in &qps[..3] {
         assert_eq!(attach(q), 0);
@@ -247,6 +253,7 @@ fn multicast() {
     assert_eq!(attach(rc), libc::EINVAL);
     let g1 = gid(dev.ctx, 1);
     assert_eq!(
+        // SAFETY: qps[3] is live; g1 is a valid gid.
         unsafe { fns().ibv_attach_mcast.unwrap()(qps[3], &g1, 0) },
         libc::EINVAL
     );
@@ -267,6 +274,7 @@ fn srq() {
             srq_limit: 0,
         },
     };
+    // SAFETY: dev.pd is live; sia is valid.
     let srq = unsafe { f.ibv_create_srq.unwrap()(dev.pd, &mut sia) };
     assert!(!srq.is_null());
     let mk = |with_srq: bool| {
@@ -278,7 +286,7 @@ fn srq() {
             qp_type: IBV_QPT_RC,
             ..Default::default()
         };
-        let q = unsafe { f.ibv_create_qp.unwrap()(dev.pd, &mut ia) };
+        let q = create_qp(dev.pd, &mut ia);
         assert!(!q.is_null());
         if with_srq {
             assert_eq!(ia.cap.max_recv_wr, 0);
@@ -307,6 +315,8 @@ fn srq() {
             num_sge: 1,
         };
         let mut bad = null_mut();
+        // SAFETY: srq is live; wr and its SGE are valid for the call (softnic copies
+        // them) and describe buf's registered memory, which outlives the SRQ's use.
         unsafe { inline::ibv_post_srq_recv(srq, &mut wr, &mut bad) }
     };
     for id in 0..4 {
@@ -318,10 +328,12 @@ fn srq() {
         srq_limit: 3,
     };
     assert_eq!(
+        // SAFETY: srq is live; la is valid.
         unsafe { f.ibv_modify_srq.unwrap()(srq, &mut la, IBV_SRQ_LIMIT as i32) },
         0
     );
     let mut q = ibv_srq_attr::default();
+    // SAFETY: srq is live; q is a valid out-parameter.
     assert_eq!(unsafe { f.ibv_query_srq.unwrap()(srq, &mut q) }, 0);
     assert_eq!((q.max_wr, q.srq_limit), (8, 3));
 
@@ -341,20 +353,22 @@ fn srq() {
     // 4 -> 1 posted: below the limit 3 once -> exactly one event, then disarmed.
     let ev = all_async_events(dev.ctx);
     assert_eq!(ev, vec![(IBV_EVENT_SRQ_LIMIT_REACHED, srq as usize)]);
+    // SAFETY: srq is live; q is a valid out-parameter.
     assert_eq!(unsafe { f.ibv_query_srq.unwrap()(srq, &mut q) }, 0);
     assert_eq!(q.srq_limit, 0);
 
     // Drain the SRQ, then an RNR-waiting SEND resumes on post_srq_recv.
     assert_eq!(post(s2, &mut wr), 0);
     assert_eq!(post(s2, &mut wr), 0);
-    assert_eq!(hotverbs_softnic_waiting(s2), 1);
+    assert_eq!(send_wrs_waiting(s2), 1);
     assert_eq!(post_srq(9), 0);
-    assert_eq!(hotverbs_softnic_waiting(s2), 0);
+    assert_eq!(send_wrs_waiting(s2), 0);
     // Full SRQ: ENOMEM.
     for id in 10..18 {
         assert_eq!(post_srq(id), 0);
     }
     assert_eq!(post_srq(18), libc::ENOMEM);
+    // SAFETY: srq is live; softnic refuses (EBUSY: QPs use it), so it stays live.
     assert_eq!(unsafe { f.ibv_destroy_srq.unwrap()(srq) }, libc::EBUSY);
     // limit above max_wr -> EINVAL
     let mut bad = ibv_srq_attr {
@@ -363,11 +377,8 @@ fn srq() {
         srq_limit: 100,
     };
     assert_eq!(
+        // SAFETY: srq is live; bad is a valid (refused) attribute.
         unsafe { f.ibv_modify_srq.unwrap()(srq, &mut bad, IBV_SRQ_LIMIT as i32) },
         libc::EINVAL
     );
-}
-
-fn hotverbs_softnic_waiting(qp: *mut ibv_qp) -> usize {
-    unsafe { hotverbs_softnic::send_wrs_waiting(qp) }
 }

@@ -15,6 +15,12 @@
 //! server then puts "RDMA read operation " in its buffer; the client reads it with RDMA
 //! READ and overwrites it with "RDMA write operation" by RDMA WRITE; the server, which
 //! saw none of this, prints its buffer after the last sync.
+//!
+//! The buffer is registered with `REMOTE_WRITE`, so it is read and written with
+//! [`Mr::read_vec`]/[`Mr::write_from`] (atomic copies), never through a slice.
+//!
+//! [`loopback`] runs both sides in one process; `tests/examples.rs` (softnic) and
+//! `tests/real_device.rs` (a real device) call it and check the data exchanged.
 
 use std::error::Error as StdError;
 use std::net::{SocketAddr, TcpListener};
@@ -85,15 +91,32 @@ fn text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn put(mr: &mut Mr<'_>, s: &str) {
-    let b = mr.as_mut_slice();
-    b.fill(0);
-    b[..s.len()].copy_from_slice(s.as_bytes());
+/// This side's buffer as text (up to the first NUL).
+fn contents(mr: &Mr<'_>) -> Res<String> {
+    Ok(text(&mr.read_vec(0, MSG_SIZE)?))
 }
 
-/// One side of the example. `session` is the connected TCP exchange; returns the final
-/// contents of this side's buffer.
-fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<String> {
+/// Replaces this side's buffer with `s`, NUL-padded.
+fn put(mr: &mut Mr<'_>, s: &str) -> Res<()> {
+    let mut b = [0u8; MSG_SIZE];
+    b[..s.len()].copy_from_slice(s.as_bytes());
+    mr.write_from(0, &b)?;
+    Ok(())
+}
+
+/// What one side saw: the data exchanged, as the example prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Client: the message its receive got from the server's SEND.
+    pub received: Option<String>,
+    /// Client: the server's buffer as fetched by RDMA READ.
+    pub read: Option<String>,
+    /// This side's buffer after the last sync.
+    pub final_contents: String,
+}
+
+/// One side of the example. `session` is the connected TCP exchange.
+fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<Outcome> {
     let who = if is_client { "client" } else { "server" };
     // resources_create: device, PD, CQ, MR, QP
     let ctx = open(&cfg.device)?;
@@ -104,7 +127,7 @@ fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<String> {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let mut mr = pd.alloc_mr(MSG_SIZE, access)?;
     if !is_client {
-        put(&mut mr, MSG);
+        put(&mut mr, MSG)?;
     }
     let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
         .max_send_wr(1)
@@ -167,13 +190,17 @@ fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<String> {
         unsafe { qp.post_send(&SendWr::send(1, &[mr.sge()]).signaled())? };
     }
     cq.wait_one(TIMEOUT)?.ok()?;
+    let mut received = None;
     if is_client {
-        println!("[{who}] Message is: '{}'", text(mr.as_slice()));
+        let msg = contents(&mr)?;
+        println!("[{who}] Message is: '{msg}'");
+        received = Some(msg);
     } else {
-        put(&mut mr, RDMAMSGR);
+        put(&mut mr, RDMAMSGR)?;
     }
     session.sync(b'R')?;
 
+    let mut read = None;
     if is_client {
         // SAFETY: the buffer is not accessed until the read completes.
         unsafe {
@@ -182,12 +209,11 @@ fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<String> {
             )?
         };
         cq.wait_one(TIMEOUT)?.ok()?;
-        println!(
-            "[{who}] Contents of server's buffer: '{}'",
-            text(mr.as_slice())
-        );
-        put(&mut mr, RDMAMSGW);
-        println!("[{who}] Now replacing it with: '{}'", text(mr.as_slice()));
+        let fetched = contents(&mr)?;
+        println!("[{who}] Contents of server's buffer: '{fetched}'");
+        read = Some(fetched);
+        put(&mut mr, RDMAMSGW)?;
+        println!("[{who}] Now replacing it with: '{}'", contents(&mr)?);
         // SAFETY: the buffer is not written until the write completes.
         unsafe {
             qp.post_send(
@@ -197,37 +223,60 @@ fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<String> {
         cq.wait_one(TIMEOUT)?.ok()?;
     }
     session.sync(b'W')?;
-    let contents = text(mr.as_slice());
+    let final_contents = contents(&mr)?;
     if !is_client {
-        println!("[{who}] Contents of server buffer: '{contents}'");
+        println!("[{who}] Contents of server buffer: '{final_contents}'");
     }
     // resources_destroy: explicit, so failures are reported
     qp.destroy()?;
     mr.destroy()?;
     cq.destroy()?;
     pd.destroy()?;
-    Ok(contents)
+    Ok(Outcome {
+        received,
+        read,
+        final_contents,
+    })
+}
+
+/// Runs server and client in one process over a local TCP exchange, on `device` (softnic
+/// when `None`) with GID index `gid_index` (the default when `None`); returns what the
+/// (server, client) saw.
+pub fn loopback(device: Option<String>, gid_index: Option<u32>) -> Res<(Outcome, Outcome)> {
+    let cfg = Config {
+        device: device.or_else(|| Some(SOFTNIC.to_string())),
+        tcp_port: 0,
+        ib_port: None,
+        gid_index,
+        server: None,
+        loopback: true,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let (server, client) = std::thread::scope(|s| {
+        let cfg = &cfg;
+        let server = s.spawn(move || run(cfg, false, Session::accept(&listener, TIMEOUT)?));
+        let client = s.spawn(move || run(cfg, true, Session::connect(addr, TIMEOUT)?));
+        (server.join(), client.join())
+    });
+    let server = server.map_err(|_| "server thread panicked")??;
+    let client = client.map_err(|_| "client thread panicked")??;
+    Ok((server, client))
 }
 
 fn main() -> Res<()> {
     let cfg = parse_args();
     if cfg.loopback {
-        let cfg = Config {
-            device: cfg.device.or_else(|| Some(SOFTNIC.to_string())),
-            ..cfg
-        };
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let (server, client) = std::thread::scope(|s| {
-            let cfg = &cfg;
-            let server = s.spawn(move || run(cfg, false, Session::accept(&listener, TIMEOUT)?));
-            let client = s.spawn(move || run(cfg, true, Session::connect(addr, TIMEOUT)?));
-            (server.join(), client.join())
-        });
-        let server = server.map_err(|_| "server thread panicked")??;
-        let client = client.map_err(|_| "client thread panicked")??;
-        if server != RDMAMSGW || client != RDMAMSGW {
-            return Err(format!("unexpected buffers: server {server:?}, client {client:?}").into());
+        let (server, client) = loopback(cfg.device, cfg.gid_index)?;
+        let expected = (Some(MSG), Some(RDMAMSGR), RDMAMSGW, RDMAMSGW);
+        let got = (
+            client.received.as_deref(),
+            client.read.as_deref(),
+            client.final_contents.as_str(),
+            server.final_contents.as_str(),
+        );
+        if got != expected {
+            return Err(format!("unexpected data: server {server:?}, client {client:?}").into());
         }
         println!("loopback OK: SEND, RDMA READ and RDMA WRITE all arrived");
         return Ok(());

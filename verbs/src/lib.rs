@@ -51,7 +51,7 @@
 //!
 //! let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
 //! let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)?;
-//! tx.as_mut_slice()[..5].copy_from_slice(b"hello");
+//! tx.as_mut_slice()?[..5].copy_from_slice(b"hello");
 //! // SAFETY: rx and tx stay registered and untouched until their completions are polled.
 //! unsafe {
 //!     b.post_recv(1, &[rx.local(0, 64)?])?;
@@ -63,7 +63,7 @@
 //! }
 //! got.sort();
 //! assert_eq!(got, [1, 2]);
-//! assert_eq!(&rx.as_slice()[..5], b"hello");
+//! assert_eq!(&rx.as_slice()?[..5], b"hello");
 //! # Ok::<(), hotverbs::Error>(())
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -2,12 +2,26 @@
 //! buffers, and the descriptors the datapath needs (lkey/rkey, local SGEs, remote windows).
 //!
 //! Invariants: an [`Mr`] holds a clone of its [`Pd`] (the PD outlives it); for an owned
-//! buffer the mapping is released only after `ibv_dereg_mr` (field order + `Drop`); for
-//! caller memory the `&'a mut [u8]` borrow lasts as long as the `Mr<'a>`, so the memory
-//! can neither move nor be freed while registered.
+//! buffer the mapping is released only after a successful `ibv_dereg_mr` (field order +
+//! `Drop`; on failure the mapping is leaked); for caller memory the `&'a mut [u8]` borrow
+//! lasts as long as the `Mr<'a>`, so the memory can neither move nor be freed while
+//! registered.
+//!
+//! Memory a peer can write: an MR registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be
+//! written by anyone holding its rkey ([`Mr::remote`] hands it out) at any moment, outside
+//! the borrow checker's view. So no safe `&[u8]`/`&mut [u8]` is ever made over such memory:
+//! [`Mr::as_slice`]/[`Mr::as_mut_slice`] return an error for it, and the copy helpers
+//! ([`Mr::read_into`], [`Mr::write_from`], [`Mr::read_u64`], [`Mr::write_u64`]) access it
+//! with atomic loads and stores instead, so a concurrent peer write gives a mix of old and
+//! new bytes, never a data race in our code (the device side is DMA, or softnic's `memmove`
+//! standing in for it). `REMOTE_READ` alone keeps the slices: a peer's read never changes
+//! the memory; while we write through `as_mut_slice`, a concurrent RDMA READ may return a
+//! mix of old and new bytes, as with any NIC — ordering the two is the protocol's job
+//! (write, then tell the peer with a message).
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use hotverbs_ffi::{ibv_mr, ibv_sge};
 
@@ -266,9 +280,16 @@ pub struct Mr<'a> {
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
-// SAFETY: the MR is an identifier plus memory we own or exclusively borrow.
+// SAFETY: the MR is an identifier plus memory we own or exclusively borrow; nothing in it
+// is tied to the creating thread (verbs objects may be used from any thread).
 unsafe impl Send for Mr<'_> {}
-// SAFETY: shared access to the memory is read-only through &self.
+// SAFETY: through `&Mr` the memory is only read, and only in ways that tolerate other
+// `&Mr` readers and concurrent peer writes: `as_slice` refuses MRs a peer can write
+// (REMOTE_WRITE/REMOTE_ATOMIC), so its `&[u8]` only coexists with other reads; `read_into`
+// and `read_u64` use atomic loads. Every local write (`as_mut_slice`, `write_from`,
+// `write_u64`) needs `&mut Mr`, so it never overlaps a `&[u8]` handed out by `as_slice`.
+// Device writes caused by posted work requests are covered by the `unsafe` posting
+// functions' contracts (the memory is not accessed until the completion).
 unsafe impl Sync for Mr<'_> {}
 
 impl Pd {
@@ -392,19 +413,216 @@ impl<'a> Mr<'a> {
         self.addr
     }
 
-    /// The registered bytes.
+    /// Can a peer write this memory (registered with `REMOTE_WRITE` or `REMOTE_ATOMIC`)?
+    /// Then [`as_slice`](Self::as_slice)/[`as_mut_slice`](Self::as_mut_slice) refuse it;
+    /// use the copy helpers or the `_unchecked` accessors.
+    pub fn is_remote_writable(&self) -> bool {
+        self.access
+            .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+    }
+
+    fn check_not_remote_writable(&self, what: &'static str) -> Result<()> {
+        if self.is_remote_writable() {
+            return Err(Error::new(what, libc::EACCES).with_hint(
+                "the MR has REMOTE_WRITE/REMOTE_ATOMIC, so a peer may write it at any time: \
+                 copy with read_into/write_from/read_u64, or use the unsafe *_unchecked \
+                 accessor when no peer can write",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The registered bytes, for an MR no peer can write.
     ///
-    /// Memory the device may be writing (posted receives, RDMA writes from the peer) must
-    /// not be read until the covering completion; the posting functions' contracts say so.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: addr..addr+len is memory we own or exclusively borrow for 'a.
+    /// Memory the device may be writing for our own posted work requests (receives,
+    /// RDMA READ/atomic results) must not be read until the covering completion; the
+    /// posting functions' contracts say so.
+    ///
+    /// # Errors
+    /// `Mr::as_slice: EACCES` when [`is_remote_writable`](Self::is_remote_writable): a
+    /// `&[u8]` over memory a peer may change at any time would be a data race.
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        self.check_not_remote_writable("Mr::as_slice")?;
+        // SAFETY: addr..addr+len is memory we own or exclusively borrow for 'a; no peer can
+        // write it (checked above) and local writes need &mut self.
+        Ok(unsafe { self.as_slice_unchecked() })
+    }
+
+    /// The registered bytes, mutably, for an MR no peer can write.
+    ///
+    /// # Errors
+    /// `Mr::as_mut_slice: EACCES` when [`is_remote_writable`](Self::is_remote_writable).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.check_not_remote_writable("Mr::as_mut_slice")?;
+        // SAFETY: as in as_slice, and &mut self gives exclusive local access.
+        Ok(unsafe { self.as_mut_slice_unchecked() })
+    }
+
+    /// The registered bytes, whatever the access flags.
+    ///
+    /// # Safety
+    /// While the returned borrow lives, no peer holding this MR's rkey (or a window
+    /// derived from it) may write or atomically update this memory, and no posted work
+    /// request of ours may write it (receives, RDMA READ/atomic results not yet
+    /// completed) — e.g. the protocol guarantees the peer's writes have completed
+    /// (observed through a completion or a message) and it writes no more until told.
+    pub unsafe fn as_slice_unchecked(&self) -> &[u8] {
+        // SAFETY: addr..addr+len is initialised memory we own or exclusively borrow for
+        // 'a; the caller guarantees no one writes it while the borrow lives.
         unsafe { std::slice::from_raw_parts(self.addr, self.len) }
     }
 
-    /// The registered bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self gives exclusive access.
+    /// The registered bytes, mutably, whatever the access flags.
+    ///
+    /// # Safety
+    /// While the returned borrow lives, no peer holding this MR's rkey (or a window
+    /// derived from it) may write or atomically update this memory, and no posted work
+    /// request of ours may access it. (A peer's RDMA READ meanwhile is no race on our
+    /// side; it may return a mix of old and new bytes.)
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: as above, the caller excludes every other accessor, and &mut self
+        // gives exclusive local access.
         unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    }
+
+    fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::new(what, libc::EINVAL).with_hint(format!(
+                "range {offset}+{len} outside the MR of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out`, with relaxed atomic loads (8 bytes
+    /// at a time where aligned): safe on every MR, even while a peer writes it — then the
+    /// copy may mix old and new bytes. To see a peer's data whole, read after the
+    /// completion or message that says it has landed.
+    ///
+    /// # Errors
+    /// `Mr::read_into: EINVAL` when the range is outside the MR.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AccessFlags, Context};
+    /// let pd = Context::open("softnic")?.alloc_pd()?;
+    /// let mut mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// assert!(mr.as_slice().is_err()); // a peer may write it at any time
+    /// mr.write_from(3, b"abc")?;
+    /// let mut out = [0u8; 5];
+    /// mr.read_into(2, &mut out)?;
+    /// assert_eq!(&out, b"\0abc\0");
+    /// assert_eq!(mr.read_vec(3, 3)?, b"abc");
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range("Mr::read_into", offset, out.len())?;
+        let mut i = 0;
+        while i < out.len() {
+            // SAFETY: offset + i < len (checked above), so p is inside the registered memory.
+            let p = unsafe { self.addr.add(offset + i) };
+            if p as usize % 8 == 0 && out.len() - i >= 8 {
+                // SAFETY: p is 8-aligned, in bounds for 8 bytes and valid for the MR's
+                // lifetime; atomic access tolerates concurrent peer and reader access.
+                let v = unsafe { AtomicU64::from_ptr(p.cast()) }.load(Ordering::Relaxed);
+                out[i..i + 8].copy_from_slice(&v.to_ne_bytes());
+                i += 8;
+            } else {
+                // SAFETY: p is in bounds and valid; u8 atomics need no alignment.
+                out[i] = unsafe { AtomicU8::from_ptr(p) }.load(Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`read_into`](Self::read_into) a new `Vec` of `len` bytes.
+    ///
+    /// # Errors
+    /// `Mr::read_into: EINVAL` when the range is outside the MR.
+    pub fn read_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read_into(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `data` to `offset` with relaxed atomic stores (8 bytes at a time where
+    /// aligned): safe on every MR, even while a peer reads or writes it (the bytes then
+    /// interleave). Needs `&mut self` so it never overlaps a slice from
+    /// [`as_slice`](Self::as_slice). Publish the data to the peer with a later send or
+    /// completion, as usual.
+    ///
+    /// # Errors
+    /// `Mr::write_from: EINVAL` when the range is outside the MR.
+    pub fn write_from(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range("Mr::write_from", offset, data.len())?;
+        let mut i = 0;
+        while i < data.len() {
+            // SAFETY: offset + i < len (checked above), so p is inside the registered memory.
+            let p = unsafe { self.addr.add(offset + i) };
+            if p as usize % 8 == 0 && data.len() - i >= 8 {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&data[i..i + 8]);
+                // SAFETY: p is 8-aligned, in bounds for 8 bytes and valid for the MR's
+                // lifetime; atomic access tolerates concurrent peer access.
+                unsafe { AtomicU64::from_ptr(p.cast()) }
+                    .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+                i += 8;
+            } else {
+                // SAFETY: p is in bounds and valid; u8 atomics need no alignment.
+                unsafe { AtomicU8::from_ptr(p) }.store(data[i], Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_u64(&self, what: &'static str, offset: usize) -> Result<*mut u64> {
+        self.check_range(what, offset, 8)?;
+        // SAFETY: offset + 8 <= len (checked above).
+        let p = unsafe { self.addr.add(offset) };
+        if p as usize % 8 != 0 {
+            return Err(Error::new(what, libc::EINVAL).with_hint(format!(
+                "address {p:p} is not 8-byte aligned, as atomics need"
+            )));
+        }
+        Ok(p.cast())
+    }
+
+    /// The native-endian `u64` at `offset`, loaded atomically (`Acquire`): the way to read
+    /// a word a peer updates with RDMA atomics (fetch-and-add, compare-and-swap) or
+    /// 8-byte RDMA writes, at any time.
+    ///
+    /// # Errors
+    /// `Mr::read_u64: EINVAL` when the word is outside the MR or not 8-byte aligned.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AccessFlags, Context};
+    /// let pd = Context::open("softnic")?.alloc_pd()?;
+    /// let mut mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
+    /// mr.write_u64(8, 41)?;
+    /// assert_eq!(mr.read_u64(8)?, 41);
+    /// assert!(mr.read_u64(4).is_err()); // unaligned
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        let p = self.check_u64("Mr::read_u64", offset)?;
+        // SAFETY: p is 8-aligned, in bounds and valid for the MR's lifetime.
+        Ok(unsafe { AtomicU64::from_ptr(p) }.load(Ordering::Acquire))
+    }
+
+    /// Stores the native-endian `u64` at `offset` atomically (`Release`), e.g. to reset a
+    /// word peers update with RDMA atomics.
+    ///
+    /// # Errors
+    /// `Mr::write_u64: EINVAL` when the word is outside the MR or not 8-byte aligned.
+    pub fn write_u64(&mut self, offset: usize, value: u64) -> Result<()> {
+        let p = self.check_u64("Mr::write_u64", offset)?;
+        // SAFETY: p is 8-aligned, in bounds and valid for the MR's lifetime.
+        unsafe { AtomicU64::from_ptr(p) }.store(value, Ordering::Release);
+        Ok(())
     }
 
     /// An SGE for `[offset, offset + len)` of this MR, bounds-checked.
@@ -445,21 +663,44 @@ impl<'a> Mr<'a> {
         if mr.is_null() {
             return Ok(());
         }
-        let f = self
-            .pd
-            .context()
-            .fns()
-            .ibv_dereg_mr
-            .ok_or_else(|| Error::missing("ibv_dereg_mr"))?;
-        // SAFETY: mr came from this table's ibv_reg_mr and is deregistered once.
-        let ret = unsafe { f(mr) };
+        let ret = match self.pd.context().fns().ibv_dereg_mr {
+            // SAFETY: mr came from this table's ibv_reg_mr and is deregistered once.
+            Some(f) => unsafe { f(mr) },
+            None => return Err(self.leak_after_failure(Error::missing("ibv_dereg_mr"))),
+        };
         if ret != 0 {
-            return Err(Error::from_ret("ibv_dereg_mr", ret));
+            return Err(self.leak_after_failure(Error::from_ret("ibv_dereg_mr", ret)));
         }
         Ok(())
     }
 
+    /// The MR may still be registered: a peer holding the rkey could still write the
+    /// memory, so an owned buffer is leaked (never unmapped) rather than returned to the
+    /// OS. A borrowed buffer cannot be kept: see [`Mr::destroy`].
+    fn leak_after_failure(&mut self, mut e: Error) -> Error {
+        if let Some(buf) = self.owned.take() {
+            std::mem::forget(buf);
+            const LEAKED: &str = "the buffer was leaked, as the device may still write it";
+            return match e.hint.take() {
+                Some(h) => e.with_hint(format!("{h}; {LEAKED}")),
+                None => e.with_hint(LEAKED),
+            };
+        }
+        e
+    }
+
     /// `ibv_dereg_mr(3)` now, returning its error.
+    ///
+    /// When deregistration fails (or `drop` sees it fail, recorded for
+    /// [`take_drop_errors`](crate::take_drop_errors)) the memory may still be registered.
+    /// An owned buffer ([`Pd::alloc_mr`]) is then leaked: it stays mapped for the life of
+    /// the process, so a late device or peer write lands in memory nobody else uses. A
+    /// borrowed buffer ([`Pd::reg_mr`]) is handed back to its owner all the same, since
+    /// the borrow cannot outlive the `Mr`: if that matters (a peer still holds the rkey),
+    /// leak or quarantine the memory yourself on this error, or use `alloc_mr`.
+    ///
+    /// # Errors
+    /// The verb's error, e.g. `EBUSY` while memory windows are bound to the MR.
     pub fn destroy(mut self) -> Result<()> {
         self.dereg()
     }

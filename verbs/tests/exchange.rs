@@ -227,14 +227,14 @@ fn rc_connection_set_up_through_the_tcp_exchange() {
         qp.connect(&port, &theirs, &ConnectOptions::default())?;
         s.sync(b'R').unwrap(); // both in RTS
         s.sync(b'W').unwrap(); // client wrote
-        Ok(mr.as_slice()[..6].to_vec())
+        mr.read_vec(0, 6)
     });
     let ctx = Context::open("softnic").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
     let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
     let mut mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    mr.as_mut_slice()[..6].copy_from_slice(b"remote");
+    mr.write_from(0, b"remote").unwrap();
     let port = ctx.port_info(None, None).unwrap();
     let mut c = Session::connect(addr, T).unwrap();
     let theirs = c.exchange(&qp.endpoint(&port)).unwrap();

@@ -17,6 +17,11 @@ use hotverbs::*;
 
 const T: Duration = Duration::from_secs(10);
 
+// The example's command-line half (`main`, argument parsing) is not used here.
+#[allow(dead_code)]
+#[path = "../examples/rdma_rc.rs"]
+mod rdma_rc;
+
 fn rxe_required() -> bool {
     std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1")
 }
@@ -51,6 +56,20 @@ fn device() -> Option<Context> {
             None
         }
     }
+}
+
+/// `examples/rdma_rc.rs --loopback` on the device: SEND, RDMA READ and RDMA WRITE between
+/// two QPs of the device, set up over a local TCP exchange.
+#[test]
+fn rdma_rc_example_loopback_on_device() {
+    let Some(ctx) = device() else { return };
+    let name = ctx.name().to_string();
+    drop(ctx);
+    let (server, client) = rdma_rc::loopback(Some(name), gid_index()).unwrap();
+    assert_eq!(client.received.as_deref(), Some("SEND operation "));
+    assert_eq!(client.read.as_deref(), Some("RDMA read operation "));
+    assert_eq!(client.final_contents, "RDMA write operation");
+    assert_eq!(server.final_contents, "RDMA write operation");
 }
 
 fn gid_index() -> Option<u32> {
@@ -106,7 +125,7 @@ fn rc_send_recv_write_read_atomics() {
     let (a, b) = rc_pair(&ctx, &pd, &cq_a, &cq_b);
     let mut local = pd.alloc_mr(4096, rw()).unwrap();
     let remote = pd.alloc_mr(4096, rw()).unwrap();
-    local.as_mut_slice()[..8].copy_from_slice(b"rxe-send");
+    local.write_from(0, b"rxe-send").unwrap();
     let win = remote.remote();
     // SAFETY: every buffer is left alone until its completion is polled.
     unsafe {
@@ -121,7 +140,7 @@ fn rc_send_recv_write_read_atomics() {
     assert_eq!(cq_a.wait_one(T).unwrap().ok().unwrap().wr_id(), 2);
     let r = cq_b.wait_one(T).unwrap().ok().unwrap();
     assert_eq!((r.byte_len(), r.imm_data()), (8, Some(5)));
-    assert_eq!(&remote.as_slice()[1024..1032], b"rxe-send");
+    assert_eq!(remote.read_vec(1024, 8).unwrap(), b"rxe-send");
     // SAFETY: as above.
     unsafe {
         a.post_send(
@@ -130,7 +149,7 @@ fn rc_send_recv_write_read_atomics() {
         .unwrap();
     }
     cq_a.wait_one(T).unwrap().ok().unwrap();
-    assert_eq!(&remote.as_slice()[..8], b"rxe-send");
+    assert_eq!(remote.read_vec(0, 8).unwrap(), b"rxe-send");
     // SAFETY: as above.
     unsafe {
         a.post_send(
@@ -139,7 +158,7 @@ fn rc_send_recv_write_read_atomics() {
         .unwrap();
     }
     cq_a.wait_one(T).unwrap().ok().unwrap();
-    assert_eq!(&local.as_slice()[100..108], b"rxe-send");
+    assert_eq!(local.read_vec(100, 8).unwrap(), b"rxe-send");
     let word = win.slice(2048, 8).unwrap();
     // SAFETY: as above.
     unsafe {
@@ -155,14 +174,8 @@ fn rc_send_recv_write_read_atomics() {
         .unwrap();
     }
     cq_a.wait_one(T).unwrap().ok().unwrap();
-    assert_eq!(
-        u64::from_ne_bytes(local.as_slice()[208..216].try_into().unwrap()),
-        3
-    );
-    assert_eq!(
-        u64::from_ne_bytes(remote.as_slice()[2048..2056].try_into().unwrap()),
-        42
-    );
+    assert_eq!(local.read_u64(208).unwrap(), 3);
+    assert_eq!(remote.read_u64(2048).unwrap(), 42);
     // An access violation is an error completion with a hint.
     let ro = pd
         .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -195,7 +208,7 @@ fn ud_send_and_reply_with_ah_from_wc() {
     let ah = pd.create_ah(&attr).unwrap();
     let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let rx = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
-    tx.as_mut_slice()[..4].copy_from_slice(b"ping");
+    tx.write_from(0, b"ping").unwrap();
     // SAFETY: buffers untouched until completions.
     unsafe {
         b.post_recv(1, &[rx.local(0, 256).unwrap()]).unwrap();
@@ -213,9 +226,9 @@ fn ud_send_and_reply_with_ah_from_wc() {
         }
     }
     let wc = got.expect("UD receive");
-    assert_eq!(&rx.as_slice()[40..44], b"ping");
+    assert_eq!(rx.read_vec(40, 4).unwrap(), b"ping");
     let back = pd
-        .create_ah_from_wc(&wc, &rx.as_slice()[..40], info.port)
+        .create_ah_from_wc(&wc, &rx.read_vec(0, 40).unwrap(), info.port)
         .unwrap();
     // SAFETY: as above.
     unsafe {
@@ -359,7 +372,7 @@ fn rdma_cm_connect_accept_send_disconnect() {
         .unwrap();
         let wc = cq.wait_one(T).unwrap().ok().unwrap();
         assert_eq!(wc.wr_id(), 1);
-        let got = rx.as_slice()[..wc.byte_len() as usize].to_vec();
+        let got = rx.read_vec(0, wc.byte_len() as usize).unwrap();
         conn.wait_disconnected(T).unwrap();
         (private, got)
     });
@@ -383,7 +396,7 @@ fn rdma_cm_connect_accept_send_disconnect() {
         .unwrap();
     assert!(reply.starts_with(b"server-hello"), "{reply:?}");
     let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    tx.as_mut_slice()[..7].copy_from_slice(b"over cm");
+    tx.write_from(0, b"over cm").unwrap();
     // SAFETY: tx untouched until the completion.
     unsafe { raw_post(id.qp_raw(), false, 2, tx.local(0, 7).unwrap()) };
     cq.wait_one(T).unwrap().ok().unwrap();

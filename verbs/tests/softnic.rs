@@ -167,6 +167,54 @@ fn custom_softnic_limits_show_in_errors() {
 // PD, MR, lifetimes
 // ---------------------------------------------------------------------------------------
 
+/// No safe slice over memory a peer can write; the copy helpers work on every MR.
+#[test]
+fn mr_slices_only_without_remote_write_and_copy_helpers() {
+    let c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    for access in [
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+    ] {
+        let mut mr = pd.alloc_mr(64, access).unwrap();
+        assert!(mr.is_remote_writable());
+        let e = mr.as_slice().unwrap_err();
+        assert_eq!((e.verb, e.errno), ("Mr::as_slice", libc::EACCES));
+        assert!(e.to_string().contains("read_into"), "{e}");
+        assert_eq!(mr.as_mut_slice().unwrap_err().errno, libc::EACCES);
+    }
+    let mut local = pd
+        .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    assert!(!local.is_remote_writable());
+    local.as_mut_slice().unwrap()[5] = 9;
+    assert_eq!(local.as_slice().unwrap()[5], 9);
+
+    // Copies straddling the 8-byte words, both ways, agree with the slice view.
+    let data: Vec<u8> = (1..=29).collect();
+    local.write_from(3, &data).unwrap();
+    assert_eq!(&local.as_slice().unwrap()[3..32], &data[..]);
+    assert_eq!(local.read_vec(3, 29).unwrap(), data);
+    let mut out = [0u8; 10];
+    local.read_into(0, &mut out).unwrap();
+    assert_eq!(out, [0, 0, 0, 1, 2, 3, 4, 5, 6, 7]);
+    assert!(local.read_into(60, &mut out).is_err());
+    assert!(local.write_from(usize::MAX, b"x").is_err());
+    assert!(local.read_vec(64, 1).is_err());
+    assert!(local.read_vec(64, 0).unwrap().is_empty());
+
+    // Atomic words: aligned and in bounds only.
+    local.write_u64(56, 0x0102_0304_0506_0708).unwrap();
+    assert_eq!(local.read_u64(56).unwrap(), 0x0102_0304_0506_0708);
+    assert_eq!(
+        &local.as_slice().unwrap()[56..64],
+        &0x0102_0304_0506_0708u64.to_ne_bytes()
+    );
+    assert_eq!(local.read_u64(4).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(local.read_u64(64).unwrap_err().errno, libc::EINVAL);
+    assert!(local.write_u64(60, 1).is_err());
+}
+
 #[test]
 fn mr_over_borrowed_and_owned_memory() {
     let c = ctx();
@@ -174,7 +222,7 @@ fn mr_over_borrowed_and_owned_memory() {
     let mut mem = vec![7u8; 1000];
     let mr = pd.reg_mr(&mut mem, rw()).unwrap();
     assert_eq!(mr.len(), 1000);
-    assert_eq!(mr.as_slice()[999], 7);
+    assert_eq!(mr.read_vec(999, 1).unwrap(), [7]);
     assert_eq!(mr.remote().rkey, mr.rkey());
     assert_eq!(mr.local(10, 20).unwrap().addr, mr.addr() + 10);
     assert!(mr.local(990, 11).is_err());
@@ -184,7 +232,7 @@ fn mr_over_borrowed_and_owned_memory() {
 
     let owned = pd.alloc_mr(5000, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(owned.addr() % 4096, 0);
-    assert!(owned.as_slice().iter().all(|&b| b == 0));
+    assert!(owned.as_slice().unwrap().iter().all(|&b| b == 0));
     // Huge pages when available, normal pages with the flag saying so otherwise.
     let huge = pd
         .alloc_mr_with(4096, AccessFlags::LOCAL_WRITE, true)
@@ -330,8 +378,8 @@ fn srq_attachment_routes_receives_to_the_srq() {
     }
     let rx = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
     let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    tx.as_mut_slice()[..2].copy_from_slice(b"s1");
-    tx.as_mut_slice()[32..34].copy_from_slice(b"s2");
+    tx.write_from(0, b"s1").unwrap();
+    tx.write_from(32, b"s2").unwrap();
     // SAFETY: rx/tx stay registered and unread until the completions below.
     unsafe {
         let e = r1.post_recv(9, &[rx.local(0, 64).unwrap()]).unwrap_err();
@@ -352,8 +400,8 @@ fn srq_attachment_routes_receives_to_the_srq() {
     }
     recvs.sort();
     assert_eq!(recvs, [(100, r1.qp_num()), (101, r2.qp_num())]);
-    assert_eq!(&rx.as_slice()[..2], b"s1");
-    assert_eq!(&rx.as_slice()[128..130], b"s2");
+    assert_eq!(rx.read_vec(0, 2).unwrap(), b"s1");
+    assert_eq!(rx.read_vec(128, 2).unwrap(), b"s2");
 }
 
 #[test]
@@ -627,7 +675,7 @@ fn rc_send_write_read_atomics() {
     let p = pair(QpType::Rc);
     let mut local = p.pd.alloc_mr(4096, rw()).unwrap();
     let remote = p.pd.alloc_mr(4096, rw()).unwrap();
-    local.as_mut_slice()[..11].copy_from_slice(b"hello write");
+    local.write_from(0, b"hello write").unwrap();
     let rwin = remote.remote();
     // SAFETY: every buffer is left alone until its completion is polled below.
     unsafe {
@@ -648,7 +696,7 @@ fn rc_send_write_read_atomics() {
         (r.wr_id(), r.byte_len(), r.imm_data()),
         (50, 5, Some(0xfeed))
     );
-    assert_eq!(&remote.as_slice()[1024..1029], b"hello");
+    assert_eq!(remote.read_vec(1024, 5).unwrap(), b"hello");
 
     // RDMA write, RDMA read back
     // SAFETY: as above.
@@ -667,7 +715,7 @@ fn rc_send_write_read_atomics() {
         p.cq_a.wait_one(T).unwrap().ok().unwrap().opcode(),
         hotverbs_ffi::IBV_WC_RDMA_WRITE
     );
-    assert_eq!(&remote.as_slice()[..11], b"hello write");
+    assert_eq!(remote.read_vec(0, 11).unwrap(), b"hello write");
     // SAFETY: as above.
     unsafe {
         p.a.post_send(
@@ -684,7 +732,7 @@ fn rc_send_write_read_atomics() {
         p.cq_a.wait_one(T).unwrap().ok().unwrap().opcode(),
         hotverbs_ffi::IBV_WC_RDMA_READ
     );
-    assert_eq!(&local.as_slice()[100..111], b"hello write");
+    assert_eq!(local.read_vec(100, 11).unwrap(), b"hello write");
 
     // atomics on an 8-byte aligned word
     let word = rwin.slice(2048, 8).unwrap();
@@ -694,10 +742,7 @@ fn rc_send_write_read_atomics() {
             .unwrap();
     }
     p.cq_a.wait_one(T).unwrap().ok().unwrap();
-    assert_eq!(
-        u64::from_ne_bytes(local.as_slice()[200..208].try_into().unwrap()),
-        0
-    );
+    assert_eq!(local.read_u64(200).unwrap(), 0);
     // SAFETY: as above.
     unsafe {
         p.a.post_send(
@@ -706,14 +751,8 @@ fn rc_send_write_read_atomics() {
         .unwrap();
     }
     p.cq_a.wait_one(T).unwrap().ok().unwrap();
-    assert_eq!(
-        u64::from_ne_bytes(local.as_slice()[208..216].try_into().unwrap()),
-        5
-    );
-    assert_eq!(
-        u64::from_ne_bytes(remote.as_slice()[2048..2056].try_into().unwrap()),
-        99
-    );
+    assert_eq!(local.read_u64(208).unwrap(), 5);
+    assert_eq!(remote.read_u64(2048).unwrap(), 99);
 
     // write with immediate consumes a receive
     // SAFETY: as above.
@@ -734,7 +773,7 @@ fn rc_send_write_read_atomics() {
     let r = p.cq_b.wait_one(T).unwrap().ok().unwrap();
     assert_eq!(r.opcode(), hotverbs_ffi::IBV_WC_RECV_RDMA_WITH_IMM);
     assert_eq!(r.imm_data(), Some(7));
-    assert_eq!(&remote.as_slice()[3000..3004], b"hell");
+    assert_eq!(remote.read_vec(3000, 4).unwrap(), b"hell");
 }
 
 #[test]
@@ -762,7 +801,7 @@ fn inline_send_and_selective_signaling() {
             .unwrap()
     };
     assert_eq!(p.cq_a.wait_one(T).unwrap().ok().unwrap().wr_id(), 11);
-    assert_eq!(&rx.as_slice()[64..71], b"inline!");
+    assert_eq!(rx.read_vec(64, 7).unwrap(), b"inline!");
     // Too much inline data: EINVAL with a hint naming max_inline_data.
     let big = [0u8; 1000];
     let sge = Sge {
@@ -848,7 +887,7 @@ fn write_into_mr_without_remote_write_is_rem_access_err() {
     let e = wc.ok().unwrap_err();
     assert!(e.to_string().contains("lacks the access flag"), "{e}");
     assert!(
-        read_only.as_slice().iter().all(|&b| b == 0),
+        read_only.as_slice().unwrap().iter().all(|&b| b == 0),
         "nothing written"
     );
     assert_eq!(p.a.query().unwrap().state(), QpState::Err);
@@ -920,7 +959,7 @@ fn ud_send_with_ah_and_reply_with_ah_from_wc() {
     let ah = p.pd.create_ah(&AhAttr::gid(info.gid, 1, 1)).unwrap();
     let mut tx = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let rx = p.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
-    tx.as_mut_slice()[..4].copy_from_slice(b"ping");
+    tx.write_from(0, b"ping").unwrap();
     // SAFETY: buffers untouched until completions.
     unsafe {
         p.b.post_recv(1, &[rx.local(0, 128).unwrap()]).unwrap();
@@ -941,17 +980,17 @@ fn ud_send_with_ah_and_reply_with_ah_from_wc() {
     assert!(wc.has_grh());
     assert_eq!(wc.byte_len(), 40 + 4);
     assert_eq!(wc.src_qp(), p.a.qp_num());
-    assert_eq!(&rx.as_slice()[40..44], b"ping");
+    assert_eq!(rx.read_vec(40, 4).unwrap(), b"ping");
 
     // Reply to the sender using an AH made from the completion and its GRH.
     let back =
-        p.pd.create_ah_from_wc(&wc, &rx.as_slice()[..40], 1)
+        p.pd.create_ah_from_wc(&wc, &rx.read_vec(0, 40).unwrap(), 1)
             .unwrap();
     assert!(p
         .pd
-        .create_ah_from_wc(&wc, &rx.as_slice()[..39], 1)
+        .create_ah_from_wc(&wc, &rx.read_vec(0, 39).unwrap(), 1)
         .is_err());
-    tx.as_mut_slice()[..4].copy_from_slice(b"pong");
+    tx.write_from(0, b"pong").unwrap();
     // SAFETY: as above.
     unsafe {
         p.a.post_recv(3, &[rx.local(128, 128).unwrap()]).unwrap();
@@ -970,7 +1009,7 @@ fn ud_send_with_ah_and_reply_with_ah_from_wc() {
     assert!(p.cq_b.wait_one(T).unwrap().is_ok());
     let wc = p.cq_a.wait_one(T).unwrap().ok().unwrap();
     assert_eq!(wc.wr_id(), 3);
-    assert_eq!(&rx.as_slice()[168..172], b"pong");
+    assert_eq!(rx.read_vec(168, 4).unwrap(), b"pong");
 }
 
 #[test]
@@ -1009,7 +1048,7 @@ fn multicast_attach_send_detach() {
     let ah = p.pd.create_ah(&AhAttr::gid(group, 1, 1)).unwrap();
     let rx = p.pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
     let mut tx = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    tx.as_mut_slice()[..5].copy_from_slice(b"quote");
+    tx.write_from(0, b"quote").unwrap();
     // SAFETY: buffers untouched until completions.
     unsafe {
         p.b.post_recv(1, &[rx.local(0, 128).unwrap()]).unwrap();
@@ -1023,8 +1062,8 @@ fn multicast_attach_send_detach() {
     assert!(p.cq_a.wait_one(T).unwrap().is_ok());
     assert_eq!(p.cq_b.wait_one(T).unwrap().ok().unwrap().wr_id(), 1);
     assert_eq!(cq_c.wait_one(T).unwrap().ok().unwrap().wr_id(), 2);
-    assert_eq!(&rx.as_slice()[40..45], b"quote");
-    assert_eq!(&rx.as_slice()[168..173], b"quote");
+    assert_eq!(rx.read_vec(40, 5).unwrap(), b"quote");
+    assert_eq!(rx.read_vec(168, 5).unwrap(), b"quote");
     no_completion(&p.cq_a);
 
     p.b.detach_mcast(&group, 0).unwrap();

@@ -1,10 +1,14 @@
 //! Helpers for softnic's integration tests: everything goes through `verbs_table()` and
 //! `hotverbs_ffi::inline::*`, as the real stack drives a device.
-#![allow(
-    dead_code,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
+//!
+//! The unsafety lives here once. The contract of every helper taking raw verbs objects
+//! (`*mut ibv_context`/`ibv_qp`/`ibv_cq`/...): they were made by these helpers or through
+//! `verbs_table()` and are not yet destroyed — the tests keep their objects alive for the
+//! whole test (a [`Pair`]/[`Dev`] is never torn down) and only destroy them as the last use.
+//! softnic validates handles itself, so a broken contract shows up as EINVAL, not as
+//! corrupted memory; still, these are test helpers, not a safe API.
+// Not every test binary uses every helper.
+#![allow(dead_code)]
 
 use core::ptr::null_mut;
 
@@ -18,6 +22,8 @@ pub fn fns() -> &'static IbvFns {
 /// Opens the listed default device.
 pub fn open_default() -> *mut ibv_context {
     let f = fns();
+    // SAFETY: softnic's own device list, used while live and freed once; the device
+    // pointer stays valid after the list is freed (as in libibverbs).
     unsafe {
         let mut n = 0;
         let list = f.ibv_get_device_list.unwrap()(&mut n);
@@ -37,18 +43,21 @@ pub struct Dev {
 impl Dev {
     pub fn new() -> Dev {
         let ctx = open_default();
+        // SAFETY: ctx was just opened.
         let pd = unsafe { fns().ibv_alloc_pd.unwrap()(ctx) };
         assert!(!pd.is_null());
         Dev { ctx, pd }
     }
 
     pub fn with_ctx(ctx: *mut ibv_context) -> Dev {
+        // SAFETY: ctx is live (module contract).
         let pd = unsafe { fns().ibv_alloc_pd.unwrap()(ctx) };
         assert!(!pd.is_null());
         Dev { ctx, pd }
     }
 
     pub fn cq(&self, cqe: i32) -> *mut ibv_cq {
+        // SAFETY: self.ctx is live; no channel or context pointer.
         let cq = unsafe { fns().ibv_create_cq.unwrap()(self.ctx, cqe, null_mut(), null_mut(), 0) };
         assert!(!cq.is_null(), "create_cq errno {}", errno());
         cq
@@ -57,6 +66,8 @@ impl Dev {
     /// Registers a zeroed buffer of `len` bytes.
     pub fn buf(&self, len: usize, access: u32) -> Buf {
         let mut mem = vec![0u8; len.max(8)].into_boxed_slice();
+        // SAFETY: mem is a heap allocation of at least len bytes owned by the returned Buf,
+        // so it stays put for as long as the registration (Buf never deregisters).
         let mr = unsafe {
             fns().ibv_reg_mr.unwrap()(self.pd, mem.as_mut_ptr().cast(), len, access as i32)
         };
@@ -78,6 +89,7 @@ impl Dev {
             qp_type: qpt,
             ..Default::default()
         };
+        // SAFETY: self.pd is live and the CQs are live (module contract); ia is valid.
         let qp = unsafe { fns().ibv_create_qp.unwrap()(self.pd, &mut ia) };
         assert!(!qp.is_null(), "create_qp errno {}", errno());
         qp
@@ -99,6 +111,9 @@ pub fn cap(depth: u32) -> ibv_qp_cap {
     }
 }
 
+/// A registered heap buffer. The device writes `mem` behind the compiler's back, so the
+/// test reads it with [`Buf::get`]/[`Buf::bytes`] (volatile) after the completion, and
+/// writes it with [`Buf::fill`] only while no work request covers it.
 pub struct Buf {
     pub mem: Box<[u8]>,
     pub mr: *mut ibv_mr,
@@ -109,9 +124,12 @@ impl Buf {
         self.mem.as_ptr() as u64
     }
     pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR was registered in Dev::buf and is deregistered only by tests
+        // that then stop using the Buf.
         unsafe { (*self.mr).lkey }
     }
     pub fn rkey(&self) -> u32 {
+        // SAFETY: as in lkey.
         unsafe { (*self.mr).rkey }
     }
     pub fn sge(&self, off: usize, len: u32) -> ibv_sge {
@@ -124,6 +142,8 @@ impl Buf {
     /// Reads memory the device may have written (volatile: the compiler cannot see the
     /// device's writes through the raw pointer).
     pub fn get(&self, i: usize) -> u8 {
+        assert!(i < self.mem.len(), "Buf::get({i}) out of bounds");
+        // SAFETY: i is in bounds (checked) of the live allocation.
         unsafe { core::ptr::read_volatile(self.mem.as_ptr().add(i)) }
     }
     pub fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
@@ -137,6 +157,7 @@ impl Buf {
 pub fn gid(ctx: *mut ibv_context, index: i32) -> ibv_gid {
     let mut g = ibv_gid::default();
     assert_eq!(
+        // SAFETY: ctx is live (module contract); g is a valid out-parameter.
         unsafe { fns().ibv_query_gid.unwrap()(ctx, 1, index, &mut g) },
         0
     );
@@ -144,19 +165,22 @@ pub fn gid(ctx: *mut ibv_context, index: i32) -> ibv_gid {
 }
 
 pub fn modify(qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: u32) -> i32 {
+    // SAFETY: qp is live (module contract); attr is a valid ibv_qp_attr.
     unsafe { fns().ibv_modify_qp.unwrap()(qp, attr, mask as i32) }
 }
 
 pub fn state(qp: *mut ibv_qp) -> ibv_qp_state {
+    // SAFETY: qp is live (module contract).
     unsafe { (*qp).state }
 }
 
 pub fn qpn(qp: *mut ibv_qp) -> u32 {
+    // SAFETY: qp is live (module contract).
     unsafe { (*qp).qp_num }
 }
 
 pub fn to_init(qp: *mut ibv_qp, access: u32) {
-    let ud = unsafe { (*qp).qp_type } == IBV_QPT_UD;
+    let ud = qp_type(qp) == IBV_QPT_UD;
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_INIT,
         port_num: 1,
@@ -205,8 +229,14 @@ pub const RC_RTS_MASK: u32 = IBV_QP_STATE
     | IBV_QP_RNR_RETRY
     | IBV_QP_MAX_QP_RD_ATOMIC;
 
+/// The QP's transport type.
+pub fn qp_type(qp: *mut ibv_qp) -> ibv_qp_type {
+    // SAFETY: qp is live (module contract).
+    unsafe { (*qp).qp_type }
+}
+
 pub fn to_rtr(qp: *mut ibv_qp, ctx: *mut ibv_context, dest: u32) {
-    let t = unsafe { (*qp).qp_type };
+    let t = qp_type(qp);
     let mut a = rtr_attr(ctx, dest);
     let mask = match t {
         IBV_QPT_RC => RC_RTR_MASK,
@@ -217,7 +247,7 @@ pub fn to_rtr(qp: *mut ibv_qp, ctx: *mut ibv_context, dest: u32) {
 }
 
 pub fn to_rts(qp: *mut ibv_qp, rnr_retry: u8) {
-    let t = unsafe { (*qp).qp_type };
+    let t = qp_type(qp);
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_RTS,
         sq_psn: 0,
@@ -321,6 +351,9 @@ pub fn atomic(
 pub fn post(qp: *mut ibv_qp, wr: &mut ibv_send_wr) -> i32 {
     let mut bad = null_mut();
     wr.next = null_mut();
+    // SAFETY: qp is live (module contract); wr is a single valid WR whose SGEs the caller
+    // keeps alive; softnic copies the WR during the call and checks every SGE against
+    // its MR, so memory outside registered buffers is never touched.
     unsafe { inline::ibv_post_send(qp, wr, &mut bad) }
 }
 
@@ -330,14 +363,18 @@ pub fn post_chain(qp: *mut ibv_qp, wrs: &mut [ibv_send_wr]) -> (i32, Option<usiz
     let base = wrs.as_mut_ptr();
     for i in 0..n {
         let next = if i + 1 < n {
+            // SAFETY: i + 1 < n, so the pointer is inside wrs.
             unsafe { base.add(i + 1) }
         } else {
             null_mut()
         };
+        // SAFETY: i < n, in bounds of wrs, which we borrow mutably.
         unsafe { (*base.add(i)).next = next };
     }
     let mut bad: *mut ibv_send_wr = null_mut();
+    // SAFETY: as in post; the chain is linked inside wrs and ends with NULL.
     let rc = unsafe { inline::ibv_post_send(qp, base, &mut bad) };
+    // SAFETY: a non-NULL bad_wr points to one of the WRs of the chain, i.e. into wrs.
     let idx = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) } as usize);
     (rc, idx)
 }
@@ -351,6 +388,8 @@ pub fn post_recv(qp: *mut ibv_qp, wr_id: u64, sges: &mut [ibv_sge]) -> i32 {
         num_sge: sges.len() as i32,
     };
     let mut bad = null_mut();
+    // SAFETY: qp is live (module contract); wr and its SGE list are valid for the call
+    // (softnic copies them); the memory is checked against the MRs.
     unsafe { inline::ibv_post_recv(qp, &mut wr, &mut bad) }
 }
 
@@ -359,7 +398,7 @@ pub fn drain(cq: *mut ibv_cq) -> Vec<ibv_wc> {
     let mut out = Vec::new();
     let mut wc = [ibv_wc::default(); 16];
     loop {
-        let n = unsafe { inline::ibv_poll_cq(cq, 16, wc.as_mut_ptr()) };
+        let n = poll(cq, &mut wc);
         assert!(n >= 0, "poll_cq returned {n}");
         if n == 0 {
             return out;
@@ -368,36 +407,102 @@ pub fn drain(cq: *mut ibv_cq) -> Vec<ibv_wc> {
     }
 }
 
+/// `ibv_poll_cq` into `wc` (up to its length); returns the count or the negative error.
+pub fn poll(cq: *mut ibv_cq, wc: &mut [ibv_wc]) -> i32 {
+    let n = i32::try_from(wc.len()).unwrap_or(i32::MAX);
+    // SAFETY: cq is live (module contract); wc has room for n entries.
+    unsafe { inline::ibv_poll_cq(cq, n, wc.as_mut_ptr()) }
+}
+
 /// (wr_id, status) of each completion.
 pub fn ids(wcs: &[ibv_wc]) -> Vec<(u64, u32)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
 
 pub fn imm(wc: &ibv_wc) -> u32 {
+    // SAFETY: both union members (imm_data, invalidated_rkey) are plain u32s.
     unsafe { wc.__bindgen_anon_1.imm_data }
 }
 
-/// Pops the next async event of `ctx` without blocking, if any.
-pub fn async_event(ctx: *mut ibv_context) -> Option<(ibv_event_type, usize)> {
-    let fd = unsafe { (*ctx).async_fd };
+/// Is `fd` readable right now (`poll` with a zero timeout)?
+pub fn readable(fd: i32) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+    // SAFETY: one valid pollfd; zero timeout, so it never blocks.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+/// Pops the next async event of `ctx` without blocking, if any.
+pub fn async_event(ctx: *mut ibv_context) -> Option<(ibv_event_type, usize)> {
+    // SAFETY: ctx is live (module contract).
+    let fd = unsafe { (*ctx).async_fd };
+    if !readable(fd) {
         return None;
     }
     let mut ev = ibv_async_event::default();
     assert_eq!(
+        // SAFETY: ctx is live; the fd is readable, so this does not block.
         unsafe { fns().ibv_get_async_event.unwrap()(ctx, &mut ev) },
         0
     );
+    // SAFETY: every member of the element union is a pointer (or an int of the same
+    // size, port_num, zero-extended); reading it as a pointer only records the address.
     let el = unsafe { ev.element.qp } as usize;
+    // SAFETY: ev was returned by ibv_get_async_event and is acked once.
     unsafe { fns().ibv_ack_async_event.unwrap()(&mut ev) };
     Some((ev.event_type, el))
 }
 
 pub fn all_async_events(ctx: *mut ibv_context) -> Vec<(ibv_event_type, usize)> {
     std::iter::from_fn(|| async_event(ctx)).collect()
+}
+
+/// Posted-but-unreleased SQ slots of `qp` (`hotverbs_softnic::sq_outstanding`).
+pub fn sq_outstanding(qp: *mut ibv_qp) -> u32 {
+    // SAFETY: qp is a live softnic QP (module contract).
+    unsafe { hotverbs_softnic::sq_outstanding(qp) }
+}
+
+/// Send WRs of `qp` waiting in RNR retry (`hotverbs_softnic::send_wrs_waiting`).
+pub fn send_wrs_waiting(qp: *mut ibv_qp) -> usize {
+    // SAFETY: qp is a live softnic QP (module contract).
+    unsafe { hotverbs_softnic::send_wrs_waiting(qp) }
+}
+
+/// Moves `qp` to ERR as a fatal error would (`hotverbs_softnic::inject_qp_error`).
+pub fn inject_qp_error(qp: *mut ibv_qp) {
+    // SAFETY: qp is a live softnic QP (module contract).
+    unsafe { hotverbs_softnic::inject_qp_error(qp) }
+}
+
+/// `ibv_query_qp` of `mask` into `attr`/`init`; returns the verb's result.
+pub fn query_qp(
+    qp: *mut ibv_qp,
+    attr: &mut ibv_qp_attr,
+    mask: u32,
+    init: &mut ibv_qp_init_attr,
+) -> i32 {
+    // SAFETY: qp is live (module contract); attr and init are valid out-parameters.
+    unsafe { fns().ibv_query_qp.unwrap()(qp, attr, mask as i32, init) }
+}
+
+/// `ibv_create_qp` in `pd`; NULL (errno set) on failure.
+pub fn create_qp(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: pd and the CQs/SRQ in init are live (module contract); init is valid.
+    unsafe { fns().ibv_create_qp.unwrap()(pd, init) }
+}
+
+/// `ibv_create_ah` in `pd`; NULL (errno set) on failure.
+pub fn create_ah(pd: *mut ibv_pd, attr: &mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: pd is live (module contract); attr is valid.
+    unsafe { fns().ibv_create_ah.unwrap()(pd, attr) }
+}
+
+/// `ibv_req_notify_cq(cq, solicited_only)`.
+pub fn req_notify(cq: *mut ibv_cq, solicited_only: bool) -> i32 {
+    // SAFETY: cq is live (module contract).
+    unsafe { inline::ibv_req_notify_cq(cq, i32::from(solicited_only)) }
 }

@@ -1,4 +1,5 @@
-//! [`CqPoller`]: drains a CQ in bursts into an array it owns; [`Completion`] reads a WC.
+//! [`CqPoller`]: drains a CQ in bursts, into an array it owns ([`CqPoller::poll`]) or one
+//! the caller owns ([`CqPoller::poll_into`]); [`Completion`] reads a WC.
 //!
 //! # Invariants (this module owns a raw CQ pointer)
 //! `wcs[..n]` is initialised by the provider for the `n` that `ibv_poll_cq(3)` returned;
@@ -46,10 +47,13 @@ impl Completion {
     pub fn opcode(&self) -> ibv_wc_opcode {
         self.0.opcode
     }
-    /// True for a receive-side completion (`IBV_WC_RECV*`).
+    /// True for a successful receive completion: opcode exactly `IBV_WC_RECV` or
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`. Informational only: the opcode of an error completion
+    /// is undefined (rxe reports 0, i.e. `IBV_WC_SEND`, for flushed receives), so dispatch
+    /// completions to rings by [`ring`](Self::ring), never by opcode.
     #[inline(always)]
     pub fn is_recv(&self) -> bool {
-        self.0.opcode & IBV_WC_RECV != 0
+        self.0.opcode == IBV_WC_RECV || self.0.opcode == IBV_WC_RECV_RDMA_WITH_IMM
     }
     /// `byte_len`.
     #[inline(always)]
@@ -130,6 +134,21 @@ impl<const B: usize> CqPoller<B> {
         }
         // The provider returns at most B; min() lets the compiler drop the bounds check.
         Ok(&self.wcs[..(n as usize).min(B)])
+    }
+
+    /// One `ibv_poll_cq(cq, out.len(), out)` into a caller-owned array (e.g. one that
+    /// outlives the borrow of the poller, or several pollers' results side by side);
+    /// returns how many entries of `out` it filled (`out[..n]`; possibly 0).
+    #[inline]
+    pub fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
+        let max = out.len().min(i32::MAX as usize);
+        // SAFETY: the CQ is live (new's contract) and `out` has room for `max` entries;
+        // Completion is repr(transparent) over ibv_wc, so the provider writes whole WCs.
+        let n = unsafe { ibv_poll_cq(self.cq, max as i32, out.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(PollError { rc: n });
+        }
+        Ok((n as usize).min(max))
     }
 
     /// Polls until at least one completion arrives or `max_polls` empty polls went by,

@@ -30,10 +30,11 @@ impl Credits {
         true
     }
 
-    /// Adds credits returned by the receiver.
+    /// Adds credits returned by the receiver (saturating: a bogus grant cannot wrap the
+    /// count around to a small number, or panic).
     #[inline(always)]
     pub fn grant(&mut self, n: u32) {
-        self.available += n;
+        self.available = self.available.saturating_add(n);
     }
 
     /// Credits left.

@@ -22,12 +22,16 @@ impl LocalBuf {
         Self { addr, len, lkey }
     }
 
-    /// The sub-range `offset .. offset + len`, or `None` if it does not fit.
+    /// The sub-range `offset .. offset + len`, or `None` if it does not fit (or its address
+    /// would overflow `u64`).
     #[inline]
     pub const fn slice(&self, offset: u32, len: u32) -> Option<Self> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Some(Self {
-                addr: self.addr + offset as u64,
+        match (
+            offset.checked_add(len),
+            self.addr.checked_add(offset as u64),
+        ) {
+            (Some(end), Some(addr)) if end <= self.len => Some(Self {
+                addr,
                 len,
                 lkey: self.lkey,
             }),
@@ -56,6 +60,9 @@ impl RemoteBuf {
 }
 
 /// A datagram destination (UD QPs, multicast senders): address handle, remote QPN, Q_Key.
+/// Plain data: building one is safe; the `unsafe` [`SendRing::new`](crate::SendRing::new)
+/// and [`SendRing::set_ud_dest`](crate::SendRing::set_ud_dest) that hand `ah` to the
+/// provider state its validity requirements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UdDest {
     /// The `ibv_ah` created by the setup layer (`ibv_create_ah(3)`); it must outlive the ring.

@@ -130,8 +130,28 @@ pub struct PostError {
     pub first_rejected_seq: u64,
 }
 
+impl PostError {
+    /// `first_rejected` when the provider did not name a WR of the chain (`bad_wr` NULL or
+    /// outside it; rxe returns EINVAL with `bad_wr` NULL before RTS and queues the WRs
+    /// anyway). The ring then counts every WR of the chain as posted, since the device may
+    /// run them, and (send rings) refuses new WRs until the QP went through RESET and the
+    /// ring was reset; `first_rejected_seq` is the first WR of the chain.
+    pub const UNKNOWN: usize = usize::MAX;
+}
+
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first_rejected == Self::UNKNOWN {
+            return write!(
+                f,
+                "{} failed with {} ({}) without naming the rejected WR (chain from seq/slot {}): \
+                 the device may still run the chain; move the QP to RESET and reset the ring",
+                self.verb,
+                errno_name(self.errno),
+                self.errno,
+                self.first_rejected_seq
+            );
+        }
         write!(
             f,
             "{} failed with {} ({}) at WR {} of the chain (seq {}): {}",
@@ -262,6 +282,19 @@ pub enum RecvError {
         /// Its `wr_id`.
         wr_id: u64,
     },
+    /// A [`Received`](crate::Received) of another ring was given to this one.
+    Foreign {
+        /// Its slot.
+        slot: u32,
+    },
+    /// Re-posting released slots failed.
+    Post(PostError),
+}
+
+impl From<PostError> for RecvError {
+    fn from(e: PostError) -> Self {
+        Self::Post(e)
+    }
 }
 
 impl fmt::Display for RecvError {
@@ -269,6 +302,8 @@ impl fmt::Display for RecvError {
         match self {
             Self::Completion { slot, error } => write!(f, "receive slot {slot}: {error}"),
             Self::Stale { wr_id } => write!(f, "completion wr_id {wr_id:#x} is not a posted slot of this ring (dispatch bug or stale CQE)"),
+            Self::Foreign { slot } => write!(f, "Received of slot {slot} belongs to another RecvRing: give it back to the ring that produced it"),
+            Self::Post(e) => e.fmt(f),
         }
     }
 }

@@ -33,9 +33,27 @@
 //! An error completion puts a [`SendRing`] in the error state (new messages get
 //! [`SendError::QpError`]). Every WR still outstanding completes with a flush error (each
 //! retires exactly itself and the WRs before it), or the setup layer moves the QP to RESET,
-//! which discards them; then [`SendRing::reset`] / [`RecvRing::reset`] account for whatever
-//! never completed, and after RESET -> INIT -> RTR -> RTS the rings are usable again with no
-//! slot leaked. Completions left in the CQ from before the reset are recognised as stale.
+//! which discards them; then the `unsafe` [`SendRing::reset`] / [`RecvRing::reset`] account
+//! for whatever never completed (their contract: the device no longer holds those WRs),
+//! and after RESET -> INIT -> RTR -> RTS the rings are usable again with no slot leaked.
+//! Completions left in the CQ from before the reset are recognised as stale. Receives on
+//! an SRQ survive a QP reset (IBA): [`RecvRing::reset`] leaves them posted.
+//!
+//! # Dispatch
+//! Give each completion to the ring named by [`Completion::ring`] (the ring id in
+//! `wr_id`; ids are unique per CQ). The opcode cannot tell sends from receives: it is
+//! undefined for error completions and rxe reports 0 (`IBV_WC_SEND`) for flushed receives.
+//! Both rings also check the ring id themselves and ignore (send) or reject (receive) a
+//! completion of another ring.
+//!
+//! # A post the provider refuses without naming the WR
+//! rxe refuses `ibv_post_send` before RTS with `EINVAL` and `bad_wr` NULL, yet queues the
+//! WRs anyway and runs them after the QP reaches RTS with the next post (fault-truth S1).
+//! So a failed post whose `bad_wr` is NULL (or outside the chain) has an unknown outcome:
+//! the ring reports [`PostError::UNKNOWN`] as `first_rejected`, counts the whole chain as
+//! posted (zero-copy buffers stay borrowed), and a [`SendRing`] refuses new WRs until the
+//! QP went through RESET (which discards what the provider queued) and the ring was reset.
+//! Only a QP reset recovers. Post only in RTS.
 //!
 //! # Example
 //! A ping through the counting test device (any provider works the same way):

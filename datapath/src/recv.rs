@@ -8,9 +8,15 @@
 //!   or `IDLE` (its receive failed, e.g. flushed; re-posted by [`RecvRing::reset`]).
 //! - The region's bytes of a slot are read (as `&[u8]`) only while it is `HELD`: the NIC
 //!   writes only `POSTED` slots.
+//! - A [`Received`] carries the brand of the ring that made it (unique per ring in the
+//!   process) and exists only for a `HELD` slot; `data` and `release` check both, so a
+//!   `Received` of another ring can neither read nor re-post anything.
+//! - A completion is accepted only if its `wr_id` bits 63..32 equal the ring's id and
+//!   current generation, and its slot is `POSTED`.
 
 use core::mem::MaybeUninit;
 use core::ptr::{self, addr_of_mut};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use hotverbs_ffi::inline::{ibv_post_recv, ibv_post_srq_recv};
 use hotverbs_ffi::*;
@@ -24,6 +30,9 @@ const IDLE: u8 = 0;
 const POSTED: u8 = 1;
 const HELD: u8 = 2;
 const PENDING: u8 = 3;
+
+/// Source of ring brands (see [`Received`]): one per ring built, never reused.
+static NEXT_BRAND: AtomicUsize = AtomicUsize::new(1);
 
 /// Where receives are posted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +75,8 @@ impl RecvConfig {
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "release the slot or it is never re-posted"]
 pub struct Received {
+    /// The brand of the ring that made it.
+    brand: usize,
     slot: u32,
     byte_len: u32,
     /// Bytes of this message in the slot (0 for RDMA WRITE_WITH_IMM, whose data went to the
@@ -115,10 +126,13 @@ pub struct RecvRing<const N: usize> {
     count: u32,
     repost_batch: u32,
     slot_len: u32,
-    id_bits: u64,
-    /// Bumped by `reset`: completions of receives posted before it carry an older value in
-    /// `wr_id` bits 55..32 and are recognised as stale even though their slot is reused.
-    generation: u64,
+    /// Ring id (63..56) and generation (55..32): the high half of every `wr_id` this ring
+    /// posts now. `reset` (on a QP) bumps the generation: completions of receives posted
+    /// before it carry an older value and are recognised as stale although their slot is
+    /// reused.
+    tag: u64,
+    /// Unique per ring: stamps every [`Received`] it makes.
+    brand: usize,
     region: LocalBuf,
     target: RecvTarget,
 }
@@ -126,6 +140,8 @@ pub struct RecvRing<const N: usize> {
 /// `wr_id` layout of a receive: ring id (63..56), generation (55..32), slot (31..0).
 const GEN_SHIFT: u32 = 32;
 const GEN_MASK: u64 = (1 << 24) - 1;
+/// The generation bits in place.
+const GEN_BITS: u64 = GEN_MASK << GEN_SHIFT;
 
 // SAFETY: the ring owns its arrays; the QP/SRQ pointer is used only through the post verbs,
 // which may be called from any thread (one caller at a time: `&mut self`).
@@ -145,7 +161,11 @@ impl<const N: usize> RecvRing<N> {
     /// this ring only; `region` is registered memory with `IBV_ACCESS_LOCAL_WRITE` that stays
     /// valid for the ring's lifetime and that nothing else reads or writes while the ring
     /// lives (the ring hands out `&[u8]` views of held slots). Receive completions of the
-    /// target go to [`on_completion`](Self::on_completion).
+    /// target go to [`on_completion`](Self::on_completion), and every [`Completion`] given
+    /// to it was returned by `ibv_poll_cq(3)` (not made up). `cfg`'s ring id is unique among
+    /// the rings (send and receive) whose completions share a CQ: it is what tells this
+    /// ring's completions from the others' (a flushed receive has opcode 0 on rxe, so the
+    /// opcode cannot).
     pub unsafe fn new(
         target: RecvTarget,
         region: LocalBuf,
@@ -156,6 +176,25 @@ impl<const N: usize> RecvRing<N> {
         unsafe { Self::init_in(&mut slot, target, region, cfg)? };
         // SAFETY: init_in returned Ok, so every field is initialised.
         Ok(unsafe { slot.assume_init() })
+    }
+
+    /// [`new`](Self::new) on the heap: the ring is built in place in a
+    /// `Box::new_uninit` with [`init_in`](Self::init_in), so a large ring never passes
+    /// through the stack. `std` feature only (the datapath allocates nothing otherwise).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    #[cfg(feature = "std")]
+    pub unsafe fn new_boxed(
+        target: RecvTarget,
+        region: LocalBuf,
+        cfg: RecvConfig,
+    ) -> Result<std::boxed::Box<Self>, ConfigError> {
+        let mut b = std::boxed::Box::<Self>::new_uninit();
+        // SAFETY: forwarded contract.
+        unsafe { Self::init_in(&mut b, target, region, cfg)? };
+        // SAFETY: init_in returned Ok, so every field is initialised.
+        Ok(unsafe { b.assume_init() })
     }
 
     /// Builds the ring in place (a `Box::new_uninit`, a `static`, ...): large rings never
@@ -203,14 +242,14 @@ impl<const N: usize> RecvRing<N> {
             addr_of_mut!((*p).count).write(cfg.count);
             addr_of_mut!((*p).repost_batch).write(cfg.repost_batch);
             addr_of_mut!((*p).slot_len).write(cfg.slot_len);
-            addr_of_mut!((*p).id_bits).write(wr_id::encode(cfg.ring_id, 0));
-            addr_of_mut!((*p).generation).write(0);
+            addr_of_mut!((*p).tag).write(wr_id::encode(cfg.ring_id, 0));
+            addr_of_mut!((*p).brand).write(NEXT_BRAND.fetch_add(1, Ordering::Relaxed));
             addr_of_mut!((*p).region).write(region);
             addr_of_mut!((*p).target).write(target);
             &mut *p
         };
         for i in 0..cfg.count as usize {
-            ring.wrs[i].wr_id = ring.id_bits | i as u64;
+            ring.wrs[i].wr_id = ring.tag | i as u64;
             ring.wrs[i].num_sge = 1;
             ring.sges[i] = ibv_sge {
                 addr: region.addr + i as u64 * cfg.slot_len as u64,
@@ -242,9 +281,11 @@ impl<const N: usize> RecvRing<N> {
     /// the caller), or an error: a failed receive leaves its slot idle.
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<Received, RecvError> {
-        let slot = c.seq() & 0xFFFF_FFFF;
-        if slot >= self.count as u64
-            || (c.seq() >> GEN_SHIFT) != self.generation
+        let slot = c.wr_id() & 0xFFFF_FFFF;
+        // One compare for ring id and generation: another ring's completion (send or
+        // receive) or a stale one never turns a slot the NIC still owns into a HELD one.
+        if (c.wr_id() ^ self.tag) >> GEN_SHIFT != 0
+            || slot >= self.count as u64
             || self.state[slot as usize & Self::MASK] != POSTED
         {
             return Err(RecvError::Stale { wr_id: c.wr_id() });
@@ -256,6 +297,7 @@ impl<const N: usize> RecvRing<N> {
                 self.state[i] = HELD;
                 self.held += 1;
                 Ok(Received {
+                    brand: self.brand,
                     slot: slot as u32,
                     byte_len: c.byte_len(),
                     in_slot: if c.opcode() == IBV_WC_RECV_RDMA_WITH_IMM {
@@ -277,26 +319,38 @@ impl<const N: usize> RecvRing<N> {
         }
     }
 
+    /// True if `m` was made by this ring (its slot is then HELD).
+    #[inline(always)]
+    fn owns(&self, m: &Received) -> bool {
+        m.brand == self.brand
+            && m.slot < self.count
+            && self.state[m.slot as usize & Self::MASK] == HELD
+    }
+
     /// The message bytes, in place in the registered region (empty for an RDMA
-    /// WRITE_WITH_IMM).
+    /// WRITE_WITH_IMM), or [`RecvError::Foreign`] for a [`Received`] of another ring.
     #[inline]
-    pub fn data(&self, m: &Received) -> &[u8] {
+    pub fn data(&self, m: &Received) -> Result<&[u8], RecvError> {
+        if !self.owns(m) {
+            return Err(RecvError::Foreign { slot: m.slot });
+        }
         let len = m.in_slot.min(self.slot_len) as usize;
         let addr = self.region.addr + m.slot as u64 * self.slot_len as u64;
-        // SAFETY: the slot lies inside the region (checked in `new`), the region is valid
-        // for the ring's lifetime (new's contract), and the slot is HELD, so the NIC does not
-        // write it until `release` (which takes `&mut self`, ending this borrow).
-        unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+        // SAFETY: `m` is this ring's and its slot (< count) is HELD (checked above): it lies
+        // inside the region (checked in `init_in`), the region is valid for the ring's
+        // lifetime (new's contract), and the NIC does not write a HELD slot until `release`
+        // (which takes `&mut self`, ending this borrow).
+        Ok(unsafe { core::slice::from_raw_parts(addr as *const u8, len) })
     }
 
     /// Gives a slot back; released slots are re-posted as one chain once `repost_batch`
-    /// of them are waiting.
+    /// of them are waiting. [`RecvError::Foreign`] for a [`Received`] of another ring
+    /// (nothing happens), [`RecvError::Post`] if the re-post failed (the slots not posted
+    /// stay pending).
     #[inline]
-    pub fn release(&mut self, m: Received) -> Result<(), PostError> {
-        if self.state[m.slot as usize & Self::MASK] != HELD {
-            // A Received of another ring: not ours to re-post.
-            debug_assert!(false, "Received released to the wrong RecvRing");
-            return Ok(());
+    pub fn release(&mut self, m: Received) -> Result<(), RecvError> {
+        if !self.owns(&m) {
+            return Err(RecvError::Foreign { slot: m.slot });
         }
         self.held -= 1;
         self.queue(m.slot);
@@ -325,7 +379,7 @@ impl<const N: usize> RecvRing<N> {
             };
             // SAFETY: i < N: inside both arrays.
             unsafe {
-                (*wrs.add(i)).wr_id = self.id_bits | (self.generation << GEN_SHIFT) | i as u64;
+                (*wrs.add(i)).wr_id = self.tag | i as u64;
                 (*wrs.add(i)).next = next;
                 (*wrs.add(i)).sg_list = sges.add(i);
             }
@@ -340,16 +394,20 @@ impl<const N: usize> RecvRing<N> {
                 RecvTarget::Srq(srq) => ibv_post_srq_recv(srq, wrs.add(head), &mut bad),
             }
         };
-        let accepted = if rc == 0 {
-            n
-        } else if bad.is_null() {
-            0
+        let sz = core::mem::size_of::<ibv_recv_wr>();
+        let off = (bad as usize).wrapping_sub(wrs as usize);
+        let named = if rc == 0 || bad.is_null() || off % sz != 0 {
+            None
         } else {
-            let bad_slot =
-                (bad as usize).wrapping_sub(wrs as usize) / core::mem::size_of::<ibv_recv_wr>();
-            (0..n)
-                .position(|j| self.pending[j] as usize == bad_slot)
-                .unwrap_or(0)
+            (0..n).position(|j| self.pending[j & Self::MASK] as usize == off / sz)
+        };
+        let accepted = match named {
+            _ if rc == 0 => n,
+            Some(k) => k,
+            // The provider did not name a WR of the chain: it may have queued any of them,
+            // so all count as posted (never posted twice); only a reset (after the QP went
+            // through RESET) takes them back.
+            None => n,
         };
         for j in 0..accepted {
             self.state[self.pending[j] as usize & Self::MASK] = POSTED;
@@ -368,23 +426,62 @@ impl<const N: usize> RecvRing<N> {
                     RecvTarget::Srq(_) => "ibv_post_srq_recv",
                 },
                 errno: rc,
-                first_rejected: accepted,
-                first_rejected_seq: self.pending[0] as u64,
+                first_rejected: if named.is_some() {
+                    accepted
+                } else {
+                    PostError::UNKNOWN
+                },
+                first_rejected_seq: if named.is_some() {
+                    self.pending[0] as u64
+                } else {
+                    head as u64
+                },
             })
         }
     }
 
-    /// After the setup layer moved the QP to RESET (its posted receives are gone without
-    /// completions) or after the flush completions were drained: every slot not held by the
-    /// caller becomes pending; call [`repost`](Self::repost) once the QP is back in
-    /// INIT or later. Returns how many slots were marked.
-    pub fn reset(&mut self) -> usize {
-        self.generation = (self.generation + 1) & GEN_MASK;
+    /// Takes back the slots the device no longer holds and queues them (with the idle
+    /// ones) for [`repost`](Self::repost), to be called once the QP is back in INIT or
+    /// later. Slots held by the caller stay held. Returns how many slots were queued.
+    ///
+    /// - [`RecvTarget::Qp`]: after the setup layer moved the QP to RESET (its posted
+    ///   receives are gone without completions) or after all flush completions were
+    ///   drained: every slot not held becomes pending, and completions still in the CQ from
+    ///   before are recognised as stale (the generation in `wr_id` changes).
+    /// - [`RecvTarget::Srq`]: a QP going to ERR or RESET leaves the SRQ's receives posted
+    ///   (IBA; softnic and rxe do so), so `POSTED` slots stay posted and only idle ones
+    ///   (whose receive completed in error) are queued; the generation is kept so the
+    ///   receives still on the SRQ are accepted when they complete.
+    ///
+    /// Calling it needs `unsafe`: with receives still posted it would post buffers twice.
+    /// ```compile_fail,E0133
+    /// # use hotverbs_datapath::{LocalBuf, RecvConfig, RecvRing, RecvTarget};
+    /// # let dev = hotverbs_softnic::counting::CountingDevice::new(16);
+    /// # let region = [0u8; 64];
+    /// # let mut ring: RecvRing<4> = unsafe { RecvRing::new(RecvTarget::Qp(dev.qp()),
+    /// #     LocalBuf::new(region.as_ptr() as u64, 64, 1), RecvConfig::new(2, 16, 4)) }.unwrap();
+    /// ring.reset();
+    /// ```
+    ///
+    /// # Safety
+    /// No receive of this ring that this call queues is still posted on the device: for a
+    /// QP target, the QP went through RESET (or is in ERR and every flush completion of its
+    /// receives was given to [`on_completion`](Self::on_completion)); for an SRQ target,
+    /// every receive the device took off the SRQ for a QP that was reset has completed and
+    /// its completion was given to `on_completion`. Otherwise a buffer would be posted
+    /// twice and the device could write a slot the caller holds.
+    pub unsafe fn reset(&mut self) -> usize {
+        let srq = matches!(self.target, RecvTarget::Srq(_));
+        if !srq {
+            let generation = ((self.tag >> GEN_SHIFT) + 1) & GEN_MASK;
+            self.tag = (self.tag & !GEN_BITS) | (generation << GEN_SHIFT);
+            self.posted = 0;
+        }
         self.npending = 0;
-        self.posted = 0;
         let mut n = 0;
         for i in 0..self.count {
-            if self.state[i as usize] != HELD {
+            let st = self.state[i as usize];
+            if st != HELD && !(srq && st == POSTED) {
                 self.queue(i);
                 n += 1;
             }
@@ -420,6 +517,6 @@ impl<const N: usize> RecvRing<N> {
     /// The ring id in its `wr_id`s.
     #[inline(always)]
     pub fn ring_id(&self) -> u8 {
-        wr_id::ring_of(self.id_bits)
+        wr_id::ring_of(self.tag)
     }
 }

@@ -221,28 +221,39 @@ impl SendConfig {
 }
 
 /// Counters and settings, kept apart from the WR arrays so the per-message path touches
-/// one cache line of state plus the slot's WR and SGE.
+/// one cache line of counters plus the slot's WR and SGE. `repr(C)` with the fields every
+/// message reads or writes first (the first 64 bytes), then what RDMA messages and posts
+/// read; the cold error state lives in [`Cold`], after the arrays.
 #[derive(Debug)]
+#[repr(C)]
 struct State {
     staged: u64,
-    posted: u64,
     retired: u64,
     /// `depth` normally, 0 while the QP is in error (one compare serves both checks).
     limit: u64,
     next_signal: u64,
+    posted: u64,
     id_bits: u64,
-    depth: u64,
     signal_every: u64,
     batch: u64,
+    // --- second line: posts and RDMA/atomic messages.
+    qp: *mut ibv_qp,
+    linked_at: *const ibv_send_wr,
+    remote: RemoteBuf,
     max_inline: u32,
+    has_remote: bool,
     /// A [`Batch`] is open (or was leaked with `mem::forget`).
     batch_open: bool,
+    depth: u64,
+}
+
+/// Error state, touched only when something went wrong.
+#[derive(Debug)]
+struct Cold {
     error: Option<WcError>,
     deferred: Option<PostError>,
-    qp: *mut ibv_qp,
-    remote: RemoteBuf,
-    has_remote: bool,
-    linked_at: *const ibv_send_wr,
+    /// A post failed with an unknown set of accepted WRs (see `post_unknown`).
+    unknown: Option<PostError>,
 }
 
 /// A ring of `N` preformatted `ibv_send_wr`s (N a power of two) for one QP's send queue.
@@ -255,9 +266,10 @@ struct State {
 /// # Placement
 /// The ring is big (`N * 144` bytes) and self-referential, but it checks its links at
 /// every post and re-links if it was moved, so it may live anywhere: a `static` (behind
-/// your own synchronisation), a stack frame of the thread that uses it, or a `Box` (the std
-/// layer builds one in place with [`SendRing::init_in`] on a `Box::new_uninit`, which
-/// avoids a large stack copy). Keeping it in one place avoids the re-link.
+/// your own synchronisation), a stack frame of the thread that uses it, or a `Box`.
+/// [`SendRing::init_in`] formats it in place in any `MaybeUninit` storage (a
+/// `Box::new_uninit`, a `static`), which avoids a large stack copy; with the `std` feature
+/// `SendRing::new_boxed` does exactly that. Keeping it in one place avoids the re-link.
 ///
 /// # References
 /// `ibv_post_send(3)`, `ibv_create_qp(3)` (`sq_sig_all = 0`, `cap.max_send_wr`,
@@ -267,6 +279,7 @@ pub struct SendRing<const N: usize> {
     st: State,
     wrs: [ibv_send_wr; N],
     sges: [ibv_sge; N],
+    cold: Cold,
 }
 
 // SAFETY: the ring owns its WR arrays; the raw QP pointer is only used through
@@ -287,7 +300,10 @@ impl<const N: usize> SendRing<N> {
     /// `cap.max_inline_data >= cfg.max_inline`) that outlives the ring, its send queue is
     /// used by this ring only, and its send completions are given to
     /// [`on_completion`](Self::on_completion) (or, in split mode, to a
-    /// [`SendRetirer`](crate::split::SendRetirer)). `cfg.remote`'s rkey and `cfg.ud`'s AH stay
+    /// [`SendRetirer`](crate::split::SendRetirer)). Every [`Completion`] given to them for
+    /// as long as the ring lives was returned by `ibv_poll_cq(3)` (not made up: a completion
+    /// retires WRs, which frees their zero-copy buffers). `cfg.ring_id` is unique among the
+    /// rings whose completions share a CQ. `cfg.remote`'s rkey and `cfg.ud`'s AH stay
     /// valid while the ring uses them.
     pub unsafe fn new(qp: *mut ibv_qp, cfg: SendConfig) -> Result<Self, ConfigError> {
         let mut slot = MaybeUninit::uninit();
@@ -295,6 +311,24 @@ impl<const N: usize> SendRing<N> {
         unsafe { Self::init_in(&mut slot, qp, cfg)? };
         // SAFETY: init_in returned Ok, so every field is initialised.
         Ok(unsafe { slot.assume_init() })
+    }
+
+    /// [`new`](Self::new) on the heap: the ring is built in place in a
+    /// `Box::new_uninit` with [`init_in`](Self::init_in), so a large ring never passes
+    /// through the stack. `std` feature only (the datapath allocates nothing otherwise).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    #[cfg(feature = "std")]
+    pub unsafe fn new_boxed(
+        qp: *mut ibv_qp,
+        cfg: SendConfig,
+    ) -> Result<std::boxed::Box<Self>, ConfigError> {
+        let mut b = std::boxed::Box::<Self>::new_uninit();
+        // SAFETY: forwarded contract.
+        unsafe { Self::init_in(&mut b, qp, cfg)? };
+        // SAFETY: init_in returned Ok, so every field is initialised.
+        Ok(unsafe { b.assume_init() })
     }
 
     /// Formats a ring in place (for `Box::new_uninit`, a `static` or any other storage)
@@ -343,12 +377,15 @@ impl<const N: usize> SendRing<N> {
                 batch: cfg.batch as u64,
                 max_inline: cfg.max_inline,
                 batch_open: false,
-                error: None,
-                deferred: None,
                 qp,
                 remote: cfg.remote.unwrap_or_default(),
                 has_remote: cfg.remote.is_some(),
                 linked_at: ptr::null(),
+            });
+            addr_of_mut!((*p).cold).write(Cold {
+                error: None,
+                deferred: None,
+                unknown: None,
             });
             &mut *p
         };
@@ -388,8 +425,10 @@ impl<const N: usize> SendRing<N> {
     ///
     /// # Safety
     /// For a [`Local::Buf`]: the memory stays registered and valid, is not written (SEND /
-    /// WRITE source) or not accessed at all (READ / atomic destination) until
-    /// `self.is_retired(seq)` is true or [`reset`](Self::reset) returned. For a
+    /// WRITE source) or not accessed at all (READ / atomic destination) until the device is
+    /// done with the WR: until `self.is_retired(seq)` is true (retirement comes only from
+    /// completions of this ring's QP, per [`new`](Self::new)'s contract) or the unsafe
+    /// [`reset`](Self::reset) returned. For a
     /// [`Local::Inline`]: the bytes stay valid until the WR is posted (the next flush,
     /// automatic or explicit, or `reset`). Safe alternatives: [`send_now`](Self::send_now)
     /// and [`batch`](Self::batch).
@@ -507,9 +546,10 @@ impl<const N: usize> SendRing<N> {
 
     #[cold]
     fn blocked(&self) -> SendError {
-        match self.st.error {
-            Some(e) => SendError::QpError(e),
-            None => SendError::WouldBlock,
+        match (self.cold.error, self.cold.unknown) {
+            (Some(e), _) => SendError::QpError(e),
+            (None, Some(e)) => SendError::Post(e),
+            (None, None) => SendError::WouldBlock,
         }
     }
 
@@ -521,7 +561,7 @@ impl<const N: usize> SendRing<N> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        if let Some(e) = self.st.deferred.take() {
+        if let Some(e) = self.cold.deferred.take() {
             return Err(SendError::Post(e));
         }
         self.flush_inner()
@@ -561,16 +601,14 @@ impl<const N: usize> SendRing<N> {
     #[cold]
     fn post_failed(&mut self, rc: i32, bad: *mut ibv_send_wr, first: usize) -> PostError {
         let n = (self.st.staged - self.st.posted) as usize;
-        // Index of `bad` in the chain; a provider that leaves it NULL rejected everything.
-        let k = if bad.is_null() {
-            0
-        } else {
-            // Wrapping: a provider returning a pointer outside the chain must not panic here;
-            // the index is clamped to the chain length below.
-            let idx = (bad as usize).wrapping_sub(self.wrs.as_ptr() as usize)
-                / core::mem::size_of::<ibv_send_wr>();
-            (idx.wrapping_sub(first) & Self::MASK).min(n)
-        };
+        // Index of `bad` in the chain, if it points at a WR of the chain (wrapping: a
+        // provider returning a pointer outside the chain must not panic here).
+        let off = (bad as usize).wrapping_sub(self.wrs.as_ptr() as usize);
+        let sz = core::mem::size_of::<ibv_send_wr>();
+        let k = (off / sz).wrapping_sub(first) & Self::MASK;
+        if bad.is_null() || off % sz != 0 || off / sz >= N || k >= n {
+            return self.post_unknown(rc);
+        }
         let rejected_seq = self.st.posted + k as u64;
         self.st.posted = rejected_seq;
         self.unstage_to(rejected_seq);
@@ -580,6 +618,24 @@ impl<const N: usize> SendRing<N> {
             first_rejected: k,
             first_rejected_seq: rejected_seq,
         }
+    }
+
+    /// The provider failed the post without naming a WR of the chain (`bad_wr` NULL, as rxe
+    /// does before RTS, or outside the chain): which WRs it queued is unknown, so all of
+    /// them count as outstanding (their buffers stay borrowed) and the ring refuses new WRs
+    /// until [`reset`](Self::reset).
+    #[cold]
+    fn post_unknown(&mut self, rc: i32) -> PostError {
+        let e = PostError {
+            verb: "ibv_post_send",
+            errno: rc,
+            first_rejected: PostError::UNKNOWN,
+            first_rejected_seq: self.st.posted,
+        };
+        self.st.posted = self.st.staged;
+        self.cold.unknown = Some(e);
+        self.st.limit = 0;
+        e
     }
 
     /// Drops staged WRs from `seq` on and rewinds the signal schedule.
@@ -632,11 +688,16 @@ impl<const N: usize> SendRing<N> {
 
     /// Retires the WRs covered by a send completion of this ring: a completion (success or
     /// error) for sequence `s` retires every WR up to and including `s`. Returns how many
-    /// WRs it retired (0 for a stale completion, e.g. one left in the CQ across a
-    /// [`reset`](Self::reset)); an error status also puts the ring in the error state.
+    /// WRs it retired: 0 for a completion that is not for an outstanding WR of this ring (a
+    /// stale one left in the CQ across a [`reset`](Self::reset), or another ring's: the
+    /// ring id in `wr_id` must match), which is ignored whatever its status. An error
+    /// status of an outstanding WR also puts the ring in the error state.
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
+        if (c.wr_id() ^ st.id_bits) >> wr_id::RING_SHIFT != 0 {
+            return Ok(0);
+        }
         let retired = match wr_id::full_seq(st.posted, st.retired, c.seq()) {
             Some(s) => {
                 let n = s + 1 - st.retired;
@@ -659,8 +720,8 @@ impl<const N: usize> SendRing<N> {
     #[cold]
     fn enter_error(&mut self, e: WcError) {
         // Keep the first error (flushes follow it).
-        if self.st.error.is_none() {
-            self.st.error = Some(e);
+        if self.cold.error.is_none() {
+            self.cold.error = Some(e);
         }
         self.st.limit = 0;
     }
@@ -674,7 +735,8 @@ impl<const N: usize> SendRing<N> {
     }
 
     /// Split mode, poster side: absorbs the poller's progress (retired count, first error)
-    /// from `shared`, then publishes this ring's posted count to it. Call it after
+    /// from `shared`, then publishes this ring's posted count to it (progress information
+    /// for the poller; it does not need it to handle completions). Call it after
     /// [`SendError::WouldBlock`] and after each flush.
     #[inline]
     pub fn sync<O: crate::split::Orderings>(&mut self, shared: &crate::split::SendCounters<O>) {
@@ -685,18 +747,43 @@ impl<const N: usize> SendRing<N> {
         shared.publish_posted(self.st.posted);
     }
 
-    /// Forgets every staged and outstanding WR and leaves the error state. Call it after the
-    /// setup layer moved the QP to RESET (which discards its WRs without completions) and
-    /// before INIT -> RTR -> RTS. Returns the number of WRs that never completed.
-    /// Completions of them still in the CQ are recognised as stale and ignored.
-    pub fn reset(&mut self) -> u64 {
+    /// The poller-side view of this ring for split mode: a
+    /// [`SendRetirer`](crate::split::SendRetirer) with this ring's id, depth and retired
+    /// count. Make it before handing the ring to the poster thread (and again after a
+    /// [`reset`](Self::reset)).
+    pub fn retirer(&self) -> crate::split::SendRetirer {
+        crate::split::SendRetirer::new(self.ring_id(), self.st.depth, self.st.retired)
+    }
+
+    /// Forgets every staged and outstanding WR and leaves the error state. Returns the
+    /// number of WRs that never completed. Completions of them still in the CQ are
+    /// recognised as stale and ignored. Call it after the setup layer moved the QP to
+    /// RESET (which discards its WRs without completions) and before INIT -> RTR -> RTS.
+    ///
+    /// Calling it needs `unsafe`: on a live QP it would free buffers the NIC still reads.
+    /// ```compile_fail,E0133
+    /// # use hotverbs_datapath::{SendConfig, SendRing};
+    /// # let dev = hotverbs_softnic::counting::CountingDevice::new(16);
+    /// # let mut ring: SendRing<8> =
+    /// #     unsafe { SendRing::new(dev.qp(), SendConfig::new(1, 8, 0)) }.unwrap();
+    /// ring.reset();
+    /// ```
+    ///
+    /// # Safety
+    /// The device no longer uses any WR of this ring: the QP is in RESET (or in ERR with
+    /// all its flush completions drained, then moved to RESET before reuse). Every
+    /// zero-copy buffer of an outstanding WR counts as free once this returns, which is
+    /// only true if the device dropped those WRs. In split mode no retirer may be running
+    /// (make a new one with [`retirer`](Self::retirer)).
+    pub unsafe fn reset(&mut self) -> u64 {
         let st = &mut self.st;
         let dropped = st.staged - st.retired;
         st.batch_open = false;
-        st.deferred = None;
+        self.cold.deferred = None;
+        self.cold.unknown = None;
         st.staged = st.posted;
         st.retired = st.posted;
-        st.error = None;
+        self.cold.error = None;
         st.limit = st.depth;
         // Restart the signal schedule relative to the new position.
         st.next_signal = st.posted + st.signal_every - 1;
@@ -707,7 +794,22 @@ impl<const N: usize> SendRing<N> {
     /// e.g. from a unicast peer to a multicast group. Cold (touches all `N` WRs); staged
     /// WRs are posted first so they keep their destination. One ring per send queue: this
     /// is how one UD QP talks to several destinations in turn.
-    pub fn set_ud_dest(&mut self, dest: UdDest) -> Result<(), SendError> {
+    ///
+    /// It takes a raw `ibv_ah` the provider dereferences, hence `unsafe`:
+    /// ```compile_fail,E0133
+    /// # use hotverbs_datapath::{SendConfig, SendRing, UdDest};
+    /// # let dev = hotverbs_softnic::counting::CountingDevice::new(16);
+    /// # let mut ring: SendRing<8> =
+    /// #     unsafe { SendRing::new(dev.qp(), SendConfig::new(1, 8, 0)) }.unwrap();
+    /// let dangling = UdDest { ah: 8 as *mut _, remote_qpn: 1, remote_qkey: 1 };
+    /// ring.set_ud_dest(dangling);
+    /// ```
+    ///
+    /// # Safety
+    /// `dest.ah` is a live address handle of the QP's PD (`ibv_create_ah(3)`) that stays
+    /// valid until every WR posted with it has completed and no later WR uses it (the
+    /// provider dereferences it while posting and the device may use it until completion).
+    pub unsafe fn set_ud_dest(&mut self, dest: UdDest) -> Result<(), SendError> {
         if self.st.has_remote {
             return Err(SendError::NoRemote);
         }
@@ -720,6 +822,33 @@ impl<const N: usize> SendRing<N> {
             };
         }
         Ok(())
+    }
+
+    /// Makes the next staged WR signaled, whatever the schedule says (the schedule then
+    /// continues from it). For an idle ring: the last `< signal_every` WRs posted are
+    /// retired only by a later signaled WR, so before going idle stage the last message
+    /// after `signal_next()` (or use [`flush_signaled`](Self::flush_signaled)).
+    #[inline]
+    pub fn signal_next(&mut self) {
+        self.st.next_signal = self.st.staged;
+    }
+
+    /// Marks the last staged WR signaled and posts the staged chain, so that every WR
+    /// posted so far is retired by a completion (no idle tail). Returns `Ok(false)` if
+    /// nothing was staged (nothing posted; if the last posted WR was unsignaled, send one
+    /// more message after [`signal_next`](Self::signal_next)).
+    #[inline]
+    pub fn flush_signaled(&mut self) -> Result<bool, SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        if self.st.staged == self.st.posted {
+            return self.flush().map(|()| false);
+        }
+        let last = (self.st.staged - 1) as usize & Self::MASK;
+        self.wrs[last].send_flags |= IBV_SEND_SIGNALED;
+        // The schedule's next signal stays >= staged: runs only get shorter.
+        self.flush().map(|()| true)
     }
 
     /// True once the WR with sequence `seq` is retired (its buffers are free again).
@@ -767,7 +896,7 @@ impl<const N: usize> SendRing<N> {
     /// The first error completion seen since creation or the last reset.
     #[inline(always)]
     pub fn error(&self) -> Option<WcError> {
-        self.st.error
+        self.cold.error
     }
     /// The ring id in its `wr_id`s.
     #[inline(always)]
@@ -827,7 +956,7 @@ impl<const N: usize> Drop for Batch<'_, '_, N> {
         self.ring.st.batch_open = false;
         if let Err(SendError::Post(e)) = self.ring.flush_inner() {
             // Reported by the next SendRing::flush.
-            self.ring.st.deferred = Some(e);
+            self.ring.cold.deferred = Some(e);
         }
     }
 }

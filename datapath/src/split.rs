@@ -4,13 +4,25 @@
 //!
 //! Protocol (model-checked in `tests/loom.rs`):
 //! - poster: before reusing a slot (or a zero-copy buffer) it observes `retired` with
-//!   Acquire; after posting it publishes `posted` with Release.
-//! - poller: it observes `posted` with Acquire (to rebuild full sequence numbers from
-//!   56-bit `wr_id`s), and after a completion publishes `retired` with Release.
+//!   Acquire; after posting it publishes `posted` with Release (progress information only).
+//! - poller: after a completion it publishes `retired` with Release.
+//!
+//! The poller rebuilds a completion's full sequence number from its 56-bit `wr_id` part
+//! against its own window `retired .. retired + depth` ([`wr_id::full_seq_in_window`]):
+//! at most `depth` WRs are ever outstanding, so that window holds every WR that can
+//! complete. It never needs the poster's `posted`, which matters because a device may
+//! complete a WR before the poster has published it (softnic completes inside
+//! `ibv_post_send`, and a NIC can be faster than the poster's next store).
 //!
 //! So everything the NIC (and the poller) did with a WR's memory before the completion
-//! happens-before the poster's reuse of it, and the poster's writes to a WR's memory
-//! happen-before the poller's handling of its completion.
+//! happens-before the poster's reuse of it.
+//!
+//! The poster trusts the published `retired` count to free zero-copy buffers, so only a
+//! [`SendRetirer`] fed completions from the CQ can publish it:
+//! ```compile_fail,E0624
+//! let shared: hotverbs_datapath::SendCounters = hotverbs_datapath::SendCounters::new();
+//! shared.publish_retired(5); // crate-private
+//! ```
 
 use core::marker::PhantomData;
 
@@ -96,9 +108,11 @@ impl<O: Orderings> SendCounters<O> {
         self.posted.load(O::OBSERVE)
     }
 
-    /// Poller: WRs `..retired` are complete (their slots and buffers are free).
+    /// Poller: WRs `..retired` are complete (their slots and buffers are free). Crate
+    /// private: the poster trusts it to free zero-copy buffers, so only a
+    /// [`SendRetirer`] (fed completions from the CQ) publishes it.
     #[inline(always)]
-    pub fn publish_retired(&self, retired: u64) {
+    pub(crate) fn publish_retired(&self, retired: u64) {
         // Release: pairs with the Acquire in `observe_retired` (poster), so the NIC's and
         // the poller's last use of a slot happens-before the poster reuses it.
         self.retired.store(retired, O::PUBLISH);
@@ -133,7 +147,12 @@ impl<O: Orderings> SendCounters<O> {
 
     /// Both sides after a reset of the QP and the ring (no thread may be using them):
     /// clears the error and sets both counters to `posted`.
-    pub fn reset(&mut self, posted: u64) {
+    ///
+    /// # Safety
+    /// `posted` is the ring's [`posted_total`](crate::SendRing::posted_total) right after
+    /// its (unsafe) [`reset`](crate::SendRing::reset): the poster trusts `retired`, so a
+    /// larger value would free buffers of WRs still in flight.
+    pub unsafe fn reset(&mut self, posted: u64) {
         self.posted.store(posted, Ordering::Relaxed);
         self.retired.store(posted, Ordering::Relaxed);
         self.error.store(NO_ERROR, Ordering::Relaxed);
@@ -147,28 +166,41 @@ pub const fn has_room(staged: u64, retired: u64, depth: u64) -> bool {
     staged - retired < depth
 }
 
-/// The poller side's view of one send ring in split mode.
-#[derive(Debug, Default)]
+/// The poller side's view of one send ring in split mode; make it with
+/// [`SendRing::retirer`](crate::SendRing::retirer).
+#[derive(Debug)]
 pub struct SendRetirer {
     retired: u64,
+    depth: u64,
+    ring: u8,
 }
 
 impl SendRetirer {
-    /// A retirer starting at zero retired WRs (or at the ring's count after a reset).
-    pub const fn new(retired: u64) -> Self {
-        Self { retired }
+    /// A retirer of ring `ring` (its id in `wr_id`s) with `depth` (its maximum number of
+    /// outstanding WRs) that starts at `retired` retired WRs (0, or the ring's count after a
+    /// reset). [`SendRing::retirer`](crate::SendRing::retirer) fills all three in.
+    pub const fn new(ring: u8, depth: u64, retired: u64) -> Self {
+        Self {
+            retired,
+            depth,
+            ring,
+        }
     }
 
     /// Handles one send completion of the ring: publishes the new retired count (a
-    /// completion for sequence `s` retires everything up to `s`) and any error.
+    /// completion for sequence `s` retires everything up to `s`) and any error. A
+    /// completion of another ring or outside the window of outstanding WRs (stale, from
+    /// before a reset) is ignored: `Ok(0)`, whatever its status.
     #[inline]
     pub fn on_completion<O: Orderings>(
         &mut self,
         c: &Completion,
         shared: &SendCounters<O>,
     ) -> Result<u64, WcError> {
-        let posted = shared.observe_posted();
-        let n = match wr_id::full_seq(posted, self.retired, c.seq()) {
+        if c.ring() != self.ring {
+            return Ok(0);
+        }
+        let n = match wr_id::full_seq_in_window(self.retired, self.depth, c.seq()) {
             Some(s) => {
                 let n = s + 1 - self.retired;
                 self.retired = s + 1;

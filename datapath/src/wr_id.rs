@@ -54,6 +54,21 @@ pub const fn full_seq(posted: u64, retired: u64, seq56: u64) -> Option<u64> {
     }
 }
 
+/// Rebuilds the full sequence number of a send completion from its 56-bit part, against
+/// the window `retired .. retired + depth` of WRs that may be outstanding (a ring never has
+/// more than `depth`). Unlike [`full_seq`] it needs no count of posted WRs, so it works on
+/// a poller thread that has not yet seen the poster's latest post. Returns `None` outside
+/// the window (stale, or not a WR of this ring).
+#[inline(always)]
+pub const fn full_seq_in_window(retired: u64, depth: u64, seq56: u64) -> Option<u64> {
+    let ahead = seq56.wrapping_sub(retired) & SEQ_MASK;
+    if ahead < depth {
+        Some(retired + ahead)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +101,16 @@ mod tests {
             Some(posted - 1)
         );
         assert_eq!(full_seq(posted, posted - 8, seq_of(posted - 9)), None);
+    }
+
+    #[test]
+    fn window_rebuilds_without_posted() {
+        assert_eq!(full_seq_in_window(10, 4, 10), Some(10));
+        assert_eq!(full_seq_in_window(10, 4, 13), Some(13));
+        assert_eq!(full_seq_in_window(10, 4, 14), None);
+        assert_eq!(full_seq_in_window(10, 4, 9), None, "stale");
+        let r = (1u64 << 56) - 2;
+        assert_eq!(full_seq_in_window(r, 8, seq_of(r + 5)), Some(r + 5));
+        assert_eq!(full_seq_in_window(r, 8, seq_of(r - 1)), None);
     }
 }

@@ -400,7 +400,9 @@ fn error_completion_flushes_are_accounted_then_reset() {
     assert_eq!(r.outstanding(), 0);
     // QP: RESET -> INIT -> RTR -> RTS.
     dev.reset_qp();
-    assert_eq!(r.reset(), 0, "everything was accounted by completions");
+    // SAFETY: the QP went through RESET.
+    let dropped = unsafe { r.reset() };
+    assert_eq!(dropped, 0, "everything was accounted by completions");
     assert_eq!(r.free(), 32);
     for _ in 0..64 {
         loop {
@@ -429,7 +431,8 @@ fn reset_with_wrs_outstanding_drops_them_and_ignores_stale_cqes() {
     }
     // 10 flush CQEs sit in the CQ; the setup layer resets the QP before draining them.
     dev.reset_qp();
-    assert_eq!(r.reset(), 10);
+    // SAFETY: the QP went through RESET.
+    assert_eq!(unsafe { r.reset() }, 10);
     assert_eq!((r.outstanding(), r.free()), (0, 32));
     let (seen, retired, errs) = drain_send(&mut p, &mut r);
     assert_eq!((seen, retired), (10, 0), "stale completions retire nothing");
@@ -516,6 +519,8 @@ fn ud_mode_preformats_the_destination() {
 fn recv_ring_roundtrip(use_srq: bool) {
     const SLOT: u32 = 64;
     let dev = CountingDevice::new(256);
+    // With an SRQ the QP consumes from it (a QP created with `init_attr.srq`).
+    dev.use_srq(use_srq);
     let mut region = vec![0u8; 16 * SLOT as usize];
     for (i, b) in region.iter_mut().enumerate() {
         *b = (i / SLOT as usize) as u8;
@@ -541,7 +546,7 @@ fn recv_ring_roundtrip(use_srq: bool) {
             let m = rr.on_completion(&c).unwrap();
             assert_eq!(m.byte_len(), 10 + i % 5);
             assert_eq!(m.imm(), (i % 2 == 0).then_some(i));
-            let d = rr.data(&m);
+            let d = rr.data(&m).unwrap();
             assert_eq!(d.len(), (10 + i % 5) as usize);
             assert!(
                 d.iter().all(|&b| b == m.slot() as u8),
@@ -560,7 +565,8 @@ fn recv_ring_roundtrip(use_srq: bool) {
     // 40 receives, releases in threes, re-posted in chains of >= 4.
     assert_eq!(dev.recv_wrs(), 16 + 36);
     assert!(dev.recv_doorbells() <= 1 + 36 / 4);
-    // Flush on QP error: slots go idle; reset re-posts all but the held ones.
+    // Flush on QP error: slots go idle; reset re-posts all but the held ones. An SRQ's
+    // receives are neither flushed nor dropped: reset leaves them posted.
     dev.set_qp_error();
     let mut flushed = 0;
     for c in poll_all(&mut p) {
@@ -572,10 +578,28 @@ fn recv_ring_roundtrip(use_srq: bool) {
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(flushed as u32 + rr.pending() + rr.held(), 16);
+    if use_srq {
+        assert_eq!(flushed, 0, "a QP error does not flush the SRQ");
+    } else {
+        assert_eq!(rr.posted(), 0);
+    }
+    assert_eq!(flushed as u32 + rr.pending() + rr.held() + rr.posted(), 16);
     dev.reset_qp();
-    assert_eq!(rr.reset() as u32, 16 - rr.held());
+    let expect = if use_srq {
+        rr.pending()
+    } else {
+        16 - rr.held()
+    };
+    let wrs_before = dev.recv_wrs();
+    // SAFETY: the QP went through RESET (nothing of this ring is on its RQ); on the SRQ the
+    // posted receives stay posted and reset leaves them alone.
+    assert_eq!(unsafe { rr.reset() } as u32, expect);
     rr.repost().unwrap();
+    assert_eq!(
+        dev.recv_wrs() - wrs_before,
+        expect as u64,
+        "each slot posted once"
+    );
     assert_eq!(
         (rr.posted() as usize, rr.posted() + rr.held()),
         (dev.posted_recvs(), 16)
@@ -685,6 +709,20 @@ fn credits_prevent_rnr() {
     );
 }
 
+/// Sets the flag when dropped: the poster's "done" also on panic, so the poller thread
+/// always ends and a stuck run fails instead of hanging.
+struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Rounds without progress after which a side gives up (a lost completion would otherwise
+/// block the poster, or keep the poller waiting, forever).
+const STUCK: u64 = 2_000_000;
+
 #[test]
 fn split_mode_poster_and_poller_threads() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -693,10 +731,11 @@ fn split_mode_poster_and_poller_threads() {
     let mut r: SendRing<64> = ring(&dev, SendConfig::new(8, 64, 64).signal_every(16).batch(8));
     let shared: SendCounters = SendCounters::new();
     let done = AtomicBool::new(false);
+    let mut retirer = r.retirer();
     std::thread::scope(|s| {
         let poller_thread = s.spawn(|| {
             let mut p: CqPoller<32> = poller(&dev);
-            let mut retirer = SendRetirer::new(0);
+            let mut idle_after_done = 0u64;
             while !(done.load(Ordering::Acquire) && retirer.retired() == shared.observe_posted()) {
                 let batch = p.poll().unwrap();
                 for c in batch {
@@ -704,22 +743,36 @@ fn split_mode_poster_and_poller_threads() {
                     retirer.on_completion(c, &shared).unwrap();
                 }
                 if batch.is_empty() {
+                    if done.load(Ordering::Acquire) {
+                        idle_after_done += 1;
+                        if idle_after_done > STUCK {
+                            break; // the assertion below reports the shortfall
+                        }
+                    }
                     core::hint::spin_loop();
                 }
             }
             retirer.retired()
         });
+        let guard = SetOnDrop(&done);
         let mut sent = 0;
         let mut blocked = 0u64;
+        let mut stuck = 0u64;
         while sent < TOTAL {
             match r.send_now(Msg::send(Local::Inline(&sent.to_le_bytes()))) {
                 Ok(seq) => {
                     assert_eq!(seq, sent);
                     sent += 1;
+                    stuck = 0;
                     r.sync(&shared);
                 }
                 Err(SendError::WouldBlock) => {
                     blocked += 1;
+                    stuck += 1;
+                    assert!(
+                        stuck < STUCK,
+                        "poster blocked for good at seq {sent}: a completion was lost"
+                    );
                     r.sync(&shared);
                     std::thread::yield_now();
                 }
@@ -728,7 +781,7 @@ fn split_mode_poster_and_poller_threads() {
             assert!(r.outstanding() <= 64);
         }
         r.sync(&shared);
-        done.store(true, Ordering::Release);
+        drop(guard);
         let retired = poller_thread.join().unwrap();
         assert_eq!(retired, TOTAL, "TOTAL is a multiple of the signal period");
         r.sync(&shared);

@@ -1,10 +1,14 @@
 //! loom model of the split mode (poster thread / poller thread sharing `SendCounters`).
 //!
 //! The poster writes a zero-copy payload into buffer slot `seq % DEPTH` (the memory the NIC
-//! reads until the covering completion), then publishes `posted`; the "NIC + poller" thread
-//! observes `posted`, reads the slot (the DMA), and retires the WR through `SendRetirer`
-//! (which publishes `retired`). loom explores the interleavings and its `UnsafeCell` flags
-//! any access to a slot that is not ordered after the other thread's last access.
+//! reads until the covering completion), rings the doorbell (`ibv_post_send`: the device
+//! sees the WR from then on) and only afterwards publishes `posted` (`SendRing::sync`). The
+//! "NIC + poller" thread waits for the doorbell, not for `posted`, reads the slot (the DMA)
+//! and retires the WR through `SendRetirer` (which publishes `retired`) — so loom also
+//! explores a completion handled before the poster published the WR, as softnic produces
+//! (it completes inside `ibv_post_send`). Every completion must retire its WR (`Ok(1)`):
+//! none may be dropped as stale. loom's `UnsafeCell` flags any access to a slot that is not
+//! ordered after the other thread's last access.
 //!
 //! Invariants: the poster never reuses a slot the NIC may still read (no causality
 //! violation, and the NIC reads the value written for its sequence); outstanding <= depth.
@@ -20,6 +24,7 @@ use hotverbs_datapath::split::{
 };
 use hotverbs_datapath::{wr_id, Completion};
 use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -37,16 +42,22 @@ fn completion(seq: u64) -> Completion {
 fn model<O: Orderings + 'static>(slack: u64) {
     loom::model(move || {
         let shared: Arc<SendCounters<O>> = Arc::new(SendCounters::new());
+        // The device's view of the send queue: WRs `..doorbell` were handed to it. The
+        // provider's doorbell write is ordered after the WR's memory (Release / Acquire):
+        // the device side is always correct in this model.
+        let doorbell = Arc::new(AtomicU64::new(0));
         let slots: Arc<[UnsafeCell<u64>; DEPTH as usize]> =
             Arc::new([UnsafeCell::new(u64::MAX), UnsafeCell::new(u64::MAX)]);
 
         let nic = {
             let shared = shared.clone();
             let slots = slots.clone();
+            let doorbell = doorbell.clone();
             thread::spawn(move || {
-                let mut retirer = SendRetirer::new(0);
+                // The ring's depth (the planted capacity bug widens the ring, not its buffers).
+                let mut retirer = SendRetirer::new(0, DEPTH + slack, 0);
                 for seq in 0..MESSAGES {
-                    while shared.observe_posted() <= seq {
+                    while doorbell.load(Ordering::Acquire) <= seq {
                         thread::yield_now();
                     }
                     // The NIC reads the payload of WR `seq` (DMA).
@@ -55,8 +66,13 @@ fn model<O: Orderings + 'static>(slack: u64) {
                         unsafe { *p }
                     });
                     assert_eq!(v, seq, "the NIC read a payload that was overwritten");
-                    // Completion of WR `seq` (every WR signaled in this model).
-                    assert_eq!(retirer.on_completion(&completion(seq), &*shared), Ok(1));
+                    // Completion of WR `seq` (every WR signaled in this model), possibly before
+                    // the poster published it: it must still retire exactly that WR.
+                    assert_eq!(
+                        retirer.on_completion(&completion(seq), &*shared),
+                        Ok(1),
+                        "completion of seq {seq} dropped"
+                    );
                 }
             })
         };
@@ -78,6 +94,10 @@ fn model<O: Orderings + 'static>(slack: u64) {
                 // SAFETY: loom checks that no read of this slot is concurrent.
                 unsafe { *p = seq }
             });
+            // ibv_post_send: from here the device may run and complete the WR ...
+            doorbell.store(seq + 1, Ordering::Release);
+            // ... before the poster publishes it (SendRing::sync).
+            thread::yield_now();
             shared.publish_posted(seq + 1);
         }
         nic.join().unwrap();

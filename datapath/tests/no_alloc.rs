@@ -109,7 +109,7 @@ fn hot_loop<const N: usize, const M: usize>(
                 }
                 R => {
                     let m = recv.on_completion(c).unwrap();
-                    let d = recv.data(&m);
+                    let d = recv.data(&m).unwrap();
                     sum = sum.wrapping_add(u64::from_le_bytes(d.try_into().unwrap()));
                     received += 1;
                     recv.release(m).unwrap();

@@ -25,8 +25,8 @@ use hotverbs::{
     PortInfo, Qp, QpBuilder, QpType, DEFAULT_QKEY, SOFTNIC,
 };
 use hotverbs_datapath::{
-    Completion, CqPoller, Credits, Local, LocalBuf, Msg, RecvConfig, RecvError, RecvRing,
-    RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, UdDest, WcError,
+    Completion, CqPoller, Credits, Local, LocalBuf, Msg, PostError, RecvConfig, RecvError,
+    RecvRing, RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, UdDest, WcError,
 };
 use hotverbs_ffi::IBV_WC_RECV;
 
@@ -85,6 +85,20 @@ fn all_access() -> AccessFlags {
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC
+}
+
+/// The bytes of a test MR. The MRs are registered with remote access, so `Mr::as_slice`
+/// refuses them; the tests read (and write) them only after every WR touching them has
+/// completed and while the peer posts nothing that writes them.
+fn bytes<'m>(mr: &'m Mr<'_>) -> &'m [u8] {
+    // SAFETY: see above: no device or peer write is in flight when the tests look.
+    unsafe { mr.as_slice_unchecked() }
+}
+
+/// As [`bytes`], mutably (tests fill a source buffer before posting).
+fn bytes_mut<'m>(mr: &'m mut Mr<'_>) -> &'m mut [u8] {
+    // SAFETY: as in `bytes`.
+    unsafe { mr.as_mut_slice_unchecked() }
 }
 
 fn local_of(mr: &Mr<'_>, offset: usize, len: usize) -> LocalBuf {
@@ -227,7 +241,7 @@ impl<'p> Stream<'p> {
         for c in self.rp.poll().unwrap() {
             assert_eq!(c.ring(), R, "{c:?}");
             let m = self.recv.on_completion(c).unwrap();
-            let data = self.recv.data(&m).to_vec();
+            let data = self.recv.data(&m).unwrap().to_vec();
             self.received.push((m.byte_len(), data, m.imm()));
             self.recv.release(m).unwrap();
         }
@@ -348,7 +362,7 @@ fn dp_stream_inline_send_and_write_batched_selectively_signaled() {
     );
     // RC WRITEs execute in order: slot j holds the last message i < MESSAGES with
     // i % 64 == j if j % 4 == 3, and nothing otherwise.
-    let window = &p.mr_b.as_slice()[32 << 10..];
+    let window = &bytes(&p.mr_b)[32 << 10..];
     for (j, slot) in window[..64 * 32].chunks(32).enumerate() {
         if j % 4 == 3 {
             let last = j as u64 + 64 * ((MESSAGES - 1 - j as u64) / 64);
@@ -371,10 +385,10 @@ fn dp_zero_copy_write_write_imm_read_and_atomics_in_one_chain() {
     // Local layout in A's MR: 0..512 WRITE source, 1024..1536 READ destination,
     // 2048/2056 atomic results. Remote (B's MR from 32 KiB): 0..512 WRITE target,
     // 1024..1124 WRITE_WITH_IMM target, 4096 the atomic word.
-    for (i, b) in p.mr_a.as_mut_slice()[..512].iter_mut().enumerate() {
+    for (i, b) in bytes_mut(&mut p.mr_a)[..512].iter_mut().enumerate() {
         *b = (i * 7 + 1) as u8;
     }
-    p.mr_b.as_mut_slice()[(32 << 10) + 4096..(32 << 10) + 4104]
+    bytes_mut(&mut p.mr_b)[(32 << 10) + 4096..(32 << 10) + 4104]
         .copy_from_slice(&40u64.to_ne_bytes());
     let mut s = Stream::new(&p, 4, 4);
     let src = local_of(&p.mr_a, 0, 512);
@@ -409,12 +423,12 @@ fn dp_zero_copy_write_write_imm_read_and_atomics_in_one_chain() {
     });
     assert_eq!(s.send_completions, 1, "one completion retired four WRs");
     assert!(seqs.iter().all(|&q| s.send.is_retired(q)));
-    let remote = &p.mr_b.as_slice()[32 << 10..];
-    assert_eq!(&remote[..512], &p.mr_a.as_slice()[..512]);
-    assert_eq!(&remote[1024..1124], &p.mr_a.as_slice()[..100]);
-    assert_eq!(&p.mr_a.as_slice()[1024..1536], &p.mr_a.as_slice()[..512]);
+    let remote = &bytes(&p.mr_b)[32 << 10..];
+    assert_eq!(&remote[..512], &bytes(&p.mr_a)[..512]);
+    assert_eq!(&remote[1024..1124], &bytes(&p.mr_a)[..100]);
+    assert_eq!(&bytes(&p.mr_a)[1024..1536], &bytes(&p.mr_a)[..512]);
     assert_eq!(
-        u64::from_ne_bytes(p.mr_a.as_slice()[2048..2056].try_into().unwrap()),
+        u64::from_ne_bytes(bytes(&p.mr_a)[2048..2056].try_into().unwrap()),
         40
     );
     assert_eq!(
@@ -445,15 +459,15 @@ fn dp_zero_copy_write_write_imm_read_and_atomics_in_one_chain() {
     });
     assert_eq!(s.send_completions, 2);
     assert_eq!(
-        u64::from_ne_bytes(p.mr_a.as_slice()[2056..2064].try_into().unwrap()),
+        u64::from_ne_bytes(bytes(&p.mr_a)[2056..2064].try_into().unwrap()),
         42,
         "failed CAS returns the current value"
     );
     assert_eq!(
-        u64::from_ne_bytes(p.mr_a.as_slice()[2048..2056].try_into().unwrap()),
+        u64::from_ne_bytes(bytes(&p.mr_a)[2048..2056].try_into().unwrap()),
         42
     );
-    let remote = &p.mr_b.as_slice()[32 << 10..];
+    let remote = &bytes(&p.mr_b)[32 << 10..];
     assert_eq!(
         u64::from_ne_bytes(remote[4096..4104].try_into().unwrap()),
         77
@@ -515,7 +529,7 @@ fn dp_ping_pong_send_now_both_directions() {
                     }
                     4 => {
                         let m = rb.on_completion(c).unwrap();
-                        got = Some(rb.data(&m).to_vec());
+                        got = Some(rb.data(&m).unwrap().to_vec());
                         rb.release(m).unwrap();
                     }
                     r => panic!("ring {r} on B's CQ"),
@@ -536,7 +550,7 @@ fn dp_ping_pong_send_now_both_directions() {
                     }
                     2 => {
                         let m = ra.on_completion(c).unwrap();
-                        back = Some(ra.data(&m).to_vec());
+                        back = Some(ra.data(&m).unwrap().to_vec());
                         ra.release(m).unwrap();
                     }
                     r => panic!("ring {r} on A's CQ"),
@@ -668,7 +682,8 @@ fn dp_back_pressure_ring_full_and_provider_queue_full() {
     // k WRs that never retired; a ring no deeper than the queue then works on the same QP.
     assert!(!(0..k).any(|q| is_signaled(&ring, q)));
     Qp::connect_pair(&small, &small_peer, &p.info, &ConnectOptions::default()).unwrap();
-    assert_eq!(ring.reset(), k);
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    assert_eq!(unsafe { ring.reset() }, k);
     assert_eq!((ring.outstanding(), ring.free()), (0, 16));
     let depth = small.cap().max_send_wr.min(16);
     let cfg = SendConfig::new(3, depth, 0)
@@ -754,7 +769,7 @@ fn dp_bad_rkey_exact_slot_accounting_then_reset_and_traffic_again() {
         for c in s.rp.poll().unwrap() {
             match s.recv.on_completion(c) {
                 Ok(m) => {
-                    recv_ok.push(s.recv.data(&m).to_vec());
+                    recv_ok.push(s.recv.data(&m).unwrap().to_vec());
                     s.recv.release(m).unwrap();
                 }
                 Err(RecvError::Completion { error, .. }) => recv_errors.push(error),
@@ -792,8 +807,11 @@ fn dp_bad_rkey_exact_slot_accounting_then_reset_and_traffic_again() {
 
     // Reset: both QPs to RESET, the rings forget, RESET -> INIT -> RTR -> RTS, re-post.
     p.reconnect();
-    assert_eq!(s.send.reset(), 0, "nothing was left outstanding");
-    assert_eq!(s.recv.reset(), RQ as usize - s.recv.held() as usize);
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    assert_eq!(unsafe { s.send.reset() }, 0, "nothing was left outstanding");
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    let marked = unsafe { s.recv.reset() };
+    assert_eq!(marked, RQ as usize - s.recv.held() as usize);
     assert_eq!(s.recv.repost().unwrap(), RQ as usize);
     assert_eq!(s.send.free(), SQ as u64);
 
@@ -823,9 +841,12 @@ fn dp_bad_rkey_exact_slot_accounting_then_reset_and_traffic_again() {
     });
     assert_eq!(first, Some((base + 3, Err(WcError::RemAccess), base + 4)));
     p.reconnect();
-    assert_eq!(s.send.reset(), 4, "WRs 4..=7 of the chain never completed");
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    let dropped = unsafe { s.send.reset() };
+    assert_eq!(dropped, 4, "WRs 4..=7 of the chain never completed");
     assert_eq!(s.send.outstanding(), 0);
-    let marked = s.recv.reset();
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    let marked = unsafe { s.recv.reset() };
     assert_eq!(marked + s.recv.held() as usize, RQ as usize);
     // Whatever the CQs still hold from before the reset is stale for both rings.
     let mut stale = 0;
@@ -959,7 +980,7 @@ fn dp_recv_ring_on_an_srq_shared_by_two_qps() {
             assert_eq!(c.ring(), 9, "{c:?}");
             let qpn = c.qp_num();
             let m = recv.on_completion(c).unwrap();
-            got.push((qpn, recv.data(&m).try_into().unwrap()));
+            got.push((qpn, recv.data(&m).unwrap().try_into().unwrap()));
             recv.release(m).unwrap();
         }
         let reposted = got.len() as u64 - recv.pending() as u64;
@@ -1022,7 +1043,7 @@ fn dp_cq_poller_drains_in_batches_of_b() {
         let n = pb
             .drain(|c| {
                 let m = s.recv.on_completion(c).unwrap();
-                data.push(s.recv.data(&m).to_vec());
+                data.push(s.recv.data(&m).unwrap().to_vec());
                 s.recv.release(m).unwrap();
             })
             .unwrap();
@@ -1132,7 +1153,7 @@ fn dp_ud_send_ring_with_batching() {
             // UD: a 40-byte GRH area, then the payload.
             assert_eq!(m.byte_len(), 40 + 24);
             assert_eq!(m.src_qp(), a.qp_num());
-            got.push(recv.data(&m)[40..].to_vec());
+            got.push(recv.data(&m).unwrap()[40..].to_vec());
             recv.release(m).unwrap();
         }
         let reposted = got.len() as u64 - recv.pending() as u64;
@@ -1156,8 +1177,9 @@ fn dp_post_before_rts_is_refused_and_reset_discards_what_rxe_queued_anyway() {
     let Some(ctx) = device() else { return };
     let p = RcPair::new(&ctx);
     // A back in INIT: posting is not allowed. rxe returns EINVAL with bad_wr NULL but
-    // queues the WR anyway (fault-truth S1); softnic refuses it. Either way the ring sees
-    // the whole chain rejected and frees its slots.
+    // queues the WR anyway (fault-truth S1): the ring cannot know what the device took, so
+    // it keeps the chain outstanding (first_rejected = PostError::UNKNOWN) and refuses new
+    // WRs until the QP was reset. A provider that names the rejected WR frees the slot.
     p.a.reset().unwrap();
     p.a.to_init(&hotverbs::InitAttr {
         port: p.info.port,
@@ -1169,17 +1191,26 @@ fn dp_post_before_rts_is_refused_and_reset_discards_what_rxe_queued_anyway() {
         Err(SendError::Post(e)) => e,
         other => panic!("post in INIT: {other:?}"),
     };
-    assert_eq!(
-        (e.errno, e.first_rejected, e.first_rejected_seq),
-        (22, 0, 0),
-        "{e}"
-    );
-    assert_eq!((s.send.posted_total(), s.send.free()), (0, SQ as u64));
+    assert_eq!((e.errno, e.first_rejected_seq), (22, 0), "{e}");
+    let unknown = e.first_rejected == PostError::UNKNOWN;
+    if unknown {
+        assert_eq!((s.send.posted_total(), s.send.free()), (1, 0), "{e}");
+        assert_eq!(
+            s.send.send_now(Msg::send(Local::Inline(b"still early"))),
+            Err(SendError::Post(e)),
+            "refused until reset"
+        );
+    } else {
+        assert_eq!(e.first_rejected, 0, "{e}");
+        assert_eq!((s.send.posted_total(), s.send.free()), (0, SQ as u64));
+    }
     // Recovery: RESET (which also discards a WR the provider queued despite the error),
     // then connect. Only the messages posted after that arrive.
     p.reconnect();
-    assert_eq!(s.send.reset(), 0);
-    s.recv.reset();
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    assert_eq!(unsafe { s.send.reset() }, unknown as u64);
+    // SAFETY: the QP went through RESET (reconnect / connect_pair): none of the ring's WRs is posted.
+    unsafe { s.recv.reset() };
     s.recv.repost().unwrap();
     for m in [&b"first"[..], b"second"] {
         s.send.send_now(Msg::send(Local::Inline(m))).unwrap();

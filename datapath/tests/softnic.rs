@@ -107,7 +107,8 @@ impl End {
                     }
                     A_RECV | B_RECV => match self.recv.on_completion(c) {
                         Ok(m) => {
-                            self.got.push((m.imm(), self.recv.data(&m).to_vec()));
+                            self.got
+                                .push((m.imm(), self.recv.data(&m).unwrap().to_vec()));
                             self.recv.release(m).unwrap();
                         }
                         Err(RecvError::Completion { error, .. }) => self.recv_errors.push(error),
@@ -412,10 +413,14 @@ fn bad_rkey_flushes_with_exact_accounting_then_recovers() {
     assert_eq!(rig.a.recv_errors.len(), 64);
     // Recovery: RESET -> INIT -> RTR -> RTS on both, then the rings.
     rig.pair.reconnect_both();
-    assert_eq!(rig.a.send.reset(), 0, "nothing of unknown fate");
-    rig.b.send.reset();
-    assert_eq!(rig.b.recv.reset(), 64);
-    rig.a.recv.reset();
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.a.send.reset() }, 0, "nothing of unknown fate");
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    unsafe { rig.b.send.reset() };
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.b.recv.reset() }, 64);
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    unsafe { rig.a.recv.reset() };
     rig.a.recv.repost().unwrap();
     rig.b.recv.repost().unwrap();
     assert_eq!(rig.b.recv.posted(), 64);
@@ -500,9 +505,13 @@ fn qp_to_error_flushes_everything_and_reset_recovers() {
     // Recover, then leave three unsignaled WRs that complete silently before the next error:
     // no completion will ever name them; `reset` reports them.
     rig.pair.reconnect_both();
-    assert_eq!(rig.a.send.reset(), 0);
-    assert_eq!(rig.a.recv.reset(), 64, "all idle slots come back");
-    assert_eq!(rig.b.recv.reset(), 64);
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.a.send.reset() }, 0);
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    let marked = unsafe { rig.a.recv.reset() };
+    assert_eq!(marked, 64, "all idle slots come back");
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.b.recv.reset() }, 64);
     rig.a.recv.repost().unwrap();
     rig.b.recv.repost().unwrap();
     rig.a.errors.clear();
@@ -527,13 +536,16 @@ fn qp_to_error_flushes_everything_and_reset_recovers() {
     );
     rig.pair.reconnect_both();
     assert_eq!(
-        rig.a.send.reset(),
+        // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+        unsafe { rig.a.send.reset() },
         3,
         "reset accounts for the WRs without a completion"
     );
-    assert_eq!(rig.a.recv.reset(), 64);
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.a.recv.reset() }, 64);
     rig.a.recv.repost().unwrap();
-    assert_eq!(rig.b.recv.reset() as u32, 64 - rig.b.recv.held());
+    // SAFETY: the QPs went through RESET (reconnect_both): none of this ring's WRs is posted.
+    assert_eq!(unsafe { rig.b.recv.reset() } as u32, 64 - rig.b.recv.held());
     rig.b.recv.repost().unwrap();
     rig.b
         .send
@@ -626,6 +638,19 @@ fn credits_keep_a_fast_sender_from_rnr() {
         .all(|(i, (imm, _))| *imm == Some(i as u32)));
 }
 
+/// Sets the flag when dropped: the poster's "done" also on panic, so the poller thread
+/// always ends and a stuck run fails instead of hanging.
+struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Rounds without progress after which a side gives up.
+const STUCK: u64 = 2_000_000;
+
 #[test]
 fn split_mode_on_two_threads() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -635,26 +660,44 @@ fn split_mode_on_two_threads() {
     let done = AtomicBool::new(false);
     let a_cq = rig.pair.a.cq;
     let ring = &mut rig.a.send;
+    let mut r = ring.retirer();
     // SAFETY: the poller thread is the only poller of A's CQ while the scope runs.
     let mut p: CqPoller<32> = unsafe { CqPoller::new(a_cq) };
     let (shared, done) = (&shared, &done);
     std::thread::scope(|s| {
         let poller = s.spawn(move || {
-            let mut r = SendRetirer::new(0);
+            let mut idle_after_done = 0u64;
             while !(done.load(Ordering::Acquire) && r.retired() == shared.observe_posted()) {
-                for c in p.poll().unwrap() {
+                let batch = p.poll().unwrap();
+                for c in batch {
                     assert_eq!(c.ring(), A_SEND);
                     r.on_completion(c, shared).unwrap();
+                }
+                if batch.is_empty() && done.load(Ordering::Acquire) {
+                    idle_after_done += 1;
+                    if idle_after_done > STUCK {
+                        break; // the assertion below reports the shortfall
+                    }
                 }
             }
             r.retired()
         });
+        let guard = SetOnDrop(done);
         let mut sent = 0u64;
+        let mut stuck = 0u64;
         while sent < TOTAL {
             // SAFETY: empty WRITE: nothing borrowed.
             match unsafe { ring.stage(Msg::write(Local::Empty, RDMA_OFF)) } {
-                Ok(_) => sent += 1,
+                Ok(_) => {
+                    sent += 1;
+                    stuck = 0;
+                }
                 Err(SendError::WouldBlock) => {
+                    stuck += 1;
+                    assert!(
+                        stuck < STUCK,
+                        "poster blocked for good at {sent}: a completion was lost"
+                    );
                     ring.flush().unwrap();
                     ring.sync(shared);
                     std::thread::yield_now();
@@ -667,7 +710,7 @@ fn split_mode_on_two_threads() {
         }
         ring.flush().unwrap();
         ring.sync(shared);
-        done.store(true, Ordering::Release);
+        drop(guard);
         assert_eq!(poller.join().unwrap(), TOTAL);
         ring.sync(shared);
         assert_eq!(ring.outstanding(), 0);
@@ -714,7 +757,7 @@ fn ud_mode_datagrams_and_multicast() {
     let mut pump = |recv: &mut RecvRing<N>, got: &mut Vec<(u32, Vec<u8>, u32)>| {
         for c in common::poll_all(&mut rp) {
             let m = recv.on_completion(&c).unwrap();
-            let d = recv.data(&m);
+            let d = recv.data(&m).unwrap();
             assert_eq!(d.len(), m.byte_len() as usize);
             got.push((m.imm().unwrap(), d[GRH..].to_vec(), m.src_qp()));
             recv.release(m).unwrap();
@@ -757,11 +800,14 @@ fn ud_mode_datagrams_and_multicast() {
     ud.attach_mcast(ud.b.qp, &mgid);
     let mah = ud.ah(mgid);
     // One ring per SQ: the same ring switches its preformatted destination to the group.
-    send.set_ud_dest(UdDest {
-        ah: mah,
-        remote_qpn: 0xFF_FFFF,
-        remote_qkey: QKEY,
-    })
+    // SAFETY: `mah` is a live AH of the pair's PD and outlives the ring.
+    unsafe {
+        send.set_ud_dest(UdDest {
+            ah: mah,
+            remote_qpn: 0xFF_FFFF,
+            remote_qkey: QKEY,
+        })
+    }
     .unwrap();
     got.clear();
     send.send_now(Msg::send_imm(Local::Inline(b"md-tick"), 42))

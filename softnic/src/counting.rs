@@ -21,6 +21,11 @@
 //! leaves completions already queued in the CQ (a datapath must recognise them as stale).
 //! A loopback mode makes each SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM consume the oldest
 //! posted receive and queue its receive completion (`IBV_WC_RNR_RETRY_EXC_ERR` if none).
+//!
+//! The SRQ is a queue of its own, as in the IBA: receives posted to it are not flushed when
+//! the QP enters the error state and survive a QP RESET. The QP consumes receives from its
+//! own receive queue, or from the SRQ after [`use_srq`](CountingDevice::use_srq) (as a QP
+//! created with `init_attr.srq`).
 
 use core::cell::UnsafeCell;
 use core::ffi::c_int;
@@ -71,10 +76,15 @@ impl<T: Copy> Fifo<T> {
 struct Inner {
     cqes: Fifo<ibv_wc>,
     recvs: Fifo<u64>,
+    srq_recvs: Fifo<u64>,
+    /// The QP takes its receives from the SRQ.
+    use_srq: bool,
     qp_error: bool,
     sq_sig_all: bool,
     loopback: bool,
     fail_post: Option<(c_int, usize)>,
+    /// The next post verb fails with this errno and `bad_wr` NULL, queuing the chain anyway.
+    fail_unnamed: Option<c_int>,
     fail_wr: Option<ibv_wc_status>,
     overflows: u64,
 }
@@ -104,7 +114,17 @@ impl Inner {
         }
     }
 
-    /// The QP enters the error state: posted receives complete with FLUSH_ERR.
+    /// The receive queue the QP consumes from.
+    fn qp_recvs(&mut self) -> &mut Fifo<u64> {
+        if self.use_srq {
+            &mut self.srq_recvs
+        } else {
+            &mut self.recvs
+        }
+    }
+
+    /// The QP enters the error state: receives posted to its own receive queue complete
+    /// with FLUSH_ERR (the SRQ's stay posted).
     fn enter_error(&mut self) {
         self.qp_error = true;
         while let Some(id) = self.recvs.pop() {
@@ -162,10 +182,13 @@ impl CountingDevice {
             inner: UnsafeCell::new(Inner {
                 cqes: Fifo::new(cq_capacity, wc_fill),
                 recvs: Fifo::new(cq_capacity, 0),
+                srq_recvs: Fifo::new(cq_capacity, 0),
+                use_srq: false,
                 qp_error: false,
                 sq_sig_all: false,
                 loopback: false,
                 fail_post: None,
+                fail_unnamed: None,
                 fail_wr: None,
                 overflows: 0,
             }),
@@ -211,7 +234,8 @@ impl CountingDevice {
     pub fn cq(&self) -> *mut ibv_cq {
         self.cq.get()
     }
-    /// An SRQ feeding the same receive queue as the QP.
+    /// The SRQ (a queue of its own; the QP consumes from it after
+    /// [`use_srq`](Self::use_srq)).
     pub fn srq(&self) -> *mut ibv_srq {
         self.srq.get()
     }
@@ -263,9 +287,17 @@ impl CountingDevice {
     pub fn queued_cqes(&self) -> usize {
         self.with(|i| i.cqes.len)
     }
-    /// Receives posted and not yet consumed.
+    /// Receives posted (to the QP's receive queue and to the SRQ) and not yet consumed.
     pub fn posted_recvs(&self) -> usize {
-        self.with(|i| i.recvs.len)
+        self.with(|i| i.recvs.len + i.srq_recvs.len)
+    }
+    /// Receives posted to the SRQ and not yet consumed.
+    pub fn posted_srq_recvs(&self) -> usize {
+        self.with(|i| i.srq_recvs.len)
+    }
+    /// The QP takes its receives from the SRQ (`on`) or from its own receive queue.
+    pub fn use_srq(&self, on: bool) {
+        self.with(|i| i.use_srq = on)
     }
     /// True while the QP is in the error state.
     pub fn qp_in_error(&self) -> bool {
@@ -285,27 +317,35 @@ impl CountingDevice {
     pub fn fail_next_post(&self, errno: c_int, index: usize) {
         self.with(|i| i.fail_post = Some((errno, index)))
     }
+    /// The next post verb (`post_send`, `post_recv` or `post_srq_recv`) returns `errno` with
+    /// `*bad_wr` NULL although it queued the whole chain, as rxe does before RTS
+    /// (fault-truth S1): a caller cannot know which WRs the device took.
+    pub fn fail_next_post_unnamed(&self, errno: c_int) {
+        self.with(|i| i.fail_unnamed = Some(errno))
+    }
     /// The next accepted send WR completes with `status` (signaled or not) and the QP
     /// enters the error state.
     pub fn fail_next_wr(&self, status: ibv_wc_status) {
         self.with(|i| i.fail_wr = Some(status))
     }
-    /// Moves the QP to the error state now (posted receives are flushed).
+    /// Moves the QP to the error state now (receives posted to its own queue are flushed;
+    /// the SRQ's stay posted).
     pub fn set_qp_error(&self) {
         self.with(|i| i.enter_error())
     }
-    /// Moves the QP through RESET back to RTS: posted receives vanish without completions;
-    /// completions already in the CQ stay.
+    /// Moves the QP through RESET back to RTS: receives posted to its own queue vanish
+    /// without completions (the SRQ's stay posted); completions already in the CQ stay.
     pub fn reset_qp(&self) {
         self.with(|i| {
             i.qp_error = false;
             while i.recvs.pop().is_some() {}
         })
     }
-    /// Completes the oldest posted receive as if a message of `byte_len` bytes (with `imm`)
-    /// arrived. Returns false if no receive was posted.
+    /// Completes the oldest receive the QP consumes from (its own queue, or the SRQ after
+    /// [`use_srq`](Self::use_srq)) as if a message of `byte_len` bytes (with `imm`)
+    /// arrived. Returns false if no receive was posted there.
     pub fn complete_recv(&self, byte_len: u32, imm: Option<u32>) -> bool {
-        self.with(|i| match i.recvs.pop() {
+        self.with(|i| match i.qp_recvs().pop() {
             Some(id) => {
                 i.push_cqe(id, IBV_WC_SUCCESS, IBV_WC_RECV, byte_len, imm);
                 true
@@ -333,6 +373,11 @@ fn wc_opcode(op: ibv_wr_opcode) -> ibv_wc_opcode {
     }
 }
 
+/// `ops.post_send`.
+///
+/// # Safety
+/// As `ibv_post_send(3)`: `qp` is this device's QP, `wr` a valid NULL-terminated chain
+/// (each `sg_list` holding `num_sge` entries) and `bad` writable.
 unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     mut wr: *mut ibv_send_wr,
@@ -388,7 +433,7 @@ unsafe extern "C" fn post_send(
                     } else {
                         IBV_WC_RECV
                     };
-                    match inner.recvs.pop() {
+                    match inner.qp_recvs().pop() {
                         Some(id) => inner.push_cqe(id, IBV_WC_SUCCESS, op, len, imm),
                         None => {
                             inner.push_cqe(
@@ -411,12 +456,23 @@ unsafe extern "C" fn post_send(
             index += 1;
         };
         dev.send_wrs.fetch_add(accepted, Ordering::Relaxed);
-        rc
+        match inner.fail_unnamed.take() {
+            Some(errno) if rc == 0 => {
+                // SAFETY: `bad` is writable per ibv_post_send(3).
+                unsafe { *bad = ptr::null_mut() };
+                errno
+            }
+            other => {
+                inner.fail_unnamed = other;
+                rc
+            }
+        }
     })
 }
 
 fn post_recv_common(
     dev: &CountingDevice,
+    srq: bool,
     mut wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
@@ -429,9 +485,16 @@ fn post_recv_common(
             }
             // SAFETY: the caller passes a valid chain (ibv_post_recv(3)).
             let w = unsafe { &*wr };
-            if inner.qp_error {
+            let queued = if srq {
+                // The SRQ does not depend on any QP's state.
+                inner.srq_recvs.push(w.wr_id)
+            } else if inner.qp_error {
                 inner.push_cqe(w.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, None);
-            } else if !inner.recvs.push(w.wr_id) {
+                true
+            } else {
+                inner.recvs.push(w.wr_id)
+            };
+            if !queued {
                 // SAFETY: `bad` is writable per ibv_post_recv(3).
                 unsafe { *bad = wr };
                 break libc::ENOMEM;
@@ -440,28 +503,62 @@ fn post_recv_common(
             wr = w.next;
         };
         dev.recv_wrs.fetch_add(accepted, Ordering::Relaxed);
-        rc
+        match inner.fail_unnamed.take() {
+            Some(errno) if rc == 0 => {
+                // SAFETY: `bad` is writable per ibv_post_recv(3).
+                unsafe { *bad = ptr::null_mut() };
+                errno
+            }
+            other => {
+                inner.fail_unnamed = other;
+                rc
+            }
+        }
     })
 }
 
+/// `ops.post_recv`.
+///
+/// # Safety
+/// As `ibv_post_recv(3)`: `qp` is this device's QP, `wr` a valid NULL-terminated chain and
+/// `bad` writable.
 unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: qp is this device's QP.
-    post_recv_common(unsafe { CountingDevice::from_ctx((*qp).context) }, wr, bad)
+    // SAFETY: qp is this device's QP (caller's contract).
+    post_recv_common(
+        unsafe { CountingDevice::from_ctx((*qp).context) },
+        false,
+        wr,
+        bad,
+    )
 }
 
+/// `ops.post_srq_recv`.
+///
+/// # Safety
+/// As `ibv_post_srq_recv(3)`: `srq` is this device's SRQ, `wr` a valid NULL-terminated
+/// chain and `bad` writable.
 unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: srq is this device's SRQ.
-    post_recv_common(unsafe { CountingDevice::from_ctx((*srq).context) }, wr, bad)
+    // SAFETY: srq is this device's SRQ (caller's contract).
+    post_recv_common(
+        unsafe { CountingDevice::from_ctx((*srq).context) },
+        true,
+        wr,
+        bad,
+    )
 }
 
+/// `ops.poll_cq`.
+///
+/// # Safety
+/// As `ibv_poll_cq(3)`: `cq` is this device's CQ and `wc` has room for `n` entries.
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: cq is this device's CQ.
     let dev = unsafe { CountingDevice::from_ctx((*cq).context) };
@@ -485,6 +582,10 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     })
 }
 
+/// `ops.req_notify_cq` (no channel: nothing to arm).
+///
+/// # Safety
+/// None beyond the C ABI: the arguments are not dereferenced.
 unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
     0
 }

@@ -115,11 +115,19 @@ impl Pair {
         }
     }
 
+    /// One RC side (see [`side_typed`](Self::side_typed)).
+    ///
+    /// # Safety
+    /// `ctx` and `pd` are a live softnic context and a PD of it, outliving the side.
     unsafe fn side(ctx: *mut ibv_context, pd: *mut ibv_pd, o: &PairOpts, srq: bool) -> Side {
         // SAFETY: forwarded.
         unsafe { Self::side_typed(ctx, pd, o, srq, IBV_QPT_RC) }
     }
 
+    /// A CQ, a registered buffer, an SRQ if `srq`, and a QP of `qp_type` in RESET.
+    ///
+    /// # Safety
+    /// `ctx` and `pd` are a live softnic context and a PD of it, outliving the side.
     pub(crate) unsafe fn side_typed(
         ctx: *mut ibv_context,
         pd: *mut ibv_pd,

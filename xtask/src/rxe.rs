@@ -228,6 +228,21 @@ const HOST_PROGRAMS: &[HostProgram] = &[
     },
 ];
 
+/// Builds the release binaries [`HOST_PROGRAMS`] name (the perf tool), so a fresh clone runs
+/// the perftest comparison without a separate build step.
+fn build_host_programs() -> Result<(), String> {
+    let mut packages: Vec<&str> = Vec::new();
+    for p in HOST_PROGRAMS {
+        if p.binary == "release/hotverbs-perf" && !packages.contains(&"hotverbs-perf") {
+            packages.push("hotverbs-perf");
+        }
+    }
+    for pkg in packages {
+        crate::util::run(crate::util::cargo().args(["build", "--release", "--locked", "-p", pkg]))?;
+    }
+    Ok(())
+}
+
 /// The sanity steps every run starts with: the device exists and carries traffic.
 fn sanity_steps() -> Vec<Step> {
     vec![
@@ -258,6 +273,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let plan = initramfs_plan(&kernel, &host)?;
     let initrd = build_initramfs(&rxe_dir, &plan)?;
     let tests = build_real_device_tests(&workspace.real_device_targets)?;
+    build_host_programs()?;
     println!(
         "rxe: {} real-device test binar{}",
         tests.len(),

@@ -916,21 +916,33 @@ impl Fabric {
         e.remote_qkey = rqkey;
         e.inline = inline;
         e.len = total as u32;
+        e.data.clear();
+        if inline && qp.state != IBV_QPS_ERR {
+            // IBV_SEND_INLINE: the payload is taken now ("the data buffers can be reused
+            // immediately after the call returns", ibv_post_send(3)), before anything is
+            // written: the destination (a WRITE's remote range, a SEND's receive buffer) may
+            // overlap the sources, and later pieces must still carry the posted bytes. The
+            // entry's buffer holds max_inline_data bytes from QP creation (no allocation).
+            for s in sges {
+                // SAFETY: IBV_SEND_INLINE: the buffers are readable at post time (caller);
+                // empty SGEs (any address, NULL included) are skipped by `read_inline`.
+                unsafe { mem::read_inline(&mut e.data, s.addr as usize, s.length as usize) };
+            }
+        }
         if qp.state == IBV_QPS_ERR {
             // Posting to a QP in ERR: the WR completes at once with a flush (rxe G9).
             self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
             self.recycle(qi, e);
         } else if !qp.pending.is_empty() {
-            // SAFETY: forwarded contract (readable SGE list and inline buffers).
-            unsafe { Self::keep_payload(&mut e, sges) };
+            Self::keep_sges(&mut e, sges);
             qp.pending.push_back(e);
         } else {
-            // Executed now, inside post_send: the SGEs (and inline bytes) are read straight
-            // from the application's WR; they are copied only if the WR has to wait.
+            // Executed now, inside post_send: the SGE list is read straight from the
+            // application's WR (inline bytes were captured above); it is copied only if the
+            // WR has to wait.
             match self.execute(qi, &e, Some(sges)) {
                 Outcome::Rnr => {
-                    // SAFETY: as above; we are still inside post_send.
-                    unsafe { Self::keep_payload(&mut e, sges) };
+                    Self::keep_sges(&mut e, sges);
                     self.qp(qi).pending.push_back(e);
                     self.rnr_waiting.push(qi as u32);
                 }
@@ -940,22 +952,11 @@ impl Fabric {
         Ok(())
     }
 
-    /// Copies a WR's SGE list, and its bytes when inline, into the entry so it can execute
-    /// after post_send returned.
-    ///
-    /// # Safety
-    /// `sges` is the WR's SGE list; with IBV_SEND_INLINE its buffers are readable (both
-    /// hold during `ibv_post_send(3)`).
-    unsafe fn keep_payload(e: &mut SendEntry, sges: &[ibv_sge]) {
+    /// Copies a WR's SGE list into the entry so it can execute after post_send returned
+    /// (an inline WR's bytes are already in the entry: captured at post).
+    fn keep_sges(e: &mut SendEntry, sges: &[ibv_sge]) {
         e.sges.clear();
         e.sges.extend_from_slice(sges);
-        e.data.clear();
-        if e.inline {
-            for s in sges {
-                // SAFETY: IBV_SEND_INLINE: the buffers are readable at post time (caller).
-                unsafe { mem::read_inline(&mut e.data, s.addr as usize, s.length as usize) };
-            }
-        }
     }
 
     /// `post_recv` on a QP.
@@ -1099,19 +1100,13 @@ impl Fabric {
             || op == IBV_WR_ATOMIC_CMP_AND_SWP
             || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
         if e.inline {
+            // The bytes captured at post time (softnic's own buffer: it cannot overlap the
+            // destination).
             src.clear();
-            match wr_sges {
-                // Inside post_send: the application's inline buffers, readable during the
-                // call (IBV_SEND_INLINE contract; see `mem`).
-                Some(sges) => src.extend(sges.iter().filter(|s| s.length > 0).map(|s| Seg {
-                    ptr: s.addr as usize,
-                    len: s.length as usize,
-                })),
-                None => src.push(Seg {
-                    ptr: e.data.as_ptr() as usize,
-                    len: e.data.len(),
-                }),
-            }
+            src.push(Seg {
+                ptr: e.data.as_ptr() as usize,
+                len: e.data.len(),
+            });
         } else {
             let need = if local_write {
                 IBV_ACCESS_LOCAL_WRITE

@@ -132,8 +132,13 @@
 //!   [`sq_outstanding`] reports the occupancy.
 //! - Receives free their slot when consumed by an incoming message (rxe S4).
 //! - IBV_SEND_INLINE on SEND/SEND_WITH_IMM/RDMA_WRITE/RDMA_WRITE_WITH_IMM copies the data at
-//!   post time; more than max_inline_data bytes -> EINVAL with bad_wr at that WR, QP stays
-//!   RTS (rxe S5). On READ/atomics the flag is ignored (man: inline is for SEND and RDMA
+//!   post time (man: "the data buffers can be reused immediately after the call returns"),
+//!   into a buffer of the WR's queue entry (max_inline_data bytes, provisioned with the QP),
+//!   before anything is written: a destination (remote range or receive buffer) that
+//!   overlaps the inline sources gets the bytes they held at post, whether the WR runs at
+//!   once or waits (RNR). SGEs of length 0 are not read, so `{addr: 0, length: 0}` is a
+//!   valid empty inline message. More than max_inline_data bytes -> EINVAL with bad_wr at
+//!   that WR, QP stays RTS (rxe S5). On READ/atomics the flag is ignored (man: inline is for SEND and RDMA
 //!   WRITE; rxe S5 misapplies it).
 //! - Atomics: remote_addr not 8-byte aligned, or not exactly one local SGE of >= 8 bytes ->
 //!   EINVAL at post (rxe S10); on a device configured with `atomics: false` -> EINVAL.

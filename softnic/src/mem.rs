@@ -44,7 +44,8 @@ pub(crate) unsafe fn scatter(
     if let (Some(d), Some(s)) = (dst.first(), src.first()) {
         if dst_skip + len <= d.len && src_skip + len <= s.len {
             // SAFETY: both ranges lie inside one checked, registered segment each (module
-            // invariants); `copy` allows overlap.
+            // invariants), non-empty since len > 0 (so never the placeholder address of an
+            // empty SGE, which may be NULL); `copy` allows overlap.
             unsafe {
                 core::ptr::copy(
                     (s.ptr + src_skip) as *const u8,
@@ -70,7 +71,8 @@ pub(crate) unsafe fn scatter(
         }
         let n = remaining.min(dst[di].len - doff).min(src[si].len - soff);
         // SAFETY: both ranges lie inside checked, registered segments (module invariants and
-        // the length precondition); `copy` allows overlap.
+        // the length precondition), non-empty since n > 0 (empty segments, whose address
+        // may be NULL, were skipped above); `copy` allows overlap.
         unsafe {
             core::ptr::copy(
                 (src[si].ptr + soff) as *const u8,
@@ -120,14 +122,20 @@ pub(crate) unsafe fn atomic_fetch_add(ptr: usize, add: u64) -> u64 {
     a.fetch_add(add, Ordering::SeqCst)
 }
 
-/// Copies `bytes` from application memory at `src` (e.g. inline data named by an SGE that
-/// need not be registered) into `out`.
+/// Appends `len` bytes of application memory at `src` (inline data named by an SGE that
+/// need not be registered) to `out`. An empty range reads nothing, whatever `src` is: an
+/// empty inline SGE may carry any address, NULL included.
 ///
 /// # Safety
-/// `src` is readable for `len` bytes (the `IBV_SEND_INLINE` contract of `ibv_post_send(3)`:
-/// the SGE addresses must be valid at post time).
+/// If `len > 0`, `src` is readable for `len` bytes (the `IBV_SEND_INLINE` contract of
+/// `ibv_post_send(3)`: the SGE addresses must be valid at post time).
 pub(crate) unsafe fn read_inline(out: &mut Vec<u8>, src: usize, len: usize) {
-    // SAFETY: caller guarantees readability.
+    if len == 0 {
+        // `from_raw_parts` needs a non-null, aligned pointer even for an empty slice.
+        return;
+    }
+    // SAFETY: len > 0, so the caller guarantees `src` is readable (hence non-null) for
+    // `len` bytes; u8 needs no alignment.
     let bytes = unsafe { core::slice::from_raw_parts(src as *const u8, len) };
     out.extend_from_slice(bytes);
 }
@@ -156,6 +164,39 @@ mod tests {
         assert_eq!(dst[0], vec![0, 0, b'b']);
         assert_eq!(dst[2], vec![b'c']);
         assert_eq!(dst[3], b"defg\0\0".to_vec());
+    }
+
+    #[test]
+    fn empty_ranges_at_null_are_never_touched() {
+        let mut out = Vec::new();
+        // SAFETY: an empty range: nothing is read (the address is NULL on purpose).
+        unsafe { read_inline(&mut out, 0, 0) };
+        assert!(out.is_empty());
+        let mut src = b"xyz".to_vec();
+        let mut dst = vec![0u8; 3];
+        let null = Seg { ptr: 0, len: 0 };
+        let s = [
+            null,
+            Seg {
+                ptr: src.as_mut_ptr() as usize,
+                len: 3,
+            },
+        ];
+        let d = [
+            null,
+            Seg {
+                ptr: dst.as_mut_ptr() as usize,
+                len: 3,
+            },
+            null,
+        ];
+        // SAFETY: the non-empty segments are live local vectors; the empty ones are never
+        // dereferenced (that is what this test checks).
+        unsafe {
+            scatter(&d, 0, &s, 0, 3);
+            scatter(&[null], 0, &[null], 0, 0);
+        }
+        assert_eq!(dst, b"xyz");
     }
 
     #[test]

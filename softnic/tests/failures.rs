@@ -741,3 +741,114 @@ fn inline_sends_waiting_in_rnr_keep_their_bytes() {
     assert_eq!(p.buf_b.bytes(0, 12), b"abcd12345678");
     assert_eq!(p.buf_b.bytes(64, 8), b"12345678");
 }
+
+/// An empty inline message needs no buffer: an inline WRITE or SEND whose only SGE is
+/// `{addr: 0, length: 0}` is legal (fuzz finding 1: softnic built a slice from the NULL
+/// address, undefined behaviour that the debug precondition check turns into an abort).
+/// Covered on both paths: executed at once inside post_send, and copied to wait in RNR
+/// (rnr_retry 7), both as the WR that meets RNR and as one queued behind it.
+#[test]
+fn inline_empty_sge_at_null_address() {
+    let null_sge = || ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    };
+    let f = SIG | IBV_SEND_INLINE;
+    // Immediate path: a zero-byte inline WRITE, and a zero-byte inline SEND to a posted
+    // receive.
+    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let mut s = [null_sge()];
+    let mut wr = write_wr(&p, 1, &mut s, f);
+    assert_eq!(post(p.a, &mut wr), 0);
+    let mut r = [p.buf_b.sge(0, 64)];
+    assert_eq!(post_recv(p.b, 10, &mut r), 0);
+    let mut s = [null_sge()];
+    let mut wr = send_wr(2, IBV_WR_SEND, &mut s, f);
+    assert_eq!(post(p.a, &mut wr), 0);
+    let a = drain(p.cq_a);
+    assert_eq!(ids(&a), vec![(1, IBV_WC_SUCCESS), (2, IBV_WC_SUCCESS)]);
+    assert_eq!((a[0].byte_len, a[1].byte_len), (0, 0));
+    let b = drain(p.cq_b);
+    assert_eq!(ids(&b), vec![(10, IBV_WC_SUCCESS)]);
+    assert_eq!(b[0].byte_len, 0);
+
+    // Waiting path: no receive posted, so the SEND waits in RNR and the WRITE queues
+    // behind it; both keep their (empty) payload and run once a receive arrives.
+    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let mut s1 = [null_sge()];
+    let mut s2 = [null_sge()];
+    let mut wrs = [
+        send_wr(3, IBV_WR_SEND, &mut s1, f),
+        write_wr(&p, 4, &mut s2, f),
+    ];
+    assert_eq!(post_chain(p.a, &mut wrs), (0, None));
+    assert_eq!(send_wrs_waiting(p.a), 2);
+    let mut r = [p.buf_b.sge(0, 64)];
+    assert_eq!(post_recv(p.b, 11, &mut r), 0);
+    let a = drain(p.cq_a);
+    assert_eq!(ids(&a), vec![(3, IBV_WC_SUCCESS), (4, IBV_WC_SUCCESS)]);
+    assert_eq!((a[0].byte_len, a[1].byte_len), (0, 0));
+    let b = drain(p.cq_b);
+    assert_eq!(ids(&b), vec![(11, IBV_WC_SUCCESS)]);
+    assert_eq!(b[0].byte_len, 0);
+}
+
+/// IBV_SEND_INLINE takes the payload at post time ("the data buffers can be reused
+/// immediately after the call returns", ibv_post_send(3)), so a destination that overlaps
+/// the inline sources receives the bytes they held when the WR was posted (fuzz finding 2:
+/// softnic gathered piece by piece while writing and delivered bytes it had just
+/// overwritten). Three inline SGEs of 16, 16 and 32 bytes all name the start of the peer's
+/// buffer, and the WRITE targets that same address (RC and UC); likewise an inline SEND
+/// whose receive buffer is that address.
+#[test]
+fn inline_write_overlapping_its_source_writes_the_posted_bytes() {
+    let pattern: Vec<u8> = (0..64u8)
+        .map(|i| i.wrapping_mul(7).wrapping_add(1))
+        .collect();
+    let mut expect = Vec::new();
+    expect.extend_from_slice(&pattern[..16]);
+    expect.extend_from_slice(&pattern[..16]);
+    expect.extend_from_slice(&pattern[..32]);
+    let mut wrong = Vec::new();
+    for qpt in [IBV_QPT_RC, IBV_QPT_UC] {
+        for send in [false, true] {
+            let what = format!("qpt {qpt} send {send}");
+            let mut p = Pair::with(qpt, 8, 7);
+            p.buf_b.fill(0, &pattern);
+            let base = p.buf_b.addr();
+            let sge = |length| ibv_sge {
+                addr: base,
+                length,
+                lkey: 0,
+            };
+            let mut s = [sge(16), sge(16), sge(32)];
+            let f = SIG | IBV_SEND_INLINE;
+            let mut wr = if send {
+                let mut r = [p.buf_b.sge(0, 64)];
+                assert_eq!(post_recv(p.b, 10, &mut r), 0, "{what}");
+                send_wr(1, IBV_WR_SEND, &mut s, f)
+            } else {
+                write_wr(&p, 1, &mut s, f)
+            };
+            assert_eq!(post(p.a, &mut wr), 0, "{what}");
+            let a = drain(p.cq_a);
+            assert_eq!(ids(&a), vec![(1, IBV_WC_SUCCESS)], "{what}");
+            assert_eq!(a[0].byte_len, 64, "{what}");
+            if send {
+                let b = drain(p.cq_b);
+                assert_eq!(ids(&b), vec![(10, IBV_WC_SUCCESS)], "{what}");
+                assert_eq!(b[0].byte_len, 64, "{what}");
+            }
+            let got = p.buf_b.bytes(0, 64);
+            if got != expect {
+                wrong.push(format!("{what}: got {got:?}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "expected {expect:?}\n{}",
+        wrong.join("\n")
+    );
+}

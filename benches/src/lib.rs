@@ -1,1 +1,760 @@
-//! Shared code of the benches and `cargo xtask insn` (being built).
+//! The workloads shared by the criterion benches (`benches/*.rs`) and by
+//! `cargo xtask insn` (the `insn-workload` binary runs them under callgrind).
+//!
+//! Every workload exists twice: hotverbs' datapath and the [`naive`] baseline, on the same
+//! device, so a run always measures both and reports the ratio.
+//!
+//! - **streaming**: post N inline 32-byte messages and reap every completion. hotverbs:
+//!   [`SendRing`] (depth 128, signal every 32, post lists of 1, 8 or 32) + [`CqPoller`]
+//!   (32 per poll). Naive: a fresh WR per message, every WR signaled, one post per WR, one
+//!   CQE per poll. On the counting device (SENDs; isolates our code from any provider) and
+//!   on softnic (RDMA WRITEs into the peer, so the receiver's work, the same for both, stays
+//!   out of the measurement).
+//! - **poll**: drain N completions: [`CqPoller`] 32 per call vs one per call.
+//! - **ping-pong** on softnic, both QPs driven by one thread in turn (the software cost of a
+//!   round trip, without cross-thread noise): hotverbs `send_now` + [`RecvRing`] +
+//!   [`CqPoller`] vs fresh WRs, one receive re-posted per message, one CQE per poll.
+//!
+//! Measured parts are `#[inline(never)]` functions named `hv_measured_*`, so callgrind can
+//! count them alone (`--toggle-collect`).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+pub mod naive;
+
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use hotverbs::{AccessFlags, Context, Cq, Mr, Pd, Qp, QpBuilder, QpType, SOFTNIC};
+use hotverbs_datapath::{
+    CqPoller, Local, LocalBuf, Msg, RecvConfig, RecvRing, RecvTarget, RemoteBuf, SendConfig,
+    SendError, SendRing,
+};
+use hotverbs_ffi::inline::ibv_post_send;
+use hotverbs_ffi::{
+    ibv_cq, ibv_qp, ibv_send_wr, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WC_RECV, IBV_WR_SEND,
+};
+use hotverbs_softnic::counting::CountingDevice;
+
+use crate::naive::{NaiveError, NaivePoster};
+
+/// The message of every workload (an order-sized payload, sent inline).
+pub const MSG: [u8; 32] = [0x5a; 32];
+/// Send queue depth / window of the streaming workloads.
+pub const DEPTH: u32 = 128;
+/// hotverbs' signal period in the streaming workloads.
+pub const SIGNAL_EVERY: u32 = 32;
+/// Ring capacity (>= [`DEPTH`], a power of two).
+pub const RING_N: usize = 128;
+/// Completions per poll for hotverbs.
+pub const BURST: usize = 32;
+/// Completions queued per fill in the poll workloads.
+pub const FILL: usize = 256;
+/// Ring ids.
+const SEND_ID: u8 = 1;
+const RECV_ID: u8 = 2;
+/// Receive slots per side in the ping-pong.
+pub const RX: u32 = 32;
+
+fn s(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl From<NaiveError> for String {
+    fn from(e: NaiveError) -> String {
+        e.to_string()
+    }
+}
+
+/// Two connected RC QPs on softnic, each with its own CQ and a 64 KiB buffer.
+/// Field order is drop order (QPs before CQs and MRs).
+pub struct SoftnicPair {
+    /// QP A.
+    pub a: Qp,
+    /// QP B (connected to A).
+    pub b: Qp,
+    /// A's CQ (sends and receives).
+    pub cq_a: Cq,
+    /// B's CQ.
+    pub cq_b: Cq,
+    /// A's buffer.
+    pub mr_a: Mr<'static>,
+    /// B's buffer.
+    pub mr_b: Mr<'static>,
+    _pd: Pd,
+    _ctx: Context,
+}
+
+impl SoftnicPair {
+    /// Opens softnic and connects two QPs (depth [`DEPTH`], inline 64, [`RX`] receives).
+    pub fn new() -> Result<SoftnicPair, String> {
+        let ctx = Context::open(SOFTNIC).map_err(s)?;
+        let pd = ctx.alloc_pd().map_err(s)?;
+        let cq_a = ctx.create_cq(1024, None).map_err(s)?;
+        let cq_b = ctx.create_cq(1024, None).map_err(s)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr_a = pd.alloc_mr(64 << 10, access).map_err(s)?;
+        let mr_b = pd.alloc_mr(64 << 10, access).map_err(s)?;
+        let qp = |cq: &Cq| {
+            QpBuilder::new(&pd, cq, cq, QpType::Rc)
+                .max_send_wr(DEPTH)
+                .max_recv_wr(RX * 2)
+                .max_inline_data(64)
+                .build()
+                .map_err(s)
+        };
+        let (a, b) = (qp(&cq_a)?, qp(&cq_b)?);
+        let port = ctx.port_info(None, None).map_err(s)?;
+        let opts = hotverbs::ConnectOptions::default();
+        a.connect(&port, &b.endpoint(&port), &opts).map_err(s)?;
+        b.connect(&port, &a.endpoint(&port), &opts).map_err(s)?;
+        Ok(SoftnicPair {
+            a,
+            b,
+            cq_a,
+            cq_b,
+            mr_a,
+            mr_b,
+            _pd: pd,
+            _ctx: ctx,
+        })
+    }
+
+    /// B's buffer as a WRITE target for A.
+    pub fn b_window(&self) -> RemoteBuf {
+        RemoteBuf::new(self.mr_b.addr(), self.mr_b.len() as u64, self.mr_b.rkey())
+    }
+}
+
+/// Where a streaming workload runs.
+pub enum Target {
+    /// The counting device: SENDs, completions queued by `post_send`, no data moved.
+    Counting(Pin<Box<CountingDevice>>),
+    /// softnic: RDMA WRITEs from A into B.
+    Softnic(Box<SoftnicPair>),
+}
+
+impl Target {
+    /// A fresh counting device.
+    pub fn counting() -> Target {
+        Target::Counting(CountingDevice::new(4096))
+    }
+
+    /// A fresh softnic pair.
+    pub fn softnic() -> Result<Target, String> {
+        Ok(Target::Softnic(Box::new(SoftnicPair::new()?)))
+    }
+
+    /// The posting QP.
+    pub fn qp(&self) -> *mut ibv_qp {
+        match self {
+            Target::Counting(d) => d.qp(),
+            Target::Softnic(p) => p.a.as_raw(),
+        }
+    }
+
+    /// Its CQ.
+    pub fn cq(&self) -> *mut ibv_cq {
+        match self {
+            Target::Counting(d) => d.cq(),
+            Target::Softnic(p) => p.cq_a.as_raw(),
+        }
+    }
+
+    /// The WRITE target (softnic) or `None` (SENDs on the counting device).
+    pub fn remote(&self) -> Option<RemoteBuf> {
+        match self {
+            Target::Counting(_) => None,
+            Target::Softnic(p) => Some(p.b_window()),
+        }
+    }
+
+    /// The naive poster for this target.
+    pub fn naive(&self) -> NaivePoster {
+        // SAFETY: the QP and CQ belong to self, which outlives the poster in every workload
+        // (they are used together and dropped after); the QP holds DEPTH WRs.
+        let p = unsafe { NaivePoster::new(self.qp(), self.cq(), DEPTH) };
+        match self.remote() {
+            Some(r) => p.writes_to(r.addr, r.rkey),
+            None => p,
+        }
+    }
+
+    /// hotverbs' streamer with post lists of `batch`.
+    pub fn ring(&self, batch: u32) -> Result<RingStream, String> {
+        // SAFETY: as for `naive`: the QP (sq_sig_all = 0, DEPTH WRs, 64 B inline) and CQ
+        // outlive the streamer and nothing else posts to or polls them meanwhile.
+        unsafe { RingStream::new(self.qp(), self.cq(), batch, self.remote()) }
+    }
+}
+
+/// hotverbs' streaming side: a send ring and a poller.
+pub struct RingStream {
+    ring: Box<SendRing<RING_N>>,
+    poller: CqPoller<BURST>,
+    write: bool,
+}
+
+impl RingStream {
+    /// # Safety
+    /// `qp` and `cq` are live, the QP was created with `sq_sig_all = 0`, at least [`DEPTH`]
+    /// send WRs and 64 bytes of inline data, and nothing else uses them while the streamer
+    /// lives.
+    pub unsafe fn new(
+        qp: *mut ibv_qp,
+        cq: *mut ibv_cq,
+        batch: u32,
+        remote: Option<RemoteBuf>,
+    ) -> Result<RingStream, String> {
+        let mut cfg = SendConfig::new(SEND_ID, DEPTH, 64)
+            .signal_every(SIGNAL_EVERY)
+            .batch(batch);
+        if let Some(r) = remote {
+            cfg = cfg.remote(r);
+        }
+        let mut slot: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
+        // SAFETY: forwarded contract.
+        unsafe { SendRing::init_in(&mut slot, qp, cfg) }.map_err(s)?;
+        // SAFETY: init_in succeeded, so the ring is initialised.
+        let ring = unsafe { slot.assume_init() };
+        Ok(RingStream {
+            ring,
+            // SAFETY: forwarded contract (the CQ is polled only here).
+            poller: unsafe { CqPoller::new(cq) },
+            write: remote.is_some(),
+        })
+    }
+}
+
+/// Streaming, naive: `n` messages, every completion reaped.
+#[inline(never)]
+pub fn hv_measured_stream_naive(p: &mut NaivePoster, msg: &[u8], n: u64) -> Result<u64, String> {
+    Ok(p.stream(msg, n)?)
+}
+
+/// Streaming, hotverbs: `n` messages (a multiple of [`SIGNAL_EVERY`], so the last one is
+/// signaled), every completion reaped.
+#[inline(never)]
+pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    if n % SIGNAL_EVERY as u64 != 0 {
+        return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
+    }
+    let RingStream {
+        ring,
+        poller,
+        write,
+    } = r;
+    let mut sent = 0u64;
+    while sent < n {
+        let mut b = ring.batch();
+        while sent < n {
+            let m = if *write {
+                Msg::write(Local::Inline(msg), 0)
+            } else {
+                Msg::send(Local::Inline(msg))
+            };
+            match b.push(m) {
+                Ok(_) => sent += 1,
+                Err(SendError::WouldBlock) => break,
+                Err(e) => return Err(s(e)),
+            }
+        }
+        b.finish().map_err(s)?;
+        for c in poller.poll().map_err(s)? {
+            ring.on_completion(c).map_err(s)?;
+        }
+    }
+    while ring.outstanding() > 0 {
+        for c in poller.poll().map_err(s)? {
+            ring.on_completion(c).map_err(s)?;
+        }
+    }
+    Ok(sent)
+}
+
+/// Queues [`FILL`] successful completions on the counting device with one chained post
+/// (not measured: the poll workloads' setup).
+pub fn fill_counting_cq(dev: &CountingDevice, chain: &mut [ibv_send_wr]) -> Result<(), String> {
+    let n = chain.len();
+    let base = chain.as_mut_ptr();
+    for (i, wr) in chain.iter_mut().enumerate() {
+        wr.wr_id = i as u64;
+        wr.opcode = IBV_WR_SEND;
+        wr.num_sge = 0;
+        wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        wr.next = if i + 1 < n {
+            // SAFETY: i + 1 < n: inside the slice.
+            unsafe { base.add(i + 1) }
+        } else {
+            ptr::null_mut()
+        };
+    }
+    let mut bad = ptr::null_mut();
+    // SAFETY: the device's QP is live while `dev` is; the chain is NULL-terminated inside
+    // `chain`, which outlives the call; no SGEs are referenced (num_sge = 0).
+    match unsafe { ibv_post_send(dev.qp(), base, &mut bad) } {
+        0 => Ok(()),
+        e => Err(format!("ibv_post_send (fill) failed: errno {e}")),
+    }
+}
+
+/// A zeroed chain for [`fill_counting_cq`].
+pub fn fill_chain() -> Vec<ibv_send_wr> {
+    // SAFETY: ibv_send_wr is plain C data; all-zero is valid.
+    (0..FILL).map(|_| unsafe { std::mem::zeroed() }).collect()
+}
+
+/// Poll cost, naive: reaps `n` completions, one `ibv_poll_cq(cq, 1)` each.
+///
+/// # Safety
+/// `cq` is a live CQ holding at least `n` completions.
+#[inline(never)]
+pub unsafe fn hv_measured_drain_single(cq: *mut ibv_cq, n: usize) -> Result<usize, String> {
+    let mut got = 0;
+    while got < n {
+        // SAFETY: forwarded contract.
+        if unsafe { naive::poll_one(cq) }?.is_some() {
+            got += 1;
+        }
+    }
+    Ok(got)
+}
+
+/// Poll cost, hotverbs: reaps `n` completions, up to [`BURST`] per call.
+#[inline(never)]
+pub fn hv_measured_drain_batch(p: &mut CqPoller<BURST>, n: usize) -> Result<usize, String> {
+    let mut got = 0;
+    while got < n {
+        for c in p.poll().map_err(s)? {
+            c.status().map_err(s)?;
+            got += 1;
+        }
+    }
+    Ok(got)
+}
+
+/// One side of the hotverbs ping-pong.
+pub struct PingSide {
+    send: Box<SendRing<RING_N>>,
+    recv: Box<RecvRing<64>>,
+    poller: CqPoller<8>,
+}
+
+impl PingSide {
+    /// # Safety
+    /// `qp`/`cq` are live and used only by this side; `buf` is registered with local write,
+    /// at least `RX * 64` bytes, and used only by this side's receive ring.
+    unsafe fn new(qp: *mut ibv_qp, cq: *mut ibv_cq, buf: LocalBuf) -> Result<PingSide, String> {
+        let cfg = SendConfig::new(SEND_ID, 32, 64).signal_every(16).batch(1);
+        let mut slot: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
+        // SAFETY: forwarded contract.
+        unsafe { SendRing::init_in(&mut slot, qp, cfg) }.map_err(s)?;
+        // SAFETY: initialised by init_in.
+        let send = unsafe { slot.assume_init() };
+        // SAFETY: forwarded contract.
+        let mut recv =
+            unsafe { RecvRing::new(RecvTarget::Qp(qp), buf, RecvConfig::new(RECV_ID, 64, RX)) }
+                .map_err(s)?;
+        recv.fill().map_err(s)?;
+        Ok(PingSide {
+            send,
+            recv: Box::new(recv),
+            // SAFETY: forwarded contract.
+            poller: unsafe { CqPoller::new(cq) },
+        })
+    }
+
+    #[inline(always)]
+    fn send(&mut self, msg: &[u8]) -> Result<(), String> {
+        loop {
+            match self.send.send_now(Msg::send(Local::Inline(msg))) {
+                Ok(_) => return Ok(()),
+                Err(SendError::WouldBlock) => {
+                    self.wait_recv_or_retire(false)?;
+                }
+                Err(e) => return Err(s(e)),
+            }
+        }
+    }
+
+    /// Polls until a message arrives (`want_recv`) or until one poll returned anything.
+    #[inline(always)]
+    fn wait_recv_or_retire(&mut self, want_recv: bool) -> Result<(), String> {
+        loop {
+            let mut got_recv = false;
+            let batch = self.poller.poll().map_err(s)?;
+            let any = !batch.is_empty();
+            for c in batch {
+                if c.ring() == SEND_ID {
+                    self.send.on_completion(c).map_err(s)?;
+                } else {
+                    let m = self.recv.on_completion(c).map_err(s)?;
+                    self.recv.release(m).map_err(s)?;
+                    got_recv = true;
+                }
+            }
+            if got_recv || (!want_recv && any) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Both sides of the hotverbs ping-pong on a [`SoftnicPair`].
+pub struct RingPingPong {
+    a: PingSide,
+    b: PingSide,
+}
+
+impl RingPingPong {
+    /// Builds both sides' rings (receives posted).
+    pub fn new(p: &SoftnicPair) -> Result<RingPingPong, String> {
+        let buf = |mr: &Mr<'static>| LocalBuf::new(mr.addr(), RX * 64, mr.lkey());
+        // SAFETY: the pair's QPs, CQs and MRs outlive this struct in every workload (created
+        // before, dropped after) and are used by it alone.
+        unsafe {
+            Ok(RingPingPong {
+                a: PingSide::new(p.a.as_raw(), p.cq_a.as_raw(), buf(&p.mr_a))?,
+                b: PingSide::new(p.b.as_raw(), p.cq_b.as_raw(), buf(&p.mr_b))?,
+            })
+        }
+    }
+}
+
+/// Ping-pong, hotverbs: `n` round trips.
+#[inline(never)]
+pub fn hv_measured_pingpong_ring(pp: &mut RingPingPong, msg: &[u8], n: u64) -> Result<u64, String> {
+    for _ in 0..n {
+        pp.a.send(msg)?;
+        pp.b.wait_recv_or_retire(true)?;
+        pp.b.send(msg)?;
+        pp.a.wait_recv_or_retire(true)?;
+    }
+    Ok(n)
+}
+
+/// The naive ping-pong's state: receives to re-post.
+pub struct NaivePingPong {
+    a: (*mut ibv_qp, *mut ibv_cq, u64, u32),
+    b: (*mut ibv_qp, *mut ibv_cq, u64, u32),
+}
+
+impl NaivePingPong {
+    /// Posts [`RX`] receives on each side.
+    pub fn new(p: &SoftnicPair) -> Result<NaivePingPong, String> {
+        let side =
+            |qp: &Qp, cq: &Cq, mr: &Mr<'static>| (qp.as_raw(), cq.as_raw(), mr.addr(), mr.lkey());
+        let pp = NaivePingPong {
+            a: side(&p.a, &p.cq_a, &p.mr_a),
+            b: side(&p.b, &p.cq_b, &p.mr_b),
+        };
+        for (qp, _, addr, lkey) in [pp.a, pp.b] {
+            for i in 0..RX {
+                // SAFETY: the pair's QP and MR are live; slot i of 64 bytes lies inside it.
+                unsafe { naive::post_recv(qp, addr + i as u64 * 64, 64, lkey, i as u64) }?;
+            }
+        }
+        Ok(pp)
+    }
+}
+
+/// Waits for a receive completion, one CQE per poll (send completions are consumed on
+/// the way), and re-posts a fresh receive for the slot.
+///
+/// # Safety
+/// The side's handles are live.
+#[inline(always)]
+unsafe fn naive_wait_recv(side: (*mut ibv_qp, *mut ibv_cq, u64, u32)) -> Result<(), String> {
+    let (qp, cq, addr, lkey) = side;
+    loop {
+        // SAFETY: live CQ (contract).
+        if let Some(wc) = unsafe { naive::poll_one(cq) }? {
+            if wc.opcode & IBV_WC_RECV != 0 {
+                let slot = wc.wr_id;
+                // SAFETY: live QP and MR (contract); the slot was just completed.
+                unsafe { naive::post_recv(qp, addr + slot * 64, 64, lkey, slot) }?;
+                return Ok(());
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Ping-pong, naive: `n` round trips.
+///
+/// # Safety
+/// The pair the state was made from is live.
+#[inline(never)]
+pub unsafe fn hv_measured_pingpong_naive(
+    pp: &mut NaivePingPong,
+    msg: &[u8],
+    n: u64,
+) -> Result<u64, String> {
+    for i in 0..n {
+        // SAFETY: live handles (contract).
+        unsafe {
+            naive::post_send_inline(pp.a.0, msg, i)?;
+            naive_wait_recv(pp.b)?;
+            naive::post_send_inline(pp.b.0, msg, i)?;
+            naive_wait_recv(pp.a)?;
+        }
+    }
+    Ok(n)
+}
+
+/// Median wall time per operation of `f`, which performs `n` operations per call, over
+/// `reps` calls (after one unmeasured call): the benches' own side-by-side timing, from which
+/// they print the ratio (criterion reports each function alone).
+pub fn ns_per_op(reps: usize, n: u64, mut f: impl FnMut() -> Duration) -> f64 {
+    let _ = f();
+    let mut v: Vec<f64> = (0..reps.max(1))
+        .map(|_| f().as_nanos() as f64 / n as f64)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times one call of `f` (for [`ns_per_op`]).
+pub fn timed<T>(f: impl FnOnce() -> T) -> Duration {
+    let t = Instant::now();
+    std::hint::black_box(f());
+    t.elapsed()
+}
+
+/// The line every bench prints for a pair.
+pub fn ratio_line(label: &str, naive_ns: f64, hotverbs_ns: f64) -> String {
+    format!(
+        "{label}: naive {naive_ns:.1} ns/op, hotverbs {hotverbs_ns:.1} ns/op, ratio hotverbs/naive = {:.2}",
+        hotverbs_ns / naive_ns
+    )
+}
+
+/// Every workload `insn-workload` knows: `(name, description)`.
+pub const WORKLOADS: &[(&str, &str)] = &[
+    ("stream-naive-counting", "naive poster, counting device"),
+    (
+        "stream-ring1-counting",
+        "SendRing post list 1, counting device",
+    ),
+    (
+        "stream-ring8-counting",
+        "SendRing post list 8, counting device",
+    ),
+    (
+        "stream-ring32-counting",
+        "SendRing post list 32, counting device",
+    ),
+    ("stream-naive-softnic", "naive poster, softnic"),
+    ("stream-ring1-softnic", "SendRing post list 1, softnic"),
+    ("stream-ring8-softnic", "SendRing post list 8, softnic"),
+    ("stream-ring32-softnic", "SendRing post list 32, softnic"),
+    ("poll-single-counting", "one CQE per ibv_poll_cq"),
+    ("poll-batch-counting", "CqPoller, 32 per ibv_poll_cq"),
+    (
+        "pingpong-naive-softnic",
+        "naive ping-pong round trip, softnic",
+    ),
+    (
+        "pingpong-ring-softnic",
+        "hotverbs ping-pong round trip, softnic",
+    ),
+];
+
+/// The pairs `cargo xtask insn` tabulates: `(row, baseline, hotverbs, target ratio)`.
+pub const PAIRS: &[(&str, &str, &str, Option<f64>)] = &[
+    (
+        "stream, batch 1, counting",
+        "stream-naive-counting",
+        "stream-ring1-counting",
+        None,
+    ),
+    (
+        "stream, batch 8, counting",
+        "stream-naive-counting",
+        "stream-ring8-counting",
+        None,
+    ),
+    (
+        "stream, batch 32, counting",
+        "stream-naive-counting",
+        "stream-ring32-counting",
+        Some(0.5),
+    ),
+    (
+        "stream, batch 1, softnic",
+        "stream-naive-softnic",
+        "stream-ring1-softnic",
+        None,
+    ),
+    (
+        "stream, batch 8, softnic",
+        "stream-naive-softnic",
+        "stream-ring8-softnic",
+        None,
+    ),
+    (
+        "stream, batch 32, softnic",
+        "stream-naive-softnic",
+        "stream-ring32-softnic",
+        None,
+    ),
+    (
+        "poll per completion, counting",
+        "poll-single-counting",
+        "poll-batch-counting",
+        None,
+    ),
+    (
+        "ping-pong round trip, softnic",
+        "pingpong-naive-softnic",
+        "pingpong-ring-softnic",
+        None,
+    ),
+];
+
+/// Runs workload `name` for `n` messages (or completions, or round trips) after a warm-up
+/// of one batch, and returns the count. Used by `insn-workload` and the tests.
+pub fn run_workload(name: &str, n: u64) -> Result<u64, String> {
+    let warm = SIGNAL_EVERY as u64 * 4;
+    let stream = |t: Target, batch: Option<u32>| -> Result<u64, String> {
+        match batch {
+            None => {
+                let mut p = t.naive();
+                hv_measured_stream_naive(&mut p, &MSG, warm)?;
+                hv_measured_stream_naive(&mut p, &MSG, n)
+            }
+            Some(b) => {
+                let mut r = t.ring(b)?;
+                hv_measured_stream_ring(&mut r, &MSG, warm)?;
+                hv_measured_stream_ring(&mut r, &MSG, n)
+            }
+        }
+    };
+    match name {
+        "stream-naive-counting" => stream(Target::counting(), None),
+        "stream-ring1-counting" => stream(Target::counting(), Some(1)),
+        "stream-ring8-counting" => stream(Target::counting(), Some(8)),
+        "stream-ring32-counting" => stream(Target::counting(), Some(32)),
+        "stream-naive-softnic" => stream(Target::softnic()?, None),
+        "stream-ring1-softnic" => stream(Target::softnic()?, Some(1)),
+        "stream-ring8-softnic" => stream(Target::softnic()?, Some(8)),
+        "stream-ring32-softnic" => stream(Target::softnic()?, Some(32)),
+        "poll-single-counting" | "poll-batch-counting" => {
+            let dev = CountingDevice::new(FILL * 2);
+            let mut chain = fill_chain();
+            // SAFETY: the device's CQ lives as long as `dev`, polled only here.
+            let mut poller = unsafe { CqPoller::<BURST>::new(dev.cq()) };
+            let mut done = 0u64;
+            while done < n {
+                fill_counting_cq(&dev, &mut chain)?;
+                let k = FILL.min((n - done) as usize);
+                if name == "poll-single-counting" {
+                    // SAFETY: the CQ holds FILL >= k completions.
+                    unsafe { hv_measured_drain_single(dev.cq(), k) }?;
+                } else {
+                    hv_measured_drain_batch(&mut poller, k)?;
+                }
+                // Drop what a partial last round left.
+                while !poller.poll().map_err(s)?.is_empty() {}
+                done += k as u64;
+            }
+            Ok(done)
+        }
+        "pingpong-naive-softnic" => {
+            let pair = SoftnicPair::new()?;
+            let mut pp = NaivePingPong::new(&pair)?;
+            // SAFETY: `pair` outlives these calls.
+            unsafe {
+                hv_measured_pingpong_naive(&mut pp, &MSG, warm)?;
+                hv_measured_pingpong_naive(&mut pp, &MSG, n)
+            }
+        }
+        "pingpong-ring-softnic" => {
+            let pair = SoftnicPair::new()?;
+            let mut pp = RingPingPong::new(&pair)?;
+            hv_measured_pingpong_ring(&mut pp, &MSG, warm)?;
+            hv_measured_pingpong_ring(&mut pp, &MSG, n)
+        }
+        other => Err(format!(
+            "unknown workload {other:?}; known: {}",
+            WORKLOADS.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counting_streams_post_what_they_claim() {
+        // Naive: one doorbell and one signaled WR per message.
+        let t = Target::counting();
+        let Target::Counting(dev) = &t else {
+            unreachable!()
+        };
+        let mut p = t.naive();
+        hv_measured_stream_naive(&mut p, &MSG, 256).unwrap();
+        assert_eq!(dev.send_wrs(), 256);
+        assert_eq!(dev.doorbells(), 256);
+        assert_eq!(p.outstanding(), 0);
+        assert_eq!(dev.queued_cqes(), 0, "every completion reaped");
+    }
+
+    #[test]
+    fn ring_stream_batches_doorbells_and_reaps_everything() {
+        for batch in [1u32, 8, 32] {
+            let t = Target::counting();
+            let Target::Counting(dev) = &t else {
+                unreachable!()
+            };
+            let mut r = t.ring(batch).unwrap();
+            hv_measured_stream_ring(&mut r, &MSG, 1024).unwrap();
+            assert_eq!(dev.send_wrs(), 1024, "batch {batch}");
+            assert_eq!(dev.doorbells(), 1024 / batch as u64, "batch {batch}");
+            assert_eq!(r.ring.outstanding(), 0);
+            assert_eq!(dev.queued_cqes(), 0, "batch {batch}");
+            // Selective signaling: far fewer polls than messages.
+            assert!(
+                dev.polls() < 1024 / 4,
+                "batch {batch}: {} polls",
+                dev.polls()
+            );
+        }
+        assert!(
+            hv_measured_stream_ring(&mut Target::counting().ring(1).unwrap(), &MSG, 33).is_err()
+        );
+    }
+
+    #[test]
+    fn poll_workloads_reap_exactly_n() {
+        assert_eq!(run_workload("poll-single-counting", 600).unwrap(), 600);
+        assert_eq!(run_workload("poll-batch-counting", 600).unwrap(), 600);
+    }
+
+    #[test]
+    fn softnic_workloads_run() {
+        for w in [
+            "stream-naive-softnic",
+            "stream-ring8-softnic",
+            "pingpong-naive-softnic",
+            "pingpong-ring-softnic",
+        ] {
+            assert_eq!(run_workload(w, 256).unwrap(), 256, "{w}");
+        }
+    }
+
+    #[test]
+    fn every_pair_names_known_workloads() {
+        for (_, b, h, _) in PAIRS {
+            assert!(WORKLOADS.iter().any(|w| w.0 == *b), "{b}");
+            assert!(WORKLOADS.iter().any(|w| w.0 == *h), "{h}");
+        }
+        assert!(run_workload("nope", 1).is_err());
+    }
+}

@@ -1,0 +1,1005 @@
+//! The measured loops, on hotverbs' datapath: a [`SendRing`] posts (preformatted WRs,
+//! batching, selective signaling), a [`CqPoller`] drains completions in bursts, and a
+//! [`RecvRing`] keeps receives posted. Setup (device, PD, MR, CQ, QP, connection) is done
+//! elsewhere and arrives here as raw handles in a [`Side`].
+//!
+//! # Memory layout of a side's registered buffer
+//! ```text
+//! 0 .. S           source of SENDs/WRITEs, destination of READs and atomics
+//! S .. 2S          landing zone: the peer WRITEs/READs/atomics here (advertised to it)
+//! 2S .. 2S + R*S   receive slots (R = receive ring count), for SEND tests
+//! ```
+//! where S is the largest message size rounded up to 64 bytes.
+//!
+//! # Who stops
+//! The active side (client, or the main thread in loopback) decides when a size is over
+//! (iterations or time). A passive side that takes part (the ping-pong partner, the receiver
+//! of `send_bw`) learns it in band: the last SEND carries immediate data [`LAST`], the last
+//! WRITE of `write_lat` carries [`LAST`] in its final byte. Every wait is bounded by the
+//! stall timeout, so a dead peer is an error, not a hang.
+//!
+//! # Safety (module)
+//! The raw handles of a [`Side`] must be live objects of one open device for the side's
+//! lifetime; `mr` must lie in a registered MR with local write access; `remote` must be the
+//! peer's landing zone. [`Hot::new`] is `unsafe` with that contract; all other unsafe
+//! blocks in this module rely on it.
+
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hotverbs_datapath::{
+    Completion, CqPoller, Local, LocalBuf, Msg, RecvConfig, RecvRing, RecvTarget, RemoteBuf,
+    SendConfig, SendError, SendRing,
+};
+use hotverbs_ffi::{ibv_cq, ibv_qp};
+
+use crate::cli::{Amount, AtomicKind, Params, TestKind};
+use crate::clock::{clock, Clock};
+use crate::progress::Counter;
+use crate::stats::Latency;
+
+/// Ring id of the send ring in `wr_id`s.
+pub const SEND_RING: u8 = 1;
+/// Ring id of the receive ring.
+pub const RECV_RING: u8 = 2;
+/// Capacity of the rings (the largest `-t` / `-r`).
+pub const RING_N: usize = 4096;
+/// Completions per `ibv_poll_cq`.
+pub const POLL_BURST: usize = 32;
+/// Immediate data / final byte that marks a size's last message.
+pub const LAST: u8 = 0xff;
+/// Receive slots are capped so that `-a` (8 MiB messages) stays within this many bytes.
+pub const RECV_BUDGET: u64 = 256 << 20;
+
+/// Rounds a message size up to the slot granularity.
+pub fn slot_size(max_size: u32) -> u32 {
+    max_size.div_ceil(64).max(1) * 64
+}
+
+/// Receive slots for a run: `rx_depth`, capped by [`RECV_BUDGET`] and [`RING_N`], at least 2.
+pub fn recv_count(p: &Params) -> u32 {
+    if !p.test.uses_recv() {
+        return 0;
+    }
+    let s = slot_size(p.sizes.iter().copied().max().unwrap_or(1)) as u64;
+    let by_budget = (RECV_BUDGET / s).max(2);
+    (p.rx_depth as u64).min(by_budget).min(RING_N as u64) as u32
+}
+
+/// Bytes of registered memory a side needs.
+pub fn buffer_len(p: &Params) -> u64 {
+    let s = slot_size(p.sizes.iter().copied().max().unwrap_or(1)) as u64;
+    2 * s + recv_count(p) as u64 * s
+}
+
+/// Released receive slots are re-posted in chains of this many (a quarter of the slots, at
+/// most 16): one doorbell per chain, and never so many held back that the sender stalls.
+pub fn recv_repost_batch(rx: u32) -> u32 {
+    (rx / 4).clamp(1, 16)
+}
+
+/// Send queue depth the QP must grant (and the streaming window). For `send_bw` the window
+/// is also kept below the receiver's slot count less one re-post chain, so a receiver that
+/// re-posts in chains never runs dry (no RNR).
+pub fn send_depth(p: &Params) -> u32 {
+    let d = p.tx_depth.clamp(2, RING_N as u32);
+    if p.test == TestKind::SendBw {
+        let rx = recv_count(p);
+        d.min(rx.saturating_sub(recv_repost_batch(rx)).max(1))
+    } else {
+        d
+    }
+}
+
+/// Raw handles of one side, produced by the setup layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Side {
+    /// The RC QP, in RTS.
+    pub qp: *mut ibv_qp,
+    /// The CQ of its send and receive completions.
+    pub cq: *mut ibv_cq,
+    /// The whole registered buffer ([`buffer_len`] bytes).
+    pub mr: LocalBuf,
+    /// The peer's landing zone.
+    pub remote: RemoteBuf,
+    /// The QP's `max_inline_data`.
+    pub max_inline: u32,
+}
+
+// SAFETY: the handles are plain pointers to device objects, which verbs allow to be used
+// from any thread; a Side is used by one thread at a time (it is moved, not shared).
+unsafe impl Send for Side {}
+
+/// Aborts a wait when the peer makes no progress (or when another thread says so).
+struct Watchdog<'a> {
+    spins: u32,
+    seen: u64,
+    since: Instant,
+    timeout: Duration,
+    abort: &'a AtomicBool,
+}
+
+impl<'a> Watchdog<'a> {
+    fn new(timeout: Duration, abort: &'a AtomicBool) -> Self {
+        Watchdog {
+            spins: 0,
+            seen: 0,
+            since: Instant::now(),
+            timeout,
+            abort,
+        }
+    }
+
+    /// One empty poll; `progress` is any counter that moves when work completes. Checks the
+    /// clock every 2^14 empty polls only.
+    #[inline(always)]
+    fn idle(&mut self, progress: u64, what: &str) -> Result<(), String> {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins & 0x3fff != 0 {
+            core::hint::spin_loop();
+            return Ok(());
+        }
+        self.check(progress, what)
+    }
+
+    #[cold]
+    fn check(&mut self, progress: u64, what: &str) -> Result<(), String> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err("stopped: the other side failed".into());
+        }
+        let now = Instant::now();
+        if progress != self.seen {
+            self.seen = progress;
+            self.since = now;
+            return Ok(());
+        }
+        if now - self.since > self.timeout {
+            return Err(format!(
+                "no progress for {:.1} s while waiting for {what}: the peer stopped or the \
+                 connection is broken (raise --timeout for very slow links)",
+                self.timeout.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One measured size.
+pub struct Measured {
+    /// Latency samples (latency tests).
+    pub latency: Option<Latency>,
+    /// Measured iterations (messages).
+    pub iterations: u64,
+    /// Measured time.
+    pub elapsed: Duration,
+}
+
+/// A side's datapath objects, kept across sizes.
+pub struct Hot {
+    side: Side,
+    send: Box<SendRing<RING_N>>,
+    poller: CqPoller<POLL_BURST>,
+    recv: Option<Box<RecvRing<RING_N>>>,
+    payload: Vec<u8>,
+    slot: u32,
+    signal_every: u32,
+    timeout: Duration,
+    /// Receives consumed since creation (ping-pong and send_bw bookkeeping).
+    received: u64,
+    last_imm: Option<u32>,
+    clock: &'static Clock,
+}
+
+// SAFETY: every raw pointer inside (the Side's handles, the rings' links) refers to objects
+// that may be used from any thread; Hot is moved between threads, never shared.
+unsafe impl Send for Hot {}
+
+fn e2s(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Hot {
+    /// Builds the rings for `p` on `side`, and posts the receives.
+    ///
+    /// # Safety
+    /// See the module's safety section; the QP was created with `sq_sig_all = 0`, at least
+    /// [`send_depth`] send WRs, [`recv_count`] receive WRs, and its completions go to
+    /// `side.cq`, which nothing else polls.
+    pub unsafe fn new(side: Side, p: &Params, timeout: Duration) -> Result<Hot, String> {
+        let max_size = p.sizes.iter().copied().max().unwrap_or(1);
+        let slot = slot_size(max_size);
+        if (side.mr.len as u64) < buffer_len(p) {
+            return Err(format!(
+                "registered buffer of {} bytes is smaller than the {} the run needs",
+                side.mr.len,
+                buffer_len(p)
+            ));
+        }
+        let depth = send_depth(p);
+        let signal_every = match p.test {
+            // Every READ / atomic is waited for: each one is signaled.
+            TestKind::ReadLat | TestKind::AtomicLat => 1,
+            // write_lat rewrites its source between WRITEs: a zero-copy (non-inline) WRITE
+            // must be retired before that, so each is signaled.
+            TestKind::WriteLat if max_size > side.max_inline => 1,
+            TestKind::SendLat | TestKind::WriteLat => (depth / 2).max(1),
+            _ => p.cq_mod.min(depth / 2).max(1),
+        };
+        let batch = if p.test.is_latency() {
+            1
+        } else {
+            p.post_list.min(depth)
+        };
+        let cfg = SendConfig::new(SEND_RING, depth, side.max_inline)
+            .signal_every(signal_every)
+            .batch(batch)
+            .remote(side.remote);
+        let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
+        // SAFETY: forwarded from this function's contract (live QP with enough send WRs and
+        // sq_sig_all = 0; its completions reach on_completion through `poller`).
+        unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(|e| {
+            format!("send ring (depth {depth}, signal every {signal_every}, batch {batch}): {e}")
+        })?;
+        // SAFETY: init_in returned Ok, so the ring is fully initialised.
+        let send = unsafe { boxed.assume_init() };
+        // SAFETY: the CQ is live and polled only by this Hot (contract).
+        let poller = unsafe { CqPoller::new(side.cq) };
+        let rx = recv_count(p);
+        let recv = if rx > 0 {
+            let region = side
+                .mr
+                .slice(2 * slot, rx * slot)
+                .ok_or("receive slots do not fit the registered buffer")?;
+            // SAFETY: the QP is live and only this ring posts its receives; the region is
+            // registered with local write, lives as long as the side, and only the ring
+            // touches it.
+            let mut r = unsafe {
+                RecvRing::new(
+                    RecvTarget::Qp(side.qp),
+                    region,
+                    RecvConfig::new(RECV_RING, slot, rx).repost_batch(recv_repost_batch(rx)),
+                )
+            }
+            .map_err(|e| format!("receive ring ({rx} slots of {slot} B): {e}"))?;
+            r.fill().map_err(e2s)?;
+            Some(Box::new(r))
+        } else {
+            None
+        };
+        let mut payload = vec![0u8; slot as usize];
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        Ok(Hot {
+            side,
+            send,
+            poller,
+            recv,
+            payload,
+            slot,
+            signal_every,
+            timeout,
+            received: 0,
+            last_imm: None,
+            // Calibrated here, before anything is timed.
+            clock: clock(),
+        })
+    }
+
+    /// The signal period the send ring uses.
+    pub fn signal_every(&self) -> u32 {
+        self.signal_every
+    }
+
+    /// The clock of the latency samples.
+    pub fn clock(&self) -> &'static Clock {
+        self.clock
+    }
+
+    /// The inline threshold in force.
+    pub fn max_inline(&self) -> u32 {
+        self.side.max_inline
+    }
+
+    fn local(&self, len: u32) -> LocalBuf {
+        LocalBuf::new(self.side.mr.addr, len, self.side.mr.lkey)
+    }
+
+    fn landing(&self) -> *mut u8 {
+        (self.side.mr.addr + self.slot as u64) as *mut u8
+    }
+
+    /// Zeroes the landing zone (before a size, while the peer is not writing to it).
+    pub fn clear_landing(&mut self) {
+        // SAFETY: the landing zone is slot bytes inside the registered buffer (checked in
+        // new); the peer writes it only after the barrier that follows this call.
+        unsafe { std::ptr::write_bytes(self.landing(), 0, self.slot as usize) };
+    }
+
+    #[inline(always)]
+    fn landing_byte(&self, size: u32) -> u8 {
+        // SAFETY: size <= slot, so the byte is inside the landing zone; volatile because the
+        // NIC writes it behind the compiler's back (as perftest polls its buffer).
+        unsafe { std::ptr::read_volatile(self.landing().add(size as usize - 1)) }
+    }
+
+    /// Polls once and dispatches: send completions retire the ring, receive completions
+    /// release their slot at once (the payload is not inspected) and count. Returns the
+    /// number of completions.
+    #[inline(always)]
+    fn poll(&mut self) -> Result<usize, String> {
+        let batch = self.poller.poll().map_err(e2s)?;
+        let n = batch.len();
+        for c in batch {
+            dispatch(
+                &mut self.send,
+                &mut self.recv,
+                &mut self.received,
+                &mut self.last_imm,
+                c,
+            )?;
+        }
+        Ok(n)
+    }
+
+    fn progress_mark(&self) -> u64 {
+        self.send.retired_total() + self.received
+    }
+
+    /// Waits until `received` reaches `target`.
+    #[inline(always)]
+    fn wait_recv(&mut self, target: u64, wd: &mut Watchdog<'_>) -> Result<(), String> {
+        while self.received < target {
+            if self.poll()? == 0 {
+                wd.idle(self.progress_mark(), "a message from the peer")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the send with sequence `seq` is retired.
+    #[inline(always)]
+    fn wait_retired(&mut self, seq: u64, wd: &mut Watchdog<'_>) -> Result<(), String> {
+        while !self.send.is_retired(seq) {
+            if self.poll()? == 0 {
+                wd.idle(self.progress_mark(), "a send completion")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one SEND of `size` bytes now (inline when it fits); `last` marks the final one.
+    #[inline(always)]
+    fn send_one(&mut self, size: u32, last: bool, wd: &mut Watchdog<'_>) -> Result<u64, String> {
+        loop {
+            let r = if size <= self.side.max_inline {
+                let data = &self.payload[..size as usize];
+                let local = Local::Inline(data);
+                self.send.send_now(if last {
+                    Msg::send_imm(local, LAST as u32)
+                } else {
+                    Msg::send(local)
+                })
+            } else {
+                let local = Local::Buf(self.local(size));
+                let msg = if last {
+                    Msg::send_imm(local, LAST as u32)
+                } else {
+                    Msg::send(local)
+                };
+                // SAFETY: the source is the registered buffer's first slot, which this side
+                // never writes during SEND tests; it stays valid for the Hot's lifetime.
+                match unsafe { self.send.stage(msg) } {
+                    Ok(s) => self.send.flush().map(|()| s),
+                    Err(e) => Err(e),
+                }
+            };
+            match r {
+                Ok(seq) => return Ok(seq),
+                Err(SendError::WouldBlock) => {
+                    if self.poll()? == 0 {
+                        wd.idle(self.progress_mark(), "a send completion")?;
+                    }
+                }
+                Err(e) => return Err(e2s(e)),
+            }
+        }
+    }
+
+    /// Posts one WRITE of `size` bytes whose final byte is `mark`; waits for the previous
+    /// zero-copy WRITE to retire before rewriting the source.
+    #[inline(always)]
+    fn write_one(
+        &mut self,
+        size: u32,
+        mark: u8,
+        prev: Option<u64>,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<u64, String> {
+        let inline = size <= self.side.max_inline;
+        if inline {
+            self.payload[size as usize - 1] = mark;
+        } else {
+            if let Some(s) = prev {
+                self.wait_retired(s, wd)?;
+            }
+            // SAFETY: byte size-1 of the source slot; the previous WRITE from it is retired
+            // (above), so the NIC no longer reads it.
+            unsafe { *((self.side.mr.addr + size as u64 - 1) as *mut u8) = mark };
+        }
+        loop {
+            let r = if inline {
+                let data = &self.payload[..size as usize];
+                self.send.send_now(Msg::write(Local::Inline(data), 0))
+            } else {
+                let msg = Msg::write(Local::Buf(self.local(size)), 0);
+                // SAFETY: the source slot is not written again before this WRITE retires
+                // (each zero-copy WRITE is signaled and waited for above).
+                match unsafe { self.send.stage(msg) } {
+                    Ok(s) => self.send.flush().map(|()| s),
+                    Err(e) => Err(e),
+                }
+            };
+            match r {
+                Ok(seq) => return Ok(seq),
+                Err(SendError::WouldBlock) => {
+                    if self.poll()? == 0 {
+                        wd.idle(self.progress_mark(), "a send completion")?;
+                    }
+                }
+                Err(e) => return Err(e2s(e)),
+            }
+        }
+    }
+
+    /// Posts one READ or atomic and returns its sequence.
+    #[inline(always)]
+    fn remote_op(
+        &mut self,
+        test: TestKind,
+        size: u32,
+        atomic: AtomicKind,
+        i: u64,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<u64, String> {
+        let msg = if test == TestKind::ReadLat {
+            Msg::read(self.local(size), 0)
+        } else {
+            match atomic {
+                AtomicKind::FetchAndAdd => Msg::fetch_add(self.local(8), 0, 1),
+                AtomicKind::CmpAndSwap => Msg::cmp_swap(self.local(8), 0, i, i + 1),
+            }
+        };
+        loop {
+            // SAFETY: the destination is the first slot of the registered buffer, which this
+            // side neither reads nor writes during READ/atomic tests.
+            let r = match unsafe { self.send.stage(msg) } {
+                Ok(s) => self.send.flush().map(|()| s),
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(seq) => return Ok(seq),
+                Err(SendError::WouldBlock) => {
+                    if self.poll()? == 0 {
+                        wd.idle(self.progress_mark(), "a completion")?;
+                    }
+                }
+                Err(e) => return Err(e2s(e)),
+            }
+        }
+    }
+
+    /// Runs one size as the active side.
+    pub fn active(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        abort: &AtomicBool,
+    ) -> Result<Measured, String> {
+        if size > self.slot {
+            return Err(format!("size {size} exceeds the buffer slot {}", self.slot));
+        }
+        let mut wd = Watchdog::new(self.timeout, abort);
+        match p.test {
+            TestKind::SendLat | TestKind::WriteLat => self.ping(p, size, counter, &mut wd),
+            TestKind::ReadLat | TestKind::AtomicLat => self.one_by_one(p, size, counter, &mut wd),
+            TestKind::SendBw | TestKind::WriteBw | TestKind::ReadBw => {
+                self.stream(p, size, counter, &mut wd)
+            }
+        }
+    }
+
+    fn ping(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<Measured, String> {
+        let mut lat = Latency::new(true);
+        let plan = Plan::new(p.amount, p.warmup);
+        let mut i = 0u64;
+        let mut prev = None;
+        let mut t_start = None;
+        loop {
+            let last = plan.is_last(i, t_start);
+            if i == p.warmup {
+                t_start = Some(Instant::now());
+            }
+            let t0 = self.clock.now();
+            if p.test == TestKind::SendLat {
+                let want = self.received + 1;
+                self.send_one(size, last, wd)?;
+                self.wait_recv(want, wd)?;
+            } else {
+                let mark = if last { LAST } else { mark_of(i) };
+                prev = Some(self.write_one(size, mark, prev, wd)?);
+                while self.landing_byte(size) != mark {
+                    // Keep the send ring retiring while we spin on memory.
+                    if self.poll()? == 0 {
+                        wd.idle(
+                            self.progress_mark() + self.landing_byte(size) as u64,
+                            "the peer's WRITE",
+                        )?;
+                    }
+                }
+            }
+            let rtt = self.clock.between(t0, self.clock.now());
+            if i >= p.warmup {
+                lat.record(rtt);
+                counter.set(i + 1 - p.warmup);
+            }
+            i += 1;
+            if last {
+                break;
+            }
+        }
+        let elapsed = t_start.map_or(Duration::ZERO, |t| t.elapsed());
+        Ok(Measured {
+            iterations: lat.count(),
+            latency: Some(lat),
+            elapsed,
+        })
+    }
+
+    fn one_by_one(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<Measured, String> {
+        let mut lat = Latency::new(false);
+        let plan = Plan::new(p.amount, p.warmup);
+        let mut i = 0u64;
+        let mut t_start = None;
+        loop {
+            let last = plan.is_last(i, t_start);
+            if i == p.warmup {
+                t_start = Some(Instant::now());
+            }
+            let t0 = self.clock.now();
+            let seq = self.remote_op(p.test, size, p.atomic, i, wd)?;
+            self.wait_retired(seq, wd)?;
+            let t = self.clock.between(t0, self.clock.now());
+            if i >= p.warmup {
+                lat.record(t);
+                counter.set(i + 1 - p.warmup);
+            }
+            i += 1;
+            if last {
+                break;
+            }
+        }
+        let elapsed = t_start.map_or(Duration::ZERO, |t| t.elapsed());
+        Ok(Measured {
+            iterations: lat.count(),
+            latency: Some(lat),
+            elapsed,
+        })
+    }
+
+    /// Streams `n` messages keeping the window full (with `until` instead: until that time,
+    /// plus one); the final message is signaled whatever the schedule says
+    /// ([`SendRing::signal_next`]), so the ring drains to empty, and with `mark_last` the
+    /// final SEND carries [`LAST`]. Returns the number of messages.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_phase(
+        &mut self,
+        test: TestKind,
+        size: u32,
+        n: Option<u64>,
+        until: Option<Instant>,
+        mark_last: bool,
+        counter: Option<&Counter>,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<u64, String> {
+        let buf = self.local(size);
+        let inline_send = test == TestKind::SendBw && size <= self.side.max_inline;
+        let mut posted = 0u64;
+        let mut end = n;
+        loop {
+            if end.is_none() {
+                if let Some(t) = until {
+                    if Instant::now() >= t {
+                        // One more message: the final one, signaled and marked.
+                        end = Some(posted + 1);
+                    }
+                }
+            }
+            let target = end.unwrap_or(u64::MAX);
+            while posted < target && self.send.free() > 0 {
+                let fin = posted + 1 == target;
+                if fin {
+                    self.send.signal_next();
+                }
+                let last = mark_last && fin;
+                let msg = match test {
+                    TestKind::SendBw => {
+                        let l = if inline_send {
+                            Local::Inline(&self.payload[..size as usize])
+                        } else {
+                            Local::Buf(buf)
+                        };
+                        if last {
+                            Msg::send_imm(l, LAST as u32)
+                        } else {
+                            Msg::send(l)
+                        }
+                    }
+                    TestKind::WriteBw => Msg::write(Local::Buf(buf), 0),
+                    _ => Msg::read(buf, 0),
+                };
+                // SAFETY: sources (the payload Vec, the first slot of the registered buffer)
+                // are never written while streaming and outlive the ring's use of them (this
+                // phase drains every WR before returning); READ destinations are never read.
+                unsafe { self.send.stage(msg) }.map_err(e2s)?;
+                posted += 1;
+            }
+            // The ring posts every `post_list` staged WRs itself; this posts the remainder.
+            self.send.flush().map_err(e2s)?;
+            if let Some(c) = counter {
+                c.set(posted);
+            }
+            if posted == target {
+                break;
+            }
+            // Window full: wait for a signaled completion to open it.
+            if self.poll()? == 0 {
+                wd.idle(self.progress_mark(), "send completions")?;
+            }
+        }
+        while self.send.outstanding() > 0 {
+            if self.poll()? == 0 {
+                wd.idle(self.progress_mark(), "the last send completions")?;
+            }
+        }
+        Ok(posted)
+    }
+
+    fn stream(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<Measured, String> {
+        if p.warmup > 0 {
+            self.stream_phase(p.test, size, Some(p.warmup), None, false, None, wd)?;
+        }
+        let t0 = Instant::now();
+        let n = match p.amount {
+            Amount::Iters(n) => {
+                self.stream_phase(p.test, size, Some(n), None, true, Some(counter), wd)?
+            }
+            Amount::Seconds(s) => self.stream_phase(
+                p.test,
+                size,
+                None,
+                Some(t0 + Duration::from_secs_f64(s)),
+                true,
+                Some(counter),
+                wd,
+            )?,
+        };
+        Ok(Measured {
+            latency: None,
+            iterations: n,
+            elapsed: t0.elapsed(),
+        })
+    }
+
+    /// Runs one size as the passive side: answers pings, or consumes SENDs until the last
+    /// one. Tests in which the passive side does nothing return at once.
+    pub fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, String> {
+        let mut wd = Watchdog::new(self.timeout, abort);
+        let mut n = 0u64;
+        match p.test {
+            TestKind::SendLat => loop {
+                let want = self.received + 1;
+                self.last_imm = None;
+                self.wait_recv(want, &mut wd)?;
+                let last = self.last_imm == Some(LAST as u32);
+                self.send_one(size, false, &mut wd)?;
+                n += 1;
+                if last {
+                    break;
+                }
+            },
+            TestKind::WriteLat => {
+                let mut seen = 0u8;
+                let mut prev = None;
+                loop {
+                    let mut b = self.landing_byte(size);
+                    while b == seen {
+                        if self.poll()? == 0 {
+                            wd.idle(self.progress_mark() + n, "the peer's WRITE")?;
+                        }
+                        b = self.landing_byte(size);
+                    }
+                    seen = b;
+                    prev = Some(self.write_one(size, b, prev, &mut wd)?);
+                    n += 1;
+                    if b == LAST {
+                        break;
+                    }
+                }
+            }
+            TestKind::SendBw => {
+                // One poll may bring many messages: count receives, not polls.
+                let start = self.received;
+                self.last_imm = None;
+                while self.last_imm != Some(LAST as u32) {
+                    let want = self.received + 1;
+                    self.wait_recv(want, &mut wd)?;
+                }
+                n = self.received - start;
+            }
+            TestKind::ReadLat | TestKind::AtomicLat | TestKind::WriteBw | TestKind::ReadBw => {}
+        }
+        Ok(n)
+    }
+
+    /// Reaps what the last size left in the CQ (send completions of the unsignaled tail are
+    /// retired by later signaled ones; receives are re-posted).
+    pub fn settle(&mut self) -> Result<(), String> {
+        while self.poll()? > 0 {}
+        if let Some(r) = self.recv.as_mut() {
+            r.repost().map_err(e2s)?;
+        }
+        Ok(())
+    }
+}
+
+/// The ping of iteration `i` carries this final byte (never 0, the cleared value, nor
+/// [`LAST`]).
+fn mark_of(i: u64) -> u8 {
+    (i % 254) as u8 + 1
+}
+
+/// When an active loop ends.
+struct Plan {
+    amount: Amount,
+    warmup: u64,
+}
+
+impl Plan {
+    fn new(amount: Amount, warmup: u64) -> Self {
+        Plan { amount, warmup }
+    }
+
+    /// Is iteration `i` the last one? `t_start` is when measuring began.
+    #[inline(always)]
+    fn is_last(&self, i: u64, t_start: Option<Instant>) -> bool {
+        match self.amount {
+            Amount::Iters(n) => i + 1 == self.warmup + n,
+            Amount::Seconds(s) => match t_start {
+                Some(t) => (i & 63) == 63 && t.elapsed().as_secs_f64() >= s,
+                None => false,
+            },
+        }
+    }
+}
+
+/// Routes one completion to its ring.
+#[inline(always)]
+fn dispatch(
+    send: &mut SendRing<RING_N>,
+    recv: &mut Option<Box<RecvRing<RING_N>>>,
+    received: &mut u64,
+    last_imm: &mut Option<u32>,
+    c: &Completion,
+) -> Result<(), String> {
+    if c.ring() == SEND_RING {
+        send.on_completion(c).map_err(e2s)?;
+        return Ok(());
+    }
+    match recv.as_mut() {
+        Some(r) if c.ring() == RECV_RING => {
+            let m = r.on_completion(c).map_err(e2s)?;
+            if let Some(imm) = m.imm() {
+                *last_imm = Some(imm);
+            }
+            r.release(m).map_err(e2s)?;
+            *received += 1;
+            Ok(())
+        }
+        _ => Err(format!(
+            "completion for unknown ring {} (wr_id {:#x})",
+            c.ring(),
+            c.wr_id()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::AtomicKind;
+
+    fn params(test: TestKind, sizes: Vec<u32>, rx: u32) -> Params {
+        Params {
+            test,
+            sizes,
+            amount: Amount::Iters(10),
+            warmup: 0,
+            inline_size: None,
+            cq_mod: 16,
+            post_list: 1,
+            tx_depth: 128,
+            rx_depth: rx,
+            atomic: AtomicKind::FetchAndAdd,
+        }
+    }
+
+    #[test]
+    fn buffer_layout() {
+        assert_eq!(slot_size(1), 64);
+        assert_eq!(slot_size(64), 64);
+        assert_eq!(slot_size(65), 128);
+        let p = params(TestKind::SendBw, vec![65536], 512);
+        assert_eq!(recv_count(&p), 512);
+        assert_eq!(buffer_len(&p), 2 * 65536 + 512 * 65536);
+        // -a: 8 MiB slots are capped by the budget.
+        let p = params(TestKind::SendBw, vec![2, 8 << 20], 512);
+        assert_eq!(recv_count(&p), (RECV_BUDGET / (8 << 20)) as u32);
+        // READ tests post no receives.
+        assert_eq!(recv_count(&params(TestKind::ReadBw, vec![64], 512)), 0);
+    }
+
+    #[test]
+    fn marks_avoid_cleared_and_last() {
+        for i in 0..2000 {
+            let m = mark_of(i);
+            assert!(m != 0 && m != LAST);
+            assert_ne!(m, mark_of(i + 1));
+        }
+    }
+
+    #[test]
+    fn plan_counts_warmup_and_iterations() {
+        let p = Plan::new(Amount::Iters(5), 3);
+        let lasts: Vec<u64> = (0..20).filter(|&i| p.is_last(i, None)).collect();
+        assert_eq!(lasts, vec![7]);
+    }
+
+    /// Two connected softnic sides for `p`, with their objects (kept alive by the caller).
+    fn softnic_pair(
+        p: &Params,
+        timeout: Duration,
+    ) -> (
+        crate::setup::Device,
+        crate::setup::SideRes,
+        crate::setup::SideRes,
+        Hot,
+        Hot,
+    ) {
+        use crate::setup::{Device, SideRes};
+        let dev = Device::open("softnic", 1, None).unwrap();
+        let a = SideRes::new(&dev, p).unwrap();
+        let b = SideRes::new(&dev, p).unwrap();
+        let (ea, eb) = (a.endpoint(&dev, p), b.endpoint(&dev, p));
+        a.connect(&dev, &eb).unwrap();
+        b.connect(&dev, &ea).unwrap();
+        // SAFETY: the SideRes outlive the Hots in every test (returned together and the
+        // Hots are dropped first: they are declared after them in the callers' patterns).
+        let ha = unsafe { Hot::new(a.side(&eb).unwrap(), p, timeout) }.unwrap();
+        // SAFETY: as above.
+        let hb = unsafe { Hot::new(b.side(&ea).unwrap(), p, timeout) }.unwrap();
+        (dev, a, b, ha, hb)
+    }
+
+    #[test]
+    fn passive_side_sees_exactly_what_the_active_side_sent() {
+        for test in [TestKind::SendLat, TestKind::WriteLat, TestKind::SendBw] {
+            let mut p = params(test, vec![8, 300], 64);
+            p.warmup = 3;
+            p.amount = Amount::Iters(50);
+            let (_dev, _a, _b, mut ha, mut hb) = softnic_pair(&p, Duration::from_secs(10));
+            for &size in &p.sizes {
+                ha.clear_landing();
+                hb.clear_landing();
+                let abort = AtomicBool::new(false);
+                let (m, n) = std::thread::scope(|s| {
+                    let h = s.spawn(|| hb.passive(&p, size, &abort));
+                    let m = ha.active(&p, size, &Counter::default(), &abort).unwrap();
+                    (m, h.join().unwrap().unwrap())
+                });
+                ha.settle().unwrap();
+                hb.settle().unwrap();
+                if test == TestKind::SendBw {
+                    // Exactly -n measured, plus the warm-up, all received; the ring drained.
+                    assert_eq!(m.iterations, 50, "{test} {size}");
+                    assert_eq!(n, 53, "{test} {size}");
+                    assert_eq!(ha.send.outstanding(), 0, "{test} {size}");
+                } else {
+                    assert_eq!(m.iterations, 50, "{test} {size}");
+                    assert_eq!(n, 53, "{test} {size}: every ping answered");
+                    assert_eq!(m.latency.as_ref().unwrap().count(), 50);
+                }
+                assert!(
+                    ha.send.outstanding() < ha.signal_every() as u64,
+                    "{test} {size}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_is_an_error_not_a_hang() {
+        let p = params(TestKind::SendLat, vec![8], 16);
+        let (_dev, _a, _b, _ha, mut hb) = softnic_pair(&p, Duration::from_millis(200));
+        let abort = AtomicBool::new(false);
+        let t0 = Instant::now();
+        let e = hb.passive(&p, 8, &abort).unwrap_err();
+        assert!(e.contains("no progress"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(20));
+    }
+
+    #[test]
+    fn abort_stops_a_waiting_side() {
+        let p = params(TestKind::WriteLat, vec![8], 16);
+        let (_dev, _a, _b, _ha, mut hb) = softnic_pair(&p, Duration::from_secs(3600));
+        let abort = AtomicBool::new(true);
+        let e = hb.passive(&p, 8, &abort).unwrap_err();
+        assert!(e.contains("other side failed"), "{e}");
+    }
+
+    #[test]
+    fn one_sided_tests_complete_every_operation() {
+        for test in [
+            TestKind::ReadLat,
+            TestKind::AtomicLat,
+            TestKind::WriteBw,
+            TestKind::ReadBw,
+        ] {
+            let mut p = params(test, vec![8], 16);
+            p.amount = Amount::Iters(64);
+            let (_dev, _a, _b, mut ha, _hb) = softnic_pair(&p, Duration::from_secs(10));
+            let m = ha
+                .active(&p, 8, &Counter::default(), &AtomicBool::new(false))
+                .unwrap();
+            assert!(m.iterations >= 64, "{test}");
+            assert_eq!(ha.send.outstanding(), 0, "{test}: every WR retired");
+        }
+    }
+
+    #[test]
+    fn atomics_really_add() {
+        let mut p = params(TestKind::AtomicLat, vec![8], 16);
+        p.amount = Amount::Iters(40);
+        p.warmup = 2;
+        let (_dev, _a, b, mut ha, mut hb) = softnic_pair(&p, Duration::from_secs(10));
+        hb.clear_landing();
+        ha.active(&p, 8, &Counter::default(), &AtomicBool::new(false))
+            .unwrap();
+        // The landing zone of b holds the 64-bit counter fetch-and-added 42 times.
+        let landing = b.landing(&p).addr as *const u64;
+        // SAFETY: the landing zone is 8-byte aligned inside b's live MR; no WR is in flight.
+        let v = unsafe { std::ptr::read_volatile(landing) };
+        // (host order, or big-endian if the device stores atomics in wire order)
+        assert!(v == 42 || v == 42u64.swap_bytes(), "{v:#x}");
+    }
+}

@@ -1,0 +1,341 @@
+//! Output: perftest's table (a header block, one row per size printed as the size finishes,
+//! a closing rule) and the `--json` document.
+
+use serde_json::{json, Value};
+
+use crate::cli::{Amount, Params, TestKind};
+use crate::stats::{LatencySummary, Throughput};
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// Where the two sides of the run are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Both sides in this process.
+    Loopback,
+    /// This process waited for a client.
+    Server,
+    /// This process connected to a server.
+    Client,
+}
+
+impl Role {
+    /// Name in the header and `--json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Loopback => "loopback",
+            Role::Server => "server",
+            Role::Client => "client",
+        }
+    }
+}
+
+/// Facts about the run shown above the table.
+#[derive(Clone, Debug)]
+pub struct RunInfo {
+    /// Device name (`softnic`, `rxe0`, ...).
+    pub device: String,
+    /// Port used.
+    pub ib_port: u8,
+    /// GID index used, if any.
+    pub gid_index: Option<u8>,
+    /// Active MTU in bytes.
+    pub mtu: u32,
+    /// `IB` or `Ethernet` (RoCE), as the port reports it.
+    pub link_layer: String,
+    /// The role of this process.
+    pub role: Role,
+    /// Inline threshold in force.
+    pub inline_size: u32,
+    /// Signal period of the send ring in force.
+    pub signal_every: u32,
+    /// The clock of the latency samples (`"TSC 2595.9 MHz"`).
+    pub clock: String,
+    /// How the ping-pong sides run (for loopback), e.g. "two threads, busy polling".
+    pub note: Option<String>,
+}
+
+/// One finished size.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SizeResult {
+    /// Message size.
+    pub bytes: u32,
+    /// Measured iterations (messages for bandwidth tests).
+    pub iterations: u64,
+    /// Latency percentiles (latency tests).
+    pub latency: Option<LatencySummary>,
+    /// Rates over the measured interval.
+    pub throughput: Throughput,
+}
+
+fn kv(a: &str, b: &str, c: &str, d: &str) -> String {
+    format!(" {a:<15}: {b:<18} {c:<16}: {d}\n")
+}
+
+/// The header block.
+pub fn header(p: &Params, info: &RunInfo) -> String {
+    let mut s = String::new();
+    s.push_str(RULE);
+    s.push('\n');
+    s.push_str(&format!("{:^87}\n", p.test.title()));
+    s.push_str(&kv("Device", &info.device, "Role", info.role.name()));
+    s.push_str(&kv("Link layer", &info.link_layer, "Connection type", "RC"));
+    s.push_str(&kv("Number of qps", "1", "Port", &info.ib_port.to_string()));
+    let gid = info.gid_index.map_or("-".to_string(), |g| g.to_string());
+    s.push_str(&kv("Mtu", &format!("{}[B]", info.mtu), "GID index", &gid));
+    s.push_str(&kv(
+        "TX depth",
+        &crate::engine::send_depth(p).to_string(),
+        "RX depth",
+        &crate::engine::recv_count(p).to_string(),
+    ));
+    s.push_str(&kv(
+        "Inline data",
+        &format!("{}[B]", info.inline_size),
+        "Signal period",
+        &info.signal_every.to_string(),
+    ));
+    let amount = match p.amount {
+        Amount::Iters(n) => format!("{n} iterations"),
+        Amount::Seconds(d) => format!("{d} s"),
+    };
+    s.push_str(&kv(
+        "Post list",
+        &p.post_list.to_string(),
+        "Amount",
+        &amount,
+    ));
+    if p.test == TestKind::AtomicLat {
+        s.push_str(&format!(" Atomic type    : {:?}\n", p.atomic));
+    }
+    s.push_str(&format!(" Clock          : {}\n", info.clock));
+    if let Some(n) = &info.note {
+        s.push_str(&format!(" Note           : {n}\n"));
+    }
+    s.push_str(RULE);
+    s.push('\n');
+    s.push_str(&columns(p.test));
+    s
+}
+
+fn columns(t: TestKind) -> String {
+    if t.is_latency() {
+        format!(
+            " {:<8} {:<12} {:>11} {:>11} {:>11} {:>11} {:>13} {:>11} {:>11} {:>13} {:>13}\n",
+            "#bytes",
+            "#iterations",
+            "t_min[usec]",
+            "t_p50[usec]",
+            "t_p90[usec]",
+            "t_p99[usec]",
+            "t_p99.9[usec]",
+            "t_max[usec]",
+            "t_avg[usec]",
+            "t_stdev[usec]",
+            "MsgRate[Mpps]"
+        )
+    } else {
+        format!(
+            " {:<8} {:<12} {:>20} {:>14} {:>14}\n",
+            "#bytes", "#iterations", "BW average[MiB/sec]", "BW[Gb/sec]", "MsgRate[Mpps]"
+        )
+    }
+}
+
+/// One row of the table.
+pub fn row(t: TestKind, r: &SizeResult) -> String {
+    match (&r.latency, t.is_latency()) {
+        (Some(l), true) => format!(
+            " {:<8} {:<12} {:>11.2} {:>11.2} {:>11.2} {:>11.2} {:>13.2} {:>11.2} {:>11.2} {:>13.2} {:>13.6}\n",
+            r.bytes,
+            r.iterations,
+            l.min,
+            l.p50,
+            l.p90,
+            l.p99,
+            l.p999,
+            l.max,
+            l.avg,
+            l.stdev,
+            r.throughput.mpps
+        ),
+        _ => format!(
+            " {:<8} {:<12} {:>20.2} {:>14.3} {:>14.6}\n",
+            r.bytes, r.iterations, r.throughput.mib_per_s, r.throughput.gbps, r.throughput.mpps
+        ),
+    }
+}
+
+/// The closing rule.
+pub fn footer() -> String {
+    format!("{RULE}\n")
+}
+
+/// The `--json` document. Field names are stable: the rxe harness reads them.
+pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
+    let rows: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            let mut v = json!({
+                "bytes": r.bytes,
+                "iterations": r.iterations,
+                "seconds": r.throughput.seconds,
+                "mib_per_s": r.throughput.mib_per_s,
+                "gbps": r.throughput.gbps,
+                "mpps": r.throughput.mpps,
+            });
+            if let Some(l) = &r.latency {
+                let o = v.as_object_mut().expect("json! object");
+                o.insert("t_min_us".into(), json!(l.min));
+                o.insert("t_p50_us".into(), json!(l.p50));
+                o.insert("t_p90_us".into(), json!(l.p90));
+                o.insert("t_p99_us".into(), json!(l.p99));
+                o.insert("t_p999_us".into(), json!(l.p999));
+                o.insert("t_max_us".into(), json!(l.max));
+                o.insert("t_avg_us".into(), json!(l.avg));
+                o.insert("t_stdev_us".into(), json!(l.stdev));
+            }
+            v
+        })
+        .collect();
+    json!({
+        "tool": "hotverbs-perf",
+        "version": env!("CARGO_PKG_VERSION"),
+        "test": p.test.name(),
+        "device": info.device,
+        "role": info.role.name(),
+        "ib_port": info.ib_port,
+        "gid_index": info.gid_index,
+        "mtu": info.mtu,
+        "clock": info.clock,
+        "link_layer": info.link_layer,
+        "latency_is_half_round_trip": p.test.is_ping_pong(),
+        "params": {
+            "inline_size": info.inline_size,
+            "signal_every": info.signal_every,
+            "cq_mod": p.cq_mod,
+            "post_list": p.post_list,
+            "tx_depth": p.tx_depth,
+            "rx_depth": p.rx_depth,
+            "warmup": p.warmup,
+            "amount": p.amount,
+        },
+        "note": info.note,
+        "results": rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::AtomicKind;
+
+    fn params(test: TestKind) -> Params {
+        Params {
+            test,
+            sizes: vec![2],
+            amount: Amount::Iters(1000),
+            warmup: 100,
+            inline_size: None,
+            cq_mod: 16,
+            post_list: 1,
+            tx_depth: 128,
+            rx_depth: 512,
+            atomic: AtomicKind::FetchAndAdd,
+        }
+    }
+
+    fn info() -> RunInfo {
+        RunInfo {
+            device: "softnic".into(),
+            ib_port: 1,
+            gid_index: None,
+            mtu: 4096,
+            link_layer: "IB".into(),
+            role: Role::Loopback,
+            inline_size: 220,
+            signal_every: 1,
+            clock: "TSC 1000.0 MHz".into(),
+            note: None,
+        }
+    }
+
+    fn lat_result() -> SizeResult {
+        SizeResult {
+            bytes: 2,
+            iterations: 1000,
+            latency: Some(LatencySummary {
+                min: 1.0,
+                p50: 1.5,
+                p90: 2.0,
+                p99: 3.0,
+                p999: 4.0,
+                max: 5.0,
+                avg: 1.6,
+                stdev: 0.2,
+            }),
+            throughput: Throughput {
+                seconds: 0.0032,
+                mib_per_s: 0.6,
+                gbps: 0.005,
+                mpps: 0.31,
+            },
+        }
+    }
+
+    #[test]
+    fn latency_table_has_the_percentile_columns() {
+        let h = header(&params(TestKind::SendLat), &info());
+        assert!(h.contains("Send Latency Test"));
+        for c in [
+            "t_min", "t_p50", "t_p90", "t_p99[", "t_p99.9", "t_max", "MsgRate",
+        ] {
+            assert!(h.contains(c), "{c} missing in {h}");
+        }
+        let r = row(TestKind::SendLat, &lat_result());
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(
+            f[..9],
+            ["2", "1000", "1.00", "1.50", "2.00", "3.00", "4.00", "5.00", "1.60"]
+        );
+    }
+
+    #[test]
+    fn bandwidth_row() {
+        let r = SizeResult {
+            bytes: 65536,
+            iterations: 5000,
+            latency: None,
+            throughput: Throughput {
+                seconds: 1.0,
+                mib_per_s: 312.5,
+                gbps: 2.62,
+                mpps: 0.005,
+            },
+        };
+        assert!(header(&params(TestKind::WriteBw), &info()).contains("BW average[MiB/sec]"));
+        let f: Vec<String> = row(TestKind::WriteBw, &r)
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        assert_eq!(f, ["65536", "5000", "312.50", "2.620", "0.005000"]);
+    }
+
+    #[test]
+    fn json_fields() {
+        let v = json(&params(TestKind::SendLat), &info(), &[lat_result()]);
+        assert_eq!(v["test"], "send_lat");
+        assert_eq!(v["device"], "softnic");
+        assert_eq!(v["role"], "loopback");
+        assert_eq!(v["latency_is_half_round_trip"], true);
+        let r = &v["results"][0];
+        assert_eq!(r["bytes"], 2);
+        assert_eq!(r["t_p999_us"], 4.0);
+        assert_eq!(r["mpps"], 0.31);
+        // Round-trips through text.
+        let text = serde_json::to_string(&v).unwrap();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+    }
+}

@@ -1,0 +1,479 @@
+//! The three ways to run: loopback (both sides in this process), server, client. Each
+//! builds its side(s), then runs every size and hands results to the [`Output`].
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hotverbs::{LinkLayer, SOFTNIC};
+
+use crate::cli::{Amount, Args, Params, TestKind};
+use crate::control::{Control, Msg};
+use crate::engine::{Hot, Measured};
+use crate::progress::{Counter, Goal, Progress};
+use crate::report::{self, Role, RunInfo, SizeResult};
+use crate::setup::{self, Device, SideRes};
+use crate::stats::{LatencySummary, Throughput};
+use crate::svg;
+
+/// The one line printed when the embedded default is used.
+pub const FALLBACK_NOTE: &str = "hotverbs-perf: no RDMA device found: running loopback on \
+softnic, hotverbs' in-process software device (name a device with -d for a real run)";
+
+/// How the loopback sides run (shown in the header and `--json`).
+pub const LOOPBACK_NOTE: &str = "loopback: two QPs in this process connected to each other; \
+the passive side runs on its own thread and both busy-poll, as two hosts would";
+
+/// Where results go: the table as sizes finish, or one JSON document at the end; and the
+/// latency samples for `--histogram`.
+struct Output<'a> {
+    args: &'a Args,
+    results: Vec<SizeResult>,
+    samples: Vec<(u32, Vec<(f64, u64)>)>,
+}
+
+impl<'a> Output<'a> {
+    fn new(args: &'a Args) -> Self {
+        Output {
+            args,
+            results: Vec::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    fn header(&self, p: &Params, info: &RunInfo) {
+        if !self.args.json {
+            print!("{}", report::header(p, info));
+            let _ = std::io::stdout().flush();
+        }
+    }
+
+    fn size_done(&mut self, p: &Params, r: SizeResult, points: Option<Vec<(f64, u64)>>) {
+        if !self.args.json {
+            print!("{}", report::row(p.test, &r));
+            let _ = std::io::stdout().flush();
+        }
+        if let Some(pts) = points {
+            self.samples.push((r.bytes, pts));
+        }
+        self.results.push(r);
+    }
+
+    fn finish(self, p: &Params, info: &RunInfo) -> Result<Vec<SizeResult>, String> {
+        if self.args.json {
+            let v = report::json(p, info, &self.results);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+            );
+        } else {
+            print!("{}", report::footer());
+        }
+        if let Some(path) = &self.args.histogram {
+            let series: Vec<svg::Series<'_>> = self
+                .samples
+                .iter()
+                .map(|(b, pts)| svg::Series {
+                    label: format!("{b} B"),
+                    points: pts,
+                })
+                .collect();
+            let markers: Vec<(&str, f64)> = match self.results.first().and_then(|r| r.latency) {
+                Some(l) if self.results.len() == 1 => {
+                    vec![
+                        ("p50", l.p50),
+                        ("p99", l.p99),
+                        ("p99.9", l.p999),
+                        ("max", l.max),
+                    ]
+                }
+                _ => Vec::new(),
+            };
+            let what = if p.test.is_ping_pong() {
+                "half round trip"
+            } else {
+                "operation latency"
+            };
+            let title = format!(
+                "hotverbs-perf {} on {} ({}): {what}",
+                p.test,
+                info.device,
+                info.role.name()
+            );
+            let doc = svg::render(&title, &series, &markers)
+                .ok_or("no latency samples to draw for --histogram")?;
+            std::fs::write(path, doc)
+                .map_err(|e| format!("write --histogram {}: {e}", path.display()))?;
+            if !self.args.json {
+                println!(" latency histogram written to {}", path.display());
+            }
+        }
+        Ok(self.results)
+    }
+}
+
+fn result_of(size: u32, m: &Measured) -> (SizeResult, Option<Vec<(f64, u64)>>) {
+    let latency: Option<LatencySummary> = m.latency.as_ref().and_then(|l| l.summary());
+    let r = SizeResult {
+        bytes: size,
+        iterations: m.iterations,
+        latency,
+        throughput: Throughput::new(size as u64, m.iterations, m.elapsed),
+    };
+    (r, m.latency.as_ref().map(|l| l.points()))
+}
+
+fn goal(p: &Params) -> Goal {
+    match p.amount {
+        Amount::Iters(n) => Goal::Iters(n),
+        Amount::Seconds(s) => Goal::Time(Duration::from_secs_f64(s)),
+    }
+}
+
+fn progress_enabled(args: &Args) -> bool {
+    !args.no_progress && std::io::stderr().is_terminal()
+}
+
+/// Does the passive side of `t` do anything (answer pings, consume SENDs)?
+fn passive_works(t: TestKind) -> bool {
+    t.is_ping_pong() || t == TestKind::SendBw
+}
+
+/// Runs what `args` asks for.
+pub fn run(args: &Args) -> Result<(), String> {
+    let params = args.params()?;
+    if args.histogram.is_some() && !params.test.is_latency() {
+        return Err(format!(
+            "--histogram draws latency distributions, and {} is a bandwidth test: use it with a \
+             *_lat test",
+            params.test
+        ));
+    }
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let choice = setup::choose(args.device.as_deref());
+    let softnic = choice.device == SOFTNIC;
+    let role = if args.host.is_some() {
+        Role::Client
+    } else if args.loopback || softnic {
+        Role::Loopback
+    } else {
+        Role::Server
+    };
+    if role == Role::Server && args.histogram.is_some() {
+        return Err(
+            "the client measures latency: pass --histogram to the client, not the server".into(),
+        );
+    }
+    if role == Role::Client {
+        // Connect first: an unreachable server is reported before anything else, and a
+        // failure to set up the device afterwards is reported to the server too.
+        let host = args.host.as_deref().unwrap_or("localhost");
+        let mut ctl = Control::connect(host, args.port, timeout)?;
+        let r = if softnic {
+            Err(format!(
+                "{} (device {}): softnic lives inside one process and cannot reach a server on \
+                 {host}: name an RDMA device with -d, or run without a host for loopback on \
+                 softnic",
+                if choice.fallback {
+                    "no RDMA device found"
+                } else {
+                    "the client needs an RDMA device"
+                },
+                choice.device
+            ))
+        } else {
+            Device::open(&choice.device, args.ib_port, args.gid_index)
+                .and_then(|dev| measure(args, &params, &dev, timeout, &mut ctl))
+        };
+        if let Err(e) = &r {
+            ctl.fail(e);
+        }
+        return r.map(drop);
+    }
+    if choice.fallback {
+        eprintln!("{FALLBACK_NOTE}");
+    }
+    let dev = Device::open(&choice.device, args.ib_port, args.gid_index)?;
+    match role {
+        Role::Server => server(args, &params, &dev, timeout),
+        _ => loopback(args, &params, &dev, timeout),
+    }
+    .map(drop)
+}
+
+fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) -> RunInfo {
+    RunInfo {
+        device: dev.name().to_string(),
+        ib_port: dev.port.port,
+        gid_index: dev.port.gid_index.map(|g| g as u8).or(args.gid_index),
+        mtu: dev.mtu(),
+        link_layer: match dev.port.link_layer {
+            LinkLayer::Ethernet => "Ethernet",
+            _ => "IB",
+        }
+        .to_string(),
+        role,
+        inline_size: hot.max_inline(),
+        signal_every: hot.signal_every(),
+        clock: hot.clock().describe(),
+        note: note.map(str::to_string),
+    }
+}
+
+fn loopback(
+    args: &Args,
+    p: &Params,
+    dev: &Device,
+    timeout: Duration,
+) -> Result<Vec<SizeResult>, String> {
+    let a = SideRes::new(dev, p)?;
+    let b = SideRes::new(dev, p)?;
+    let (ea, eb) = (a.endpoint(dev, p), b.endpoint(dev, p));
+    a.connect(dev, &eb)?;
+    b.connect(dev, &ea)?;
+    // SAFETY: a and b (QP, CQ, MR) outlive the Hots (dropped at the end of this function,
+    // after them); each CQ is polled by its Hot only; QPs were built by SideRes::new with
+    // sq_sig_all = 0 and the depths Hot needs, and are in RTS.
+    let mut ha = unsafe { Hot::new(a.side(&eb)?, p, timeout)? };
+    // SAFETY: as above, for side b.
+    let mut hb = unsafe { Hot::new(b.side(&ea)?, p, timeout)? };
+    let info = info(args, dev, Role::Loopback, &ha, Some(LOOPBACK_NOTE));
+    let mut out = Output::new(args);
+    out.header(p, &info);
+    for &size in &p.sizes {
+        ha.clear_landing();
+        hb.clear_landing();
+        let abort = AtomicBool::new(false);
+        let counter = Counter::default();
+        let progress = Progress::start(
+            progress_enabled(args),
+            format!("{} {size} B", p.test),
+            goal(p),
+            counter.clone(),
+        );
+        let (active, passive) = std::thread::scope(|s| {
+            let h = passive_works(p.test).then(|| {
+                let (hb, abort) = (&mut hb, &abort);
+                std::thread::Builder::new()
+                    .name("passive".into())
+                    .spawn_scoped(s, move || {
+                        let r = hb.passive(p, size, abort);
+                        if r.is_err() {
+                            abort.store(true, Ordering::Relaxed);
+                        }
+                        r
+                    })
+            });
+            let m = ha.active(p, size, &counter, &abort);
+            if m.is_err() {
+                abort.store(true, Ordering::Relaxed);
+            }
+            let pr = match h {
+                None => Ok(0),
+                Some(Err(e)) => Err(format!("spawn the passive thread: {e}")),
+                Some(Ok(h)) => h
+                    .join()
+                    .unwrap_or_else(|_| Err("the passive thread panicked".into())),
+            };
+            (m, pr)
+        });
+        progress.finish();
+        // The root cause first: a side that stopped because the other failed says so.
+        let m = match (active, passive) {
+            (Ok(m), Ok(_)) => m,
+            (Err(a), Ok(_)) => return Err(a),
+            (Ok(_), Err(b)) => return Err(format!("passive side: {b}")),
+            (Err(a), Err(b)) if a.starts_with("stopped") => {
+                return Err(format!("passive side: {b}"))
+            }
+            (Err(a), Err(_)) => return Err(a),
+        };
+        ha.settle()?;
+        hb.settle()?;
+        let (r, pts) = result_of(size, &m);
+        out.size_done(p, r, pts);
+    }
+    out.finish(p, &info)
+}
+
+fn server(
+    args: &Args,
+    ours: &Params,
+    dev: &Device,
+    timeout: Duration,
+) -> Result<Vec<SizeResult>, String> {
+    if !args.json {
+        println!(
+            "************************************\n* Waiting for client to connect... *\n************************************"
+        );
+    }
+    let mut ctl = Control::accept(
+        args.port,
+        Duration::from_secs_f64(args.server_wait),
+        timeout,
+    )?;
+    let r = serve(args, ours, dev, timeout, &mut ctl);
+    if let Err(e) = &r {
+        ctl.fail(e);
+    }
+    r
+}
+
+/// How long a passive server waits for the client to finish a size.
+fn size_wait(p: &Params, timeout: Duration) -> Duration {
+    match p.amount {
+        Amount::Seconds(s) => Duration::from_secs_f64(s) + timeout * 2,
+        // Unknown length: bounded anyway (a dead client closes the socket long before).
+        Amount::Iters(_) => Duration::from_secs(3600).max(timeout),
+    }
+}
+
+fn serve(
+    args: &Args,
+    ours: &Params,
+    dev: &Device,
+    timeout: Duration,
+    ctl: &mut Control,
+) -> Result<Vec<SizeResult>, String> {
+    let p = ctl.welcome(ours)?;
+    let res = SideRes::new(dev, &p)?;
+    let theirs = ctl.exchange(&res.endpoint(dev, &p))?;
+    res.connect(dev, &theirs)?;
+    // SAFETY: res outlives hot (declared before it, dropped after); the CQ is polled by
+    // hot only; the QP was built for these parameters and is in RTS.
+    let mut hot = unsafe { Hot::new(res.side(&theirs)?, &p, timeout)? };
+    let info = info(args, dev, Role::Server, &hot, None);
+    let mut out = Output::new(args);
+    out.header(&p, &info);
+    let abort = AtomicBool::new(false);
+    for (i, &size) in p.sizes.iter().enumerate() {
+        hot.clear_landing();
+        ctl.barrier(i)?;
+        hot.passive(&p, size, &abort)?;
+        ctl.set_read_timeout(size_wait(&p, timeout))?;
+        let r = ctl.expect(&format!("SizeDone({i})"), |m| match m {
+            Msg::SizeDone(j, r) if j == i => Ok(r),
+            m => Err(Box::new(m)),
+        })?;
+        ctl.set_read_timeout(timeout)?;
+        hot.settle()?;
+        out.size_done(&p, r, None);
+    }
+    out.finish(&p, &info)
+}
+
+fn measure(
+    args: &Args,
+    p: &Params,
+    dev: &Device,
+    timeout: Duration,
+    ctl: &mut Control,
+) -> Result<Vec<SizeResult>, String> {
+    ctl.hello(p)?;
+    let res = SideRes::new(dev, p)?;
+    let theirs = ctl.exchange(&res.endpoint(dev, p))?;
+    res.connect(dev, &theirs)?;
+    // SAFETY: as in serve().
+    let mut hot = unsafe { Hot::new(res.side(&theirs)?, p, timeout)? };
+    let info = info(args, dev, Role::Client, &hot, None);
+    let mut out = Output::new(args);
+    out.header(p, &info);
+    let abort = AtomicBool::new(false);
+    for (i, &size) in p.sizes.iter().enumerate() {
+        hot.clear_landing();
+        ctl.barrier(i)?;
+        let counter = Counter::default();
+        let progress = Progress::start(
+            progress_enabled(args),
+            format!("{} {size} B", p.test),
+            goal(p),
+            counter.clone(),
+        );
+        let m = hot.active(p, size, &counter, &abort);
+        progress.finish();
+        let m = m?;
+        let (r, pts) = result_of(size, &m);
+        ctl.send(&Msg::SizeDone(i, r.clone()))?;
+        hot.settle()?;
+        out.size_done(p, r, pts);
+    }
+    out.finish(p, &info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::net::TcpListener;
+
+    fn args(v: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("hotverbs-perf").chain(v.iter().copied())).unwrap()
+    }
+
+    /// The client/server path (handshake, endpoint exchange, barriers, results) with both
+    /// roles in this process on softnic, whose objects are process-wide, over 127.0.0.1.
+    #[test]
+    fn server_and_client_roles_agree_on_softnic() {
+        for test in [
+            "send_lat",
+            "write_lat",
+            "read_lat",
+            "atomic_lat",
+            "send_bw",
+            "write_bw",
+            "read_bw",
+        ] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port().to_string();
+            let mut common = vec![test, "-d", "softnic", "-n", "64", "--json", "--no-progress"];
+            // A size above the inline limit (zero-copy); `-a` would register 256 MiB of
+            // receive slots per side for the SEND tests.
+            if test != "atomic_lat" {
+                common.extend(["-s", "4096"]);
+            }
+            let t = Duration::from_secs(10);
+            let sa = args(&[common.as_slice(), &["-p", &port]].concat());
+            let srv = std::thread::spawn(move || {
+                let dev = Device::open(SOFTNIC, 1, None)?;
+                let mut ctl = Control::accept_on(&l, t, t)?;
+                let p = sa.params()?;
+                let r = serve(&sa, &p, &dev, t, &mut ctl);
+                if let Err(e) = &r {
+                    ctl.fail(e);
+                }
+                r
+            });
+            let ca = args(&[common.as_slice(), &["127.0.0.1", "-p", &port]].concat());
+            let dev = Device::open(SOFTNIC, 1, None).unwrap();
+            let mut ctl = Control::connect("127.0.0.1", ca.port, t).unwrap();
+            let p = ca.params().unwrap();
+            let client = measure(&ca, &p, &dev, t, &mut ctl).unwrap();
+            let server = srv.join().unwrap().unwrap();
+            assert_eq!(client.len(), p.sizes.len(), "{test}");
+            assert_eq!(
+                server, client,
+                "{test}: the server reports the client's results"
+            );
+            assert!(client.iter().all(|r| r.iterations >= 64), "{test}");
+        }
+    }
+
+    #[test]
+    fn a_server_refuses_another_test() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = Duration::from_secs(5);
+        let srv = std::thread::spawn(move || {
+            let sa = args(&["write_lat", "-d", "softnic", "--json"]);
+            let dev = Device::open(SOFTNIC, 1, None)?;
+            let mut ctl = Control::accept_on(&l, t, t)?;
+            serve(&sa, &sa.params()?, &dev, t, &mut ctl)
+        });
+        let ca = args(&["send_lat", "-d", "softnic", "--json"]);
+        let dev = Device::open(SOFTNIC, 1, None).unwrap();
+        let mut ctl = Control::connect("127.0.0.1", port, t).unwrap();
+        let e = measure(&ca, &ca.params().unwrap(), &dev, t, &mut ctl).unwrap_err();
+        assert!(e.contains("refused") && e.contains("write_lat"), "{e}");
+        assert!(srv.join().unwrap().is_err());
+    }
+}

@@ -1,0 +1,240 @@
+//! Setup on hotverbs' setup layer: pick and open the device, build one side's CQ, QP and
+//! registered buffer, describe it to the peer, connect it, and hand the raw handles to the
+//! datapath ([`engine::Side`]).
+
+use hotverbs::exchange::Endpoint;
+use hotverbs::{
+    AccessFlags, ConnectOptions, Context, Cq, DeviceKind, Mr, Pd, PortInfo, Qp, QpBuilder, QpType,
+    RemoteMr, SOFTNIC,
+};
+use hotverbs_datapath::{LocalBuf, RemoteBuf};
+
+use crate::cli::Params;
+use crate::engine::{self, Side};
+
+/// Inline threshold of latency tests when `-I` is not given (perftest's order of size).
+pub const DEFAULT_INLINE_LAT: u32 = 220;
+/// Inline threshold of bandwidth tests when `-I` is not given (perftest's default).
+pub const DEFAULT_INLINE_BW: u32 = 0;
+
+/// What to run on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    /// Device name.
+    pub device: String,
+    /// Chosen because no device was named and none exists (the embedded default).
+    pub fallback: bool,
+}
+
+/// Picks the device: `-d`, else `$HOTVERBS_DEVICE`, else the first real device, else
+/// softnic (the embedded default, flagged so the caller can say so).
+pub fn choose(named: Option<&str>) -> Choice {
+    if let Some(d) = named {
+        return Choice {
+            device: d.to_string(),
+            fallback: false,
+        };
+    }
+    if let Ok(d) = std::env::var("HOTVERBS_DEVICE") {
+        if !d.is_empty() {
+            return Choice {
+                device: d,
+                fallback: false,
+            };
+        }
+    }
+    match hotverbs::devices()
+        .into_iter()
+        .find(|d| d.kind == DeviceKind::Real)
+    {
+        Some(d) => Choice {
+            device: d.name,
+            fallback: false,
+        },
+        None => Choice {
+            device: SOFTNIC.to_string(),
+            fallback: true,
+        },
+    }
+}
+
+/// An open device with its PD and port.
+pub struct Device {
+    /// The context.
+    pub ctx: Context,
+    /// One PD for everything.
+    pub pd: Pd,
+    /// The port (and GID) used.
+    pub port: PortInfo,
+    /// Reads/atomics in flight per QP, within the device's limits.
+    pub rd_atomic: u8,
+}
+
+impl Device {
+    /// Opens `name` and queries the port.
+    pub fn open(name: &str, ib_port: u8, gid_index: Option<u8>) -> Result<Device, String> {
+        let ctx = Context::open(name).map_err(|e| e.to_string())?;
+        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+        let port = ctx
+            .port_info(Some(ib_port), gid_index.map(u32::from))
+            .map_err(|e| format!("{e} (device {name}, port {ib_port}: check -i and -x)"))?;
+        if let (Some(g), true) = (gid_index, port.gid.is_zero()) {
+            return Err(format!(
+                "GID index {g} of {name} port {ib_port} is empty: pick a populated one with -x \
+                 (`show_gids` lists them; rxe's IPv4 GID is usually 1)"
+            ));
+        }
+        let attr = ctx.query_device().map_err(|e| e.to_string())?;
+        let rd_atomic = attr
+            .max_qp_rd_atom()
+            .min(attr.max_qp_init_rd_atom())
+            .clamp(1, 16) as u8;
+        Ok(Device {
+            ctx,
+            pd,
+            port,
+            rd_atomic,
+        })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        self.ctx.name()
+    }
+
+    /// The active MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.port.active_mtu.bytes()
+    }
+}
+
+/// One side's objects. Field order is drop order: the QP before its CQ and the MR.
+pub struct SideRes {
+    /// The RC QP.
+    pub qp: Qp,
+    /// Its CQ (send and receive).
+    pub cq: Cq,
+    /// The registered buffer (layout in [`engine`]).
+    pub mr: Mr<'static>,
+    /// The inline threshold in force (what was asked, within what the QP grants).
+    pub inline: u32,
+}
+
+impl SideRes {
+    /// Creates the CQ, the QP and the buffer for `p`.
+    pub fn new(dev: &Device, p: &Params) -> Result<SideRes, String> {
+        let depth = engine::send_depth(p);
+        let rx = engine::recv_count(p);
+        let cq = dev
+            .ctx
+            .create_cq(depth + rx + 16, None)
+            .map_err(|e| e.to_string())?;
+        let len = engine::buffer_len(p);
+        let mr = dev
+            .pd
+            .alloc_mr(
+                usize::try_from(len).map_err(|_| "buffer too large for this machine")?,
+                AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_ATOMIC,
+            )
+            .map_err(|e| format!("{e} (registering {len} bytes)"))?;
+        let wanted = p.inline_size.unwrap_or(if p.test.is_latency() {
+            DEFAULT_INLINE_LAT
+        } else {
+            DEFAULT_INLINE_BW
+        });
+        // With -I the user's value must work; by default, step down until the device
+        // accepts (rxe and mlx5 grant different maxima).
+        let tries: Vec<u32> = if p.inline_size.is_some() {
+            vec![wanted]
+        } else {
+            [wanted, 128, 64, 0]
+                .into_iter()
+                .filter(|&v| v <= wanted)
+                .collect()
+        };
+        let mut last = None;
+        for inline in tries {
+            let r = QpBuilder::new(&dev.pd, &cq, &cq, QpType::Rc)
+                .max_send_wr(depth)
+                .max_recv_wr(rx.max(1))
+                .max_send_sge(1)
+                .max_recv_sge(1)
+                .max_inline_data(inline)
+                .sq_sig_all(false)
+                .build();
+            match r {
+                Ok(qp) => {
+                    let granted = qp.cap().max_inline_data;
+                    return Ok(SideRes {
+                        inline: inline.min(granted),
+                        qp,
+                        cq,
+                        mr,
+                    });
+                }
+                Err(e) => last = Some(format!("{e} (max_inline_data {inline})")),
+            }
+        }
+        Err(last.unwrap_or_else(|| "ibv_create_qp failed".into()))
+    }
+
+    /// The landing zone offered to the peer.
+    pub fn landing(&self, p: &Params) -> RemoteMr {
+        let s = engine::slot_size(p.sizes.iter().copied().max().unwrap_or(1)) as u64;
+        RemoteMr {
+            addr: self.mr.addr() + s,
+            len: s,
+            rkey: self.mr.rkey(),
+        }
+    }
+
+    /// Our endpoint, with the landing zone.
+    pub fn endpoint(&self, dev: &Device, p: &Params) -> Endpoint {
+        self.qp.endpoint(&dev.port).with_mr(self.landing(p))
+    }
+
+    /// RESET -> INIT -> RTR -> RTS towards `remote`.
+    pub fn connect(&self, dev: &Device, remote: &Endpoint) -> Result<(), String> {
+        let opts = ConnectOptions {
+            max_rd_atomic: dev.rd_atomic,
+            max_dest_rd_atomic: dev.rd_atomic,
+            ..ConnectOptions::default()
+        };
+        self.qp
+            .connect(&dev.port, remote, &opts)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The raw handles for the datapath, aimed at `remote`'s landing zone.
+    pub fn side(&self, remote: &Endpoint) -> Result<Side, String> {
+        let r = remote
+            .mr
+            .ok_or("the peer offered no memory window: is it hotverbs-perf?")?;
+        Ok(Side {
+            qp: self.qp.as_raw(),
+            cq: self.cq.as_raw(),
+            mr: LocalBuf::new(
+                self.mr.addr(),
+                u32::try_from(self.mr.len()).map_err(|_| "buffer over 4 GiB")?,
+                self.mr.lkey(),
+            ),
+            remote: RemoteBuf::new(r.addr, r.len, r.rkey),
+            max_inline: self.inline,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_device_wins() {
+        let c = choose(Some("rxe0"));
+        assert_eq!(c.device, "rxe0");
+        assert!(!c.fallback);
+    }
+}

@@ -1,0 +1,267 @@
+//! The binary's behaviour as a user sees it: exit codes, messages, the table, `--json`,
+//! `--histogram`. Runs on softnic (`-d softnic`: loopback in this process), so it needs no
+//! RDMA device and behaves the same on a machine that has one.
+
+use std::net::TcpListener;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn perf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
+        .args(args)
+        .env_remove("HOTVERBS_DEVICE")
+        .output()
+        .expect("run hotverbs-perf")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let o = perf(&a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+#[test]
+fn unknown_test_and_bad_numbers_fail_with_usage() {
+    for args in [
+        &["sned_lat"][..],
+        &["send_lat", "-n", "0"],
+        &["send_lat", "-n", "many"],
+        &["send_lat", "-s", "64", "-a"],
+        &["send_lat", "--bogus"],
+        &[],
+    ] {
+        let o = perf(args);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("error:") && err.contains("--help"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn inconsistent_options_fail_with_a_reason() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["send_lat", "-d", "softnic", "-s", "0"], "size 0"),
+        (
+            &["send_bw", "-d", "softnic", "-l", "64", "-t", "16"],
+            "-l 64",
+        ),
+        (
+            &["send_bw", "-d", "softnic", "-Q", "16", "-t", "16"],
+            "-Q 16",
+        ),
+        (&["atomic_lat", "-d", "softnic", "-s", "64"], "8 bytes"),
+        (
+            &["send_bw", "-d", "softnic", "--histogram", "x.svg"],
+            "--histogram",
+        ),
+        (&["send_lat", "-d", "no_such_dev0"], "no_such_dev0"),
+        (&["send_lat", "-d", "softnic", "-x", "9"], "GID index 9"),
+    ];
+    for (args, want) in cases {
+        let o = perf(args);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("error:") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unreachable_server_is_an_error_within_the_timeout() {
+    // A port that was just free: nothing listens there.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let t0 = Instant::now();
+    let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("connect to 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(err.contains("start the server"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn silent_server_is_an_error_within_the_timeout() {
+    // Accepts the connection and never answers.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let t = std::thread::spawn(move || {
+        let c = l.accept();
+        std::thread::sleep(Duration::from_secs(5));
+        drop(c);
+    });
+    let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("error:"), "{err}");
+    t.join().unwrap();
+}
+
+#[test]
+fn send_lat_on_softnic_prints_the_table() {
+    let o = perf(&["send_lat", "-d", "softnic", "-n", "1000"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("Send Latency Test"), "{out}");
+    assert!(out.contains("t_p99.9[usec]"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("2"))
+        .unwrap_or_else(|| panic!("no row for 2 bytes: {out}"));
+    let f: Vec<f64> = row.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(f[1], 1000.0);
+    // min <= p50 <= p90 <= p99 <= p99.9 <= max
+    assert!(f[2..8].windows(2).all(|w| w[0] <= w[1]), "{row}");
+}
+
+#[test]
+fn embedded_default_says_so_in_one_line() {
+    // Only meaningful where no RDMA device exists (this crate's CI machine); with one, the
+    // tool would wait as a server.
+    if !hotverbs_has_no_real_device() {
+        println!("skipped: a real RDMA device exists");
+        return;
+    }
+    let o = perf(&["send_lat", "-n", "100"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let notes: Vec<&str> = err.lines().filter(|l| l.contains("softnic")).collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    assert!(notes[0].contains("no RDMA device"), "{err}");
+    assert!(out.contains("softnic"), "{out}");
+}
+
+fn hotverbs_has_no_real_device() -> bool {
+    // /sys/class/infiniband lists kernel RDMA devices; absent or empty means none.
+    std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| d.count() == 0)
+        .unwrap_or(true)
+}
+
+#[test]
+fn json_has_the_fields_for_every_test() {
+    for test in [
+        "send_lat",
+        "write_lat",
+        "read_lat",
+        "atomic_lat",
+        "send_bw",
+        "write_bw",
+        "read_bw",
+    ] {
+        let v = json(&[test, "-d", "softnic", "-n", "200", "-s", "8"]);
+        assert_eq!(v["test"], test);
+        assert_eq!(v["device"], "softnic");
+        assert_eq!(v["role"], "loopback");
+        let r = &v["results"][0];
+        assert_eq!(r["bytes"], 8, "{test}: {v}");
+        assert!(r["iterations"].as_u64().unwrap() >= 200, "{test}: {v}");
+        assert!(r["mpps"].as_f64().unwrap() > 0.0, "{test}: {v}");
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{test}: {v}");
+        if test.ends_with("_lat") {
+            for k in [
+                "t_min_us",
+                "t_p50_us",
+                "t_p90_us",
+                "t_p99_us",
+                "t_p999_us",
+                "t_max_us",
+            ] {
+                assert!(r[k].as_f64().unwrap() > 0.0, "{test} {k}: {v}");
+            }
+            assert!(r["t_min_us"].as_f64() <= r["t_max_us"].as_f64());
+            assert_eq!(
+                v["latency_is_half_round_trip"],
+                test == "send_lat" || test == "write_lat"
+            );
+        } else {
+            assert!(r.get("t_p50_us").is_none(), "{test}: {v}");
+            assert!(r["mib_per_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn sizes_options_and_duration() {
+    // Every size, zero-copy above the inline limit, post lists and signal period.
+    let v = json(&[
+        "write_lat",
+        "-d",
+        "softnic",
+        "-a",
+        "-n",
+        "5",
+        "--warmup",
+        "1",
+    ]);
+    let sizes: Vec<u64> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes.first(), Some(&2));
+    assert_eq!(sizes.last(), Some(&(8 << 20)));
+    assert_eq!(sizes.len(), 23);
+    let v = json(&[
+        "send_bw", "-d", "softnic", "-s", "64", "-n", "1000", "-l", "8", "-Q", "8", "-t", "64",
+        "-I", "64",
+    ]);
+    assert_eq!(v["params"]["post_list"], 8);
+    assert_eq!(v["params"]["inline_size"], 64);
+    let v = json(&["read_bw", "-d", "softnic", "-s", "4096", "-D", "0.3"]);
+    let r = &v["results"][0];
+    assert!(r["seconds"].as_f64().unwrap() >= 0.3, "{v}");
+    let v = json(&[
+        "atomic_lat",
+        "-d",
+        "softnic",
+        "-A",
+        "CMP_AND_SWAP",
+        "-n",
+        "100",
+    ]);
+    assert_eq!(v["results"][0]["iterations"], 100);
+}
+
+#[test]
+fn histogram_is_written() {
+    let dir = std::env::temp_dir().join(format!("hotverbs-perf-hist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lat.svg");
+    let p = path.to_str().unwrap();
+    let o = perf(&["read_lat", "-d", "softnic", "-n", "500", "--histogram", p]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("histogram written"), "{out}");
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("p99.9"), "markers drawn");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,167 @@
+//! hotverbs-perf on a real RDMA device (rxe under `cargo xtask rxe`): every test as server
+//! and client over 127.0.0.1, and loopback on the device. Without a device this prints
+//! "skipped: no RDMA device" — unless HOTVERBS_RXE=1, where a missing device is a failure.
+//! Device: $HOTVERBS_DEVICE (else the first in /sys/class/infiniband); GID index:
+//! $HOTVERBS_GID_INDEX.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+struct Dev {
+    name: String,
+    gid_index: Option<String>,
+}
+
+fn device() -> Option<Dev> {
+    let in_vm = std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1");
+    let name = std::env::var("HOTVERBS_DEVICE")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .or_else(|| {
+            std::fs::read_dir("/sys/class/infiniband")
+                .ok()?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .min()
+        });
+    let present = name.as_ref().is_some_and(|n| {
+        std::path::Path::new("/sys/class/infiniband")
+            .join(n)
+            .exists()
+    });
+    if !present {
+        assert!(!in_vm, "HOTVERBS_RXE=1 but no RDMA device {name:?} exists");
+        println!("skipped: no RDMA device");
+        return None;
+    }
+    Some(Dev {
+        name: name.unwrap_or_default(),
+        gid_index: std::env::var("HOTVERBS_GID_INDEX")
+            .ok()
+            .filter(|g| !g.is_empty()),
+    })
+}
+
+fn dev_args(d: &Dev) -> Vec<String> {
+    let mut v = vec!["-d".to_string(), d.name.clone()];
+    if let Some(g) = &d.gid_index {
+        v.extend(["-x".to_string(), g.clone()]);
+    }
+    v
+}
+
+fn free_port() -> String {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
+}
+
+#[test]
+fn every_test_as_server_and_client_on_localhost() {
+    let Some(d) = device() else { return };
+    let bin = env!("CARGO_BIN_EXE_hotverbs-perf");
+    for test in [
+        "send_lat",
+        "write_lat",
+        "read_lat",
+        "atomic_lat",
+        "send_bw",
+        "write_bw",
+        "read_bw",
+    ] {
+        let port = free_port();
+        let common = |extra: &[&str]| {
+            let mut v: Vec<String> = vec![test.into()];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v.extend(dev_args(&d));
+            v.extend(
+                ["-p", &port, "-n", "200", "--json", "--timeout", "20"]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+            v
+        };
+        let server = Command::new(bin)
+            .args(common(&["--server-wait", "60"]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = Command::new(bin)
+            .args(common(&["127.0.0.1"]))
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        let cerr = String::from_utf8_lossy(&client.stderr);
+        let serr = String::from_utf8_lossy(&server.stderr);
+        assert!(
+            client.status.success(),
+            "{test} client: {cerr}\nserver: {serr}"
+        );
+        assert!(
+            server.status.success(),
+            "{test} server: {serr}\nclient: {cerr}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
+        assert_eq!(v["role"], "client");
+        assert_eq!(v["device"], d.name.as_str());
+        assert!(
+            v["results"][0]["mpps"].as_f64().unwrap() > 0.0,
+            "{test}: {v}"
+        );
+        let s: serde_json::Value = serde_json::from_slice(&server.stdout).unwrap();
+        assert_eq!(s["role"], "server");
+        assert_eq!(
+            s["results"], v["results"],
+            "the server reports the client's results"
+        );
+        println!("{test}: {}", v["results"][0]);
+    }
+}
+
+#[test]
+fn loopback_on_the_device() {
+    let Some(d) = device() else { return };
+    let mut args = vec!["send_lat".to_string(), "--loopback".into()];
+    args.extend(dev_args(&d));
+    args.extend(["-n".into(), "200".into(), "--json".into()]);
+    let o = Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["role"], "loopback");
+    assert!(v["results"][0]["t_p50_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn mismatched_tests_are_refused_on_both_sides() {
+    let Some(d) = device() else { return };
+    let bin = env!("CARGO_BIN_EXE_hotverbs-perf");
+    let port = free_port();
+    let mut s = vec!["write_lat".to_string(), "-p".into(), port.clone()];
+    s.extend(dev_args(&d));
+    let server = Command::new(bin)
+        .args(&s)
+        .args(["--server-wait", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = vec![
+        "send_lat".to_string(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port,
+    ];
+    c.extend(dev_args(&d));
+    let client = Command::new(bin).args(&c).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(client.status.code(), Some(1));
+    assert_eq!(server.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&client.stderr).contains("refused"));
+}

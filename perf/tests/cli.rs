@@ -4,7 +4,7 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn perf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
@@ -90,7 +90,6 @@ fn unreachable_server_is_an_error_within_the_timeout() {
         .unwrap()
         .port()
         .to_string();
-    let t0 = Instant::now();
     let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -98,28 +97,28 @@ fn unreachable_server_is_an_error_within_the_timeout() {
         err.contains(&format!("connect to 127.0.0.1:{port}")),
         "{err}"
     );
+    // The bounded wait is what ended it (not a hang cut short by something else).
+    assert!(err.contains("timed out after 1s"), "{err}");
     assert!(err.contains("start the server"), "{err}");
-    assert!(
-        t0.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        t0.elapsed()
-    );
 }
 
 #[test]
-fn silent_server_is_an_error_within_the_timeout() {
-    // Accepts the connection and never answers.
+fn client_without_a_real_device_is_refused_after_reaching_the_server() {
+    // A server that accepts and never answers. Without an RDMA device the client's only
+    // device is softnic, which cannot reach another process: a clear error, not a wait on
+    // the silent peer. (The silent-peer timeouts themselves are tested in the engine's unit
+    // tests and in hotverbs' exchange tests.)
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
     let t = std::thread::spawn(move || {
         let c = l.accept();
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_secs(2));
         drop(c);
     });
     let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("error:"), "{err}");
+    assert!(err.contains("softnic lives inside one process"), "{err}");
     t.join().unwrap();
 }
 

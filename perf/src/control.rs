@@ -299,7 +299,6 @@ mod tests {
     use super::*;
     use crate::cli::{Amount, AtomicKind, TestKind};
     use hotverbs::RemoteMr;
-    use std::time::Instant;
 
     fn params(test: TestKind) -> Params {
         Params {
@@ -381,13 +380,11 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let t0 = Instant::now();
         let e = Control::connect("127.0.0.1", port, Duration::from_millis(500))
             .err()
             .unwrap();
         assert!(e.contains(&format!("connect to 127.0.0.1:{port}")), "{e}");
         assert!(e.contains("start the server first"), "{e}");
-        assert!(t0.elapsed() < Duration::from_secs(30));
     }
 
     #[test]

@@ -952,10 +952,8 @@ mod tests {
         let p = params(TestKind::SendLat, vec![8], 16);
         let (_dev, _a, _b, _ha, mut hb) = softnic_pair(&p, Duration::from_millis(200));
         let abort = AtomicBool::new(false);
-        let t0 = Instant::now();
         let e = hb.passive(&p, 8, &abort).unwrap_err();
         assert!(e.contains("no progress"), "{e}");
-        assert!(t0.elapsed() < Duration::from_secs(20));
     }
 
     #[test]

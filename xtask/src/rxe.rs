@@ -178,53 +178,81 @@ struct HostProgram {
 // ---------------------------------------------------------------------------------------
 // EDIT HERE: programs other parts of the project run on rxe.
 //
-// The perf tool's command line is still being written; these templates are the only place
-// the harness knows it, so adjust them here when it changes. The rows are not required
-// while the CLI settles: make them `required: true` once it is stable. Examples that are
-// worth running on a real device get a row too (`binary: "release/examples/<name>"`).
+// These templates are the only place the harness knows the perf tool's command line. Each
+// row runs perftest's equivalent right before it in the same boot (small and 64 KiB sizes,
+// as issue #8 asks) and prints both figures and the ratio. Examples worth running on a real
+// device get a row too (`binary: "release/examples/<name>"`).
 // ---------------------------------------------------------------------------------------
 const HOST_PROGRAMS: &[HostProgram] = &[
     HostProgram {
-        name: "perf send_lat",
+        name: "perf send_lat 2B",
         binary: "release/hotverbs-perf",
-        args: "send_lat -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_send_lat -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "send_lat -d {dev} -x {gid} -s 2 -n 1000 --loopback",
+        baseline: Some("ib_send_lat -d {dev} -x {gid} -F -s 2 -n 1000"),
+        required: true,
     },
     HostProgram {
-        name: "perf write_lat",
+        name: "perf send_lat 64K",
         binary: "release/hotverbs-perf",
-        args: "write_lat -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_write_lat -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "send_lat -d {dev} -x {gid} -s 65536 -n 1000 --loopback",
+        baseline: Some("ib_send_lat -d {dev} -x {gid} -F -s 65536 -n 1000"),
+        required: true,
     },
     HostProgram {
-        name: "perf read_lat",
+        name: "perf write_lat 2B",
         binary: "release/hotverbs-perf",
-        args: "read_lat -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_read_lat -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "write_lat -d {dev} -x {gid} -s 2 -n 1000 --loopback",
+        baseline: Some("ib_write_lat -d {dev} -x {gid} -F -s 2 -n 1000"),
+        required: true,
     },
     HostProgram {
-        name: "perf send_bw",
+        name: "perf write_lat 64K",
         binary: "release/hotverbs-perf",
-        args: "send_bw -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_send_bw -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "write_lat -d {dev} -x {gid} -s 65536 -n 1000 --loopback",
+        baseline: Some("ib_write_lat -d {dev} -x {gid} -F -s 65536 -n 1000"),
+        required: true,
     },
     HostProgram {
-        name: "perf write_bw",
+        name: "perf send_bw 64B",
         binary: "release/hotverbs-perf",
-        args: "write_bw -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_write_bw -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "send_bw -d {dev} -x {gid} -s 64 -n 1000 --loopback",
+        baseline: Some("ib_send_bw -d {dev} -x {gid} -F -s 64 -n 1000"),
+        required: true,
     },
     HostProgram {
-        name: "perf atomic_lat",
+        name: "perf send_bw 64K",
         binary: "release/hotverbs-perf",
-        args: "atomic_lat -d {dev} -x {gid} -n 1000 --loopback",
-        baseline: Some("ib_atomic_lat -d {dev} -x {gid} -F -n 1000"),
-        required: false,
+        args: "send_bw -d {dev} -x {gid} -s 65536 -n 1000 --loopback",
+        baseline: Some("ib_send_bw -d {dev} -x {gid} -F -s 65536 -n 1000"),
+        required: true,
+    },
+    HostProgram {
+        name: "perf write_bw 64B",
+        binary: "release/hotverbs-perf",
+        args: "write_bw -d {dev} -x {gid} -s 64 -n 1000 --loopback",
+        baseline: Some("ib_write_bw -d {dev} -x {gid} -F -s 64 -n 1000"),
+        required: true,
+    },
+    HostProgram {
+        name: "perf write_bw 64K",
+        binary: "release/hotverbs-perf",
+        args: "write_bw -d {dev} -x {gid} -s 65536 -n 1000 --loopback",
+        baseline: Some("ib_write_bw -d {dev} -x {gid} -F -s 65536 -n 1000"),
+        required: true,
+    },
+    HostProgram {
+        name: "perf read_lat 2B",
+        binary: "release/hotverbs-perf",
+        args: "read_lat -d {dev} -x {gid} -s 2 -n 1000 --loopback",
+        baseline: Some("ib_read_lat -d {dev} -x {gid} -F -s 2 -n 1000"),
+        required: true,
+    },
+    HostProgram {
+        name: "perf atomic_lat 8B",
+        binary: "release/hotverbs-perf",
+        args: "atomic_lat -d {dev} -x {gid} -s 8 -n 1000 --loopback",
+        baseline: Some("ib_atomic_lat -d {dev} -x {gid} -F -s 8 -n 1000"),
+        required: true,
     },
 ];
 

@@ -5,63 +5,13 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use hotverbs_datapath::*;
 use hotverbs_softnic::counting::CountingDevice;
-
-struct Counting;
-
-/// Allocations by all threads (reported) ...
-static ALLOCS_ALL: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// ... and by this thread while armed (asserted: tests run on parallel threads).
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note_alloc() {
-    ALLOCS_ALL.fetch_add(1, Ordering::Relaxed);
-    // try_with: the allocator may run while thread-locals are being torn down.
-    let _ = ARMED.try_with(|a| {
-        if a.get() {
-            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        // SAFETY: caller's contract is forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: caller's contract is forwarded unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_alloc();
-        // SAFETY: caller's contract is forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+// Counts allocations per armed thread (tests run on parallel threads).
+use hotverbs_softnic::testing::CountingAlloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Allocations made by this thread while `f` runs.
-fn count_allocs<R>(f: impl FnOnce() -> R) -> (u64, R) {
-    let before = ALLOCS.with(|n| n.get());
-    ARMED.with(|a| a.set(true));
-    let r = f();
-    ARMED.with(|a| a.set(false));
-    (ALLOCS.with(|n| n.get()) - before, r)
-}
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const MESSAGES: u64 = 1_000_000;
 const S: u8 = 1;
@@ -159,7 +109,7 @@ fn one_million_messages_on_the_counting_device_allocate_nothing() {
         )
     };
     let (allocs, (received, _)) =
-        count_allocs(|| hot_loop(&mut send, &mut sp, &mut recv, &mut rp, true, MESSAGES));
+        CountingAlloc::count(|| hot_loop(&mut send, &mut sp, &mut recv, &mut rp, true, MESSAGES));
     assert_eq!(received, MESSAGES);
     // The counting device moves no data: the slots keep their zeros.
     assert_eq!(allocs, 0, "allocations in the hot loop");
@@ -211,7 +161,7 @@ fn one_million_messages_on_softnic_allocate_nothing() {
     // No warm-up: softnic sizes its queues, spare entries and scratch lists when the QPs
     // and CQs are created, so the very first message is already the steady state.
     let (allocs, (received, sum)) =
-        count_allocs(|| hot_loop(&mut send, &mut sp, &mut recv, &mut rp, false, MESSAGES));
+        CountingAlloc::count(|| hot_loop(&mut send, &mut sp, &mut recv, &mut rp, false, MESSAGES));
     assert_eq!(received, MESSAGES);
     assert_eq!(
         sum,

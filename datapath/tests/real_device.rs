@@ -11,7 +11,8 @@
 //! unless `HOTVERBS_RXE=1` (inside the rxe VM), where a missing device is a failure.
 //! Device: `$HOTVERBS_DEVICE` (`rxe0` in the VM; `softnic` runs the suite on the software
 //! device, which is how it is developed), else the first real device. GID index:
-//! `$HOTVERBS_GID_INDEX` (`1` on rxe), else the RoCE v2 IPv4 GID.
+//! `$HOTVERBS_GID_INDEX` (`1` on rxe), else the RoCE v2 IPv4 GID. The policy is
+//! [`hotverbs::testing`]'s.
 //!
 //! Where rxe departs from the man pages (`/work/shared/rxe-vm/fault-truth.md`), the
 //! assertions accept what both rxe and softnic do: error completions carry opcode 0 and
@@ -21,8 +22,8 @@
 use std::time::{Duration, Instant};
 
 use hotverbs::{
-    devices_report, AccessFlags, AhAttr, ConnectOptions, Context, Cq, DeviceKind, Endpoint, Mr, Pd,
-    PortInfo, Qp, QpBuilder, QpType, DEFAULT_QKEY, SOFTNIC,
+    testing, AccessFlags, AhAttr, ConnectOptions, Context, Cq, Endpoint, Mr, Pd, PortInfo, Qp,
+    QpBuilder, QpType, DEFAULT_QKEY,
 };
 use hotverbs_datapath::{
     Completion, CqPoller, Credits, Local, LocalBuf, Msg, PostError, RecvConfig, RecvError,
@@ -33,51 +34,14 @@ use hotverbs_ffi::IBV_WC_RECV;
 /// How long a test waits for progress before failing (generous: rxe under TCG is slow).
 const T: Duration = Duration::from_secs(20);
 
-fn rxe_required() -> bool {
-    std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1")
-}
-
-/// The device under test, or None (after printing the skip line).
+/// The device under test, or None (after printing the skip line): the shared probe policy,
+/// with `HOTVERBS_DEVICE=softnic` allowed outside the rxe VM.
 fn device() -> Option<Context> {
-    let report = devices_report();
-    let wanted = std::env::var("HOTVERBS_DEVICE")
-        .ok()
-        .filter(|n| !n.is_empty());
-    let name = wanted.or_else(|| {
-        report
-            .devices
-            .iter()
-            .find(|d| d.kind == DeviceKind::Real)
-            .map(|d| d.name.clone())
-    });
-    match name.as_deref().map(Context::open) {
-        Some(Ok(c)) => {
-            if rxe_required() {
-                assert_ne!(c.name(), SOFTNIC, "HOTVERBS_RXE=1 must test a real device");
-            }
-            Some(c)
-        }
-        other => {
-            let why = match other {
-                Some(Err(e)) => e.to_string(),
-                _ => report
-                    .real_unavailable
-                    .unwrap_or_else(|| "libibverbs lists no device".into()),
-            };
-            if rxe_required() {
-                panic!("HOTVERBS_RXE=1 but no RDMA device: {why}");
-            }
-            println!("skipped: no RDMA device ({why})");
-            None
-        }
-    }
+    testing::Probe::new().allow_softnic().open()
 }
 
 fn port_info(ctx: &Context) -> PortInfo {
-    let gid = std::env::var("HOTVERBS_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    ctx.port_info(None, gid).unwrap()
+    ctx.port_info(None, testing::gid_index()).unwrap()
 }
 
 fn all_access() -> AccessFlags {

@@ -15,23 +15,17 @@
 use core::ptr;
 
 use hotverbs_ffi::*;
+// The raw-verbs setup (open, PD, CQ, QP, MR, the modify_qp sequence) shared with the
+// datapath's and softnic's tests.
+use hotverbs_softnic::testing::{self, ConnectAttr};
 
 /// softnic's verbs table.
 pub fn fns() -> &'static IbvFns {
     hotverbs_softnic::verbs_table()
 }
 
-macro_rules! verb {
-    ($name:ident) => {
-        fns().$name.expect(stringify!($name))
-    };
-}
-
 /// Access flags of every MR and QP that should allow everything.
-pub const ALL_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
-    | IBV_ACCESS_REMOTE_WRITE
-    | IBV_ACCESS_REMOTE_READ
-    | IBV_ACCESS_REMOTE_ATOMIC;
+pub use hotverbs_softnic::testing::ALL_ACCESS;
 
 /// What a pair is built with.
 #[derive(Clone, Copy, Debug)]
@@ -117,21 +111,10 @@ impl Pair {
         // SAFETY: the verbs are called as their man pages describe, on objects created here
         // and checked non-NULL.
         unsafe {
-            let mut n = 0;
-            let list = verb!(ibv_get_device_list)(&mut n);
-            assert!(!list.is_null() && n >= 1, "softnic lists a device");
-            let ctx = verb!(ibv_open_device)(*list);
-            verb!(ibv_free_device_list)(list);
-            assert!(!ctx.is_null(), "ibv_open_device: {}", errno_name(errno()));
-            let pd = verb!(ibv_alloc_pd)(ctx);
-            let pd2 = verb!(ibv_alloc_pd)(ctx);
-            assert!(!pd.is_null() && !pd2.is_null(), "ibv_alloc_pd");
-            let mut gid: ibv_gid = core::mem::zeroed();
-            assert_eq!(
-                verb!(ibv_query_gid)(ctx, 1, 1, &mut gid),
-                0,
-                "ibv_query_gid"
-            );
+            let (ctx, _) = testing::open_listed_device();
+            let pd = testing::alloc_pd(ctx);
+            let pd2 = testing::alloc_pd(ctx);
+            let gid = testing::query_gid(ctx, 1);
             let a = Self::end(ctx, pd, &cfg);
             let b = Self::end(ctx, pd, &cfg);
             let pair = Pair {
@@ -154,22 +137,15 @@ impl Pair {
     unsafe fn end(ctx: *mut ibv_context, pd: *mut ibv_pd, c: &PairConfig) -> End {
         // SAFETY: caller's contract; the attributes are fully initialised.
         unsafe {
-            let cq = verb!(ibv_create_cq)(ctx, c.cq_size, ptr::null_mut(), ptr::null_mut(), 0);
-            assert!(!cq.is_null(), "ibv_create_cq: {}", errno_name(errno()));
-            let mut ia: ibv_qp_init_attr = core::mem::zeroed();
-            ia.send_cq = cq;
-            ia.recv_cq = cq;
-            ia.cap = ibv_qp_cap {
+            let cq = testing::create_cq(ctx, c.cq_size);
+            let cap = ibv_qp_cap {
                 max_send_wr: c.sq_depth,
                 max_recv_wr: c.rq_depth,
                 max_send_sge: c.max_sge,
                 max_recv_sge: c.max_sge,
                 max_inline_data: c.max_inline,
             };
-            ia.qp_type = c.qp_type;
-            ia.sq_sig_all = 0;
-            let qp = verb!(ibv_create_qp)(pd, &mut ia);
-            assert!(!qp.is_null(), "ibv_create_qp: {}", errno_name(errno()));
+            let qp = testing::create_qp(pd, c.qp_type, cq, cq, cap, ptr::null_mut());
             End { cq, qp }
         }
     }
@@ -187,80 +163,21 @@ impl Pair {
         access: u32,
     ) -> *mut ibv_mr {
         // SAFETY: caller's contract; live PD.
-        let mr = unsafe { verb!(ibv_reg_mr)(pd, addr.cast(), len, access as i32) };
-        assert!(!mr.is_null(), "ibv_reg_mr: {}", errno_name(errno()));
-        mr
+        unsafe { testing::reg_mr(pd, addr, len, access) }
     }
 
-    fn modify(&self, qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: u32) {
-        // SAFETY: live QP, initialised attr.
-        let rc = unsafe { verb!(ibv_modify_qp)(qp, attr, mask as i32) };
-        assert_eq!(
-            rc,
-            0,
-            "ibv_modify_qp to state {}: {}",
-            attr.qp_state,
-            errno_name(rc)
-        );
-    }
-
-    /// RESET -> INIT -> RTR -> RTS towards `dest_qpn`.
+    /// RESET -> INIT -> RTR -> RTS towards `dest_qpn` (RC or UC, from the QP's type).
     pub fn connect(&self, qp: *mut ibv_qp, dest_qpn: u32, rnr_retry: u8) {
-        // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_INIT;
-        at.port_num = 1;
-        at.qp_access_flags = ALL_ACCESS;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-        );
-        // SAFETY: as above.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RTR;
-        at.path_mtu = IBV_MTU_1024;
-        at.dest_qp_num = dest_qpn;
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 1;
-        at.ah_attr.is_global = 1;
-        at.ah_attr.port_num = 1;
-        at.ah_attr.grh.dgid = self.gid;
-        at.ah_attr.grh.sgid_index = 1;
-        at.ah_attr.grh.hop_limit = 1;
-        let rc = self.cfg.qp_type == IBV_QPT_RC;
-        let rc_rtr = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE
-                | IBV_QP_AV
-                | IBV_QP_PATH_MTU
-                | IBV_QP_DEST_QPN
-                | IBV_QP_RQ_PSN
-                | if rc { rc_rtr } else { 0 },
-        );
-        // SAFETY: as above.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RTS;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = rnr_retry;
-        at.max_rd_atomic = 16;
-        let rc_rts = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE | IBV_QP_SQ_PSN | if rc { rc_rts } else { 0 },
-        );
+        let c = ConnectAttr {
+            rnr_retry,
+            ..ConnectAttr::new(dest_qpn, self.gid)
+        };
+        connect_pair_qp(qp, &c);
     }
 
     /// Moves `qp` to RESET (its queued WRs vanish without completions).
     pub fn to_reset(&self, qp: *mut ibv_qp) {
-        // SAFETY: plain data.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RESET;
-        self.modify(qp, &mut at, IBV_QP_STATE);
+        reset_pair_qp(qp);
     }
 
     /// Side A through RESET and back to RTS (side B untouched).
@@ -283,6 +200,18 @@ impl Pair {
         self.a.poll_all();
         self.b.poll_all();
     }
+}
+
+/// [`testing::connect_qp`] on one of a [`Pair`]'s QPs (the only callers' arguments).
+fn connect_pair_qp(qp: *mut ibv_qp, c: &ConnectAttr) {
+    // SAFETY: a live QP of a pair (module invariant: never destroyed).
+    unsafe { testing::connect_qp(qp, c) }
+}
+
+/// [`testing::qp_to_reset`] on one of a [`Pair`]'s QPs (the only callers' arguments).
+fn reset_pair_qp(qp: *mut ibv_qp) {
+    // SAFETY: a live QP of a pair (module invariant: never destroyed).
+    unsafe { testing::qp_to_reset(qp) }
 }
 
 /// Posts one receive of `len` bytes at `addr` (`lkey`) on `qp`; returns the verb's result.

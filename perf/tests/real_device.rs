@@ -1,8 +1,8 @@
 //! hotverbs-perf on a real RDMA device (rxe under `cargo xtask rxe`): every test as server
 //! and client over 127.0.0.1, and loopback on the device. Without a device this prints
-//! "skipped: no RDMA device" — unless HOTVERBS_RXE=1, where a missing device is a failure.
-//! Device: $HOTVERBS_DEVICE (else the first in /sys/class/infiniband); GID index:
-//! $HOTVERBS_GID_INDEX.
+//! "skipped: no RDMA device" — unless HOTVERBS_RXE=1, where a missing device is a failure
+//! (the probe is `hotverbs::testing::real_device`: $HOTVERBS_DEVICE, else the first real
+//! device; GID index $HOTVERBS_GID_INDEX).
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -13,33 +13,21 @@ struct Dev {
 }
 
 fn device() -> Option<Dev> {
-    let in_vm = std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1");
-    let name = std::env::var("HOTVERBS_DEVICE")
-        .ok()
-        .filter(|d| !d.is_empty())
-        .or_else(|| {
-            std::fs::read_dir("/sys/class/infiniband")
-                .ok()?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .min()
-        });
-    let present = name.as_ref().is_some_and(|n| {
-        std::path::Path::new("/sys/class/infiniband")
-            .join(n)
-            .exists()
-    });
-    if !present {
-        assert!(!in_vm, "HOTVERBS_RXE=1 but no RDMA device {name:?} exists");
-        println!("skipped: no RDMA device");
-        return None;
-    }
+    // One probe policy for every real-device test of the workspace (hotverbs::testing).
+    let ctx = hotverbs::testing::real_device()?;
     Some(Dev {
-        name: name.unwrap_or_default(),
-        gid_index: std::env::var("HOTVERBS_GID_INDEX")
-            .ok()
-            .filter(|g| !g.is_empty()),
+        name: ctx.name().to_string(),
+        gid_index: hotverbs::testing::gid_index().map(|g| g.to_string()),
     })
+}
+
+/// The perf binary: `HOTVERBS_PERF_BIN` (set by `cargo xtask rxe`, which ships the binary
+/// into the VM), else the one cargo built next to this test.
+fn perf_bin() -> String {
+    std::env::var("HOTVERBS_PERF_BIN")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hotverbs-perf").to_string())
 }
 
 fn dev_args(d: &Dev) -> Vec<String> {
@@ -62,7 +50,7 @@ fn free_port() -> String {
 #[test]
 fn every_test_as_server_and_client_on_localhost() {
     let Some(d) = device() else { return };
-    let bin = env!("CARGO_BIN_EXE_hotverbs-perf");
+    let bin = perf_bin();
     for test in [
         "send_lat",
         "write_lat",
@@ -84,13 +72,13 @@ fn every_test_as_server_and_client_on_localhost() {
             );
             v
         };
-        let server = Command::new(bin)
+        let server = Command::new(&bin)
             .args(common(&["--server-wait", "60"]))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let client = Command::new(bin)
+        let client = Command::new(&bin)
             .args(common(&["127.0.0.1"]))
             .output()
             .unwrap();
@@ -128,10 +116,7 @@ fn loopback_on_the_device() {
     let mut args = vec!["send_lat".to_string(), "--loopback".into()];
     args.extend(dev_args(&d));
     args.extend(["-n".into(), "200".into(), "--json".into()]);
-    let o = Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
-        .args(&args)
-        .output()
-        .unwrap();
+    let o = Command::new(perf_bin()).args(&args).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["role"], "loopback");
@@ -141,11 +126,11 @@ fn loopback_on_the_device() {
 #[test]
 fn mismatched_tests_are_refused_on_both_sides() {
     let Some(d) = device() else { return };
-    let bin = env!("CARGO_BIN_EXE_hotverbs-perf");
+    let bin = perf_bin();
     let port = free_port();
     let mut s = vec!["write_lat".to_string(), "-p".into(), port.clone()];
     s.extend(dev_args(&d));
-    let server = Command::new(bin)
+    let server = Command::new(&bin)
         .args(&s)
         .args(["--server-wait", "60"])
         .stdout(Stdio::null())
@@ -159,7 +144,7 @@ fn mismatched_tests_are_refused_on_both_sides() {
         port,
     ];
     c.extend(dev_args(&d));
-    let client = Command::new(bin).args(&c).output().unwrap();
+    let client = Command::new(&bin).args(&c).output().unwrap();
     let server = server.wait_with_output().unwrap();
     assert_eq!(client.status.code(), Some(1));
     assert_eq!(server.status.code(), Some(1));

@@ -227,6 +227,7 @@ pub mod counting;
 mod fabric;
 mod mem;
 mod strings;
+pub mod testing;
 mod verbs;
 
 use hotverbs_ffi::{ibv_context, ibv_qp, IbvFns};

@@ -5,47 +5,11 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use common::*;
-
-struct Counting;
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note_alloc() {
-    // try_with: the allocator may run while thread-locals are being torn down.
-    let _ = ARMED.try_with(|a| {
-        if a.get() {
-            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        // SAFETY: the caller's contract is forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is forwarded unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_alloc();
-        // SAFETY: the caller's contract is forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use hotverbs_softnic::testing::CountingAlloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Polls `cq` until `want` completions arrived, into a fixed array; returns how many
 /// failed.
@@ -72,7 +36,7 @@ fn posting_and_polling_allocate_nothing_from_the_first_wr() {
     let (la, lb, rb) = (p.buf_a.lkey(), p.buf_b.lkey(), p.buf_b.rkey());
     let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
     const ROUNDS: u64 = 2000;
-    ARMED.with(|x| x.set(true));
+    CountingAlloc::arm();
     let mut failed = 0;
     for i in 0..ROUNDS {
         for r in 0..2 {
@@ -148,8 +112,8 @@ fn posting_and_polling_allocate_nothing_from_the_first_wr() {
         failed += poll_n(p.cq_a, 1);
         failed += poll_n(p.cq_b, 2);
     }
-    ARMED.with(|x| x.set(false));
-    let allocs = ALLOCS.with(|n| n.get());
+    CountingAlloc::disarm();
+    let allocs = CountingAlloc::thread_allocs();
     assert_eq!(failed, 0);
     // The work really happened: the counter was added to once per round, the READ brought
     // back what the WRITE wrote, the last SEND carried the last round number.

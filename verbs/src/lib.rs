@@ -80,6 +80,7 @@ mod mr;
 mod pd;
 mod qp;
 mod srq;
+pub mod testing;
 
 pub use ah::{Ah, AhAttr};
 pub use cq::{async_event_name, AsyncElement, AsyncEvent, CompChannel, Cq, CqEvent, Wc};

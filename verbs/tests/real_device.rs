@@ -5,7 +5,8 @@
 //! Each test probes for a device and prints "skipped: no RDMA device" when there is none —
 //! unless `HOTVERBS_RXE=1` (inside the rxe VM), where a missing device is a failure.
 //! Device: `$HOTVERBS_DEVICE` (e.g. `rxe0`), else the first real device; GID index:
-//! `$HOTVERBS_GID_INDEX` (e.g. `1`), else the default (RoCE v2 IPv4 GID).
+//! `$HOTVERBS_GID_INDEX` (e.g. `1`), else the default (RoCE v2 IPv4 GID). The policy is
+//! [`hotverbs::testing`]'s.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use hotverbs::cm::{CmId, ConnParam, EventChannel};
 use hotverbs::exchange::Session;
+// The probe policy (HOTVERBS_DEVICE, HOTVERBS_GID_INDEX, HOTVERBS_RXE) lives in the setup layer.
+use hotverbs::testing::{gid_index, real_device as device, rxe_required};
 use hotverbs::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -21,42 +24,6 @@ const T: Duration = Duration::from_secs(10);
 #[allow(dead_code)]
 #[path = "../examples/rdma_rc.rs"]
 mod rdma_rc;
-
-fn rxe_required() -> bool {
-    std::env::var("HOTVERBS_RXE").is_ok_and(|v| v == "1")
-}
-
-/// The device under test, or None (after printing the skip line).
-fn device() -> Option<Context> {
-    let report = devices_report();
-    let wanted = std::env::var("HOTVERBS_DEVICE")
-        .ok()
-        .filter(|n| !n.is_empty() && n != SOFTNIC);
-    let name = wanted.or_else(|| {
-        report
-            .devices
-            .iter()
-            .find(|d| d.kind == DeviceKind::Real)
-            .map(|d| d.name.clone())
-    });
-    let ctx = name.as_deref().map(Context::open);
-    match ctx {
-        Some(Ok(c)) => Some(c),
-        other => {
-            let why = match other {
-                Some(Err(e)) => e.to_string(),
-                _ => report
-                    .real_unavailable
-                    .unwrap_or_else(|| "libibverbs lists no device".into()),
-            };
-            if rxe_required() {
-                panic!("HOTVERBS_RXE=1 but no RDMA device: {why}");
-            }
-            println!("skipped: no RDMA device ({why})");
-            None
-        }
-    }
-}
 
 /// `examples/rdma_rc.rs --loopback` on the device: SEND, RDMA READ and RDMA WRITE between
 /// two QPs of the device, set up over a local TCP exchange.
@@ -70,12 +37,6 @@ fn rdma_rc_example_loopback_on_device() {
     assert_eq!(client.read.as_deref(), Some("RDMA read operation "));
     assert_eq!(client.final_contents, "RDMA write operation");
     assert_eq!(server.final_contents, "RDMA write operation");
-}
-
-fn gid_index() -> Option<u32> {
-    std::env::var("HOTVERBS_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok())
 }
 
 fn port_info(ctx: &Context) -> PortInfo {

@@ -314,9 +314,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         steps: sanity_steps(),
         ..Run::default()
     };
+    // Tests that drive the perf tool as a process find it through HOTVERBS_PERF_BIN: the
+    // host path cargo bakes into them (CARGO_BIN_EXE_*) does not exist in the guest.
+    let perf = workspace.target_dir.join("release/hotverbs-perf");
+    let mut test_env = Vec::new();
+    if perf.is_file() {
+        test_env.push(("HOTVERBS_PERF_BIN".to_string(), share.ship(&perf, &plan)?));
+    }
     for test in &tests {
         let guest = share.ship(&test.path, &plan)?;
-        run.steps.push(test.step(guest, opts.filter.as_deref()));
+        let mut step = test.step(guest, opts.filter.as_deref());
+        step.env.extend(test_env.iter().cloned());
+        run.steps.push(step);
     }
     run.add_host_programs(&workspace.target_dir, &mut share, &plan)?;
     for note in &run.skipped {

@@ -6,6 +6,9 @@ use core::ptr;
 
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 use hotverbs_ffi::*;
+// The raw-verbs setup (open, PD, CQ, QP, MR, the modify_qp sequence) shared with softnic's
+// tests and the fuzz targets.
+use hotverbs_softnic::testing::{self, ConnectAttr, ALL_ACCESS as ACCESS};
 
 pub fn fns() -> &'static IbvFns {
     hotverbs_softnic::verbs_table()
@@ -80,25 +83,13 @@ pub struct Pair {
     gid: ibv_gid,
 }
 
-const ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
-    | IBV_ACCESS_REMOTE_WRITE
-    | IBV_ACCESS_REMOTE_READ
-    | IBV_ACCESS_REMOTE_ATOMIC;
-
 impl Pair {
     pub fn new(opts: PairOpts) -> Pair {
         // SAFETY: the verbs are called as their man pages describe, on objects created here.
         unsafe {
-            let mut n = 0;
-            let list = verb!(ibv_get_device_list)(&mut n);
-            assert!(!list.is_null() && n >= 1, "softnic lists a device");
-            let ctx = verb!(ibv_open_device)(*list);
-            verb!(ibv_free_device_list)(list);
-            assert!(!ctx.is_null(), "ibv_open_device errno {}", errno());
-            let pd = verb!(ibv_alloc_pd)(ctx);
-            assert!(!pd.is_null());
-            let mut gid: ibv_gid = core::mem::zeroed();
-            assert_eq!(verb!(ibv_query_gid)(ctx, 1, 1, &mut gid), 0);
+            let (ctx, _) = testing::open_listed_device();
+            let pd = testing::alloc_pd(ctx);
+            let gid = testing::query_gid(ctx, 1);
             let a = Self::side(ctx, pd, &opts, false);
             let b = Self::side(ctx, pd, &opts, opts.srq_b);
             let pair = Pair {
@@ -137,11 +128,10 @@ impl Pair {
     ) -> Side {
         // SAFETY: caller's contract (live ctx/pd); attributes are fully initialised.
         unsafe {
-            let cq = verb!(ibv_create_cq)(ctx, o.cq_size, ptr::null_mut(), ptr::null_mut(), 0);
-            assert!(!cq.is_null(), "ibv_create_cq errno {}", errno());
+            let cq = testing::create_cq(ctx, o.cq_size);
             let mut buf = vec![0u8; o.buf_len].into_boxed_slice();
-            let mr = verb!(ibv_reg_mr)(pd, buf.as_mut_ptr().cast(), buf.len(), ACCESS as i32);
-            assert!(!mr.is_null(), "ibv_reg_mr errno {}", errno());
+            // The buffer lives in the Side, as long as the MR (never deregistered).
+            let mr = testing::reg_mr(pd, buf.as_mut_ptr(), buf.len(), ACCESS);
             let srq_p = if srq {
                 let mut sa: ibv_srq_init_attr = core::mem::zeroed();
                 sa.attr.max_wr = o.rq_depth;
@@ -152,21 +142,14 @@ impl Pair {
             } else {
                 ptr::null_mut()
             };
-            let mut ia: ibv_qp_init_attr = core::mem::zeroed();
-            ia.send_cq = cq;
-            ia.recv_cq = cq;
-            ia.srq = srq_p;
-            ia.cap = ibv_qp_cap {
+            let cap = ibv_qp_cap {
                 max_send_wr: o.sq_depth,
                 max_recv_wr: if srq { 0 } else { o.rq_depth },
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: o.max_inline,
             };
-            ia.qp_type = qp_type;
-            ia.sq_sig_all = 0;
-            let qp = verb!(ibv_create_qp)(pd, &mut ia);
-            assert!(!qp.is_null(), "ibv_create_qp errno {}", errno());
+            let qp = testing::create_qp(pd, qp_type, cq, cq, cap, srq_p);
             Side {
                 cq,
                 qp,
@@ -177,81 +160,20 @@ impl Pair {
         }
     }
 
-    fn modify(&self, qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: u32) {
-        // SAFETY: live QP, initialised attr.
-        let rc = unsafe { verb!(ibv_modify_qp)(qp, attr, mask as i32) };
-        assert_eq!(
-            rc,
-            0,
-            "ibv_modify_qp to state {} failed: {}",
-            attr.qp_state,
-            errno_name(rc)
-        );
-    }
-
     /// RESET -> INIT -> RTR -> RTS towards `dest_qpn`.
     pub fn connect(&self, qp: *mut ibv_qp, dest_qpn: u32) {
-        // SAFETY: ibv_qp_attr is plain data.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_INIT;
-        at.pkey_index = 0;
-        at.port_num = 1;
-        at.qp_access_flags = ACCESS;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-        );
-        // SAFETY: as above.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RTR;
-        at.path_mtu = IBV_MTU_1024;
-        at.dest_qp_num = dest_qpn;
-        at.rq_psn = 0;
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 1;
-        at.ah_attr.is_global = 1;
-        at.ah_attr.port_num = 1;
-        at.ah_attr.grh.dgid = self.gid;
-        at.ah_attr.grh.sgid_index = 1;
-        at.ah_attr.grh.hop_limit = 1;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE
-                | IBV_QP_AV
-                | IBV_QP_PATH_MTU
-                | IBV_QP_DEST_QPN
-                | IBV_QP_RQ_PSN
-                | IBV_QP_MAX_DEST_RD_ATOMIC
-                | IBV_QP_MIN_RNR_TIMER,
-        );
-        // SAFETY: as above.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RTS;
-        at.sq_psn = 0;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = self.opts.rnr_retry;
-        at.max_rd_atomic = 16;
-        self.modify(
-            qp,
-            &mut at,
-            IBV_QP_STATE
-                | IBV_QP_TIMEOUT
-                | IBV_QP_RETRY_CNT
-                | IBV_QP_RNR_RETRY
-                | IBV_QP_SQ_PSN
-                | IBV_QP_MAX_QP_RD_ATOMIC,
-        );
+        let c = ConnectAttr {
+            rnr_retry: self.opts.rnr_retry,
+            ..ConnectAttr::new(dest_qpn, self.gid)
+        };
+        // SAFETY: a live QP of this pair.
+        unsafe { testing::connect_qp(qp, &c) }
     }
 
     /// QP to RESET (outstanding WRs vanish without completions).
     pub fn to_reset(&self, qp: *mut ibv_qp) {
-        // SAFETY: plain data.
-        let mut at: ibv_qp_attr = unsafe { core::mem::zeroed() };
-        at.qp_state = IBV_QPS_RESET;
-        self.modify(qp, &mut at, IBV_QP_STATE);
+        // SAFETY: a live QP of this pair.
+        unsafe { testing::qp_to_reset(qp) }
     }
 
     /// Full recovery of both QPs: RESET -> INIT -> RTR -> RTS.
@@ -283,35 +205,17 @@ impl UdPair {
         };
         // SAFETY: verbs called as documented on objects created here.
         unsafe {
-            let mut n = 0;
-            let list = verb!(ibv_get_device_list)(&mut n);
-            let ctx = verb!(ibv_open_device)(*list);
-            verb!(ibv_free_device_list)(list);
-            let pd = verb!(ibv_alloc_pd)(ctx);
-            let mut gid: ibv_gid = core::mem::zeroed();
-            assert_eq!(verb!(ibv_query_gid)(ctx, 1, 1, &mut gid), 0);
+            let (ctx, _) = testing::open_listed_device();
+            let pd = testing::alloc_pd(ctx);
+            let gid = testing::query_gid(ctx, 1);
             let mk = || {
                 let mut s = Pair::side_typed(ctx, pd, &opts, false, IBV_QPT_UD);
-                let m = |st: u32, mask: u32, f: &dyn Fn(&mut ibv_qp_attr)| {
-                    let mut at: ibv_qp_attr = core::mem::zeroed();
-                    at.qp_state = st;
-                    f(&mut at);
-                    assert_eq!(
-                        verb!(ibv_modify_qp)(s.qp, &mut at, mask as i32),
-                        0,
-                        "UD modify to {st}"
-                    );
+                // UD: INIT with the Q_Key, RTR and RTS (SQ PSN 0) with nothing else.
+                let c = ConnectAttr {
+                    qkey: QKEY,
+                    ..ConnectAttr::new(0, gid)
                 };
-                m(
-                    IBV_QPS_INIT,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
-                    &|a| {
-                        a.port_num = 1;
-                        a.qkey = QKEY;
-                    },
-                );
-                m(IBV_QPS_RTR, IBV_QP_STATE, &|_| {});
-                m(IBV_QPS_RTS, IBV_QP_STATE | IBV_QP_SQ_PSN, &|_| {});
+                testing::connect_qp(s.qp, &c);
                 s.srq = ptr::null_mut();
                 s
             };

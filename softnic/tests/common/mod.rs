@@ -13,6 +13,11 @@
 use core::ptr::null_mut;
 
 pub use hotverbs_ffi::*;
+pub use hotverbs_softnic::testing::ALL_ACCESS;
+use hotverbs_softnic::testing::{self, ConnectAttr};
+// Not every test binary uses every mask.
+#[allow(unused_imports)]
+pub use hotverbs_softnic::testing::{RC_RTR_MASK, RC_RTS_MASK, UC_RTR_MASK};
 pub use hotverbs_softnic::verbs_table;
 
 pub fn fns() -> &'static IbvFns {
@@ -21,18 +26,9 @@ pub fn fns() -> &'static IbvFns {
 
 /// Opens the listed default device.
 pub fn open_default() -> *mut ibv_context {
-    let f = fns();
-    // SAFETY: softnic's own device list, used while live and freed once; the device
-    // pointer stays valid after the list is freed (as in libibverbs).
-    unsafe {
-        let mut n = 0;
-        let list = f.ibv_get_device_list.unwrap()(&mut n);
-        assert_eq!(n, 1);
-        let ctx = f.ibv_open_device.unwrap()(*list);
-        f.ibv_free_device_list.unwrap()(list);
-        assert!(!ctx.is_null());
-        ctx
-    }
+    let (ctx, n) = testing::open_listed_device();
+    assert_eq!(n, 1);
+    ctx
 }
 
 pub struct Dev {
@@ -42,25 +38,18 @@ pub struct Dev {
 
 impl Dev {
     pub fn new() -> Dev {
-        let ctx = open_default();
-        // SAFETY: ctx was just opened.
-        let pd = unsafe { fns().ibv_alloc_pd.unwrap()(ctx) };
-        assert!(!pd.is_null());
-        Dev { ctx, pd }
+        Dev::with_ctx(open_default())
     }
 
     pub fn with_ctx(ctx: *mut ibv_context) -> Dev {
         // SAFETY: ctx is live (module contract).
-        let pd = unsafe { fns().ibv_alloc_pd.unwrap()(ctx) };
-        assert!(!pd.is_null());
+        let pd = unsafe { testing::alloc_pd(ctx) };
         Dev { ctx, pd }
     }
 
     pub fn cq(&self, cqe: i32) -> *mut ibv_cq {
-        // SAFETY: self.ctx is live; no channel or context pointer.
-        let cq = unsafe { fns().ibv_create_cq.unwrap()(self.ctx, cqe, null_mut(), null_mut(), 0) };
-        assert!(!cq.is_null(), "create_cq errno {}", errno());
-        cq
+        // SAFETY: self.ctx is live.
+        unsafe { testing::create_cq(self.ctx, cqe) }
     }
 
     /// Registers a zeroed buffer of `len` bytes.
@@ -68,10 +57,7 @@ impl Dev {
         let mut mem = vec![0u8; len.max(8)].into_boxed_slice();
         // SAFETY: mem is a heap allocation of at least len bytes owned by the returned Buf,
         // so it stays put for as long as the registration (Buf never deregisters).
-        let mr = unsafe {
-            fns().ibv_reg_mr.unwrap()(self.pd, mem.as_mut_ptr().cast(), len, access as i32)
-        };
-        assert!(!mr.is_null(), "reg_mr errno {}", errno());
+        let mr = unsafe { testing::reg_mr(self.pd, mem.as_mut_ptr(), len, access) };
         Buf { mem, mr }
     }
 
@@ -82,24 +68,10 @@ impl Dev {
         rcq: *mut ibv_cq,
         cap: ibv_qp_cap,
     ) -> *mut ibv_qp {
-        let mut ia = ibv_qp_init_attr {
-            send_cq: scq,
-            recv_cq: rcq,
-            cap,
-            qp_type: qpt,
-            ..Default::default()
-        };
-        // SAFETY: self.pd is live and the CQs are live (module contract); ia is valid.
-        let qp = unsafe { fns().ibv_create_qp.unwrap()(self.pd, &mut ia) };
-        assert!(!qp.is_null(), "create_qp errno {}", errno());
-        qp
+        // SAFETY: self.pd is live and the CQs are live (module contract).
+        unsafe { testing::create_qp(self.pd, qpt, scq, rcq, cap, null_mut()) }
     }
 }
-
-pub const ALL_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
-    | IBV_ACCESS_REMOTE_WRITE
-    | IBV_ACCESS_REMOTE_READ
-    | IBV_ACCESS_REMOTE_ATOMIC;
 
 pub fn cap(depth: u32) -> ibv_qp_cap {
     ibv_qp_cap {
@@ -155,18 +127,13 @@ impl Buf {
 }
 
 pub fn gid(ctx: *mut ibv_context, index: i32) -> ibv_gid {
-    let mut g = ibv_gid::default();
-    assert_eq!(
-        // SAFETY: ctx is live (module contract); g is a valid out-parameter.
-        unsafe { fns().ibv_query_gid.unwrap()(ctx, 1, index, &mut g) },
-        0
-    );
-    g
+    // SAFETY: ctx is live (module contract).
+    unsafe { testing::query_gid(ctx, index) }
 }
 
 pub fn modify(qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: u32) -> i32 {
-    // SAFETY: qp is live (module contract); attr is a valid ibv_qp_attr.
-    unsafe { fns().ibv_modify_qp.unwrap()(qp, attr, mask as i32) }
+    // SAFETY: qp is live (module contract).
+    unsafe { testing::modify_qp(qp, attr, mask) }
 }
 
 pub fn state(qp: *mut ibv_qp) -> ibv_qp_state {
@@ -179,55 +146,28 @@ pub fn qpn(qp: *mut ibv_qp) -> u32 {
     unsafe { (*qp).qp_num }
 }
 
-pub fn to_init(qp: *mut ibv_qp, access: u32) {
-    let ud = qp_type(qp) == IBV_QPT_UD;
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_INIT,
-        port_num: 1,
-        qp_access_flags: access,
+/// The connection attributes these tests use: Q_Key 0x1111, 4 RDMA READ/atomics in
+/// flight, `min_rnr_timer` 12, hop limit 64.
+pub fn attrs(dgid: ibv_gid, dest: u32, access: u32, rnr_retry: u8) -> ConnectAttr {
+    ConnectAttr {
+        access,
         qkey: 0x1111,
-        ..Default::default()
-    };
-    let mask = IBV_QP_STATE
-        | IBV_QP_PKEY_INDEX
-        | IBV_QP_PORT
-        | if ud { IBV_QP_QKEY } else { IBV_QP_ACCESS_FLAGS };
-    assert_eq!(modify(qp, &mut a, mask), 0);
+        rnr_retry,
+        rd_atomic: 4,
+        min_rnr_timer: 12,
+        hop_limit: 64,
+        ..ConnectAttr::new(dest, dgid)
+    }
+}
+
+pub fn to_init(qp: *mut ibv_qp, access: u32) {
+    // SAFETY: qp is live (module contract).
+    unsafe { testing::qp_to_init(qp, &attrs(ibv_gid::default(), 0, access, 7)) }
 }
 
 pub fn rtr_attr(ctx: *mut ibv_context, dest: u32) -> ibv_qp_attr {
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_RTR,
-        path_mtu: IBV_MTU_1024,
-        dest_qp_num: dest,
-        rq_psn: 0,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 12,
-        ..Default::default()
-    };
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.grh.sgid_index = 1;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.grh.dgid = gid(ctx, 1);
-    a
+    testing::rtr_attr(&attrs(gid(ctx, 1), dest, ALL_ACCESS, 7))
 }
-
-pub const RC_RTR_MASK: u32 = IBV_QP_STATE
-    | IBV_QP_AV
-    | IBV_QP_PATH_MTU
-    | IBV_QP_DEST_QPN
-    | IBV_QP_RQ_PSN
-    | IBV_QP_MAX_DEST_RD_ATOMIC
-    | IBV_QP_MIN_RNR_TIMER;
-pub const UC_RTR_MASK: u32 =
-    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-pub const RC_RTS_MASK: u32 = IBV_QP_STATE
-    | IBV_QP_SQ_PSN
-    | IBV_QP_TIMEOUT
-    | IBV_QP_RETRY_CNT
-    | IBV_QP_RNR_RETRY
-    | IBV_QP_MAX_QP_RD_ATOMIC;
 
 /// The QP's transport type.
 pub fn qp_type(qp: *mut ibv_qp) -> ibv_qp_type {
@@ -236,40 +176,19 @@ pub fn qp_type(qp: *mut ibv_qp) -> ibv_qp_type {
 }
 
 pub fn to_rtr(qp: *mut ibv_qp, ctx: *mut ibv_context, dest: u32) {
-    let t = qp_type(qp);
-    let mut a = rtr_attr(ctx, dest);
-    let mask = match t {
-        IBV_QPT_RC => RC_RTR_MASK,
-        IBV_QPT_UC => UC_RTR_MASK,
-        _ => IBV_QP_STATE,
-    };
-    assert_eq!(modify(qp, &mut a, mask), 0);
+    // SAFETY: qp is live (module contract).
+    unsafe { testing::qp_to_rtr(qp, &attrs(gid(ctx, 1), dest, ALL_ACCESS, 7)) }
 }
 
 pub fn to_rts(qp: *mut ibv_qp, rnr_retry: u8) {
-    let t = qp_type(qp);
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_RTS,
-        sq_psn: 0,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry,
-        max_rd_atomic: 4,
-        ..Default::default()
-    };
-    let mask = if t == IBV_QPT_RC {
-        RC_RTS_MASK
-    } else {
-        IBV_QP_STATE | IBV_QP_SQ_PSN
-    };
-    assert_eq!(modify(qp, &mut a, mask), 0);
+    // SAFETY: qp is live (module contract).
+    unsafe { testing::qp_to_rts(qp, &attrs(ibv_gid::default(), 0, ALL_ACCESS, rnr_retry)) }
 }
 
 /// Brings `qp` to RTS connected to `dest` (RC/UC) or ready (UD).
 pub fn connect(qp: *mut ibv_qp, ctx: *mut ibv_context, dest: u32, access: u32, rnr_retry: u8) {
-    to_init(qp, access);
-    to_rtr(qp, ctx, dest);
-    to_rts(qp, rnr_retry);
+    // SAFETY: qp is live (module contract).
+    unsafe { testing::connect_qp(qp, &attrs(gid(ctx, 1), dest, access, rnr_retry)) }
 }
 
 /// Two connected QPs `a` and `b`, each with its own CQ (send and receive share it) and a

@@ -14,6 +14,8 @@ use core::ptr;
 
 use hotverbs_ffi::{inline, *};
 use hotverbs_ffi_equiv::{c, call, compare, record, Side};
+// The raw-verbs setup (PD, CQ, QP, the modify_qp sequence) shared with softnic's tests.
+use hotverbs_softnic::testing::{self, ConnectAttr};
 
 /// What `*bad_wr` holds before a post.
 const SENTINEL: usize = 0xBAD0_0000;
@@ -36,10 +38,8 @@ impl Nic {
         assert!(!ctx.is_null(), "softnic open_device failed");
         // SAFETY: softnic's table verbs on its own live context, with valid arguments.
         unsafe {
-            let pd = fns.ibv_alloc_pd.unwrap()(ctx);
-            assert!(!pd.is_null(), "ibv_alloc_pd");
-            let cq = fns.ibv_create_cq.unwrap()(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
-            assert!(!cq.is_null(), "ibv_create_cq");
+            let pd = testing::alloc_pd(ctx);
+            let cq = testing::create_cq(ctx, 64);
             let mut sattr: ibv_srq_init_attr = zeroed();
             sattr.attr.max_wr = 64;
             sattr.attr.max_sge = 2;
@@ -61,82 +61,41 @@ impl Nic {
     }
 
     fn create_qp(&self) -> *mut ibv_qp {
-        // SAFETY: all-zero is a valid init attr; softnic's verb with live objects.
-        unsafe {
-            let mut attr: ibv_qp_init_attr = zeroed();
-            attr.send_cq = self.cq;
-            attr.recv_cq = self.cq;
-            attr.qp_type = IBV_QPT_RC;
-            attr.cap.max_send_wr = 16;
-            attr.cap.max_recv_wr = 16;
-            attr.cap.max_send_sge = 2;
-            attr.cap.max_recv_sge = 2;
-            attr.cap.max_inline_data = 64;
-            let qp = self.fns.ibv_create_qp.unwrap()(self.pd, &mut attr);
-            assert!(!qp.is_null(), "ibv_create_qp");
-            qp
+        let cap = ibv_qp_cap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        };
+        // SAFETY: softnic's live PD and CQ.
+        unsafe { testing::create_qp(self.pd, IBV_QPT_RC, self.cq, self.cq, cap, ptr::null_mut()) }
+    }
+
+    /// This file's connection attributes towards `dest_qpn` at `dgid`: local and remote
+    /// write only, one RDMA READ/atomic in flight, `min_rnr_timer` 12, hop limit 64.
+    fn attrs(dest_qpn: u32, dgid: ibv_gid) -> ConnectAttr {
+        ConnectAttr {
+            access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+            rd_atomic: 1,
+            min_rnr_timer: 12,
+            hop_limit: 64,
+            ..ConnectAttr::new(dest_qpn, dgid)
         }
     }
 
-    fn modify(&self, qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) {
-        // SAFETY: softnic's verb on a live QP.
-        let r = unsafe { self.fns.ibv_modify_qp.unwrap()(qp, attr, mask as c_int) };
-        assert_eq!(r, 0, "ibv_modify_qp to state {}", attr.qp_state);
-    }
-
     fn to_init(&self, qp: *mut ibv_qp) {
-        // SAFETY: all-zero is a valid ibv_qp_attr.
-        let mut at: ibv_qp_attr = unsafe { zeroed() };
-        at.qp_state = IBV_QPS_INIT;
-        at.port_num = 1;
-        at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-        let mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-        self.modify(qp, &mut at, mask);
+        // SAFETY: a live QP of this device.
+        unsafe { testing::qp_to_init(qp, &Self::attrs(0, ibv_gid::default())) }
     }
 
     /// RESET -> INIT -> RTR -> RTS, connected to `peer` (same device, GID index 1).
     fn connect(&self, qp: *mut ibv_qp, peer: *mut ibv_qp) {
-        self.to_init(qp);
-        // SAFETY: all-zero is a valid gid; softnic's verb on its live context.
-        let mut gid: ibv_gid = unsafe { zeroed() };
-        // SAFETY: as above.
-        let r = unsafe { self.fns.ibv_query_gid.unwrap()(self.ctx, 1, 1, &mut gid) };
-        assert_eq!(r, 0, "ibv_query_gid");
-        // SAFETY: all-zero is a valid ibv_qp_attr.
-        let mut at: ibv_qp_attr = unsafe { zeroed() };
-        at.qp_state = IBV_QPS_RTR;
-        at.path_mtu = IBV_MTU_1024;
-        // SAFETY: peer is live.
-        at.dest_qp_num = unsafe { (*peer).qp_num };
-        at.max_dest_rd_atomic = 1;
-        at.min_rnr_timer = 12;
-        at.ah_attr.is_global = 1;
-        at.ah_attr.port_num = 1;
-        at.ah_attr.grh.dgid = gid;
-        at.ah_attr.grh.sgid_index = 1;
-        at.ah_attr.grh.hop_limit = 64;
-        let mask = IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER;
-        self.modify(qp, &mut at, mask);
-        // SAFETY: all-zero is a valid ibv_qp_attr.
-        let mut at: ibv_qp_attr = unsafe { zeroed() };
-        at.qp_state = IBV_QPS_RTS;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = 7;
-        at.max_rd_atomic = 1;
-        let mask = IBV_QP_STATE
-            | IBV_QP_SQ_PSN
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_MAX_QP_RD_ATOMIC;
-        self.modify(qp, &mut at, mask);
+        // SAFETY: live QPs and context of this device.
+        unsafe {
+            let gid = testing::query_gid(self.ctx, 1);
+            testing::connect_qp(qp, &Self::attrs((*peer).qp_num, gid));
+        }
     }
 }
 

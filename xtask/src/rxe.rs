@@ -813,7 +813,20 @@ struct Kernel {
 
 fn kernel(rxe_dir: &Path) -> Result<Kernel, String> {
     let kernels = rxe_dir.join("kernel");
-    let package = match current_kernel_package() {
+    let package = match current_kernel_package().or_else(|e| {
+        // A fresh machine whose packages were all present may never have fetched apt's
+        // lists (the ci packages step only updates when it installs something).
+        if cached_kernels(&kernels).is_empty() && is_root() {
+            println!("rxe: {e}\nrxe: running apt-get update");
+            let _ = Command::new("apt-get")
+                .args(["update", "-q"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status();
+            current_kernel_package()
+        } else {
+            Err(e)
+        }
+    }) {
         Ok(p) => p,
         Err(e) => {
             // Offline or without apt lists: a cached kernel still does the job.
@@ -858,6 +871,14 @@ fn kernel(rxe_dir: &Path) -> Result<Kernel, String> {
         vmlinuz,
         modules,
     })
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 /// The kernel image package `linux-image-amd64` currently depends on.

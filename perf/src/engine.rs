@@ -372,17 +372,16 @@ impl Hot {
     /// Posts one SEND of `size` bytes now (inline when it fits); `last` marks the final one.
     #[inline(always)]
     fn send_one(&mut self, size: u32, last: bool, wd: &mut Watchdog<'_>) -> Result<u64, String> {
-        loop {
-            let r = if size <= self.side.max_inline {
-                let data = &self.payload[..size as usize];
-                let local = Local::Inline(data);
-                self.send.send_now(if last {
+        self.post_retrying(wd, "a send completion", |h| {
+            if size <= h.side.max_inline {
+                let local = Local::Inline(&h.payload[..size as usize]);
+                h.send.send_now(if last {
                     Msg::send_imm(local, LAST as u32)
                 } else {
                     Msg::send(local)
                 })
             } else {
-                let local = Local::Buf(self.local(size));
+                let local = Local::Buf(h.local(size));
                 let msg = if last {
                     Msg::send_imm(local, LAST as u32)
                 } else {
@@ -390,21 +389,9 @@ impl Hot {
                 };
                 // SAFETY: the source is the registered buffer's first slot, which this side
                 // never writes during SEND tests; it stays valid for the Hot's lifetime.
-                match unsafe { self.send.stage(msg) } {
-                    Ok(s) => self.send.flush().map(|()| s),
-                    Err(e) => Err(e),
-                }
-            };
-            match r {
-                Ok(seq) => return Ok(seq),
-                Err(SendError::WouldBlock) => {
-                    if self.poll()? == 0 {
-                        wd.idle(self.progress_mark(), "a send completion")?;
-                    }
-                }
-                Err(e) => return Err(e2s(e)),
+                unsafe { h.stage_and_flush(msg) }
             }
-        }
+        })
     }
 
     /// Posts one WRITE of `size` bytes whose final byte is `mark`; waits for the previous
@@ -428,29 +415,17 @@ impl Hot {
             // (above), so the NIC no longer reads it.
             unsafe { *((self.side.mr.addr + size as u64 - 1) as *mut u8) = mark };
         }
-        loop {
-            let r = if inline {
-                let data = &self.payload[..size as usize];
-                self.send.send_now(Msg::write(Local::Inline(data), 0))
+        self.post_retrying(wd, "a send completion", |h| {
+            if inline {
+                h.send
+                    .send_now(Msg::write(Local::Inline(&h.payload[..size as usize]), 0))
             } else {
-                let msg = Msg::write(Local::Buf(self.local(size)), 0);
+                let msg = Msg::write(Local::Buf(h.local(size)), 0);
                 // SAFETY: the source slot is not written again before this WRITE retires
                 // (each zero-copy WRITE is signaled and waited for above).
-                match unsafe { self.send.stage(msg) } {
-                    Ok(s) => self.send.flush().map(|()| s),
-                    Err(e) => Err(e),
-                }
-            };
-            match r {
-                Ok(seq) => return Ok(seq),
-                Err(SendError::WouldBlock) => {
-                    if self.poll()? == 0 {
-                        wd.idle(self.progress_mark(), "a send completion")?;
-                    }
-                }
-                Err(e) => return Err(e2s(e)),
+                unsafe { h.stage_and_flush(msg) }
             }
-        }
+        })
     }
 
     /// Posts one READ or atomic and returns its sequence.
@@ -471,18 +446,40 @@ impl Hot {
                 AtomicKind::CmpAndSwap => Msg::cmp_swap(self.local(8), 0, i, i + 1),
             }
         };
-        loop {
+        self.post_retrying(wd, "a completion", |h| {
             // SAFETY: the destination is the first slot of the registered buffer, which this
             // side neither reads nor writes during READ/atomic tests.
-            let r = match unsafe { self.send.stage(msg) } {
-                Ok(s) => self.send.flush().map(|()| s),
-                Err(e) => Err(e),
-            };
-            match r {
+            unsafe { h.stage_and_flush(msg) }
+        })
+    }
+
+    /// Stages `msg` zero-copy and posts it at once.
+    ///
+    /// # Safety
+    /// As [`SendRing::stage`]: the local buffer stays valid and is not written (for a send
+    /// or WRITE) or read (for a READ/atomic) until the WR retires.
+    #[inline(always)]
+    unsafe fn stage_and_flush(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        // SAFETY: forwarded contract.
+        let seq = unsafe { self.send.stage(msg) }?;
+        self.send.flush().map(|()| seq)
+    }
+
+    /// Retries `post` while the ring is full (`WouldBlock`), reaping completions in between;
+    /// the watchdog turns a stall into an error naming `what` was awaited.
+    #[inline(always)]
+    fn post_retrying(
+        &mut self,
+        wd: &mut Watchdog<'_>,
+        what: &str,
+        mut post: impl FnMut(&mut Self) -> Result<u64, SendError>,
+    ) -> Result<u64, String> {
+        loop {
+            match post(self) {
                 Ok(seq) => return Ok(seq),
                 Err(SendError::WouldBlock) => {
                     if self.poll()? == 0 {
-                        wd.idle(self.progress_mark(), "a completion")?;
+                        wd.idle(self.progress_mark(), what)?;
                     }
                 }
                 Err(e) => return Err(e2s(e)),

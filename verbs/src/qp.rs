@@ -164,6 +164,28 @@ static TRANSITIONS: [[&str; 7]; 7] = [
     ],
 ];
 
+/// Builds one `ibv_recv_wr` over `sges` (an SGE list that lives for the call) and hands it to
+/// `post` (`ibv_post_recv` or `ibv_post_srq_recv`); returns the verb's return value.
+///
+/// # Safety
+/// `post` must be a receive-posting verb on a live queue; the memory the SGEs describe is
+/// the caller's contract as for [`Qp::post_recv`].
+pub(crate) unsafe fn post_one_recv(
+    wr_id: u64,
+    sges: &[Sge],
+    post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
+) -> i32 {
+    let mut s: Vec<ibv_sge> = sges.iter().map(|&x| x.into()).collect();
+    let mut raw = ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: s.as_mut_ptr(),
+        num_sge: s.len() as i32,
+    };
+    let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+    post(&mut raw, &mut bad)
+}
+
 fn transition_verb(from: QpState, to: QpState) -> &'static str {
     TRANSITIONS[from as usize][to as usize]
 }
@@ -1232,17 +1254,13 @@ impl Qp {
     /// accessed by Rust code, until the receive's completion is polled or the QP is
     /// flushed/destroyed.
     pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        let mut s: Vec<ibv_sge> = sges.iter().map(|&x| x.into()).collect();
-        let mut raw = ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: s.as_mut_ptr(),
-            num_sge: s.len() as i32,
+        // SAFETY: live QP; the WR and its SGE list are valid for the call (post_one_recv);
+        // the memory's validity is the caller's contract.
+        let ret = unsafe {
+            post_one_recv(wr_id, sges, |wr, bad| {
+                hotverbs_ffi::inline::ibv_post_recv(self.qp, wr, bad)
+            })
         };
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; raw/s valid for the call; memory validity is the caller's
-        // contract.
-        let ret = unsafe { hotverbs_ffi::inline::ibv_post_recv(self.qp, &mut raw, &mut bad) };
         if ret != 0 {
             let srq = self.srq.is_some();
             let cap = self.cap;

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use hotverbs_ffi::{ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
+use hotverbs_ffi::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
 use crate::error::{record_drop_error, Error, Result};
 use crate::mr::Sge;
@@ -179,17 +179,13 @@ impl Srq {
     /// As [`Qp::post_recv`](crate::Qp::post_recv): the memory stays registered, valid and
     /// untouched by Rust code until the receive's completion is polled.
     pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        let mut s: Vec<ibv_sge> = sges.iter().map(|&x| x.into()).collect();
-        let mut raw = ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: s.as_mut_ptr(),
-            num_sge: s.len() as i32,
+        // SAFETY: live SRQ; the WR and its SGE list are valid for the call (post_one_recv);
+        // the memory's validity is the caller's contract.
+        let ret = unsafe {
+            crate::qp::post_one_recv(wr_id, sges, |wr, bad| {
+                hotverbs_ffi::inline::ibv_post_srq_recv(self.inner.srq, wr, bad)
+            })
         };
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live SRQ; raw/s valid for the call; memory is the caller's contract.
-        let ret =
-            unsafe { hotverbs_ffi::inline::ibv_post_srq_recv(self.inner.srq, &mut raw, &mut bad) };
         if ret != 0 {
             return Err(Error::from_ret("ibv_post_srq_recv", ret)
                 .or_hint(|| Some("SRQ full (max_wr) or too many SGEs".into())));

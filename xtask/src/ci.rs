@@ -10,9 +10,11 @@
 //!    hand-edited generated file is caught
 //! 6. `no_std`    the no_std crates built with --no-default-features
 //! 7. `test`      cargo test --workspace (summary lines reach the output)
-//! 8. `loom`      the loom models (`cargo xtask loom`)
-//! 9. `fuzz`      a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
-//! 10. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//! 8. `insn`      callgrind instructions per message vs the naive baseline, gated on the
+//!    batch-32 target (`cargo xtask insn --gate`; deterministic, so a regression gate)
+//! 9. `loom`      the loom models (`cargo xtask loom`)
+//! 10. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 11. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
 //!
 //! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
 
@@ -38,7 +40,7 @@ const PACKAGES: &[&str] = &[
 ];
 
 const STEPS: &[&str] = &[
-    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "loom", "fuzz", "rxe",
+    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "insn", "loom", "fuzz", "rxe",
 ];
 
 /// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
@@ -80,6 +82,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "codegen" => codegen_checks(),
             "no_std" => no_std(),
             "test" => run(cargo().args(["test", "--workspace", "--locked"])),
+            "insn" => crate::insn::run(&["--gate".to_string()]),
             "loom" => crate::verify::loom(&[]),
             "fuzz" => crate::verify::fuzz(&[]),
             "rxe" => crate::rxe::run(&[]),

@@ -959,6 +959,35 @@ impl Fabric {
         e.sges.extend_from_slice(sges);
     }
 
+    /// Walks a receive chain, accepting each WR with `push` until one is refused: then
+    /// `*bad` is that WR and nothing from it on is posted (`ibv_post_recv(3)`). Returns
+    /// the errno (0 when all were posted) and whether any WR was posted.
+    ///
+    /// # Safety
+    /// A valid chain; `bad` null or writable.
+    unsafe fn push_recv_chain(
+        &mut self,
+        mut wr: *mut ibv_recv_wr,
+        bad: *mut *mut ibv_recv_wr,
+        mut push: impl FnMut(&mut Self, &ibv_recv_wr) -> Result<(), i32>,
+    ) -> (i32, bool) {
+        let mut posted = false;
+        while !wr.is_null() {
+            // SAFETY: valid chain (caller).
+            let w = unsafe { &*wr };
+            if let Err(e) = push(self, w) {
+                if !bad.is_null() {
+                    // SAFETY: writable (caller).
+                    unsafe { *bad = wr };
+                }
+                return (e, posted);
+            }
+            posted = true;
+            wr = w.next;
+        }
+        (0, posted)
+    }
+
     /// `post_recv` on a QP.
     ///
     /// # Safety
@@ -966,32 +995,20 @@ impl Fabric {
     pub(crate) unsafe fn post_recv(
         &mut self,
         qi: usize,
-        mut wr: *mut ibv_recv_wr,
+        wr: *mut ibv_recv_wr,
         bad: *mut *mut ibv_recv_wr,
     ) -> i32 {
-        let mut rc = 0;
-        let mut posted = false;
-        while !wr.is_null() {
-            // SAFETY: valid chain (caller).
-            let w = unsafe { &*wr };
-            let qp = self.qp(qi);
-            let r = if qp.srq.is_some() || qp.state == IBV_QPS_RESET {
-                Err(libc::EINVAL)
-            } else {
-                // SAFETY: forwarded.
-                unsafe { qp.rq.push(w) }
-            };
-            if let Err(e) = r {
-                if !bad.is_null() {
-                    // SAFETY: writable (caller).
-                    unsafe { *bad = wr };
+        // SAFETY: forwarded (caller); each WR is a valid receive WR of the chain.
+        let (rc, posted) = unsafe {
+            self.push_recv_chain(wr, bad, |f, w| {
+                let qp = f.qp(qi);
+                if qp.srq.is_some() || qp.state == IBV_QPS_RESET {
+                    Err(libc::EINVAL)
+                } else {
+                    qp.rq.push(w)
                 }
-                rc = e;
-                break;
-            }
-            posted = true;
-            wr = w.next;
-        }
+            })
+        };
         if posted {
             if self.qp(qi).state == IBV_QPS_ERR {
                 // Receives posted in ERR are flushed (IBA; rxe defers this, G9).
@@ -1010,27 +1027,15 @@ impl Fabric {
     pub(crate) unsafe fn post_srq_recv(
         &mut self,
         si: usize,
-        mut wr: *mut ibv_recv_wr,
+        wr: *mut ibv_recv_wr,
         bad: *mut *mut ibv_recv_wr,
     ) -> i32 {
-        let mut rc = 0;
-        let mut posted = false;
-        while !wr.is_null() {
-            // SAFETY: valid chain (caller).
-            let w = unsafe { &*wr };
-            let srq = self.srqs[si].as_mut().expect("live SRQ");
-            // SAFETY: forwarded.
-            if let Err(e) = unsafe { srq.rq.push(w) } {
-                if !bad.is_null() {
-                    // SAFETY: writable (caller).
-                    unsafe { *bad = wr };
-                }
-                rc = e;
-                break;
-            }
-            posted = true;
-            wr = w.next;
-        }
+        // SAFETY: forwarded (caller); each WR is a valid receive WR of the chain.
+        let (rc, posted) = unsafe {
+            self.push_recv_chain(wr, bad, |f, w| {
+                f.srqs[si].as_mut().expect("live SRQ").rq.push(w)
+            })
+        };
         if posted {
             self.kick_waiters(None, Some(si as u32));
         }

@@ -515,49 +515,26 @@ impl Hot {
         counter: &Counter,
         wd: &mut Watchdog<'_>,
     ) -> Result<Measured, String> {
-        let mut lat = Latency::new(true);
-        let plan = Plan::new(p.amount, p.warmup);
-        let mut i = 0u64;
         let mut prev = None;
-        let mut t_start = None;
-        loop {
-            let last = plan.is_last(i, t_start);
-            if i == p.warmup {
-                t_start = Some(Instant::now());
-            }
-            let t0 = self.clock.now();
+        self.measure_latency(p, counter, true, |h, i, last| {
             if p.test == TestKind::SendLat {
-                let want = self.received + 1;
-                self.send_one(size, last, wd)?;
-                self.wait_recv(want, wd)?;
+                let want = h.received + 1;
+                h.send_one(size, last, wd)?;
+                h.wait_recv(want, wd)
             } else {
                 let mark = if last { LAST } else { mark_of(i) };
-                prev = Some(self.write_one(size, mark, prev, wd)?);
-                while self.landing_byte(size) != mark {
+                prev = Some(h.write_one(size, mark, prev, wd)?);
+                while h.landing_byte(size) != mark {
                     // Keep the send ring retiring while we spin on memory.
-                    if self.poll()? == 0 {
+                    if h.poll()? == 0 {
                         wd.idle(
-                            self.progress_mark() + self.landing_byte(size) as u64,
+                            h.progress_mark() + h.landing_byte(size) as u64,
                             "the peer's WRITE",
                         )?;
                     }
                 }
+                Ok(())
             }
-            let rtt = self.clock.between(t0, self.clock.now());
-            if i >= p.warmup {
-                lat.record(rtt);
-                counter.set(i + 1 - p.warmup);
-            }
-            i += 1;
-            if last {
-                break;
-            }
-        }
-        let elapsed = t_start.map_or(Duration::ZERO, |t| t.elapsed());
-        Ok(Measured {
-            iterations: lat.count(),
-            latency: Some(lat),
-            elapsed,
         })
     }
 
@@ -568,7 +545,24 @@ impl Hot {
         counter: &Counter,
         wd: &mut Watchdog<'_>,
     ) -> Result<Measured, String> {
-        let mut lat = Latency::new(false);
+        self.measure_latency(p, counter, false, |h, i, _last| {
+            let seq = h.remote_op(p.test, size, p.atomic, i, wd)?;
+            h.wait_retired(seq, wd)
+        })
+    }
+
+    /// The latency loop: runs `op(self, i, last)` for the warm-up and then the measured
+    /// iterations (count or duration from `p`), timing each with the calibrated clock and
+    /// recording it after the warm-up (`half`: report half the round trip).
+    #[inline(always)]
+    fn measure_latency(
+        &mut self,
+        p: &Params,
+        counter: &Counter,
+        half: bool,
+        mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), String>,
+    ) -> Result<Measured, String> {
+        let mut lat = Latency::new(half);
         let plan = Plan::new(p.amount, p.warmup);
         let mut i = 0u64;
         let mut t_start = None;
@@ -578,8 +572,7 @@ impl Hot {
                 t_start = Some(Instant::now());
             }
             let t0 = self.clock.now();
-            let seq = self.remote_op(p.test, size, p.atomic, i, wd)?;
-            self.wait_retired(seq, wd)?;
+            op(self, i, last)?;
             let t = self.clock.between(t0, self.clock.now());
             if i >= p.warmup {
                 lat.record(t);

@@ -402,9 +402,12 @@ pub(crate) fn wait_fd(fd: i32) -> bool {
         if n == 1 {
             return true;
         }
-        if n < 0 && hotverbs_ffi::errno() == libc::EINTR {
+        let e = hotverbs_ffi::errno();
+        if n < 0 && e == libc::EINTR {
             continue;
         }
+        // The verb reports why it could not wait (EAGAIN on a non-blocking channel fd).
+        crate::errno::set_errno(if n == 0 { libc::EIO } else { e });
         return false;
     }
 }

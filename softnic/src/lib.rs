@@ -224,6 +224,7 @@
 #![deny(missing_docs)]
 
 pub mod counting;
+mod errno;
 mod fabric;
 mod mem;
 mod strings;

@@ -16,6 +16,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use hotverbs_ffi::*;
 
+use crate::errno::{set_errno, ErrnoScope};
 use crate::fabric::{
     self, lock, Ah, Channel, Cq, Ctx, Device, ErrCause, Fabric, Mr, Pd, Ptr, SoftChannel,
     SoftContext, SoftCq, Srq, ACTIVE_MTU, GID_TBL_LEN,
@@ -86,6 +87,7 @@ fn default_device(f: &mut Fabric) -> usize {
 }
 
 pub(crate) unsafe extern "C" fn get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     let d = default_device(&mut f);
     let dev = f.devices[d].as_ref().expect("default device").ibv.0;
@@ -98,6 +100,7 @@ pub(crate) unsafe extern "C" fn get_device_list(num: *mut c_int) -> *mut *mut ib
 }
 
 pub(crate) unsafe extern "C" fn free_device_list(list: *mut *mut ibv_device) {
+    let _errno = ErrnoScope::enter();
     if !list.is_null() {
         // SAFETY: allocated by get_device_list as a Box<[_; 2]>.
         drop(unsafe { Box::from_raw(list.cast::<[*mut ibv_device; 2]>()) });
@@ -105,6 +108,7 @@ pub(crate) unsafe extern "C" fn free_device_list(list: *mut *mut ibv_device) {
 }
 
 pub(crate) unsafe extern "C" fn get_device_name(dev: *mut ibv_device) -> *const c_char {
+    let _errno = ErrnoScope::enter();
     if dev.is_null() {
         return core::ptr::null();
     }
@@ -119,11 +123,13 @@ fn dev_idx(f: &Fabric, dev: *mut ibv_device) -> Option<usize> {
 }
 
 pub(crate) unsafe extern "C" fn get_device_guid(dev: *mut ibv_device) -> __be64 {
+    let _errno = ErrnoScope::enter();
     let f = lock();
     dev_idx(&f, dev).map_or(0, |i| f.devices[i].as_ref().expect("device").guid.to_be())
 }
 
 pub(crate) unsafe extern "C" fn open_device_c(dev: *mut ibv_device) -> *mut ibv_context {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     match dev_idx(&f, dev) {
         Some(d) => new_context(&mut f, d),
@@ -176,6 +182,7 @@ pub(crate) fn new_context(f: &mut Fabric, dev: usize) -> *mut ibv_context {
 }
 
 pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live softnic context (caller).
     let ci = unsafe { ctx_idx(ctx) } as usize;
@@ -209,6 +216,7 @@ pub(crate) unsafe extern "C" fn query_device(
     ctx: *mut ibv_context,
     a: *mut ibv_device_attr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let f = lock();
     // SAFETY: live context (caller).
     let d = f.ctx_dev(unsafe { ctx_idx(ctx) });
@@ -260,6 +268,7 @@ pub(crate) unsafe extern "C" fn query_port(
     port: u8,
     attr: *mut _compat_ibv_port_attr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if port != 1 {
         return libc::EINVAL;
     }
@@ -304,6 +313,7 @@ pub(crate) unsafe extern "C" fn query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if index < 0 {
         set_errno(libc::EINVAL);
         return -1;
@@ -329,6 +339,7 @@ pub(crate) unsafe extern "C" fn query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if flags != 0 || entry_size < core::mem::size_of::<ibv_gid_entry>() {
         return libc::EINVAL;
     }
@@ -356,6 +367,7 @@ pub(crate) unsafe extern "C" fn query_pkey(
     index: c_int,
     pkey: *mut __be16,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if port != 1 || index != 0 {
         set_errno(libc::EINVAL);
         return -1;
@@ -368,6 +380,7 @@ pub(crate) unsafe extern "C" fn query_pkey(
 // ------------------------------------------------------------------ PD / MR
 
 pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) };
@@ -388,6 +401,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 }
 
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live PD (caller).
     let pi = unsafe { (*pd).handle } as usize;
@@ -409,6 +423,7 @@ pub(crate) unsafe extern "C" fn reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
+    let _errno = ErrnoScope::enter();
     // SAFETY: forwarded.
     unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
 }
@@ -420,6 +435,7 @@ pub(crate) unsafe extern "C" fn reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
+    let _errno = ErrnoScope::enter();
     // SAFETY: forwarded.
     unsafe { reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
 }
@@ -431,6 +447,7 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
+    let _errno = ErrnoScope::enter();
     // ibv_reg_mr(3): REMOTE_WRITE or REMOTE_ATOMIC require LOCAL_WRITE.
     if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
         && access & IBV_ACCESS_LOCAL_WRITE == 0
@@ -473,6 +490,7 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
 }
 
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live MR (caller).
     let i = unsafe { (*mr).handle } as usize;
@@ -492,6 +510,7 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 pub(crate) unsafe extern "C" fn create_comp_channel(
     ctx: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
+    let _errno = ErrnoScope::enter();
     let Some((rd, wr)) = fabric::make_pipe() else {
         return fail(libc::EMFILE);
     };
@@ -522,6 +541,7 @@ pub(crate) unsafe extern "C" fn create_comp_channel(
 }
 
 pub(crate) unsafe extern "C" fn destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: softnic channels are SoftChannel (caller).
     let i = unsafe { (*ch.cast::<SoftChannel>()).idx } as usize;
@@ -548,6 +568,7 @@ pub(crate) unsafe extern "C" fn create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) };
@@ -598,6 +619,7 @@ pub(crate) unsafe extern "C" fn create_cq(
 }
 
 pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live CQ (caller).
     let i = unsafe { (*cq).handle } as usize;
@@ -616,6 +638,7 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 }
 
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live CQ (caller).
     let i = unsafe { (*cq).handle } as usize;
@@ -645,6 +668,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     if ready.load(Ordering::Acquire) == 0 {
         return 0;
     }
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live CQ (caller).
     let i = unsafe { (*cq).handle };
@@ -652,6 +676,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 }
 
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live CQ (caller).
     let i = unsafe { (*cq).handle } as usize;
@@ -669,6 +694,7 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     // Block (or not, if the application made the fd non-blocking) outside the lock.
     // SAFETY: live channel (caller).
     if !fabric::wait_fd(unsafe { (*ch).fd }) {
@@ -678,6 +704,7 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     // SAFETY: softnic channel (caller).
     let i = unsafe { (*ch.cast::<SoftChannel>()).idx } as usize;
     let Some(Some(c)) = f.channels.get_mut(i) else {
+        set_errno(libc::EINVAL);
         return -1;
     };
     let Some(cqi) = c.events.pop_front() else {
@@ -685,6 +712,7 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         return -1;
     };
     let Some(Some(q)) = f.cqs.get(cqi as usize) else {
+        set_errno(libc::EINVAL);
         return -1;
     };
     // SAFETY: writable out-pointers (caller); the CQ is live (it is in the fabric).
@@ -696,6 +724,7 @@ pub(crate) unsafe extern "C" fn get_cq_event(
 }
 
 pub(crate) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
+    let _errno = ErrnoScope::enter();
     let _f = lock();
     // SAFETY: live CQ (caller); the counter is only written under the fabric lock.
     unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
@@ -707,6 +736,7 @@ pub(crate) unsafe extern "C" fn get_async_event(
     ctx: *mut ibv_context,
     ev: *mut ibv_async_event,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     // SAFETY: live context (caller).
     if !fabric::wait_fd(unsafe { (*ctx).async_fd }) {
         return -1;
@@ -715,6 +745,7 @@ pub(crate) unsafe extern "C" fn get_async_event(
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) } as usize;
     let Some(Some(c)) = f.ctxs.get_mut(ci) else {
+        set_errno(libc::EINVAL);
         return -1;
     };
     let Some((ty, el)) = c.async_q.pop_front() else {
@@ -744,6 +775,7 @@ pub(crate) unsafe extern "C" fn create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live PD and readable/writable init attr (caller).
     let (pi, ctx, ia) = unsafe { ((*pd).handle, (*pd).context, &mut *init) };
@@ -826,6 +858,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if mask as u32 & EXTENDED_QP_ATTRS != 0 {
         return libc::EOPNOTSUPP;
     }
@@ -846,6 +879,7 @@ pub(crate) unsafe extern "C" fn query_qp(
     mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     if mask as u32 & EXTENDED_QP_ATTRS != 0 {
         return libc::EOPNOTSUPP;
     }
@@ -882,6 +916,7 @@ pub(crate) unsafe extern "C" fn query_qp(
 }
 
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live QP (caller).
     let i = unsafe { (*qp).handle } as usize;
@@ -916,6 +951,7 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live QP; valid chain (caller).
     unsafe { f.post_send((*qp).handle as usize, wr, bad) }
@@ -926,6 +962,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live QP; valid chain (caller).
     unsafe { f.post_recv((*qp).handle as usize, wr, bad) }
@@ -936,6 +973,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live SRQ; valid chain (caller).
     unsafe { f.post_srq_recv((*srq).handle as usize, wr, bad) }
@@ -947,6 +985,7 @@ pub(crate) unsafe extern "C" fn create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live PD, valid attr (caller).
     let (pi, ctx, ia) = unsafe { ((*pd).handle, (*pd).context, &mut *init) };
@@ -988,6 +1027,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
     attr: *mut ibv_srq_attr,
     mask: c_int,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live SRQ, readable attr (caller).
     let (i, a) = unsafe { ((*srq).handle as usize, *attr) };
@@ -1020,6 +1060,7 @@ pub(crate) unsafe extern "C" fn modify_srq(
 }
 
 pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    let _errno = ErrnoScope::enter();
     let f = lock();
     // SAFETY: live SRQ (caller).
     let i = unsafe { (*srq).handle } as usize;
@@ -1038,6 +1079,7 @@ pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
 }
 
 pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live SRQ (caller).
     let i = unsafe { (*srq).handle } as usize;
@@ -1059,6 +1101,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
 // ------------------------------------------------------------------ AH / multicast
 
 pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    let _errno = ErrnoScope::enter();
     // SAFETY: readable attr (caller).
     let a = unsafe { *attr };
     // RoCE needs a GRH (rxe S18: is_global=0 -> EINVAL; bad sgid_index -> ENODATA).
@@ -1094,6 +1137,7 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
 }
 
 pub(crate) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live AH (caller).
     let (i, ctx) = unsafe { ((*ah).handle as usize, (*ah).context) };
@@ -1118,6 +1162,7 @@ pub(crate) unsafe extern "C" fn init_ah_from_wc(
     grh: *mut ibv_grh,
     ah: *mut ibv_ah_attr,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     // SAFETY: readable wc (caller).
     let w = unsafe { &*wc };
     if w.wc_flags & IBV_WC_GRH == 0 || grh.is_null() {
@@ -1165,6 +1210,7 @@ pub(crate) unsafe extern "C" fn create_ah_from_wc(
     grh: *mut ibv_grh,
     port: u8,
 ) -> *mut ibv_ah {
+    let _errno = ErrnoScope::enter();
     let mut a = ibv_ah_attr::default();
     // SAFETY: live PD (caller); forwarded pointers.
     if unsafe { init_ah_from_wc((*pd).context, port, wc, grh, &mut a) } != 0 {
@@ -1179,6 +1225,7 @@ pub(crate) unsafe extern "C" fn attach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live QP, readable gid (caller).
     let (i, raw) = unsafe { ((*qp).handle as usize, (*gid).raw) };
@@ -1200,6 +1247,7 @@ pub(crate) unsafe extern "C" fn detach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
+    let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live QP, readable gid (caller).
     let (i, raw) = unsafe { ((*qp).handle as usize, (*gid).raw) };

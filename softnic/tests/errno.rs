@@ -111,8 +111,8 @@ fn get_cq_event_sets_eagain_on_an_empty_nonblocking_channel() {
     let fd = unsafe { (*ch).fd };
     // SAFETY: fcntl on our own descriptor.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: fcntl on our own descriptor.
         unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) },
         0
     );

@@ -14,11 +14,65 @@ use crate::error::{PollError, WcError};
 use crate::wr_id;
 
 /// One work completion (`struct ibv_wc`) with cheap accessors.
-#[derive(Clone, Copy)]
+///
+/// Completions are proof that the device finished work: a ring that is given one retires
+/// WRs (freeing their zero-copy buffers) or hands a receive slot to the caller. So safe
+/// code cannot make one up: they come from a [`CqPoller`] (or the `unsafe`
+/// [`from_raw`](Self::from_raw)), they are neither `Clone` nor `Copy`, and a receive ring
+/// [consumes](Self::take) the one it accepts, so the same completion cannot be given twice.
+/// ```compile_fail,E0423
+/// let forged = hotverbs_datapath::Completion(Default::default());
+/// ```
 #[repr(transparent)]
-pub struct Completion(pub ibv_wc);
+pub struct Completion(ibv_wc);
+
+/// The `wr_id` of a consumed or placeholder completion: ring 255, receive bit set, slot
+/// `u32::MAX` (no receive ring has that many slots), with `qp_num` 0 (no ring's QP).
+const SPENT: u64 = u64::MAX;
 
 impl Completion {
+    /// An empty entry for a caller-owned [`CqPoller::poll_into`] array; no ring accepts it.
+    pub const PLACEHOLDER: Completion = Completion(ibv_wc {
+        wr_id: SPENT,
+        status: IBV_WC_GENERAL_ERR,
+        opcode: 0,
+        vendor_err: 0,
+        byte_len: 0,
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 { imm_data: 0 },
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    });
+
+    /// Wraps a work completion.
+    ///
+    /// # Safety
+    /// `wc` was returned by `ibv_poll_cq(3)` (or the extended poll) for a WR posted by the
+    /// ring it will be given to, and is given to rings only once: a ring trusts it to mean
+    /// that the device is done with the WR's memory.
+    #[inline(always)]
+    pub const unsafe fn from_raw(wc: ibv_wc) -> Self {
+        Completion(wc)
+    }
+
+    /// The raw `struct ibv_wc`.
+    #[inline(always)]
+    pub fn as_raw(&self) -> &ibv_wc {
+        &self.0
+    }
+
+    /// Marks the completion consumed (a receive ring does this when it accepts it): no
+    /// ring accepts it again.
+    #[inline(always)]
+    pub(crate) fn take(&mut self) {
+        self.0.wr_id = SPENT;
+        self.0.qp_num = 0;
+    }
+
     /// The raw `wr_id`.
     #[inline(always)]
     pub fn wr_id(&self) -> u64 {
@@ -118,14 +172,15 @@ impl<const B: usize> CqPoller<B> {
     /// same time.
     pub unsafe fn new(cq: *mut ibv_cq) -> Self {
         let () = Self::CHECK;
-        // SAFETY: ibv_wc is plain data (integers and a u32 union); all-zero is valid.
-        let wcs = unsafe { core::mem::zeroed() };
-        Self { cq, wcs }
+        Self {
+            cq,
+            wcs: [const { Completion::PLACEHOLDER }; B],
+        }
     }
 
     /// One `ibv_poll_cq(cq, B, ..)`: the completions it returned (possibly none).
     #[inline]
-    pub fn poll(&mut self) -> Result<&[Completion], PollError> {
+    pub fn poll(&mut self) -> Result<&mut [Completion], PollError> {
         // SAFETY: the CQ is live (new's contract) and `wcs` has room for B entries;
         // Completion is repr(transparent) over ibv_wc.
         let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
@@ -133,7 +188,7 @@ impl<const B: usize> CqPoller<B> {
             return Err(PollError { rc: n });
         }
         // The provider returns at most B; min() lets the compiler drop the bounds check.
-        Ok(&self.wcs[..(n as usize).min(B)])
+        Ok(&mut self.wcs[..(n as usize).min(B)])
     }
 
     /// One `ibv_poll_cq(cq, out.len(), out)` into a caller-owned array (e.g. one that
@@ -154,7 +209,7 @@ impl<const B: usize> CqPoller<B> {
     /// Polls until at least one completion arrives or `max_polls` empty polls went by,
     /// with `core::hint::spin_loop` between polls. Never blocks or sleeps.
     #[inline]
-    pub fn poll_spin(&mut self, max_polls: u64) -> Result<&[Completion], PollError> {
+    pub fn poll_spin(&mut self, max_polls: u64) -> Result<&mut [Completion], PollError> {
         let mut polls = 0u64;
         loop {
             // SAFETY: as in `poll`.
@@ -164,7 +219,7 @@ impl<const B: usize> CqPoller<B> {
             }
             polls += 1;
             if n > 0 || polls >= max_polls {
-                return Ok(&self.wcs[..(n as usize).min(B)]);
+                return Ok(&mut self.wcs[..(n as usize).min(B)]);
             }
             spin_loop();
         }
@@ -172,12 +227,13 @@ impl<const B: usize> CqPoller<B> {
 
     /// Polls once and hands every completion to `f`; returns how many there were.
     #[inline]
-    pub fn drain<F: FnMut(&Completion)>(&mut self, mut f: F) -> Result<usize, PollError> {
+    pub fn drain<F: FnMut(&mut Completion)>(&mut self, mut f: F) -> Result<usize, PollError> {
         let batch = self.poll()?;
+        let n = batch.len();
         for c in batch {
             f(c);
         }
-        Ok(batch.len())
+        Ok(n)
     }
 
     /// The CQ this poller drains.

@@ -11,8 +11,14 @@
 //! - A [`Received`] carries the brand of the ring that made it (unique per ring in the
 //!   process) and exists only for a `HELD` slot; `data` and `release` check both, so a
 //!   `Received` of another ring can neither read nor re-post anything.
-//! - A completion is accepted only if its `wr_id` bits 63..32 equal the ring's id and
-//!   current generation, and its slot is `POSTED`.
+//! - A completion is accepted only if its `wr_id` bits 63..32 equal the ring's id, the
+//!   receive kind bit and the current generation, its QP number is the ring's QP (for a
+//!   QP target), and its slot is `POSTED`; an accepted completion is consumed
+//!   ([`Completion`]s are not `Copy`), so it cannot be given twice.
+//! - The NIC owns a `POSTED` slot until its completion or until the target QP is reset or
+//!   destroyed, whatever happens to the ring: dropping the ring does not take receives
+//!   back, so [`RecvRing::new`]'s contract on the region lasts until then (the setup
+//!   layer's safe bridge models that as a lease of the region to the QP).
 
 use core::mem::MaybeUninit;
 use core::ptr::{self, addr_of_mut};
@@ -126,20 +132,25 @@ pub struct RecvRing<const N: usize> {
     count: u32,
     repost_batch: u32,
     slot_len: u32,
-    /// Ring id (63..56) and generation (55..32): the high half of every `wr_id` this ring
-    /// posts now. `reset` (on a QP) bumps the generation: completions of receives posted
-    /// before it carry an older value and are recognised as stale although their slot is
-    /// reused.
+    /// Ring id (63..56), receive bit (55) and generation (54..32): the high half of every
+    /// `wr_id` this ring posts now. `reset` (on a QP) bumps the generation: completions of
+    /// receives posted before it carry an older value and are recognised as stale although
+    /// their slot is reused. The first generation is drawn from the ring's brand, so rings
+    /// that share a ring id (on different CQs) differ in it too.
     tag: u64,
+    /// The QP's number for a QP target (a completion of another QP is never this ring's);
+    /// 0 for an SRQ, whose receives complete on any QP attached to it.
+    qp_num: u32,
     /// Unique per ring: stamps every [`Received`] it makes.
     brand: usize,
     region: LocalBuf,
     target: RecvTarget,
 }
 
-/// `wr_id` layout of a receive: ring id (63..56), generation (55..32), slot (31..0).
+/// `wr_id` layout of a receive: ring id (63..56), receive bit (55), generation (54..32),
+/// slot (31..0).
 const GEN_SHIFT: u32 = 32;
-const GEN_MASK: u64 = (1 << 24) - 1;
+const GEN_MASK: u64 = (1 << 23) - 1;
 /// The generation bits in place.
 const GEN_BITS: u64 = GEN_MASK << GEN_SHIFT;
 
@@ -158,14 +169,14 @@ impl<const N: usize> RecvRing<N> {
     ///
     /// # Safety
     /// `target` is a live QP or SRQ that outlives the ring and whose receives are posted by
-    /// this ring only; `region` is registered memory with `IBV_ACCESS_LOCAL_WRITE` that stays
-    /// valid for the ring's lifetime and that nothing else reads or writes while the ring
-    /// lives (the ring hands out `&[u8]` views of held slots). Receive completions of the
-    /// target go to [`on_completion`](Self::on_completion), and every [`Completion`] given
-    /// to it was returned by `ibv_poll_cq(3)` (not made up). `cfg`'s ring id is unique among
-    /// the rings (send and receive) whose completions share a CQ: it is what tells this
-    /// ring's completions from the others' (a flushed receive has opcode 0 on rxe, so the
-    /// opcode cannot).
+    /// this ring only; `region` is registered memory with `IBV_ACCESS_LOCAL_WRITE` that
+    /// nothing else reads or writes, and that stays valid, for as long as the device may
+    /// write it: while the ring lives (it hands out `&[u8]` views of held slots) **and
+    /// after it is dropped, until every receive it posted has completed or the target QP
+    /// (every QP using the SRQ) has been reset or destroyed** — dropping the ring does not
+    /// take its posted receives back. `cfg`'s ring id is unique among the rings (send and
+    /// receive) whose completions share a CQ: it is what tells this ring's completions
+    /// from the others' (a flushed receive has opcode 0 on rxe, so the opcode cannot).
     pub unsafe fn new(
         target: RecvTarget,
         region: LocalBuf,
@@ -226,6 +237,15 @@ impl<const N: usize> RecvRing<N> {
         if cfg.repost_batch == 0 || cfg.repost_batch > cfg.count {
             return Err(ConfigError::Batch);
         }
+        let qp_num = match target {
+            // SAFETY: a live QP (the caller's contract); qp_num is set at creation.
+            RecvTarget::Qp(q) => unsafe { (*q).qp_num },
+            RecvTarget::Srq(_) => 0,
+        };
+        let brand = NEXT_BRAND.fetch_add(1, Ordering::Relaxed);
+        // Spread consecutive brands over the generation space (a 23-bit Weyl sequence), so
+        // a ring's first generations are far from the next ring's.
+        let generation = (brand as u64).wrapping_mul(0x0029_E377) as u32;
         let p = slot.as_mut_ptr();
         // SAFETY: p points to writable storage for Self. The arrays are zeroed in place
         // (all-zero is a valid ibv_recv_wr / ibv_sge / IDLE state / slot index) and every
@@ -242,8 +262,9 @@ impl<const N: usize> RecvRing<N> {
             addr_of_mut!((*p).count).write(cfg.count);
             addr_of_mut!((*p).repost_batch).write(cfg.repost_batch);
             addr_of_mut!((*p).slot_len).write(cfg.slot_len);
-            addr_of_mut!((*p).tag).write(wr_id::encode(cfg.ring_id, 0));
-            addr_of_mut!((*p).brand).write(NEXT_BRAND.fetch_add(1, Ordering::Relaxed));
+            addr_of_mut!((*p).tag).write(wr_id::encode_recv(cfg.ring_id, generation, 0));
+            addr_of_mut!((*p).qp_num).write(qp_num);
+            addr_of_mut!((*p).brand).write(brand);
             addr_of_mut!((*p).region).write(region);
             addr_of_mut!((*p).target).write(target);
             &mut *p
@@ -278,18 +299,22 @@ impl<const N: usize> RecvRing<N> {
     }
 
     /// Turns a receive completion of this ring into a [`Received`] (the slot is now held by
-    /// the caller), or an error: a failed receive leaves its slot idle.
+    /// the caller), or an error: a failed receive leaves its slot idle. The completion is
+    /// consumed when accepted (given again, it is [`RecvError::Stale`]).
     #[inline]
-    pub fn on_completion(&mut self, c: &Completion) -> Result<Received, RecvError> {
+    pub fn on_completion(&mut self, c: &mut Completion) -> Result<Received, RecvError> {
         let slot = c.wr_id() & 0xFFFF_FFFF;
-        // One compare for ring id and generation: another ring's completion (send or
-        // receive) or a stale one never turns a slot the NIC still owns into a HELD one.
+        // One compare for ring id, kind and generation, one for the QP: another ring's
+        // completion (send or receive, this CQ or another) or a stale one never turns a
+        // slot the NIC still owns into a HELD one.
         if (c.wr_id() ^ self.tag) >> GEN_SHIFT != 0
+            || (self.qp_num != 0 && c.qp_num() != self.qp_num)
             || slot >= self.count as u64
             || self.state[slot as usize & Self::MASK] != POSTED
         {
             return Err(RecvError::Stale { wr_id: c.wr_id() });
         }
+        c.take();
         let i = slot as usize & Self::MASK;
         self.posted -= 1;
         match c.status() {
@@ -518,5 +543,11 @@ impl<const N: usize> RecvRing<N> {
     #[inline(always)]
     pub fn ring_id(&self) -> u8 {
         wr_id::ring_of(self.tag)
+    }
+    /// The `wr_id` the receive in `slot` carries when posted now (ring id, receive bit,
+    /// generation, slot), for inspection in tests and debuggers.
+    #[inline(always)]
+    pub fn slot_wr_id(&self, slot: u32) -> u64 {
+        self.tag | slot as u64
     }
 }

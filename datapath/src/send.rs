@@ -2,7 +2,15 @@
 //!
 //! # Invariants (this module owns raw pointers)
 //! - `wrs[i].sg_list == &sges[i]` and `wrs[i].next == &wrs[(i + 1) & (N - 1)]` whenever
-//!   `linked_at == wrs.as_ptr()`; [`SendRing::flush`] re-links (cold) if the ring moved.
+//!   `linked_at` is the address of `wrs`; [`SendRing::flush`] re-links (cold) if the ring
+//!   moved.
+//! - Aliasing: the provider follows the preformatted `next`/`sg_list` pointers long after
+//!   they were written, so nothing may invalidate them in between (Rust's aliasing model,
+//!   checked by `cargo xtask miri` under Stacked and Tree Borrows). The WR and SGE arrays
+//!   therefore live in `UnsafeCell`s and are only ever accessed through raw pointers from
+//!   `UnsafeCell::get` (never through a `&mut` to the arrays or their elements), and the
+//!   ring is `!Unpin` (`PhantomPinned`), so a `&mut SendRing` is not a unique borrow of the
+//!   arrays and calling a `&mut self` method does not invalidate the links either.
 //! - Sequence counters are free-running `u64`s with `retired <= posted <= staged` and
 //!   `staged - retired <= depth <= N`; slot of sequence `s` is `s & (N - 1)`.
 //! - A staged-but-unposted WR may hold an inline pointer into caller memory; such WRs are
@@ -12,7 +20,8 @@
 //!   `depth` (the SQ capacity). Zero-copy payload buffers are what stays borrowed until the
 //!   covering completion.
 
-use core::marker::PhantomData;
+use core::cell::UnsafeCell;
+use core::marker::{PhantomData, PhantomPinned};
 use core::mem::MaybeUninit;
 use core::ptr::{self, addr_of_mut};
 
@@ -236,9 +245,18 @@ struct State {
     id_bits: u64,
     signal_every: u64,
     batch: u64,
-    // --- second line: posts and RDMA/atomic messages.
+    // --- second line: posts, completions and RDMA/atomic messages.
     qp: *mut ibv_qp,
-    linked_at: *const ibv_send_wr,
+    /// `qp->qp_num`: a completion of another QP is never this ring's.
+    qp_num: u32,
+    /// The address of `wrs` when the links were last written (0: never).
+    linked_at: usize,
+    /// Split mode: the key shared with this ring's [`SendCounters`] and [`SendRetirer`]
+    /// (0: not split). See [`SendRing::split`].
+    ///
+    /// [`SendCounters`]: crate::split::SendCounters
+    /// [`SendRetirer`]: crate::split::SendRetirer
+    split_key: u64,
     remote: RemoteBuf,
     max_inline: u32,
     has_remote: bool,
@@ -277,9 +295,11 @@ struct Cold {
 #[repr(C, align(64))]
 pub struct SendRing<const N: usize> {
     st: State,
-    wrs: [ibv_send_wr; N],
-    sges: [ibv_sge; N],
+    wrs: UnsafeCell<[ibv_send_wr; N]>,
+    sges: UnsafeCell<[ibv_sge; N]>,
     cold: Cold,
+    /// See the module's aliasing invariant.
+    _pinned: PhantomPinned,
 }
 
 // SAFETY: the ring owns its WR arrays; the raw QP pointer is only used through
@@ -358,10 +378,12 @@ impl<const N: usize> SendRing<N> {
         if cfg.remote.is_some() && cfg.ud.is_some() {
             return Err(ConfigError::RemoteAndUd);
         }
+        // SAFETY: a live QP (the caller's contract); qp_num is set at creation.
+        let qp_num = unsafe { (*qp).qp_num };
         let p = slot.as_mut_ptr();
         // SAFETY: p points to writable storage for Self; all-zero bytes are a valid
-        // ibv_send_wr / ibv_sge (integers, NULL pointers, plain unions), and `st` is written
-        // as a whole before the reference is made.
+        // ibv_send_wr / ibv_sge (integers, NULL pointers, plain unions) and a valid
+        // UnsafeCell of them, and `st` is written as a whole before the reference is made.
         let ring = unsafe {
             addr_of_mut!((*p).wrs).write_bytes(0, 1);
             addr_of_mut!((*p).sges).write_bytes(0, 1);
@@ -378,9 +400,11 @@ impl<const N: usize> SendRing<N> {
                 max_inline: cfg.max_inline,
                 batch_open: false,
                 qp,
+                qp_num,
                 remote: cfg.remote.unwrap_or_default(),
                 has_remote: cfg.remote.is_some(),
-                linked_at: ptr::null(),
+                linked_at: 0,
+                split_key: 0,
             });
             addr_of_mut!((*p).cold).write(Cold {
                 error: None,
@@ -389,26 +413,42 @@ impl<const N: usize> SendRing<N> {
             });
             &mut *p
         };
-        for wr in ring.wrs.iter_mut() {
-            wr.num_sge = 1;
-            wr.opcode = IBV_WR_SEND;
-            if let Some(ud) = cfg.ud {
-                wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah: ud.ah,
-                    remote_qpn: ud.remote_qpn,
-                    remote_qkey: ud.remote_qkey,
-                };
+        let wrs = ring.wrs_ptr();
+        for i in 0..N {
+            // SAFETY: i < N: inside the array (raw access, see the aliasing invariant).
+            unsafe {
+                (*wrs.add(i)).num_sge = 1;
+                (*wrs.add(i)).opcode = IBV_WR_SEND;
+                if let Some(ud) = cfg.ud {
+                    (*wrs.add(i)).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                        ah: ud.ah,
+                        remote_qpn: ud.remote_qpn,
+                        remote_qkey: ud.remote_qkey,
+                    };
+                }
             }
         }
         ring.link();
         Ok(ring)
     }
 
+    /// The WR array, for raw access only (see the module's aliasing invariant).
+    #[inline(always)]
+    fn wrs_ptr(&self) -> *mut ibv_send_wr {
+        self.wrs.get().cast()
+    }
+
+    /// The SGE array, for raw access only.
+    #[inline(always)]
+    fn sges_ptr(&self) -> *mut ibv_sge {
+        self.sges.get().cast()
+    }
+
     /// Sets `sg_list` and the ring `next` links (once, and again after a move).
     #[cold]
     fn link(&mut self) {
-        let wrs = self.wrs.as_mut_ptr();
-        let sges = self.sges.as_mut_ptr();
+        let wrs = self.wrs_ptr();
+        let sges = self.sges_ptr();
         for i in 0..N {
             // SAFETY: i and (i + 1) & MASK are < N, inside both arrays.
             unsafe {
@@ -416,7 +456,7 @@ impl<const N: usize> SendRing<N> {
                 (*wrs.add(i)).next = wrs.add((i + 1) & Self::MASK);
             }
         }
-        self.st.linked_at = wrs;
+        self.st.linked_at = wrs as usize;
     }
 
     /// Stages one message. Flushes automatically when `batch` WRs are staged or the ring
@@ -448,13 +488,16 @@ impl<const N: usize> SendRing<N> {
         }
         let seq = st.staged;
         let i = seq as usize & Self::MASK;
-        let wr = &mut self.wrs[i];
-        let sge = &mut self.sges[i];
+        // Raw pointers from `UnsafeCell::get`, never references: see the module's aliasing
+        // invariant. `&mut self` excludes every other access to the slot.
+        let wr = self.wrs.get().cast::<ibv_send_wr>().wrapping_add(i);
+        let sge = self.sges.get().cast::<ibv_sge>().wrapping_add(i);
         let mut flags = 0;
         let len: u64;
+        let num_sge;
         match msg.local {
             Local::Empty => {
-                wr.num_sge = 0;
+                num_sge = 0;
                 len = 0;
             }
             Local::Inline(data) => {
@@ -464,18 +507,29 @@ impl<const N: usize> SendRing<N> {
                         max: st.max_inline,
                     });
                 }
-                wr.num_sge = 1;
-                sge.addr = data.as_ptr() as u64;
-                sge.length = data.len() as u32;
-                sge.lkey = 0;
+                num_sge = 1;
+                // SAFETY: i < N, so sge is inside the SGE array; written through the raw
+                // pointer only.
+                unsafe {
+                    *sge = ibv_sge {
+                        addr: data.as_ptr() as u64,
+                        length: data.len() as u32,
+                        lkey: 0,
+                    }
+                };
                 flags = IBV_SEND_INLINE;
                 len = data.len() as u64;
             }
             Local::Buf(b) => {
-                wr.num_sge = 1;
-                sge.addr = b.addr;
-                sge.length = b.len;
-                sge.lkey = b.lkey;
+                num_sge = 1;
+                // SAFETY: as above.
+                unsafe {
+                    *sge = ibv_sge {
+                        addr: b.addr,
+                        length: b.len,
+                        lkey: b.lkey,
+                    }
+                };
                 if b.len <= st.max_inline
                     && matches!(
                         msg.op,
@@ -487,17 +541,11 @@ impl<const N: usize> SendRing<N> {
                 len = b.len as u64;
             }
         }
-        wr.opcode = msg.op.raw();
-        match msg.op {
-            Opcode::Send => {}
-            Opcode::SendImm => wr.__bindgen_anon_1.imm_data = msg.imm.to_be(),
+        // Validate before touching the WR, so a refused message leaves the slot as it was.
+        let remote = match msg.op {
+            Opcode::Send | Opcode::SendImm => None,
             Opcode::Write | Opcode::WriteImm | Opcode::Read => {
-                let remote_addr = Self::remote_addr(st, msg.remote_offset, len)?;
-                wr.wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                    remote_addr,
-                    rkey: st.remote.rkey,
-                };
-                wr.__bindgen_anon_1.imm_data = msg.imm.to_be();
+                Some(Self::remote_addr(st, msg.remote_offset, len)?)
             }
             Opcode::FetchAdd | Opcode::CmpSwap => {
                 if msg.remote_offset & 7 != 0 || len != 8 {
@@ -507,14 +555,9 @@ impl<const N: usize> SendRing<N> {
                 if remote_addr & 7 != 0 {
                     return Err(SendError::AtomicMisaligned);
                 }
-                wr.wr.atomic = ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr,
-                    compare_add: msg.compare_add,
-                    swap: msg.swap,
-                    rkey: st.remote.rkey,
-                };
+                Some(remote_addr)
             }
-        }
+        };
         let full = seq + 1 - st.retired == st.limit;
         if seq == st.next_signal {
             flags |= IBV_SEND_SIGNALED;
@@ -524,8 +567,33 @@ impl<const N: usize> SendRing<N> {
             // therefore always has a signaled WR in flight and drains by polling.
             flags |= IBV_SEND_SIGNALED;
         }
-        wr.send_flags = flags;
-        wr.wr_id = st.id_bits | (seq & wr_id::SEQ_MASK);
+        // SAFETY: i < N, so wr is inside the WR array; written through the raw pointer only
+        // (plain integer fields and Copy unions).
+        unsafe {
+            (*wr).num_sge = num_sge;
+            (*wr).opcode = msg.op.raw();
+            match (msg.op, remote) {
+                (Opcode::SendImm, _) => (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be(),
+                (Opcode::FetchAdd | Opcode::CmpSwap, Some(remote_addr)) => {
+                    (*wr).wr.atomic = ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr,
+                        compare_add: msg.compare_add,
+                        swap: msg.swap,
+                        rkey: st.remote.rkey,
+                    }
+                }
+                (_, Some(remote_addr)) => {
+                    (*wr).wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr,
+                        rkey: st.remote.rkey,
+                    };
+                    (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be();
+                }
+                (_, None) => {}
+            }
+            (*wr).send_flags = flags;
+            (*wr).wr_id = st.id_bits | (seq & wr_id::SEQ_MASK);
+        }
         st.staged = seq + 1;
         if full || st.staged - st.posted >= st.batch {
             self.flush_inner()?;
@@ -573,12 +641,12 @@ impl<const N: usize> SendRing<N> {
         if n == 0 {
             return Ok(());
         }
-        if self.st.linked_at != self.wrs.as_ptr() {
+        let wrs = self.wrs_ptr();
+        if self.st.linked_at != wrs as usize {
             self.link();
         }
         let first = self.st.posted as usize & Self::MASK;
         let last = (self.st.staged - 1) as usize & Self::MASK;
-        let wrs = self.wrs.as_mut_ptr();
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: first/last are masked indices inside `wrs`; the chain first..=last is
         // linked (checked above) and cut at `last`; every WR in it was formatted by
@@ -603,7 +671,7 @@ impl<const N: usize> SendRing<N> {
         let n = (self.st.staged - self.st.posted) as usize;
         // Index of `bad` in the chain, if it points at a WR of the chain (wrapping: a
         // provider returning a pointer outside the chain must not panic here).
-        let off = (bad as usize).wrapping_sub(self.wrs.as_ptr() as usize);
+        let off = (bad as usize).wrapping_sub(self.wrs_ptr() as usize);
         let sz = core::mem::size_of::<ibv_send_wr>();
         let k = (off / sz).wrapping_sub(first) & Self::MASK;
         if bad.is_null() || off % sz != 0 || off / sz >= N || k >= n {
@@ -690,12 +758,13 @@ impl<const N: usize> SendRing<N> {
     /// error) for sequence `s` retires every WR up to and including `s`. Returns how many
     /// WRs it retired: 0 for a completion that is not for an outstanding WR of this ring (a
     /// stale one left in the CQ across a [`reset`](Self::reset), or another ring's: the
-    /// ring id in `wr_id` must match), which is ignored whatever its status. An error
-    /// status of an outstanding WR also puts the ring in the error state.
+    /// ring id and kind in `wr_id` and the QP number must match), which is ignored whatever
+    /// its status. An error status of an outstanding WR also puts the ring in the error
+    /// state.
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
-        if (c.wr_id() ^ st.id_bits) >> wr_id::RING_SHIFT != 0 {
+        if (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
             return Ok(0);
         }
         let retired = match wr_id::full_seq(st.posted, st.retired, c.seq()) {
@@ -738,8 +807,15 @@ impl<const N: usize> SendRing<N> {
     /// from `shared`, then publishes this ring's posted count to it (progress information
     /// for the poller; it does not need it to handle completions). Call it after
     /// [`SendError::WouldBlock`] and after each flush.
+    ///
+    /// # Panics
+    /// If `shared` are not the counters of this ring's latest [`split`](Self::split): their
+    /// retired count would free this ring's buffers on another ring's completions.
     #[inline]
     pub fn sync<O: crate::split::Orderings>(&mut self, shared: &crate::split::SendCounters<O>) {
+        if shared.key() != self.st.split_key || shared.key() == 0 {
+            self.foreign_counters(shared.key());
+        }
         self.retire_to(shared.observe_retired());
         if let Some(e) = shared.observe_error() {
             self.enter_error(e);
@@ -747,12 +823,34 @@ impl<const N: usize> SendRing<N> {
         shared.publish_posted(self.st.posted);
     }
 
-    /// The poller-side view of this ring for split mode: a
-    /// [`SendRetirer`](crate::split::SendRetirer) with this ring's id, depth and retired
-    /// count. Make it before handing the ring to the poster thread (and again after a
-    /// [`reset`](Self::reset)).
-    pub fn retirer(&self) -> crate::split::SendRetirer {
-        crate::split::SendRetirer::new(self.ring_id(), self.st.depth, self.st.retired)
+    #[cold]
+    #[inline(never)]
+    fn foreign_counters(&self, key: u64) -> ! {
+        panic!(
+            "SendRing::sync: counters of another ring or split (key {key}, this ring's latest \
+             split has key {}): use the counters SendRing::split returned",
+            self.st.split_key
+        )
+    }
+
+    /// Split mode: the counters the poster and the poller share and the poller-side
+    /// [`SendRetirer`](crate::split::SendRetirer) (this ring's id, QP number, depth and
+    /// retired count), bound together and to this ring by a fresh key. Call it before
+    /// handing the ring to the poster thread, and again after a [`reset`](Self::reset)
+    /// (counters and retirers of an earlier split are refused from then on).
+    pub fn split(&mut self) -> (crate::split::SendCounters, crate::split::SendRetirer) {
+        let key = crate::split::new_key();
+        self.st.split_key = key;
+        (
+            crate::split::SendCounters::keyed(key, self.st.posted, self.st.retired),
+            crate::split::SendRetirer::keyed(
+                key,
+                self.ring_id(),
+                self.st.qp_num,
+                self.st.depth,
+                self.st.retired,
+            ),
+        )
     }
 
     /// Forgets every staged and outstanding WR and leaves the error state. Returns the
@@ -814,11 +912,15 @@ impl<const N: usize> SendRing<N> {
             return Err(SendError::NoRemote);
         }
         self.flush()?;
-        for wr in self.wrs.iter_mut() {
-            wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                ah: dest.ah,
-                remote_qpn: dest.remote_qpn,
-                remote_qkey: dest.remote_qkey,
+        let wrs = self.wrs_ptr();
+        for i in 0..N {
+            // SAFETY: i < N: inside the array; raw access only (module invariant).
+            unsafe {
+                (*wrs.add(i)).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: dest.ah,
+                    remote_qpn: dest.remote_qpn,
+                    remote_qkey: dest.remote_qkey,
+                }
             };
         }
         Ok(())
@@ -846,7 +948,8 @@ impl<const N: usize> SendRing<N> {
             return self.flush().map(|()| false);
         }
         let last = (self.st.staged - 1) as usize & Self::MASK;
-        self.wrs[last].send_flags |= IBV_SEND_SIGNALED;
+        // SAFETY: last < N: inside the array; raw access only (module invariant).
+        unsafe { (*self.wrs_ptr().add(last)).send_flags |= IBV_SEND_SIGNALED };
         // The schedule's next signal stays >= staged: runs only get shorter.
         self.flush().map(|()| true)
     }
@@ -906,7 +1009,9 @@ impl<const N: usize> SendRing<N> {
     /// The preformatted WR that sequence `seq` uses (slot `seq & (N - 1)`), for inspection
     /// in tests and debuggers.
     pub fn slot_wr(&self, seq: u64) -> &ibv_send_wr {
-        &self.wrs[seq as usize & Self::MASK]
+        // SAFETY: the index is masked below N. The ring writes its WRs only through `&mut
+        // self`, which cannot coexist with the returned `&self` borrow.
+        unsafe { &*self.wrs_ptr().add(seq as usize & Self::MASK) }
     }
 
     /// Sequence numbers of the signaled WRs among the outstanding ones are those with
@@ -914,7 +1019,7 @@ impl<const N: usize> SendRing<N> {
     /// signaled (the no-deadlock invariant: true whenever the ring is full).
     pub fn signaled_in_flight(&self) -> bool {
         (self.st.retired..self.st.posted)
-            .any(|s| self.wrs[s as usize & Self::MASK].send_flags & IBV_SEND_SIGNALED != 0)
+            .any(|s| self.slot_wr(s).send_flags & IBV_SEND_SIGNALED != 0)
     }
 }
 

@@ -7,7 +7,7 @@
 //!   Acquire; after posting it publishes `posted` with Release (progress information only).
 //! - poller: after a completion it publishes `retired` with Release.
 //!
-//! The poller rebuilds a completion's full sequence number from its 56-bit `wr_id` part
+//! The poller rebuilds a completion's full sequence number from its 55-bit `wr_id` part
 //! against its own window `retired .. retired + depth` ([`wr_id::full_seq_in_window`]):
 //! at most `depth` WRs are ever outstanding, so that window holds every WR that can
 //! complete. It never needs the poster's `posted`, which matters because a device may
@@ -23,8 +23,17 @@
 //! let shared: hotverbs_datapath::SendCounters = hotverbs_datapath::SendCounters::new();
 //! shared.publish_retired(5); // crate-private
 //! ```
+//! and a ring only trusts the counters and the retirer it made itself:
+//! [`SendRing::split`](crate::SendRing::split) makes both with a key of their own (unique in
+//! the process), [`SendRing::sync`](crate::SendRing::sync) refuses counters with another key
+//! and [`SendRetirer::on_completion`] counters of another retirer. Counters from
+//! [`SendCounters::new`] and retirers from [`SendRetirer::new`] (key 0, for models and
+//! tests) are never accepted by a ring. A retirer also checks each completion's QP number
+//! and kind (send, not receive), so completions of another QP or CQ retire nothing.
 
 use core::marker::PhantomData;
+// Plain core atomics: key allocation is not part of the modelled protocol.
+use core::sync::atomic::AtomicU64 as KeySource;
 
 use crate::cq::Completion;
 use crate::error::WcError;
@@ -64,9 +73,21 @@ impl Orderings for RelaxedForModel {
 /// No error published yet.
 const NO_ERROR: u32 = u32::MAX;
 
-/// Counters shared by the poster and the poller of one send ring.
+/// Source of split keys: one per [`SendRing::split`](crate::SendRing::split), never reused,
+/// never 0.
+static NEXT_KEY: KeySource = KeySource::new(1);
+
+/// A fresh split key.
+pub(crate) fn new_key() -> u64 {
+    NEXT_KEY.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counters shared by the poster and the poller of one send ring; made together with its
+/// [`SendRetirer`] by [`SendRing::split`](crate::SendRing::split).
 #[derive(Debug)]
 pub struct SendCounters<O: Orderings = Paired> {
+    /// The split key shared with the ring and the retirer (0: unpaired).
+    key: u64,
     /// Written by the poster only.
     posted: CachePadded<AtomicU64>,
     /// Written by the poller only.
@@ -83,14 +104,27 @@ impl<O: Orderings> Default for SendCounters<O> {
 }
 
 impl<O: Orderings> SendCounters<O> {
-    /// Zeroed counters.
+    /// Zeroed counters of no ring (key 0): for models and tests; a ring's
+    /// [`sync`](crate::SendRing::sync) never accepts them. Rings make theirs with
+    /// [`SendRing::split`](crate::SendRing::split).
     pub fn new() -> Self {
+        Self::keyed(0, 0, 0)
+    }
+
+    pub(crate) fn keyed(key: u64, posted: u64, retired: u64) -> Self {
         Self {
-            posted: CachePadded(AtomicU64::new(0)),
-            retired: CachePadded(AtomicU64::new(0)),
+            key,
+            posted: CachePadded(AtomicU64::new(posted)),
+            retired: CachePadded(AtomicU64::new(retired)),
             error: AtomicU32::new(NO_ERROR),
             _o: PhantomData,
         }
+    }
+
+    /// The split key (0 for counters of no ring).
+    #[inline(always)]
+    pub fn key(&self) -> u64 {
+        self.key
     }
 
     /// Poster: WRs `..posted` are posted.
@@ -166,38 +200,62 @@ pub const fn has_room(staged: u64, retired: u64, depth: u64) -> bool {
     staged - retired < depth
 }
 
-/// The poller side's view of one send ring in split mode; make it with
-/// [`SendRing::retirer`](crate::SendRing::retirer).
+/// The poller side's view of one send ring in split mode; made with its counters by
+/// [`SendRing::split`](crate::SendRing::split).
 #[derive(Debug)]
 pub struct SendRetirer {
     retired: u64,
     depth: u64,
-    ring: u8,
+    /// `wr_id >> KIND_SHIFT` of this ring's send WRs: ring id, kind bit clear.
+    kind: u64,
+    /// The ring's QP number (0: any, for an unpaired retirer).
+    qp_num: u32,
+    key: u64,
 }
 
 impl SendRetirer {
-    /// A retirer of ring `ring` (its id in `wr_id`s) with `depth` (its maximum number of
-    /// outstanding WRs) that starts at `retired` retired WRs (0, or the ring's count after a
-    /// reset). [`SendRing::retirer`](crate::SendRing::retirer) fills all three in.
+    /// An unpaired retirer (key 0) of ring `ring` (its id in `wr_id`s) with `depth` (its
+    /// maximum number of outstanding WRs) that starts at `retired` retired WRs, for models
+    /// and tests: it only publishes into counters from [`SendCounters::new`], which no ring
+    /// accepts. Rings make theirs with [`SendRing::split`](crate::SendRing::split).
     pub const fn new(ring: u8, depth: u64, retired: u64) -> Self {
+        Self::keyed(0, ring, 0, depth, retired)
+    }
+
+    pub(crate) const fn keyed(key: u64, ring: u8, qp_num: u32, depth: u64, retired: u64) -> Self {
         Self {
             retired,
             depth,
-            ring,
+            kind: (ring as u64) << (wr_id::RING_SHIFT - wr_id::KIND_SHIFT),
+            qp_num,
+            key,
         }
     }
 
     /// Handles one send completion of the ring: publishes the new retired count (a
     /// completion for sequence `s` retires everything up to `s`) and any error. A
-    /// completion of another ring or outside the window of outstanding WRs (stale, from
-    /// before a reset) is ignored: `Ok(0)`, whatever its status.
+    /// completion of another ring, QP or kind (a receive), or outside the window of
+    /// outstanding WRs (stale, from before a reset) is ignored: `Ok(0)`, whatever its
+    /// status.
+    ///
+    /// # Panics
+    /// If `shared` are not the counters made with this retirer (another ring's): publishing
+    /// into them would free that ring's buffers.
     #[inline]
     pub fn on_completion<O: Orderings>(
         &mut self,
         c: &Completion,
         shared: &SendCounters<O>,
     ) -> Result<u64, WcError> {
-        if c.ring() != self.ring {
+        assert!(
+            shared.key == self.key,
+            "SendRetirer::on_completion: counters of another ring (key {} != {})",
+            shared.key,
+            self.key
+        );
+        if c.wr_id() >> wr_id::KIND_SHIFT != self.kind
+            || (self.qp_num != 0 && c.qp_num() != self.qp_num)
+        {
             return Ok(0);
         }
         let n = match wr_id::full_seq_in_window(self.retired, self.depth, c.seq()) {

@@ -1,28 +1,48 @@
 //! The `wr_id` encoding shared by every ring.
 //!
 //! ```text
-//!  63        56 55                                              0
-//! +------------+-------------------------------------------------+
-//! |  ring id   |  sequence (SendRing) or generation|slot (RecvRing)|
-//! +------------+-------------------------------------------------+
+//!  63        56 55  54                                           0
+//! +------------+---+---------------------------------------------+
+//! |  ring id   | R | sequence (SendRing), R = 0                  |
+//! |  ring id   | R | generation 54..32 | slot 31..0 (RecvRing), R = 1 |
+//! +------------+---+---------------------------------------------+
 //! ```
 //!
 //! One [`CqPoller`](crate::CqPoller) serves several rings: dispatch is `wr_id >> 56`
-//! compared with the ring ids the application chose (up to 256 rings per CQ). A
-//! [`SendRing`](crate::SendRing) puts the low 56 bits of its free-running sequence number
-//! there (2^56 WRs is 22 years at 100 M WR/s; the full number is rebuilt from the ring's own
-//! counters, see [`full_seq`]); a [`RecvRing`](crate::RecvRing) puts a reset generation in
-//! bits 55..32 and the slot index in bits 31..0.
+//! compared with the ring ids the application chose (up to 256 rings per CQ). Bit 55
+//! ([`RECV_BIT`]) says which kind of ring posted the WR, so a send ring never takes a
+//! receive completion for its own and a receive ring never takes a send completion, even
+//! when the two share a ring id (ids need only be unique per CQ, and a completion polled
+//! from the wrong CQ is a mistake the rings must survive: a receive slot turned HELD while
+//! the NIC still owns it would hand out a view the NIC writes).
+//! A [`SendRing`](crate::SendRing) puts the low 55 bits of its free-running sequence number
+//! there (2^55 WRs is 11 years at 100 M WR/s; the full number is rebuilt from the ring's own
+//! counters, see [`full_seq`]); a [`RecvRing`](crate::RecvRing) puts a generation in bits
+//! 54..32 and the slot index in bits 31..0.
 
 /// Bit position of the ring id.
 pub const RING_SHIFT: u32 = 56;
+/// Set in the `wr_id` of every receive a [`RecvRing`](crate::RecvRing) posts, clear in
+/// every send WR.
+pub const RECV_BIT: u64 = 1 << 55;
+/// Bit position of the kind bit: `(a ^ b) >> KIND_SHIFT == 0` compares ring id and kind.
+pub const KIND_SHIFT: u32 = 55;
 /// Mask of the sequence / slot part.
-pub const SEQ_MASK: u64 = (1 << RING_SHIFT) - 1;
+pub const SEQ_MASK: u64 = RECV_BIT - 1;
 
-/// `wr_id` of sequence (or slot) `seq` of ring `ring`.
+/// `wr_id` of sequence `seq` of send ring `ring`.
 #[inline(always)]
 pub const fn encode(ring: u8, seq: u64) -> u64 {
     ((ring as u64) << RING_SHIFT) | (seq & SEQ_MASK)
+}
+
+/// `wr_id` of a receive of ring `ring` with the given generation (23 bits) and slot.
+#[inline(always)]
+pub const fn encode_recv(ring: u8, generation: u32, slot: u32) -> u64 {
+    ((ring as u64) << RING_SHIFT)
+        | RECV_BIT
+        | (((generation as u64) & ((1 << 23) - 1)) << 32)
+        | slot as u64
 }
 
 /// The ring id of a `wr_id`.
@@ -31,22 +51,28 @@ pub const fn ring_of(wr_id: u64) -> u8 {
     (wr_id >> RING_SHIFT) as u8
 }
 
-/// The sequence (or slot) part of a `wr_id`.
+/// True if a receive ring posted the WR of this `wr_id`.
+#[inline(always)]
+pub const fn is_recv(wr_id: u64) -> bool {
+    wr_id & RECV_BIT != 0
+}
+
+/// The sequence (or generation and slot) part of a `wr_id`.
 #[inline(always)]
 pub const fn seq_of(wr_id: u64) -> u64 {
     wr_id & SEQ_MASK
 }
 
-/// Rebuilds the full sequence number of a send completion from its 56-bit part.
+/// Rebuilds the full sequence number of a send completion from its 55-bit part.
 ///
 /// `posted` is the number of WRs posted so far and `retired` the number already retired;
 /// the completion must be for one of the outstanding WRs `retired..posted`. Returns `None`
 /// for a stale completion (a WR already retired, e.g. a flush CQE still in the CQ after
 /// the ring was reset) or one that is not outstanding at all.
 #[inline(always)]
-pub const fn full_seq(posted: u64, retired: u64, seq56: u64) -> Option<u64> {
-    // Distance back from the newest posted WR (posted - 1), in the 56-bit domain.
-    let back = posted.wrapping_sub(1).wrapping_sub(seq56) & SEQ_MASK;
+pub const fn full_seq(posted: u64, retired: u64, seq55: u64) -> Option<u64> {
+    // Distance back from the newest posted WR (posted - 1), in the 55-bit domain.
+    let back = posted.wrapping_sub(1).wrapping_sub(seq55) & SEQ_MASK;
     if back < posted.wrapping_sub(retired) {
         Some(posted - 1 - back)
     } else {
@@ -54,14 +80,14 @@ pub const fn full_seq(posted: u64, retired: u64, seq56: u64) -> Option<u64> {
     }
 }
 
-/// Rebuilds the full sequence number of a send completion from its 56-bit part, against
+/// Rebuilds the full sequence number of a send completion from its 55-bit part, against
 /// the window `retired .. retired + depth` of WRs that may be outstanding (a ring never has
 /// more than `depth`). Unlike [`full_seq`] it needs no count of posted WRs, so it works on
 /// a poller thread that has not yet seen the poster's latest post. Returns `None` outside
 /// the window (stale, or not a WR of this ring).
 #[inline(always)]
-pub const fn full_seq_in_window(retired: u64, depth: u64, seq56: u64) -> Option<u64> {
-    let ahead = seq56.wrapping_sub(retired) & SEQ_MASK;
+pub const fn full_seq_in_window(retired: u64, depth: u64, seq55: u64) -> Option<u64> {
+    let ahead = seq55.wrapping_sub(retired) & SEQ_MASK;
     if ahead < depth {
         Some(retired + ahead)
     } else {
@@ -80,6 +106,14 @@ mod tests {
         assert_eq!(seq_of(id), 0x12_3456);
         assert_eq!(ring_of(encode(255, u64::MAX)), 255);
         assert_eq!(seq_of(encode(255, u64::MAX)), SEQ_MASK);
+        assert!(
+            !is_recv(encode(255, u64::MAX)),
+            "a send wr_id never has the receive bit"
+        );
+        let r = encode_recv(7, 3, 9);
+        assert_eq!((ring_of(r), is_recv(r), r & 0xFFFF_FFFF), (7, true, 9));
+        assert_eq!((r >> 32) & ((1 << 23) - 1), 3);
+        assert_eq!(ring_of(encode_recv(7, u32::MAX, u32::MAX)), 7);
     }
 
     #[test]
@@ -90,8 +124,8 @@ mod tests {
         assert_eq!(full_seq(20, 10, 9), None);
         assert_eq!(full_seq(20, 10, 20), None);
         assert_eq!(full_seq(20, 20, 19), None);
-        // Across the 56-bit wrap.
-        let posted = (1u64 << 56) + 5;
+        // Across the 55-bit wrap.
+        let posted = (1u64 << 55) + 5;
         assert_eq!(
             full_seq(posted, posted - 8, seq_of(posted - 8)),
             Some(posted - 8)
@@ -109,7 +143,7 @@ mod tests {
         assert_eq!(full_seq_in_window(10, 4, 13), Some(13));
         assert_eq!(full_seq_in_window(10, 4, 14), None);
         assert_eq!(full_seq_in_window(10, 4, 9), None, "stale");
-        let r = (1u64 << 56) - 2;
+        let r = (1u64 << 55) - 2;
         assert_eq!(full_seq_in_window(r, 8, seq_of(r + 5)), Some(r + 5));
         assert_eq!(full_seq_in_window(r, 8, seq_of(r - 1)), None);
     }

@@ -53,7 +53,7 @@ fn hot_loop<const N: usize, const M: usize>(
             b.finish().unwrap();
         }
         let mut handle =
-            |c: &Completion, recv: &mut RecvRing<M>, send: &mut SendRing<N>| match c.ring() {
+            |c: &mut Completion, recv: &mut RecvRing<M>, send: &mut SendRing<N>| match c.ring() {
                 S => {
                     send.on_completion(c).unwrap();
                 }

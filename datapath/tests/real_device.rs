@@ -814,12 +814,12 @@ fn dp_bad_rkey_exact_slot_accounting_then_reset_and_traffic_again() {
     assert_eq!(marked + s.recv.held() as usize, RQ as usize);
     // Whatever the CQs still hold from before the reset is stale for both rings.
     let mut stale = 0;
-    for c in std::iter::from_fn(|| one.poll().unwrap().first().copied()) {
+    for c in std::iter::from_fn(|| one.poll().unwrap().first().map(dup)) {
         assert_eq!(s.send.on_completion(&c), Ok(0), "{c:?}");
         stale += 1;
     }
-    for c in std::iter::from_fn(|| s.rp.poll().unwrap().first().copied()) {
-        match s.recv.on_completion(&c) {
+    for mut c in std::iter::from_fn(|| s.rp.poll().unwrap().first().map(dup)) {
+        match s.recv.on_completion(&mut c) {
             Err(RecvError::Stale { .. }) => stale += 1,
             // Receives completed before the error (the three SENDs).
             Ok(m) => panic!("message after reset: {m:?}"),
@@ -1191,4 +1191,10 @@ fn dp_post_before_rts_is_refused_and_reset_discards_what_rxe_queued_anyway() {
     });
     let got: Vec<&[u8]> = s.received.iter().map(|(_, d, _)| &d[..]).collect();
     assert_eq!(got, [&b"first"[..], b"second", b"third"]);
+}
+
+/// A copy of a polled completion (the loops above take one at a time out of the poller).
+fn dup(c: &Completion) -> Completion {
+    // SAFETY: `c` came from ibv_poll_cq and each copy is given to a ring once.
+    unsafe { Completion::from_raw(*c.as_raw()) }
 }

@@ -28,7 +28,10 @@ fn wc(wr_id: u64, status: ibv_wc_status, opcode: ibv_wc_opcode) -> Completion {
     w.status = status;
     w.opcode = opcode;
     w.byte_len = 4;
-    Completion(w)
+    w.qp_num = hotverbs_softnic::counting::QP_NUM;
+    // SAFETY: these tests forge completions on purpose, to show what the rings refuse; the
+    // accepted ones stand for WRs the counting device really has outstanding.
+    unsafe { Completion::from_raw(w) }
 }
 
 /// A receive ring of `count` slots of 64 bytes over `region` on `target`.
@@ -55,8 +58,7 @@ fn split_completion_before_sync_is_not_dropped() {
     const D: u32 = 4;
     let dev = CountingDevice::new(64);
     let mut ring: SendRing<4> = send_ring(&dev, SendConfig::new(1, D, 64).signal_every(2));
-    let shared: SendCounters = SendCounters::new();
-    let mut retirer = ring.retirer();
+    let (shared, mut retirer) = ring.split();
     let mut p: CqPoller<8> = poller(&dev);
     for _ in 0..D {
         ring.send_now(Msg::send(Local::Empty)).unwrap();
@@ -81,8 +83,7 @@ fn split_completion_before_sync_is_not_dropped() {
 fn split_error_completion_before_sync_is_published() {
     let dev = CountingDevice::new(64);
     let mut ring: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
-    let shared: SendCounters = SendCounters::new();
-    let mut retirer = ring.retirer();
+    let (shared, mut retirer) = ring.split();
     let mut p: CqPoller<8> = poller(&dev);
     dev.fail_next_wr(IBV_WC_REM_ACCESS_ERR);
     ring.send_now(Msg::send(Local::Empty)).unwrap();
@@ -137,9 +138,9 @@ fn recv_ring_rejects_another_rings_completion() {
     let region = vec![0u8; 4 * 64];
     let mut rr: RecvRing<4> = recv_ring(RecvTarget::Qp(dev.qp()), &region, 2, 4);
     rr.fill().unwrap();
-    let foreign = wc(wr_id::encode(1, 0), IBV_WC_SUCCESS, IBV_WC_SEND);
+    let mut foreign = wc(wr_id::encode(1, 0), IBV_WC_SUCCESS, IBV_WC_SEND);
     assert_eq!(
-        rr.on_completion(&foreign),
+        rr.on_completion(&mut foreign),
         Err(RecvError::Stale {
             wr_id: foreign.wr_id()
         })
@@ -149,10 +150,13 @@ fn recv_ring_rejects_another_rings_completion() {
     dev.set_qp_error();
     let cs = poll_all(&mut poller::<8>(&dev));
     assert_eq!(cs.len(), 4);
-    for mut c in cs {
-        c.0.opcode = IBV_WC_SEND;
+    for c in cs {
+        let mut w = *c.as_raw();
+        w.opcode = IBV_WC_SEND;
+        // SAFETY: the device's own flush completion with rxe's opcode 0, given once.
+        let mut c = unsafe { Completion::from_raw(w) };
         assert!(matches!(
-            rr.on_completion(&c),
+            rr.on_completion(&mut c),
             Err(RecvError::Completion {
                 error: WcError::WrFlush,
                 ..
@@ -180,7 +184,7 @@ fn received_of_another_ring_is_refused() {
         assert!(dev.complete_recv(8, None));
     }
     let mut held: Vec<Received> = poll_all(&mut p)
-        .iter()
+        .iter_mut()
         .map(|c| big.on_completion(c).unwrap())
         .collect();
     let slot10 = held.remove(10);
@@ -191,7 +195,7 @@ fn received_of_another_ring_is_refused() {
     // The small ring holds its own slot 0 too: release() used to accept big's slot 0.
     dev.use_srq(false);
     assert!(dev.complete_recv(8, None));
-    let own = small.on_completion(&poll_all(&mut p)[0]).unwrap();
+    let own = small.on_completion(&mut poll_all(&mut p)[0]).unwrap();
     assert_eq!(own.slot(), 0);
     assert_eq!(small.data(&slot0), Err(RecvError::Foreign { slot: 0 }));
     assert_eq!(small.release(slot0), Err(RecvError::Foreign { slot: 0 }));
@@ -221,7 +225,7 @@ fn srq_receives_survive_qp_error_and_reset() {
     rr.fill().unwrap();
     let mut p: CqPoller<16> = poller(&dev);
     assert!(dev.complete_recv(3, None));
-    let held = rr.on_completion(&poll_all(&mut p)[0]).unwrap();
+    let held = rr.on_completion(&mut poll_all(&mut p)[0]).unwrap();
     dev.set_qp_error();
     assert!(
         poll_all(&mut p).is_empty(),
@@ -242,7 +246,7 @@ fn srq_receives_survive_qp_error_and_reset() {
         assert!(dev.complete_recv(5, None));
     }
     let got: Vec<Received> = poll_all(&mut p)
-        .iter()
+        .iter_mut()
         .map(|c| rr.on_completion(c).expect("accepted after reset"))
         .collect();
     assert_eq!(got.len(), 7);
@@ -374,7 +378,7 @@ fn poll_into_a_caller_owned_array() {
     for _ in 0..5 {
         ring.send_now(Msg::send(Local::Empty)).unwrap();
     }
-    let mut out = [wc(0, 0, 0); 8];
+    let mut out = [const { Completion::PLACEHOLDER }; 8];
     assert_eq!(p.poll_into(&mut out[..3]), Ok(3), "bounded by the slice");
     assert_eq!(p.poll_into(&mut out[3..]), Ok(2));
     assert_eq!(p.poll_into(&mut out), Ok(0));
@@ -432,4 +436,171 @@ fn rings_built_on_the_heap_in_place() {
     assert_eq!(recv.fill(), Ok(BIG));
     assert_eq!(send.send_now(Msg::send(Local::Empty)), Ok(0));
     assert_eq!(send.free(), BIG as u64 - 1);
+}
+
+// ---- soundness review (items 3 and 4): completions and counters of another ring ----------
+
+/// Item 3: with separate send and receive CQs, a send ring and a receive ring may both be
+/// ring id 1 (ids are unique per CQ). A genuine send completion handed to the receive ring
+/// used to turn a POSTED slot into HELD, and `data()` then returned a view the NIC writes.
+/// The receive bit in `wr_id` now tells the two kinds apart.
+#[test]
+fn recv_ring_refuses_a_send_completion_with_its_ring_id() {
+    let dev = CountingDevice::new(64);
+    let region = vec![0u8; 4 * 64];
+    let mut rr: RecvRing<4> = recv_ring(RecvTarget::Qp(dev.qp()), &region, 1, 4);
+    rr.fill().unwrap();
+    let mut sr: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
+    sr.send_now(Msg::send(Local::Empty)).unwrap();
+    let mut cs = poll_all(&mut poller::<8>(&dev));
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].ring(), 1, "same ring id as the receive ring");
+    let got = rr.on_completion(&mut cs[0]);
+    assert!(
+        matches!(got, Err(RecvError::Stale { .. })),
+        "a send completion must not hand out a receive slot: {got:?}"
+    );
+    assert_eq!(
+        (rr.posted(), rr.held()),
+        (4, 0),
+        "every slot still the NIC's"
+    );
+    // The send ring still takes its own completion.
+    assert_eq!(sr.on_completion(&cs[0]), Ok(1));
+}
+
+/// Item 3, the reverse: a receive completion of a ring with the same id retires no send.
+#[test]
+fn send_ring_refuses_a_receive_completion_with_its_ring_id() {
+    let dev = CountingDevice::new(64);
+    let region = vec![0u8; 4 * 64];
+    let mut rr: RecvRing<4> = recv_ring(RecvTarget::Qp(dev.qp()), &region, 1, 4);
+    rr.fill().unwrap();
+    let mut sr: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(4));
+    for _ in 0..3 {
+        sr.send_now(Msg::send(Local::Empty)).unwrap();
+    }
+    assert!(dev.complete_recv(8, None));
+    let cs = poll_all(&mut poller::<8>(&dev));
+    assert_eq!(cs.len(), 1);
+    assert_eq!(sr.on_completion(&cs[0]), Ok(0), "a receive retires no send");
+    assert_eq!(sr.outstanding(), 3);
+}
+
+/// Item 3 across QPs: a completion of another QP (another CQ's ring with the same id)
+/// retires nothing and hands out no slot: the rings check `qp_num`.
+#[test]
+fn rings_refuse_completions_of_another_qp() {
+    let dev = CountingDevice::new(64);
+    let region = vec![0u8; 4 * 64];
+    let mut rr: RecvRing<4> = recv_ring(RecvTarget::Qp(dev.qp()), &region, 1, 4);
+    rr.fill().unwrap();
+    let mut sr: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(4));
+    for _ in 0..3 {
+        sr.send_now(Msg::send(Local::Empty)).unwrap();
+    }
+    let mut other = *wc(wr_id::encode(1, 0), IBV_WC_SUCCESS, IBV_WC_SEND).as_raw();
+    other.qp_num = hotverbs_softnic::counting::QP_NUM + 1;
+    // SAFETY: stands for a genuine completion of another QP's ring 1, polled from its CQ.
+    let send_of_other_qp = unsafe { Completion::from_raw(other) };
+    assert_eq!(sr.on_completion(&send_of_other_qp), Ok(0));
+    assert_eq!(sr.outstanding(), 3, "nothing retired");
+    other.wr_id = rr.slot_wr_id(0);
+    // SAFETY: as above, a receive of another QP's ring 1 in the same generation and slot.
+    let mut recv_of_other_qp = unsafe { Completion::from_raw(other) };
+    assert!(matches!(
+        rr.on_completion(&mut recv_of_other_qp),
+        Err(RecvError::Stale { .. })
+    ));
+    assert_eq!((rr.posted(), rr.held()), (4, 0));
+}
+
+/// A completion cannot be given twice: the receive ring consumes the one it accepts. Before,
+/// `Completion` was `Copy`: accept it, release the slot (re-posted to the NIC), give the
+/// copy again, and the slot was HELD while the NIC owned it.
+#[test]
+fn recv_ring_consumes_the_completion_it_accepts() {
+    let dev = CountingDevice::new(64);
+    let region = vec![0u8; 4 * 64];
+    let mut rr: RecvRing<4> = recv_ring(RecvTarget::Qp(dev.qp()), &region, 2, 4);
+    rr.fill().unwrap();
+    assert!(dev.complete_recv(8, None));
+    let mut p = poller::<8>(&dev);
+    let cs = p.poll().unwrap();
+    assert_eq!(cs.len(), 1);
+    let m = rr.on_completion(&mut cs[0]).unwrap();
+    rr.release(m).unwrap();
+    assert_eq!(rr.posted(), 4, "re-posted");
+    assert!(matches!(
+        rr.on_completion(&mut cs[0]),
+        Err(RecvError::Stale { .. })
+    ));
+    assert_eq!((rr.posted(), rr.held()), (4, 0));
+}
+
+/// Item 4: `sync` used to accept any `SendCounters`: ring A, with no completion of its own,
+/// reported its WRs retired after syncing with ring B's counters (whose retirer was fed B's
+/// completions), freeing A's zero-copy buffers. Counters now carry their ring's split key.
+#[test]
+#[should_panic(expected = "counters of another ring")]
+fn sync_refuses_another_rings_counters() {
+    let dev_a = CountingDevice::new(64);
+    let dev_b = CountingDevice::new(64);
+    let mut a: SendRing<8> = send_ring(&dev_a, SendConfig::new(1, 8, 64).signal_every(1));
+    let mut b: SendRing<8> = send_ring(&dev_b, SendConfig::new(1, 8, 64).signal_every(1));
+    let (_counters_a, _retirer_a) = a.split();
+    let (counters_b, mut retirer_b) = b.split();
+    for _ in 0..4 {
+        a.send_now(Msg::send(Local::Empty)).unwrap();
+        b.send_now(Msg::send(Local::Empty)).unwrap();
+    }
+    for c in poll_all(&mut poller::<8>(&dev_b)) {
+        retirer_b.on_completion(&c, &counters_b).unwrap();
+    }
+    assert_eq!(counters_b.observe_retired(), 4);
+    a.sync(&counters_b); // panics
+    unreachable!(
+        "ring A took B's retired count: {} outstanding",
+        a.outstanding()
+    );
+}
+
+/// Item 4: counters made with `SendCounters::new` (no ring's) are never accepted either.
+#[test]
+#[should_panic(expected = "counters of another ring")]
+fn sync_refuses_unpaired_counters() {
+    let dev = CountingDevice::new(64);
+    let mut a: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
+    let unpaired: SendCounters = SendCounters::new();
+    a.sync(&unpaired);
+}
+
+/// Item 4: a retirer publishes only into its own counters.
+#[test]
+#[should_panic(expected = "counters of another ring")]
+fn retirer_refuses_another_rings_counters() {
+    let dev = CountingDevice::new(64);
+    let mut a: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
+    let (_counters, mut retirer) = a.split();
+    let other: SendCounters = SendCounters::new();
+    a.send_now(Msg::send(Local::Empty)).unwrap();
+    let cs = poll_all(&mut poller::<8>(&dev));
+    let _ = retirer.on_completion(&cs[0], &other);
+}
+
+/// After a reset, a new split: the old counters are refused.
+#[test]
+fn a_new_split_retires_the_old_counters() {
+    let dev = CountingDevice::new(64);
+    let mut a: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
+    let (old, _) = a.split();
+    let (new, mut retirer) = a.split();
+    a.send_now(Msg::send(Local::Empty)).unwrap();
+    for c in poll_all(&mut poller::<8>(&dev)) {
+        assert_eq!(retirer.on_completion(&c, &new), Ok(1));
+    }
+    a.sync(&new);
+    assert_eq!(a.outstanding(), 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.sync(&old)));
+    assert!(r.is_err(), "counters of an earlier split accepted");
 }

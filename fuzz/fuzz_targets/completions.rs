@@ -61,7 +61,8 @@ fuzz_target!(|data: &[u8]| {
         sl: b[44],
         dlid_path_bits: b[45],
     };
-    let c = Completion(wc);
+    // SAFETY: this target checks the accessors only; the completion reaches no ring.
+    let c = unsafe { Completion::from_raw(wc) };
     let st = wc.status;
 
     // Status mapping.
@@ -89,7 +90,11 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // wr_id split and the sequence rebuild.
-    assert_eq!(wr_id::encode(c.ring(), c.seq()), c.wr_id());
+    assert_eq!(
+        wr_id::encode(c.ring(), c.seq()) | (c.wr_id() & wr_id::RECV_BIT),
+        c.wr_id()
+    );
+    assert_eq!(wr_id::is_recv(c.wr_id()), c.wr_id() & (1 << 55) != 0);
     let posted = u64::from_ne_bytes(b[48..56].try_into().unwrap());
     let retired = posted.saturating_sub(u64::from_ne_bytes(b[56..64].try_into().unwrap()) % 4096);
     if let Some(s) = wr_id::full_seq(posted, retired, c.seq()) {

@@ -486,7 +486,8 @@ struct Run<'r> {
 impl Run<'_> {
     fn poll(&mut self) {
         for wc in self.rig.pair.a.poll_all() {
-            let c = Completion(wc);
+            // SAFETY: polled from the ring's CQ (poll_all) and given to the ring once.
+            let c = unsafe { Completion::from_raw(wc) };
             let want = self
                 .m
                 .dev

@@ -800,7 +800,7 @@ fn dispatch(
     recv: &mut Option<Box<RecvRing<RING_N>>>,
     received: &mut u64,
     last_imm: &mut Option<u32>,
-    c: &Completion,
+    c: &mut Completion,
 ) -> Result<(), String> {
     if c.ring() == SEND_RING {
         send.on_completion(c).map_err(e2s)?;

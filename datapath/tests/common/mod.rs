@@ -38,6 +38,13 @@ pub fn poll_all<const B: usize>(poller: &mut CqPoller<B>) -> Vec<Completion> {
         if b.is_empty() {
             return v;
         }
-        v.extend_from_slice(b);
+        v.extend(b.iter().map(dup));
     }
+}
+
+/// A copy of a polled completion, for tests that collect them before handing them out.
+pub fn dup(c: &Completion) -> Completion {
+    // SAFETY: `c` came from ibv_poll_cq; the tests give each copy to a ring once (the
+    // original stays in the poller's buffer, which they do not hand out).
+    unsafe { Completion::from_raw(*c.as_raw()) }
 }

@@ -359,6 +359,10 @@ pub fn verbs_table() -> &'static IbvFns {
 /// sets errno if no file descriptor is available for its async event pipe.
 pub fn open_device(config: Config) -> *mut ibv_context {
     let mut f = fabric::lock();
+    // The default device is registered first, whichever comes first: `ibv_get_device_list`
+    // or this. Its address follows from its index in the fabric, so it is device 0 (GID
+    // 10.77.0.1) in every process, and a custom device never takes that address.
+    verbs::default_device(&mut f);
     let d = verbs::add_device(&mut f, config, true);
     verbs::new_context(&mut f, d)
 }

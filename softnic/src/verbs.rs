@@ -81,7 +81,7 @@ pub(crate) fn add_device(f: &mut Fabric, config: Config, owned_by_ctx: bool) -> 
     })
 }
 
-fn default_device(f: &mut Fabric) -> usize {
+pub(crate) fn default_device(f: &mut Fabric) -> usize {
     // Called with the lock held: the OnceLock init cannot race.
     *DEFAULT_DEVICE.get_or_init(|| add_device(f, Config::default(), false))
 }

@@ -496,7 +496,8 @@ impl CmId {
         .map(drop)
     }
 
-    /// `rdma_bind_addr(3)`.
+    /// `rdma_bind_addr(3)`. Port 0 has the kernel pick a free port:
+    /// [`local_port`](Self::local_port) tells which.
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let f = self
             .fns
@@ -510,6 +511,18 @@ impl CmId {
                 .or_hint(|| Some(format!("{addr} is not an address of an RDMA device?"))));
         }
         Ok(())
+    }
+
+    /// The ID's local port, host byte order: `rdma_get_src_port(3)`. After
+    /// [`bind`](Self::bind) to port 0 this is the port the kernel picked — what a client
+    /// must be told to connect to.
+    pub fn local_port(&self) -> Result<u16> {
+        let f = self
+            .fns
+            .rdma_get_src_port
+            .ok_or_else(|| Error::missing("rdma_get_src_port"))?;
+        // SAFETY: live ID; the call reads its route's source address.
+        Ok(u16::from_be(unsafe { f(self.id) }))
     }
 
     /// `rdma_listen(3)`.

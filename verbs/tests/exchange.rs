@@ -2,7 +2,9 @@
 //! input and timeouts (nothing may hang), and a real connection set up through it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
@@ -25,10 +27,40 @@ fn ep(qpn: u32) -> Endpoint {
     }
 }
 
-fn listener() -> (TcpListener, std::net::SocketAddr) {
+fn listener() -> (TcpListener, SocketAddr) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let a = l.local_addr().unwrap();
     (l, a)
+}
+
+/// An address on 127.0.0.1 that refuses connections for as long as the returned socket
+/// lives: the socket is bound but never listens, so a SYN to it is answered with RST
+/// (ECONNREFUSED), no other socket can bind the port meanwhile, and connect(2) never picks
+/// an explicitly bound port as its source port. (Binding a port and closing it again would
+/// leave it free for anyone — another test, another process — before we connect.)
+fn refusing_addr() -> (OwnedFd, SocketAddr) {
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a descriptor we just opened and own; nothing else closes it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0, // the kernel picks a free port
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
+        sin_zero: [0; 8],
+    };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `sin` is a valid sockaddr_in and `len` its size, for the duration of the call.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), (&raw const sin).cast(), len) };
+    assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+    // SAFETY: `sin` and `len` are writable and `len` holds the size of `sin`.
+    let r = unsafe { libc::getsockname(fd.as_raw_fd(), (&raw mut sin).cast(), &mut len) };
+    assert_eq!(r, 0, "getsockname: {}", std::io::Error::last_os_error());
+    let port = u16::from_be(sin.sin_port);
+    (fd, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 #[test]
@@ -152,11 +184,8 @@ fn malformed_input_over_the_wire_is_a_clear_error() {
 
 #[test]
 fn nothing_hangs_connect_accept_and_read_time_out() {
-    // Nobody listens on this port (bound then closed): connect gives up.
-    let addr = {
-        let (_l, a) = listener();
-        a
-    };
+    // Nobody listens on this port (bound, never listening): connect gives up.
+    let (_refusing, addr) = refusing_addr();
     let e = Session::connect(addr, Duration::from_millis(200)).unwrap_err();
     assert!(
         matches!(
@@ -173,10 +202,13 @@ fn nothing_hangs_connect_accept_and_read_time_out() {
     let e = Session::accept(&l, Duration::from_millis(100)).unwrap_err();
     assert!(e.to_string().contains("timed out"), "{e}");
 
-    // A silent peer: the read times out.
+    // A silent peer: the read times out. The peer holds the connection open until the
+    // client has seen its timeout (were it closed earlier, the read would end in EOF).
+    let (done, wait_done) = mpsc::channel::<()>();
     let s = thread::spawn(move || {
         let (sock, _) = l.accept().unwrap();
-        thread::sleep(Duration::from_millis(600));
+        // Err only when the client side panicked and dropped `done`: close either way.
+        let _ = wait_done.recv();
         drop(sock);
     });
     let mut c = Session::connect(addr, Duration::from_millis(200)).unwrap();
@@ -184,6 +216,7 @@ fn nothing_hangs_connect_accept_and_read_time_out() {
     assert!(matches!(e, ExchangeError::Timeout { .. }), "{e}");
     let io: std::io::Error = e.into();
     assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+    done.send(()).unwrap();
     s.join().unwrap();
 }
 

@@ -7,9 +7,14 @@
 //! Device: `$HOTVERBS_DEVICE` (e.g. `rxe0`), else the first real device; GID index:
 //! `$HOTVERBS_GID_INDEX` (e.g. `1`), else the default (RoCE v2 IPv4 GID). The policy is
 //! [`hotverbs::testing`]'s.
+//!
+//! Ports: where a test is the TCP or rdma_cm server it binds port 0 and hands the peer the
+//! port it got. Only `ibv_rc_pingpong` as the server needs a fixed port:
+//! `$HOTVERBS_PINGPONG_PORT`, else 18526 (see [`pingpong_server_port`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hotverbs::cm::{CmId, ConnParam, EventChannel};
@@ -19,6 +24,9 @@ use hotverbs::testing::{gid_index, real_device as device, rxe_required};
 use hotverbs::*;
 
 const T: Duration = Duration::from_secs(10);
+/// How long one side waits for the other to get going (start listening, connect): it only
+/// bounds a failure path, so it is generous for a loaded host running the VM under TCG.
+const PEER_WAIT: Duration = Duration::from_secs(60);
 
 // The example's command-line half (`main`, argument parsing) is not used here.
 #[allow(dead_code)]
@@ -308,14 +316,19 @@ unsafe fn raw_post(qp: *mut hotverbs_ffi::ibv_qp, recv: bool, wr_id: u64, sge: S
 #[test]
 fn rdma_cm_connect_accept_send_disconnect() {
     let Some(ctx) = device() else { return };
-    let addr = cm_addr(&ctx, 7471);
+    // Port 0: the kernel picks a free port, which the server passes to the client once it
+    // listens (no fixed port to collide with a concurrent run, no sleep standing in for
+    // "listening").
+    let addr = cm_addr(&ctx, 0);
     drop(ctx);
+    let (listening, server_port) = mpsc::channel::<u16>();
     let server = std::thread::spawn(move || {
         let ch = EventChannel::new().unwrap();
         let listener = CmId::new(&ch).unwrap();
         listener.bind(addr).unwrap();
         listener.listen(4).unwrap();
-        let (mut conn, private) = listener.get_request(T).unwrap();
+        listening.send(listener.local_port().unwrap()).unwrap();
+        let (mut conn, private) = listener.get_request(PEER_WAIT).unwrap();
         let ctx = conn.context().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None).unwrap();
@@ -337,7 +350,19 @@ fn rdma_cm_connect_accept_send_disconnect() {
         conn.wait_disconnected(T).unwrap();
         (private, got)
     });
-    std::thread::sleep(Duration::from_millis(300)); // let the server listen
+    let port = match server_port.recv_timeout(PEER_WAIT) {
+        Ok(port) => port,
+        // The server thread ended before listening: it panicked; show why.
+        Err(mpsc::RecvTimeoutError::Disconnected) => match server.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(_) => unreachable!("the server thread returned without reporting its port"),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the rdma_cm server was not listening within {PEER_WAIT:?}")
+        }
+    };
+    assert_ne!(port, 0, "rdma_get_src_port after bind and listen");
+    let addr = SocketAddr::new(addr.ip(), port);
     let ch = EventChannel::new().unwrap();
     let mut id = CmId::new(&ch).unwrap();
     id.resolve_addr(None, addr, T).unwrap();
@@ -491,10 +516,23 @@ fn pp_opts() -> ConnectOptions {
     }
 }
 
+/// The TCP port `ibv_rc_pingpong` listens on when it is the server: `$HOTVERBS_PINGPONG_PORT`,
+/// else 18526. It cannot be told to pick a free port and report it, so this one is fixed:
+/// two runs at once on one host (not in the rxe VM, which has its own network) must set
+/// different ports, or one's client may reach the other's server.
+fn pingpong_server_port() -> u16 {
+    match std::env::var("HOTVERBS_PINGPONG_PORT") {
+        Ok(p) => p
+            .parse()
+            .unwrap_or_else(|e| panic!("HOTVERBS_PINGPONG_PORT={p:?}: {e}")),
+        Err(_) => 18515 + 11,
+    }
+}
+
 #[test]
 fn pingpong_interop_we_are_the_client() {
     let Some(ctx) = device() else { return };
-    let port = 18515 + 11;
+    let port = pingpong_server_port();
     let Some(mut cmd) = pingpong_cmd(&ctx, port) else {
         return;
     };
@@ -505,7 +543,8 @@ fn pingpong_interop_we_are_the_client() {
         .unwrap();
     let info = port_info(&ctx);
     let side = pp_side(&ctx);
-    let mut s = Session::connect(("127.0.0.1", port), T).unwrap();
+    // Retries refused connections until the server listens.
+    let mut s = Session::connect(("127.0.0.1", port), PEER_WAIT).unwrap();
     let theirs = s.pingpong_client(&side.qp.endpoint(&info)).unwrap();
     side.qp.connect(&info, &theirs, &pp_opts()).unwrap();
     // Receives before our first send (the server answers each of our messages).
@@ -517,18 +556,20 @@ fn pingpong_interop_we_are_the_client() {
             side.wait(&mut sent, &mut recvd);
         }
     }
-    let st = wait_child(child, T);
+    let st = wait_child(child, PEER_WAIT);
     assert!(st.success(), "ibv_rc_pingpong server exited with {st}");
 }
 
 #[test]
 fn pingpong_interop_we_are_the_server() {
     let Some(ctx) = device() else { return };
-    let port = 18515 + 12;
+    // Port 0: the kernel picks a free port, and the client is told which. We listen before
+    // it starts, so it never finds the port closed.
+    let listener = TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
     let Some(mut cmd) = pingpong_cmd(&ctx, port) else {
         return;
     };
-    let listener = TcpListener::bind(("0.0.0.0", port)).unwrap();
     let child = cmd
         .arg("127.0.0.1")
         .stdout(Stdio::piped())
@@ -537,7 +578,7 @@ fn pingpong_interop_we_are_the_server() {
         .unwrap();
     let info = port_info(&ctx);
     let side = pp_side(&ctx);
-    let mut s = Session::accept(&listener, T).unwrap();
+    let mut s = Session::accept(&listener, PEER_WAIT).unwrap();
     let theirs = s.pingpong_server_recv().unwrap();
     // As ibv_rc_pingpong's server: connected and receiving before we answer.
     side.qp.connect(&info, &theirs, &pp_opts()).unwrap();
@@ -553,7 +594,7 @@ fn pingpong_interop_we_are_the_server() {
             side.wait(&mut sent, &mut recvd);
         }
     }
-    let st = wait_child(child, T);
+    let st = wait_child(child, PEER_WAIT);
     assert!(st.success(), "ibv_rc_pingpong client exited with {st}");
 }
 

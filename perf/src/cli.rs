@@ -168,7 +168,8 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rx_depth: u32,
 
-    /// TCP port of the endpoint exchange (server listens, client connects).
+    /// TCP port of the endpoint exchange (server listens, client connects). Server: 0 picks
+    /// a free port and prints "hotverbs-perf: listening on TCP port N" on stderr.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
 
@@ -303,6 +304,13 @@ impl Args {
                 self.cq_mod, self.tx_depth
             ));
         }
+        if self.port == 0 && self.host.is_some() {
+            return Err(
+                "-p 0 lets a server pick a free port: give the client the port the \
+                        server printed"
+                    .into(),
+            );
+        }
         if self.tx_depth > 4096 || self.rx_depth > 4096 {
             return Err("queue depths above 4096 are not supported: lower -t / -r".into());
         }
@@ -423,6 +431,12 @@ mod tests {
             .params()
             .unwrap_err();
         assert!(e.contains("-Q 64"), "{e}");
+        let e = parse(&["send_lat", "host", "-p", "0"])
+            .unwrap()
+            .params()
+            .unwrap_err();
+        assert!(e.contains("-p 0"), "{e}");
+        assert!(parse(&["send_lat", "-p", "0"]).unwrap().params().is_ok());
     }
 
     #[test]

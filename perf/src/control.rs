@@ -96,17 +96,17 @@ impl Control {
         })
     }
 
-    /// Server: listens on `port` (all addresses) and accepts one client within `wait`.
-    pub fn accept(port: u16, wait: Duration, timeout: Duration) -> Result<Control, String> {
-        let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+    /// Server: listens on `port` (all addresses); port 0 picks a free one (the listener's
+    /// `local_addr` tells which). Accept the client with [`Control::accept_on`].
+    pub fn listen(port: u16) -> Result<TcpListener, String> {
+        TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
             let hint = if e.kind() == ErrorKind::AddrInUse {
-                "another process holds this port: pick another with -p"
+                "another process holds this port: pick another with -p (-p 0: any free port)"
             } else {
                 "check the port number and permissions"
             };
             format!("listen on TCP port {port}: {e}: {hint}")
-        })?;
-        Control::accept_on(&l, wait, timeout)
+        })
     }
 
     /// Accepts one client on an existing listener within `wait`.
@@ -294,6 +294,11 @@ impl Control {
     }
 }
 
+// Shared with tests/cli.rs.
+#[cfg(test)]
+#[path = "../tests/support/refusing_port.rs"]
+mod refusing_port;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,12 +379,9 @@ mod tests {
 
     #[test]
     fn refused_connection_is_a_clear_error_within_the_timeout() {
-        // Bind then drop: the port is closed now.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Bound, never listening, held until the end: refused every time.
+        let (_refusing, addr) = refusing_port::refusing_addr();
+        let port = addr.port();
         let e = Control::connect("127.0.0.1", port, Duration::from_millis(500))
             .err()
             .unwrap();

@@ -20,6 +20,10 @@ use crate::svg;
 pub const FALLBACK_NOTE: &str = "hotverbs-perf: no RDMA device found: running loopback on \
 softnic, hotverbs' in-process software device (name a device with -d for a real run)";
 
+/// What a server started with `-p 0` prints on stderr, followed by the port it listens on,
+/// once it listens: a client started after this line connects at the first try.
+pub const LISTENING: &str = "hotverbs-perf: listening on TCP port ";
+
 /// How the loopback sides run (shown in the header and `--json`).
 pub const LOOPBACK_NOTE: &str = "loopback: two QPs in this process connected to each other; \
 the passive side runs on its own thread and both busy-poll, as two hosts would";
@@ -307,8 +311,17 @@ fn server(
             "************************************\n* Waiting for client to connect... *\n************************************"
         );
     }
-    let mut ctl = Control::accept(
-        args.port,
+    let listener = Control::listen(args.port)?;
+    if args.port == 0 {
+        // The kernel picked the port: the client (or the script starting it) needs it.
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("the port the kernel picked for -p 0: {e}"))?
+            .port();
+        eprintln!("{LISTENING}{port}");
+    }
+    let mut ctl = Control::accept_on(
+        &listener,
         Duration::from_secs_f64(args.server_wait),
         timeout,
     )?;

@@ -4,7 +4,9 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Output};
-use std::time::Duration;
+
+#[path = "support/refusing_port.rs"]
+mod refusing_port;
 
 fn perf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
@@ -83,13 +85,9 @@ fn inconsistent_options_fail_with_a_reason() {
 
 #[test]
 fn unreachable_server_is_an_error_within_the_timeout() {
-    // A port that was just free: nothing listens there.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    // Nothing listens there (bound, never listening, held until the end).
+    let (_refusing, addr) = refusing_port::refusing_addr();
+    let port = addr.port().to_string();
     let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -110,16 +108,14 @@ fn client_without_a_real_device_is_refused_after_reaching_the_server() {
     // tests and in hotverbs' exchange tests.)
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
-    let t = std::thread::spawn(move || {
-        let c = l.accept();
-        std::thread::sleep(Duration::from_secs(2));
-        drop(c);
-    });
+    // The connection stays open until the client has exited: returned by the join.
+    let t = std::thread::spawn(move || l.accept());
     let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("softnic lives inside one process"), "{err}");
-    t.join().unwrap();
+    let accepted = t.join().unwrap();
+    assert!(accepted.is_ok(), "{accepted:?}");
 }
 
 #[test]

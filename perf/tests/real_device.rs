@@ -4,8 +4,9 @@
 //! (the probe is `hotverbs::testing::real_device`: $HOTVERBS_DEVICE, else the first real
 //! device; GID index $HOTVERBS_GID_INDEX).
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
 
 struct Dev {
     name: String,
@@ -38,13 +39,58 @@ fn dev_args(d: &Dev) -> Vec<String> {
     v
 }
 
-fn free_port() -> String {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string()
+/// What the server prints on stderr once it listens, when started with `-p 0`
+/// (`LISTENING` in src/run.rs), followed by the port.
+const LISTENING: &str = "hotverbs-perf: listening on TCP port ";
+
+/// A perf server started with `-p 0`: the kernel picks a free port, so concurrent runs never
+/// collide, and the client starts only once the server listens there.
+struct Server {
+    child: Child,
+    port: String,
+    /// The rest of its stderr, read as it comes so the server never blocks on a full pipe.
+    stderr: JoinHandle<String>,
+}
+
+impl Server {
+    /// Starts `bin args -p 0` and waits until it says which port it listens on.
+    fn start(bin: &str, args: &[String]) -> Server {
+        let mut child = Command::new(bin)
+            .args(args)
+            .args(["-p", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        let port = loop {
+            let mut line = String::new();
+            if lines.read_line(&mut line).unwrap() == 0 {
+                let st = child.wait().unwrap();
+                panic!("the server ({args:?}) exited with {st} before listening: {seen}");
+            }
+            seen.push_str(&line);
+            if let Some(port) = line.trim_end().strip_prefix(LISTENING) {
+                break port.to_string();
+            }
+        };
+        let stderr = std::thread::spawn(move || {
+            let _ = lines.read_to_string(&mut seen);
+            seen
+        });
+        Server {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    /// Waits for the server to exit: its status, stdout and stderr.
+    fn wait(self) -> (ExitStatus, Vec<u8>, String) {
+        let out = self.child.wait_with_output().unwrap();
+        (out.status, out.stdout, self.stderr.join().unwrap())
+    }
 }
 
 #[test]
@@ -60,37 +106,30 @@ fn every_test_as_server_and_client_on_localhost() {
         "write_bw",
         "read_bw",
     ] {
-        let port = free_port();
         let common = |extra: &[&str]| {
             let mut v: Vec<String> = vec![test.into()];
             v.extend(extra.iter().map(|s| s.to_string()));
             v.extend(dev_args(&d));
             v.extend(
-                ["-p", &port, "-n", "200", "--json", "--timeout", "20"]
+                ["-n", "200", "--json", "--timeout", "20"]
                     .iter()
                     .map(|s| s.to_string()),
             );
             v
         };
-        let server = Command::new(&bin)
-            .args(common(&["--server-wait", "60"]))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let server = Server::start(&bin, &common(&["--server-wait", "60"]));
         let client = Command::new(&bin)
-            .args(common(&["127.0.0.1"]))
+            .args(common(&["127.0.0.1", "-p", &server.port]))
             .output()
             .unwrap();
-        let server = server.wait_with_output().unwrap();
+        let (server_status, server_stdout, serr) = server.wait();
         let cerr = String::from_utf8_lossy(&client.stderr);
-        let serr = String::from_utf8_lossy(&server.stderr);
         assert!(
             client.status.success(),
             "{test} client: {cerr}\nserver: {serr}"
         );
         assert!(
-            server.status.success(),
+            server_status.success(),
             "{test} server: {serr}\nclient: {cerr}"
         );
         let v: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
@@ -100,7 +139,7 @@ fn every_test_as_server_and_client_on_localhost() {
             v["results"][0]["mpps"].as_f64().unwrap() > 0.0,
             "{test}: {v}"
         );
-        let s: serde_json::Value = serde_json::from_slice(&server.stdout).unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&server_stdout).unwrap();
         assert_eq!(s["role"], "server");
         assert_eq!(
             s["results"], v["results"],
@@ -127,26 +166,20 @@ fn loopback_on_the_device() {
 fn mismatched_tests_are_refused_on_both_sides() {
     let Some(d) = device() else { return };
     let bin = perf_bin();
-    let port = free_port();
-    let mut s = vec!["write_lat".to_string(), "-p".into(), port.clone()];
+    let mut s = vec!["write_lat".to_string(), "--server-wait".into(), "60".into()];
     s.extend(dev_args(&d));
-    let server = Command::new(&bin)
-        .args(&s)
-        .args(["--server-wait", "60"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let server = Server::start(&bin, &s);
     let mut c = vec![
         "send_lat".to_string(),
         "127.0.0.1".into(),
         "-p".into(),
-        port,
+        server.port.clone(),
     ];
     c.extend(dev_args(&d));
     let client = Command::new(&bin).args(&c).output().unwrap();
-    let server = server.wait_with_output().unwrap();
-    assert_eq!(client.status.code(), Some(1));
-    assert_eq!(server.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&client.stderr).contains("refused"));
+    let (server_status, _, serr) = server.wait();
+    let cerr = String::from_utf8_lossy(&client.stderr);
+    assert_eq!(client.status.code(), Some(1), "client: {cerr}");
+    assert_eq!(server_status.code(), Some(1), "server: {serr}");
+    assert!(cerr.contains("refused"), "client: {cerr}");
 }

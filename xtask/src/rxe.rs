@@ -51,8 +51,15 @@ const GID_INDEX: &str = "1";
 const GUEST_IP: &str = "10.77.0.1";
 /// The TCP port perftest and the ibv_*_pingpong tools exchange connection data on.
 const PAIR_PORT: u16 = 18515;
-/// Extra seconds a pair's server gets over its client (it starts first and ends last).
-const SERVER_GRACE: u32 = 15;
+/// Seconds a pair's server gets to start listening; past that its client is not run.
+const LISTEN_WAIT: u32 = 60;
+/// Seconds a pair's server may run on after its client ended; past that it is killed.
+const REAP_WAIT: u32 = 60;
+/// Extra seconds a pair's server gets over its client: it starts first (listening within
+/// [`LISTEN_WAIT`]) and ends last (within [`REAP_WAIT`]), so its own timeout never cuts
+/// either short. Both are generous for QEMU TCG on a loaded host: they only lengthen
+/// failure paths.
+const SERVER_GRACE: u32 = LISTEN_WAIT + REAP_WAIT;
 /// Seconds from QEMU start to the first step, generously (measured: about 10).
 const BOOT_ALLOWANCE: u32 = 90;
 /// Per-binary limit for real-device test binaries, in seconds.
@@ -1594,6 +1601,7 @@ impl Step {
     /// The longest the step can take in the guest.
     fn limit(&self) -> u32 {
         match self.server {
+            // The server's own limit, plus slack for the helpers around it.
             Some(_) => self.timeout + SERVER_GRACE + 10,
             None => self.timeout,
         }
@@ -1681,15 +1689,16 @@ fn run_script(steps: &[Step]) -> String {
                 step.timeout + SERVER_GRACE,
                 command(server)
             );
+            // A server that never listens: the client is not run (await_listen says why).
             let _ = writeln!(
                 s,
-                "await_listen {PAIR_PORT} || begin {}",
-                sh_quote(&format!("{}: the server is not listening", step.name))
+                "await_listen {dir} {PAIR_PORT} {LISTEN_WAIT} && step {dir} {} {}",
+                step.timeout,
+                command(&step.cmd)
             );
-        }
-        let _ = writeln!(s, "step {dir} {} {}", step.timeout, command(&step.cmd));
-        if step.server.is_some() {
-            let _ = writeln!(s, "reap {dir}/server");
+            let _ = writeln!(s, "reap {dir}/server {REAP_WAIT}");
+        } else {
+            let _ = writeln!(s, "step {dir} {} {}", step.timeout, command(&step.cmd));
         }
     }
     s
@@ -1921,6 +1930,8 @@ struct Record {
     rc: Option<i32>,
     /// A server that outlived its client and was killed.
     killed: bool,
+    /// A client that was not run, and why (its server never listened).
+    not_run: Option<String>,
     seconds: Option<f64>,
     stdout: String,
     stderr: String,
@@ -1933,6 +1944,7 @@ fn read_record(dir: &Path) -> Record {
     Record {
         rc: read("rc").ok().and_then(|s| s.trim().parse().ok()),
         killed: dir.join("killed").exists(),
+        not_run: read("not-run").ok().map(|s| s.trim().to_string()),
         seconds: number("start").zip(number("end")).map(|(a, b)| b - a),
         stdout: read("stdout").unwrap_or_default(),
         stderr: read("stderr").unwrap_or_default(),
@@ -1943,7 +1955,9 @@ fn read_record(dir: &Path) -> Record {
 fn verdict(step: &Step, client: &Record, server: Option<&Record>) -> Result<(), String> {
     let status = |who: &str, r: &Record, limit: u32| match r.rc {
         None => Err(format!("{who}did not finish")),
-        Some(_) if r.killed => Err(format!("{who}still running 10 s after the client, killed")),
+        Some(_) if r.killed => Err(format!(
+            "{who}still running {REAP_WAIT} s after the client, killed"
+        )),
         Some(0) => Ok(()),
         // timeout -s KILL: the shell sees 128 + 9
         Some(137) if r.seconds.is_some_and(|s| s + 0.5 >= f64::from(limit)) => {
@@ -1951,6 +1965,9 @@ fn verdict(step: &Step, client: &Record, server: Option<&Record>) -> Result<(), 
         }
         Some(rc) => Err(format!("{who}exit status {rc}")),
     };
+    if let Some(why) = &client.not_run {
+        return Err(format!("not run: {why}"));
+    }
     status("", client, step.timeout)?;
     if let Some(server) = server {
         status("server: ", server, step.timeout + SERVER_GRACE)?;
@@ -2719,11 +2736,15 @@ mod tests {
         let s = run_script(&steps);
         assert!(s.starts_with("#!/bin/sh\n"));
         assert!(s.contains("\nstep 01-ibv_devices 30 ibv_devices\n"));
-        assert!(s.contains("\nserver 02-rc_pingpong/server 75 ibv_rc_pingpong -d rxe0 -g 1 -n 1000\nawait_listen 18515 "));
         assert!(s.contains(
-            "\nstep 02-rc_pingpong 60 ibv_rc_pingpong -d rxe0 -g 1 -n 1000 127.0.0.1\nreap 02-rc_pingpong/server\n"
+            "\nserver 02-rc_pingpong/server 180 ibv_rc_pingpong -d rxe0 -g 1 -n 1000\n\
+             await_listen 02-rc_pingpong 18515 60 && \
+             step 02-rc_pingpong 60 ibv_rc_pingpong -d rxe0 -g 1 -n 1000 127.0.0.1\n\
+             reap 02-rc_pingpong/server 60\n"
         ));
-        assert!(s.contains("\nstep 03-send_lat 60 ib_send_lat -d rxe0 -x 1 -F -n 1000 127.0.0.1\n"));
+        assert!(s.contains(
+            " 60 && step 03-send_lat 60 ib_send_lat -d rxe0 -x 1 -F -n 1000 127.0.0.1\n"
+        ));
         assert!(s.contains(
             "\nstep 04-test_hotverbs_real_device 300 env HOTVERBS_RXE=1 HOTVERBS_DEVICE=rxe0 \
              HOTVERBS_GID_INDEX=1 RUST_BACKTRACE=1 LD_LIBRARY_PATH=/host/lib \
@@ -2737,7 +2758,10 @@ mod tests {
             .status()
             .unwrap();
         assert!(out.success());
-        assert_eq!(default_timeout(&steps), BOOT_ALLOWANCE + 30 + 85 + 85 + 300);
+        assert_eq!(
+            default_timeout(&steps),
+            BOOT_ALLOWANCE + 30 + 190 + 190 + 300
+        );
     }
 
     #[test]
@@ -2793,6 +2817,7 @@ mod tests {
         let rec = |rc: Option<i32>, seconds: f64, stdout: &str| Record {
             rc,
             killed: false,
+            not_run: None,
             seconds: Some(seconds),
             stdout: stdout.into(),
             stderr: String::new(),
@@ -2832,7 +2857,15 @@ mod tests {
         };
         assert_eq!(
             verdict(&step, &rec(Some(0), 1.0, "rxe0"), Some(&killed)),
-            Err("server: still running 10 s after the client, killed".into())
+            Err("server: still running 60 s after the client, killed".into())
+        );
+        let not_run = Record {
+            not_run: Some("the server exited before listening on TCP port 18515".into()),
+            ..rec(None, 0.0, "")
+        };
+        assert_eq!(
+            verdict(&step, &not_run, Some(&rec(Some(1), 1.0, ""))),
+            Err("not run: the server exited before listening on TCP port 18515".into())
         );
     }
 

@@ -5,7 +5,21 @@
 //! buffer the mapping is released only after a successful `ibv_dereg_mr` (field order +
 //! `Drop`; on failure the mapping is leaked); for caller memory the `&'a mut [u8]` borrow
 //! lasts as long as the `Mr<'a>`, so the memory can neither move nor be freed while
-//! registered.
+//! registered — as long as the `Mr` is dropped. Safety never depends on that: `Drop` need
+//! not run (`mem::forget`, a leaked `Rc` cycle), and a forgotten `Mr` over borrowed memory
+//! would stay registered after the borrow ended. So the safe [`Pd::reg_mr`] registers
+//! borrowed memory for local access only (no peer can reach it with an rkey, and every way
+//! to make the device write or read it through the lkey is an `unsafe` post); remote
+//! access over borrowed memory goes through [`Pd::scoped_mr`] (deregistered before the
+//! borrow ends, by a stack frame nobody can forget) or the `unsafe`
+//! [`Pd::reg_mr_unchecked`]; owned buffers ([`Pd::alloc_mr`]) may be leaked safely.
+//!
+//! Receive leases: receives posted into an MR stay posted until they complete or their QP
+//! is reset or destroyed, whatever happened to the Rust value that posted them (a dropped
+//! receive ring does not take them back). [`Qp::lease_recv`](crate::Qp::lease_recv) and
+//! [`Srq::lease_recv`](crate::Srq::lease_recv) hand out receive SGEs and mark the MR
+//! leased until that reset or destroy; [`Mr::as_slice`]/[`Mr::as_mut_slice`] refuse a
+//! leased MR (`EBUSY`), since the NIC may write it at any moment.
 //!
 //! Memory a peer can write: an MR registered with `REMOTE_WRITE` or `REMOTE_ATOMIC` can be
 //! written by anyone holding its rkey ([`Mr::remote`] hands it out) at any moment, outside
@@ -21,7 +35,8 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use hotverbs_ffi::{ibv_mr, ibv_sge};
 
@@ -259,7 +274,7 @@ impl RemoteMr {
 /// use hotverbs::{AccessFlags, Context};
 /// let pd = Context::open("softnic")?.alloc_pd()?;
 /// let mut mine = vec![0u8; 256];
-/// let mr = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// let mr = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE)?; // local access only
 /// assert_eq!(mr.len(), 256);
 /// println!("lkey {:#x} rkey {:#x}", mr.lkey(), mr.rkey());
 /// drop(mr); // deregistered: `mine` is ours again
@@ -277,6 +292,9 @@ pub struct Mr<'a> {
     len: usize,
     // Dropped after `mr` is deregistered (Drop runs before fields drop).
     owned: Option<OwnedBuf>,
+    /// Receive leases (see the module docs): how many QPs/SRQs may have receives posted
+    /// into this MR. Shared with the leaseholders, which release on reset or destroy.
+    leases: Arc<AtomicUsize>,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -292,16 +310,119 @@ unsafe impl Send for Mr<'_> {}
 // functions' contracts (the memory is not accessed until the completion).
 unsafe impl Sync for Mr<'_> {}
 
+/// Access flags that let a peer (or a memory window) reach an MR without a local post.
+const PEER_REACHABLE: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC)
+    .union(AccessFlags::MW_BIND);
+
 impl Pd {
     /// `ibv_reg_mr(3)` over caller memory, borrowed (and so pinned in place) for the MR's
-    /// lifetime.
+    /// lifetime, for **local access only** (`LOCAL_WRITE` or nothing): memory a peer can
+    /// reach must not depend on `Drop` running to be deregistered before the borrow ends
+    /// (a `mem::forget`ed `Mr` would leave the rkey live over memory its owner has reused).
+    /// For remote access use [`alloc_mr`](Self::alloc_mr) (owned memory),
+    /// [`scoped_mr`](Self::scoped_mr) (borrowed, deregistered at the end of a closure), or
+    /// the `unsafe` [`reg_mr_unchecked`](Self::reg_mr_unchecked).
+    ///
+    /// A remote flag on borrowed memory is refused:
+    /// ```
+    /// # use hotverbs::{AccessFlags, Context};
+    /// # let pd = Context::open("softnic")?.alloc_pd()?;
+    /// let mut mine = vec![0u8; 64];
+    /// let e = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+    ///     .unwrap_err();
+    /// assert_eq!((e.verb, e.errno), ("ibv_reg_mr", libc::EINVAL));
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
     ///
     /// # Errors
-    /// The verb's error, e.g. `EINVAL` for `REMOTE_WRITE`/`REMOTE_ATOMIC` without
-    /// `LOCAL_WRITE`, or `ENOMEM` when `RLIMIT_MEMLOCK` is too low.
+    /// `ibv_reg_mr: EINVAL` for a remote access flag or `MW_BIND`; the verb's error, e.g.
+    /// `ENOMEM` when `RLIMIT_MEMLOCK` is too low.
     pub fn reg_mr<'a>(&self, buf: &'a mut [u8], access: AccessFlags) -> Result<Mr<'a>> {
+        if access.intersects(PEER_REACHABLE) {
+            return Err(Error::new("ibv_reg_mr", libc::EINVAL).with_hint(
+                "borrowed memory is registered for local access only (a leaked Mr would \
+                 leave the rkey live after the borrow ends): use alloc_mr for remote \
+                 access, scoped_mr to register borrowed memory for the length of a closure, \
+                 or the unsafe reg_mr_unchecked",
+            ));
+        }
         let (p, l) = (buf.as_mut_ptr(), buf.len());
         self.register(p, l, access, None)
+    }
+
+    /// `ibv_reg_mr(3)` over caller memory with any access flags.
+    ///
+    /// # Safety
+    /// The returned `Mr` is dropped (or [`destroy`](Mr::destroy)ed) before the borrow of
+    /// `buf` ends: never leaked (`mem::forget`, `ManuallyDrop`, an `Rc` cycle, a
+    /// `Box::leak` of memory that is later reused). Otherwise a peer holding the rkey may
+    /// write or read the memory after its owner got it back.
+    ///
+    /// # Errors
+    /// As [`reg_mr`](Self::reg_mr) without the local-only restriction.
+    pub unsafe fn reg_mr_unchecked<'a>(
+        &self,
+        buf: &'a mut [u8],
+        access: AccessFlags,
+    ) -> Result<Mr<'a>> {
+        let (p, l) = (buf.as_mut_ptr(), buf.len());
+        self.register(p, l, access, None)
+    }
+
+    /// Registers caller memory with any access flags for the duration of `f`, and
+    /// deregisters it before returning (also when `f` panics): a stack frame of this
+    /// function holds the registration, and nothing can forget it, so the borrow of `buf`
+    /// cannot end while a peer could still reach it.
+    ///
+    /// If deregistration fails (e.g. `EBUSY` with memory windows bound to it) the memory
+    /// may still be reachable and the borrow cannot be handed back: the process aborts
+    /// with the error on stderr. Unbind windows before the closure returns.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AccessFlags, Context};
+    /// let pd = Context::open("softnic")?.alloc_pd()?;
+    /// let mut mine = vec![0u8; 256];
+    /// let rkey = pd.scoped_mr(&mut mine, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    ///     |mr| {
+    ///         // hand mr.remote() to the peer, let it write, wait for its message ...
+    ///         mr.rkey()
+    ///     })?;
+    /// # let _ = rkey;
+    /// mine[0] = 1; // deregistered: ours again
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The registration's error; `f` does not run then.
+    pub fn scoped_mr<R>(
+        &self,
+        buf: &mut [u8],
+        access: AccessFlags,
+        f: impl FnOnce(&Mr<'_>) -> R,
+    ) -> Result<R> {
+        /// Deregisters on every exit, unwinding included; aborts if that fails.
+        struct Scope<'m>(Option<Mr<'m>>);
+        impl Drop for Scope<'_> {
+            fn drop(&mut self) {
+                if let Some(mr) = self.0.take() {
+                    if let Err(e) = mr.destroy() {
+                        eprintln!(
+                            "hotverbs: Pd::scoped_mr could not deregister its memory ({e}); \
+                             the borrowed buffer may still be reachable by the device or a \
+                             peer, so it cannot be handed back: aborting"
+                        );
+                        std::process::abort();
+                    }
+                }
+            }
+        }
+        let (p, l) = (buf.as_mut_ptr(), buf.len());
+        let scope = Scope(Some(self.register(p, l, access, None)?));
+        let mr = scope.0.as_ref().expect("registered above");
+        Ok(f(mr))
     }
 
     /// Allocates a zeroed page-aligned buffer of `len` bytes and registers it.
@@ -355,6 +476,7 @@ impl Pd {
             addr,
             len,
             owned,
+            leases: Arc::new(AtomicUsize::new(0)),
             _borrow: PhantomData,
         })
     }
@@ -413,20 +535,65 @@ impl<'a> Mr<'a> {
         self.addr
     }
 
-    /// Can a peer write this memory (registered with `REMOTE_WRITE` or `REMOTE_ATOMIC`)?
+    /// Can a peer write this memory: registered with `REMOTE_WRITE` or `REMOTE_ATOMIC`, or
+    /// with `MW_BIND` (a type-2 memory window bound to it can grant remote write)?
     /// Then [`as_slice`](Self::as_slice)/[`as_mut_slice`](Self::as_mut_slice) refuse it;
     /// use the copy helpers or the `_unchecked` accessors.
     pub fn is_remote_writable(&self) -> bool {
-        self.access
-            .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        self.access.intersects(
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::MW_BIND,
+        )
+    }
+
+    /// Do receives posted through a lease ([`Qp::lease_recv`](crate::Qp::lease_recv),
+    /// [`Srq::lease_recv`](crate::Srq::lease_recv)) possibly still target this memory? True
+    /// until every leaseholder QP was reset or destroyed (an SRQ: destroyed).
+    pub fn is_leased(&self) -> bool {
+        // Acquire: pairs with the Release of the leaseholder's release, so whatever the
+        // device wrote before the reset is visible once this reads 0.
+        self.leases.load(Ordering::Acquire) != 0
+    }
+
+    /// A receive lease on `[offset, offset + len)` for a leaseholder on PD `pd`: the SGE,
+    /// and a token that keeps the MR leased until released.
+    pub(crate) fn lease(
+        &self,
+        what: &'static str,
+        pd: &Pd,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Sge, Lease)> {
+        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(Error::new(what, libc::EINVAL)
+                .with_hint("receives write the MR: register it with LOCAL_WRITE"));
+        }
+        if self.pd.as_raw() != pd.as_raw() {
+            return Err(Error::new(what, libc::EINVAL)
+                .with_hint("the MR is registered in another PD than the queue's"));
+        }
+        let sge = self.local(offset, len).map_err(|e| {
+            Error::new(what, e.errno).with_hint(format!(
+                "receive region {offset}+{len} outside the MR of {} bytes",
+                self.len
+            ))
+        })?;
+        self.leases.fetch_add(1, Ordering::Relaxed);
+        Ok((sge, Lease(self.leases.clone())))
     }
 
     fn check_not_remote_writable(&self, what: &'static str) -> Result<()> {
         if self.is_remote_writable() {
             return Err(Error::new(what, libc::EACCES).with_hint(
-                "the MR has REMOTE_WRITE/REMOTE_ATOMIC, so a peer may write it at any time: \
-                 copy with read_into/write_from/read_u64, or use the unsafe *_unchecked \
+                "the MR has REMOTE_WRITE/REMOTE_ATOMIC/MW_BIND, so a peer may write it at any \
+                 time: copy with read_into/write_from/read_u64, or use the unsafe *_unchecked \
                  accessor when no peer can write",
+            ));
+        }
+        if self.is_leased() {
+            return Err(Error::new(what, libc::EBUSY).with_hint(
+                "receives were posted into this MR through a lease: the NIC may write it \
+                 until their QP is reset or destroyed (a dropped receive ring does not take \
+                 them back); read through the ring, or copy with read_into",
             ));
         }
         Ok(())
@@ -440,7 +607,8 @@ impl<'a> Mr<'a> {
     ///
     /// # Errors
     /// `Mr::as_slice: EACCES` when [`is_remote_writable`](Self::is_remote_writable): a
-    /// `&[u8]` over memory a peer may change at any time would be a data race.
+    /// `&[u8]` over memory a peer may change at any time would be a data race;
+    /// `Mr::as_slice: EBUSY` when [`is_leased`](Self::is_leased) (receives may be posted).
     pub fn as_slice(&self) -> Result<&[u8]> {
         self.check_not_remote_writable("Mr::as_slice")?;
         // SAFETY: addr..addr+len is memory we own or exclusively borrow for 'a; no peer can
@@ -451,7 +619,8 @@ impl<'a> Mr<'a> {
     /// The registered bytes, mutably, for an MR no peer can write.
     ///
     /// # Errors
-    /// `Mr::as_mut_slice: EACCES` when [`is_remote_writable`](Self::is_remote_writable).
+    /// `Mr::as_mut_slice: EACCES` when [`is_remote_writable`](Self::is_remote_writable),
+    /// `EBUSY` when [`is_leased`](Self::is_leased).
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         self.check_not_remote_writable("Mr::as_mut_slice")?;
         // SAFETY: as in as_slice, and &mut self gives exclusive local access.
@@ -703,6 +872,21 @@ impl<'a> Mr<'a> {
     /// The verb's error, e.g. `EBUSY` while memory windows are bound to the MR.
     pub fn destroy(mut self) -> Result<()> {
         self.dereg()
+    }
+}
+
+/// One receive lease on an MR (see the module docs), held by a QP or SRQ until it is reset
+/// or destroyed; [`release`](Lease::release) ends it. Dropping a lease without releasing
+/// it keeps the MR leased for good (the safe side: a QP whose destroy failed may still
+/// write).
+#[derive(Debug)]
+pub(crate) struct Lease(Arc<AtomicUsize>);
+
+impl Lease {
+    /// The leaseholder no longer has receives posted into the MR.
+    pub(crate) fn release(self) {
+        // Release: pairs with the Acquire in Mr::is_leased.
+        self.0.fetch_sub(1, Ordering::Release);
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Mutex;
 
 use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
 use hotverbs_ffi::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge};
@@ -17,7 +18,7 @@ use crate::cq::Cq;
 use crate::device::{Gid, LinkLayer, Mtu, PortInfo};
 use crate::error::{record_drop_error, Error, Result};
 use crate::exchange::Endpoint;
-use crate::mr::{AccessFlags, RemoteMr, Sge};
+use crate::mr::{AccessFlags, Lease, Mr, RemoteMr, Sge};
 use crate::pd::Pd;
 use crate::srq::Srq;
 use crate::zeroed;
@@ -322,6 +323,7 @@ impl<'a> QpBuilder<'a> {
             state: AtomicU32::new(hotverbs_ffi::IBV_QPS_RESET),
             port: AtomicU8::new(0),
             local_psn: random_psn(),
+            leases: Mutex::new(Vec::new()),
         })
     }
 
@@ -719,6 +721,8 @@ pub struct Qp {
     state: AtomicU32,
     port: AtomicU8,
     local_psn: u32,
+    /// Receive leases ([`Qp::lease_recv`]), released by a reset or the destroy.
+    leases: Mutex<Vec<Lease>>,
 }
 
 // SAFETY: QP verbs are thread-safe; the struct holds only identifiers and atomics.
@@ -854,6 +858,10 @@ impl Qp {
         if ret == 0 {
             if mask.contains(QpAttrMask::STATE) {
                 self.state.store(attr.qp_state, Ordering::Relaxed);
+                if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET {
+                    // RESET removes the receive queue's WRs without completions.
+                    self.release_leases();
+                }
             }
             if mask.contains(QpAttrMask::PORT) {
                 self.port.store(attr.port_num, Ordering::Relaxed);
@@ -1295,9 +1303,56 @@ impl Qp {
         // SAFETY: qp came from this table and is destroyed once.
         let ret = unsafe { f(qp) };
         if ret != 0 {
+            // The QP may live on with its receives: its leases stay held for good.
             return Err(Error::from_ret("ibv_destroy_qp", ret));
         }
+        self.release_leases();
         Ok(())
+    }
+
+    fn release_leases(&self) {
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        for l in leases.drain(..) {
+            l.release();
+        }
+    }
+
+    /// A receive SGE over `[offset, offset + len)` of `mr` for receives posted to this QP
+    /// (e.g. the region of a datapath `RecvRing`), leasing `mr` to the QP: from now until
+    /// the QP is reset ([`reset`](Self::reset) or a raw `modify` to RESET) or destroyed,
+    /// [`Mr::as_slice`]/[`Mr::as_mut_slice`] refuse it (`EBUSY`), because posted receives
+    /// stay posted whatever happens to the code that posted them — a dropped receive ring
+    /// does not take them back, and the NIC writes the next incoming message there.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AccessFlags, Context, QpBuilder, QpType};
+    /// let ctx = Context::open("softnic")?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
+    /// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+    /// let sge = qp.lease_recv(&mr, 0, 4096)?; // post receives into it, e.g. a RecvRing
+    /// assert!(mr.as_slice().is_err());
+    /// qp.reset()?; // the receives are gone
+    /// assert!(mr.as_slice().is_ok());
+    /// # let _ = sge;
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `Qp::lease_recv: EINVAL` when the QP uses an SRQ (lease from the SRQ), `mr` lacks
+    /// `LOCAL_WRITE`, is in another PD, or the range is outside it.
+    pub fn lease_recv(&self, mr: &Mr<'_>, offset: usize, len: usize) -> Result<Sge> {
+        if self.srq.is_some() {
+            return Err(Error::new("Qp::lease_recv", libc::EINVAL)
+                .with_hint("this QP uses an SRQ: lease the region with Srq::lease_recv"));
+        }
+        let (sge, lease) = mr.lease("Qp::lease_recv", &self.pd, offset, len)?;
+        self.leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lease);
+        Ok(sge)
     }
 
     /// `ibv_destroy_qp(3)` now, returning its error.

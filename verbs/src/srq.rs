@@ -5,17 +5,20 @@
 //! destroyed after them; it holds a clone of its PD.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hotverbs_ffi::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
 use crate::error::{record_drop_error, Error, Result};
-use crate::mr::Sge;
+use crate::mr::{Lease, Mr, Sge};
 use crate::pd::Pd;
 
 pub(crate) struct SrqInner {
     srq: *mut ibv_srq,
     pd: Pd,
+    /// Receive leases ([`Srq::lease_recv`]): released when the SRQ is destroyed (a QP
+    /// reset leaves an SRQ's receives posted).
+    leases: Mutex<Vec<Lease>>,
 }
 
 // SAFETY: SRQ verbs are thread-safe; the struct is an identifier.
@@ -38,7 +41,16 @@ impl SrqInner {
         // SAFETY: srq came from this table; no QP uses it any more.
         let ret = unsafe { f(srq) };
         if ret != 0 {
+            // The SRQ may live on with its receives: its leases stay held for good.
             return Err(Error::from_ret("ibv_destroy_srq", ret));
+        }
+        for l in self
+            .leases
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            l.release();
         }
         Ok(())
     }
@@ -115,6 +127,7 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 srq,
                 pd: self.clone(),
+                leases: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -129,6 +142,25 @@ impl Srq {
     /// The PD.
     pub fn pd(&self) -> &Pd {
         &self.inner.pd
+    }
+
+    /// A receive SGE over `[offset, offset + len)` of `mr` for receives posted to this SRQ
+    /// (e.g. the region of a datapath `RecvRing`), leasing `mr` to the SRQ: from now until
+    /// the SRQ is destroyed, [`Mr::as_slice`]/[`Mr::as_mut_slice`] refuse it (`EBUSY`),
+    /// because posted receives stay on the SRQ whatever happens to the code that posted
+    /// them (a QP reset does not remove them either).
+    ///
+    /// # Errors
+    /// `Srq::lease_recv: EINVAL` when `mr` lacks `LOCAL_WRITE`, is in another PD, or the
+    /// range is outside it.
+    pub fn lease_recv(&self, mr: &Mr<'_>, offset: usize, len: usize) -> Result<Sge> {
+        let (sge, lease) = mr.lease("Srq::lease_recv", &self.inner.pd, offset, len)?;
+        self.inner
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lease);
+        Ok(sge)
     }
 
     /// `ibv_query_srq(3)`: max_wr, max_sge, srq_limit.

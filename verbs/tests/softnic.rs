@@ -222,15 +222,25 @@ fn mr_over_borrowed_and_owned_memory() {
     let c = ctx();
     let pd = c.alloc_pd().unwrap();
     let mut mem = vec![7u8; 1000];
-    let mr = pd.reg_mr(&mut mem, rw()).unwrap();
-    assert_eq!(mr.len(), 1000);
-    assert_eq!(mr.read_vec(999, 1).unwrap(), [7]);
-    assert_eq!(mr.remote().rkey, mr.rkey());
-    assert_eq!(mr.local(10, 20).unwrap().addr, mr.addr() + 10);
-    assert!(mr.local(990, 11).is_err());
-    assert!(mr.local(usize::MAX, 2).is_err());
+    // Remote access over borrowed memory only for the length of a scope (a forgotten Mr
+    // would leave the rkey live after the borrow ended).
+    assert_eq!(pd.reg_mr(&mut mem, rw()).unwrap_err().errno, libc::EINVAL);
+    let rkey = pd
+        .scoped_mr(&mut mem, rw(), |mr| {
+            assert_eq!(mr.len(), 1000);
+            assert_eq!(mr.read_vec(999, 1).unwrap(), [7]);
+            assert_eq!(mr.remote().rkey, mr.rkey());
+            assert_eq!(mr.local(10, 20).unwrap().addr, mr.addr() + 10);
+            assert!(mr.local(990, 11).is_err());
+            assert!(mr.local(usize::MAX, 2).is_err());
+            mr.rkey()
+        })
+        .unwrap();
+    assert_ne!(rkey, 0);
+    mem[0] = 1; // borrow ended with the scope
+    let mr = pd.reg_mr(&mut mem, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.as_slice().unwrap()[0], 1);
     mr.destroy().unwrap();
-    mem[0] = 1; // borrow ended with the MR
 
     let owned = pd.alloc_mr(5000, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(owned.addr() % 4096, 0);

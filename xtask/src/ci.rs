@@ -13,8 +13,10 @@
 //! 8. `insn`      callgrind instructions per message vs the naive baseline, gated on the
 //!    batch-32 target (`cargo xtask insn --gate`; deterministic, so a regression gate)
 //! 9. `loom`      the loom models (`cargo xtask loom`)
-//! 10. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
-//! 11. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//! 10. `miri`     the soundness tests under miri, Stacked and Tree Borrows
+//!     (`cargo xtask miri`; installs the nightly toolchain with miri if missing)
+//! 11. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 12. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
 //!
 //! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
 
@@ -40,7 +42,8 @@ const PACKAGES: &[&str] = &[
 ];
 
 const STEPS: &[&str] = &[
-    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "insn", "loom", "fuzz", "rxe",
+    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "insn", "loom", "miri",
+    "fuzz", "rxe",
 ];
 
 /// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
@@ -84,6 +87,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "test" => run(cargo().args(["test", "--workspace", "--locked"])),
             "insn" => crate::insn::run(&["--gate".to_string()]),
             "loom" => crate::verify::loom(&[]),
+            "miri" => crate::miri::run_miri(&[]),
             "fuzz" => crate::verify::fuzz(&[]),
             "rxe" => crate::rxe::run(&[]),
             _ => unreachable!("step list and match agree"),

@@ -4,12 +4,13 @@
 //! - `codegen [--check]`: regenerate `verbs-ffi/src/generated/` (or verify it is current)
 //! - `ci`: everything (packages, fmt, clippy, docs, tests, codegen drift, no_std, loom, fuzz, rxe)
 //! - `rxe [--filter S]`: the real-device suite on Soft-RoCE inside a QEMU VM
-//! - `loom`, `fuzz [--seconds N]`, `bench`, `insn`
+//! - `loom`, `miri [--list]`, `fuzz [--seconds N]`, `bench`, `insn`
 
 use std::process::ExitCode;
 
 mod ci;
 mod insn;
+mod miri;
 mod rxe;
 mod util;
 mod verify;
@@ -25,10 +26,11 @@ fn main() -> ExitCode {
         "ci" => ci::run_ci(rest),
         "rxe" => rxe::run(rest),
         "loom" => verify::loom(rest),
+        "miri" => miri::run_miri(rest),
         "fuzz" => verify::fuzz(rest),
         "insn" => insn::run(rest),
         "help" | "-h" | "--help" => {
-            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | fuzz [--seconds N] | bench | insn>");
+            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | miri [--list] | fuzz [--seconds N] | bench | insn>");
             Ok(())
         }
         other => Err(format!(

@@ -1,0 +1,212 @@
+//! `cargo xtask miri`: the soundness tests under miri (nightly), Stacked Borrows and, for the
+//! ring and memory-access tests, Tree Borrows too.
+//!
+//! A whole test target takes far longer under miri than this step may (20+ minutes for one
+//! of the datapath's), so the tests are chosen: [`MIRI_TESTS`] is the one list, and each
+//! entry says which soundness property it keeps closed. The step installs what it needs
+//! (the nightly toolchain with its `miri` and `rust-src` components) the way the other steps
+//! install theirs.
+//!
+//! Flags: softnic and the setup layer read the clock (`Instant`, timeouts), which miri's
+//! isolation forbids, hence `-Zmiri-disable-isolation`. `-Zmiri-permissive-provenance` is
+//! not used: the verbs ABI carries buffer addresses as `u64` (`ibv_sge.addr`,
+//! `remote_addr`), so softnic turns integers back into pointers, which is exposed
+//! provenance; miri accepts it and prints a warning once per place.
+
+use std::process::Command;
+use std::time::Instant;
+
+use crate::util::{root, run, show};
+
+/// Which aliasing model(s) a test runs under.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Models {
+    /// Stacked Borrows only (miri's default).
+    Stacked,
+    /// Stacked Borrows, then Tree Borrows.
+    Both,
+}
+
+/// One selected test: package, test target, exact test names, models, and what it keeps
+/// closed (soundness review items, see the README's soundness section).
+struct MiriTest {
+    package: &'static str,
+    target: &'static str,
+    tests: &'static [&'static str],
+    models: Models,
+    why: &'static str,
+}
+
+/// The tests `cargo xtask miri` runs: the one place the list lives.
+const MIRI_TESTS: &[MiriTest] = &[
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "chain_alias",
+        tests: &[
+            "chained_posts_on_a_stack_ring",
+            "chained_posts_on_a_boxed_ring",
+        ],
+        models: Models::Both,
+        why: "item 5: the send ring's preformatted chain stays valid across posts and moves",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "counting",
+        tests: &[
+            "batching_sizes_1_to_n",
+            "ring_moved_between_stage_and_flush_relinks",
+            "recv_ring_on_rq",
+            "recv_ring_on_srq",
+        ],
+        models: Models::Both,
+        why: "items 5, 8: send and receive rings on the counting device (provenance kept)",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "regressions",
+        tests: &[
+            "recv_ring_refuses_a_send_completion_with_its_ring_id",
+            "recv_ring_consumes_the_completion_it_accepts",
+            "rings_refuse_completions_of_another_qp",
+            "split_completion_before_sync_is_not_dropped",
+            "split_error_completion_before_sync_is_published",
+            "a_new_split_retires_the_old_counters",
+        ],
+        models: Models::Stacked,
+        why: "items 3, 4: foreign completions and counters; split mode",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "leases",
+        tests: &[
+            "borrowed_memory_is_never_left_reachable_by_a_peer",
+            "a_receive_region_stays_leased_until_the_qp_is_reset",
+        ],
+        models: Models::Stacked,
+        why: "items 1, 2: registrations and receive leases over softnic's remote writes",
+    },
+];
+
+/// `cargo xtask miri [--list]`.
+pub fn run_miri(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--list") {
+        for t in MIRI_TESTS {
+            println!(
+                "{} --test {}: {} ({})",
+                t.package,
+                t.target,
+                t.tests.join(" "),
+                t.why
+            );
+        }
+        return Ok(());
+    }
+    if let Some(a) = args.first() {
+        return Err(format!("unknown option {a:?} (use --list)"));
+    }
+    ensure_toolchain()?;
+    let t0 = Instant::now();
+    let mut runs = 0;
+    for t in MIRI_TESTS {
+        let models: &[(&str, &str)] = match t.models {
+            Models::Stacked => &[("stacked borrows", "")],
+            Models::Both => &[
+                ("stacked borrows", ""),
+                ("tree borrows", "-Zmiri-tree-borrows"),
+            ],
+        };
+        for (name, flag) in models {
+            eprintln!(
+                "miri ({name}): {} --test {} — {}",
+                t.package, t.target, t.why
+            );
+            let mut cmd = nightly_cargo();
+            cmd.args([
+                "miri", "test", "--locked", "-p", t.package, "--test", t.target, "--",
+            ])
+            .arg("--exact")
+            .args(t.tests)
+            .env(
+                "MIRIFLAGS",
+                format!("-Zmiri-disable-isolation {flag}").trim(),
+            );
+            run(&mut cmd)?;
+            runs += 1;
+        }
+    }
+    eprintln!(
+        "miri: {runs} runs of {} selected tests passed in {:.0} s",
+        MIRI_TESTS.iter().map(|t| t.tests.len()).sum::<usize>(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `cargo` of the nightly toolchain, without the stable toolchain's environment leaking in.
+fn nightly_cargo() -> Command {
+    let mut c = Command::new("rustup");
+    c.args(["run", "nightly", "cargo"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .env("CARGO_TERM_COLOR", "never");
+    c
+}
+
+/// Installs the nightly toolchain with miri and rust-src if missing, then `cargo miri setup`.
+fn ensure_toolchain() -> Result<(), String> {
+    let have = |args: &[&str]| {
+        Command::new("rustup")
+            .args(args)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .output()
+            .map(|o| o.status.success() && !o.stdout.is_empty())
+            .unwrap_or(false)
+    };
+    let installed = Command::new("rustup")
+        .args(["+nightly", "component", "list", "--installed"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    match installed {
+        None => {
+            if !have(&["--version"]) {
+                return Err("rustup not found: miri needs the nightly toolchain via rustup".into());
+            }
+            run(Command::new("rustup")
+                .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+                .args(["--component", "miri", "--component", "rust-src"])
+                .env_remove("RUSTUP_TOOLCHAIN"))?;
+        }
+        Some(list) => {
+            let missing: Vec<&str> = ["miri", "rust-src"]
+                .into_iter()
+                .filter(|c| !list.lines().any(|l| l.starts_with(c)))
+                .collect();
+            if !missing.is_empty() {
+                run(Command::new("rustup")
+                    .args(["component", "add", "--toolchain", "nightly"])
+                    .args(&missing)
+                    .env_remove("RUSTUP_TOOLCHAIN"))?;
+            }
+        }
+    }
+    let mut setup = nightly_cargo();
+    setup.args(["miri", "setup"]).current_dir(root());
+    eprintln!("$ {}", show(&setup));
+    let out = setup
+        .output()
+        .map_err(|e| format!("{}: {e}", show(&setup)))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo miri setup` failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}

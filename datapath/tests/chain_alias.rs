@@ -20,8 +20,8 @@ fn chained_posts_on_a_stack_ring() {
     let mut p: CqPoller<8> = unsafe { CqPoller::new(dev.cq()) };
     let data = [7u8; 16];
     for round in 0..3 {
-        // SAFETY: inline messages; the data outlives the flush.
         for i in 0..4 {
+            // SAFETY: inline messages; the data outlives the flush.
             unsafe { r.stage(Msg::send(Local::Inline(&data[i..i + 4]))) }.unwrap();
         }
         let _ = r.free();
@@ -47,7 +47,8 @@ fn chained_posts_on_a_boxed_ring() {
             b.push(Msg::send(Local::Inline(&data[i..i + 4]))).unwrap();
         }
         b.finish().unwrap();
-        let moved = r; // a move of the Box must not invalidate the links either
+        // A move of the Box must not invalidate the links either.
+        let moved = std::convert::identity(r);
         r = moved;
         drain(&mut p, &mut r);
     }

@@ -26,6 +26,17 @@
 //! the QP enters the error state and survive a QP RESET. The QP consumes receives from its
 //! own receive queue, or from the SRQ after [`use_srq`](CountingDevice::use_srq) (as a QP
 //! created with `init_attr.srq`).
+//!
+//! # Invariants (raw pointers)
+//! The device is one heap allocation that never moves (`Pin<Box<_>>`, `!Unpin`). Every
+//! pointer it hands out or stores in its verbs structs (`qp->context`, `cq->context`,
+//! `qp->send_cq`, the results of [`CountingDevice::qp`] etc.) is derived from a raw pointer
+//! to the *whole* device (`Box::into_raw` in `new`, `ptr::from_ref(self)` in the getters),
+//! never from a reference to one field, so the callbacks' `container_of` cast from
+//! `context` back to the device keeps provenance over all of it (Stacked and Tree Borrows
+//! alike; checked under miri by `tests/soundness.rs` and the datapath's counting tests).
+//! After construction, the device is only written through `UnsafeCell`s and atomics, so
+//! shared references to it may coexist with those pointers.
 
 use core::cell::UnsafeCell;
 use core::ffi::c_int;
@@ -169,7 +180,7 @@ impl CountingDevice {
         // C data too (integers, pointers, pthread objects whose all-zero pattern is their
         // static initialiser).
         let wc_fill: ibv_wc = unsafe { core::mem::zeroed() };
-        let dev = Box::pin(CountingDevice {
+        let dev = Box::new(CountingDevice {
             // SAFETY: see above.
             ctx: UnsafeCell::new(unsafe { core::mem::zeroed() }),
             // SAFETY: see above.
@@ -199,10 +210,14 @@ impl CountingDevice {
             polls: AtomicU64::new(0),
             _pin: PhantomPinned,
         });
-        let ctx = dev.ctx.get();
-        // SAFETY: the device is pinned on the heap, so these addresses are final; nobody
-        // else has a pointer to it yet.
+        // The one raw pointer to the whole device every ABI pointer is derived from (see
+        // the invariants above): its provenance covers the device, so the callbacks' cast
+        // from `qp->context` back to the device stays inside it.
+        let this = Box::into_raw(dev);
+        // SAFETY: `this` is a fresh, unique heap allocation (nobody else can see it yet);
+        // the field projections go through raw places, creating no references.
         unsafe {
+            let ctx = Self::ctx_of(this);
             (*ctx).ops.post_send = Some(post_send);
             (*ctx).ops.post_recv = Some(post_recv);
             (*ctx).ops.post_srq_recv = Some(post_srq_recv);
@@ -210,38 +225,55 @@ impl CountingDevice {
             (*ctx).ops.req_notify_cq = Some(req_notify_cq);
             (*ctx).cmd_fd = -1;
             (*ctx).async_fd = -1;
-            let cq = dev.cq.get();
+            let cq = UnsafeCell::raw_get(ptr::addr_of!((*this).cq));
             (*cq).context = ctx;
             (*cq).cqe = cq_capacity as c_int;
-            let qp = dev.qp.get();
+            let qp = UnsafeCell::raw_get(ptr::addr_of!((*this).qp));
             (*qp).context = ctx;
             (*qp).send_cq = cq;
             (*qp).recv_cq = cq;
             (*qp).qp_num = QP_NUM;
             (*qp).state = IBV_QPS_RTS;
             (*qp).qp_type = IBV_QPT_RC;
-            let srq = dev.srq.get();
+            let srq = UnsafeCell::raw_get(ptr::addr_of!((*this).srq));
             (*srq).context = ctx;
         }
-        dev
+        // SAFETY: `this` came from `Box::into_raw` above and is turned back into a Box
+        // once. The device is `!Unpin` (PhantomPinned), so it never moves out of this
+        // allocation; and a `Box` of a `!Unpin` type asserts no uniqueness (it is not
+        // `noalias`), so the pointers derived from `this` above stay valid alongside it.
+        unsafe { Pin::new_unchecked(Box::from_raw(this)) }
+    }
+
+    /// `&(*this).ctx` as a raw pointer with `this`'s provenance (the whole device).
+    ///
+    /// # Safety
+    /// `this` points to a live device.
+    unsafe fn ctx_of(this: *const CountingDevice) -> *mut ibv_context {
+        // SAFETY: in bounds of the live device (caller); no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*this).ctx) })
     }
 
     /// The QP (`sq_sig_all = 0` unless [`set_sq_sig_all`](Self::set_sq_sig_all)).
     pub fn qp(&self) -> *mut ibv_qp {
-        self.qp.get()
+        // SAFETY: projection inside the live device; no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).qp) })
     }
     /// The CQ (send and receive completions).
     pub fn cq(&self) -> *mut ibv_cq {
-        self.cq.get()
+        // SAFETY: projection inside the live device; no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).cq) })
     }
     /// The SRQ (a queue of its own; the QP consumes from it after
     /// [`use_srq`](Self::use_srq)).
     pub fn srq(&self) -> *mut ibv_srq {
-        self.srq.get()
+        // SAFETY: projection inside the live device; no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).srq) })
     }
     /// The context.
     pub fn context(&self) -> *mut ibv_context {
-        self.ctx.get()
+        // SAFETY: self is a live device.
+        unsafe { Self::ctx_of(ptr::from_ref(self)) }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
@@ -354,12 +386,19 @@ impl CountingDevice {
         })
     }
 
+    /// The device a `context` pointer of one of its objects belongs to (`container_of`).
+    ///
     /// # Safety
-    /// `p` is the context pointer of one of this module's objects.
+    /// `p` is the `context` pointer of one of this module's objects (as stored by
+    /// [`new`](Self::new), so its provenance is the whole device), and the device outlives
+    /// the returned reference.
     unsafe fn from_ctx<'a>(p: *mut ibv_context) -> &'a CountingDevice {
-        // SAFETY: `ctx` is the first field of the repr(C) device, which is pinned and
-        // outlives its verbs objects (caller's contract).
-        unsafe { &*(p as *const CountingDevice) }
+        // SAFETY: `ctx` is the first field of the repr(C) device, so the context pointer
+        // is the device's address; it was derived from the pointer to the whole device
+        // (`new`), so the cast keeps provenance over all of it; the device is pinned and
+        // outlives its verbs objects (caller's contract). Every field written after
+        // construction is an UnsafeCell or atomic, so a shared reference is enough.
+        unsafe { &*p.cast_const().cast::<CountingDevice>() }
     }
 }
 

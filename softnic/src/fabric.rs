@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use hotverbs_ffi::*;
 
@@ -122,6 +122,9 @@ pub(crate) struct Cq {
     pub(crate) armed: Option<bool>,
     pub(crate) channel: Option<u32>,
     pub(crate) users: u32,
+    /// Completion events handed out for this CQ by `get_cq_event` (wrapping): destroy_cq
+    /// waits until `ibv_cq.comp_events_completed` (bumped by `ack_cq_events`) reaches it.
+    pub(crate) events_reported: u32,
     pub(crate) ptr: Ptr<SoftCq>,
 }
 
@@ -374,11 +377,27 @@ pub(crate) struct Fabric {
 
 static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
 
+/// Notified (with the fabric lock) whenever completion events are acknowledged; used only
+/// with the fabric mutex.
+static EVENTS_ACKED: Condvar = Condvar::new();
+
 /// The fabric lock (poisoning is ignored: softnic never panics while holding it on purpose,
 /// and a test that panicked elsewhere must not wedge the others).
 pub(crate) fn lock() -> MutexGuard<'static, Fabric> {
     let m = FABRIC.get_or_init(|| Mutex::new(Fabric::new()));
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Releases the fabric lock until the next [`events_acked`] (or a spurious wake-up), then
+/// takes it again.
+pub(crate) fn wait_for_acks(f: MutexGuard<'static, Fabric>) -> MutexGuard<'static, Fabric> {
+    EVENTS_ACKED.wait(f).unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wakes every [`wait_for_acks`] (call with the fabric lock held, after the acknowledgement
+/// is recorded).
+pub(crate) fn events_acked() {
+    EVENTS_ACKED.notify_all();
 }
 
 fn slab_insert<T>(v: &mut Vec<Option<T>>, t: T) -> usize {
@@ -507,7 +526,8 @@ impl Fabric {
     }
 
     /// Resolves `[addr, addr + len)` of the MR named by `key` in PD `pd` to host memory,
-    /// requiring the `need` access bits.
+    /// requiring the `need` access bits. The pointer is derived from the one the
+    /// application registered (`ibv_mr.addr`), so it carries that pointer's provenance.
     pub(crate) fn resolve(
         &self,
         key: u32,
@@ -515,7 +535,7 @@ impl Fabric {
         addr: u64,
         len: u64,
         need: u32,
-    ) -> Option<usize> {
+    ) -> Option<*mut u8> {
         let mr = self.mr_by_key(key)?;
         if mr.pd != pd || mr.access & need != need {
             return None;
@@ -524,7 +544,14 @@ impl Fabric {
         if off.checked_add(len)? > mr.len {
             return None;
         }
-        Some(mr.addr + off as usize)
+        // SAFETY: `mr.ptr` is the ibv_mr softnic allocated in reg_mr and frees only in
+        // dereg_mr, which removes `mr` from the fabric first (we hold the fabric lock);
+        // softnic never writes it after registration and the application only reads it.
+        let base = unsafe { (*mr.ptr.0).addr }.cast::<u8>();
+        debug_assert_eq!(base.addr(), mr.addr);
+        // No access yet: the range [base + off, base + off + len) is inside the registered
+        // region (checked above); wrapping_add only computes the address.
+        Some(base.wrapping_add(off as usize))
     }
 
     /// Resolves an SGE list into `out` (zero-length SGEs are not checked: rxe S16).
@@ -1112,7 +1139,8 @@ impl Fabric {
             // destination).
             src.clear();
             src.push(Seg {
-                ptr: e.data.as_ptr() as usize,
+                // Only read (a source): the cast to *mut is for the Seg type.
+                ptr: e.data.as_ptr().cast_mut(),
                 len: e.data.len(),
             });
         } else {
@@ -1197,7 +1225,7 @@ impl Fabric {
                         None => return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR),
                     }
                 } else {
-                    0
+                    core::ptr::null_mut()
                 };
                 if op == IBV_WR_RDMA_WRITE_WITH_IMM && !self.has_recv(peer) {
                     return if reliable {
@@ -1261,7 +1289,7 @@ impl Fabric {
                 // SAFETY: resolved, bounds-checked and 8-byte aligned (post-time check; MR
                 // addresses map 1:1 modulo the iova offset, which keeps alignment only if
                 // the MR start is as aligned as its iova: checked here).
-                let orig = if p % 8 != 0 {
+                let orig = if p.addr() % 8 != 0 {
                     return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
                 } else if op == IBV_WR_ATOMIC_CMP_AND_SWP {
                     // SAFETY: as above.
@@ -1272,7 +1300,7 @@ impl Fabric {
                 };
                 let bytes = orig.to_ne_bytes();
                 let s = [Seg {
-                    ptr: bytes.as_ptr() as usize,
+                    ptr: bytes.as_ptr().cast_mut(),
                     len: 8,
                 }];
                 // SAFETY: src is the checked local SGE (>= 8 bytes); `s` is a live local.
@@ -1378,7 +1406,7 @@ impl Fabric {
                     if ud {
                         let grh = self.grh_bytes(src_qpn, pi, len);
                         let s = [Seg {
-                            ptr: grh.as_ptr() as usize,
+                            ptr: grh.as_ptr().cast_mut(),
                             len: GRH_LEN,
                         }];
                         // SAFETY: dst resolved and checked to hold hdr + len bytes.

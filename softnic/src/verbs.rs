@@ -606,6 +606,7 @@ pub(crate) unsafe extern "C" fn create_cq(
             armed: None,
             channel: ch,
             users: 0,
+            events_reported: 0,
             ptr: Ptr(p),
         },
     );
@@ -637,25 +638,50 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
     0
 }
 
+/// `ibv_destroy_cq(3)`: EBUSY while a QP uses the CQ. Completion events still queued on
+/// the channel for it are dropped; events already taken with `ibv_get_cq_event` must be
+/// acknowledged first, and the call **blocks until they are**, as libibverbs does
+/// (`ibv_get_cq_event(3)`: "destroying a CQ will wait for all completion events to be
+/// acknowledged; this guarantees a one-to-one correspondence between acks and successful
+/// gets"; libibverbs' `ibv_cmd_destroy_cq` waits on `cq->cond` until
+/// `comp_events_completed` equals the events the kernel reported). So a thread that took an
+/// event can still use the CQ (and its `cq_context`) until it acknowledges it.
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     let _errno = ErrnoScope::enter();
     let mut f = lock();
     // SAFETY: live CQ (caller).
     let i = unsafe { (*cq).handle } as usize;
-    match f.cqs.get(i) {
-        Some(Some(c)) if c.users > 0 => return libc::EBUSY,
-        Some(Some(_)) => {}
-        _ => return libc::EINVAL,
+    loop {
+        let (channel, reported) = match f.cqs.get(i) {
+            Some(Some(c)) if c.users > 0 => return libc::EBUSY,
+            Some(Some(c)) => (c.channel, c.events_reported),
+            _ => return libc::EINVAL,
+        };
+        // Events nobody took yet die with the CQ (the kernel drops them from the channel).
+        if let Some(ch) = channel {
+            if let Some(Some(ch)) = f.channels.get_mut(ch as usize) {
+                ch.events.retain(|&e| e as usize != i);
+            }
+        }
+        // SAFETY: live CQ; ack_cq_events writes the counter only under the fabric lock,
+        // which we hold.
+        let acked = unsafe { (*cq).comp_events_completed };
+        // Every event taken has been acknowledged (more acks than gets is the caller's bug;
+        // it does not keep the CQ alive).
+        if reported.wrapping_sub(acked) as i32 <= 0 {
+            break;
+        }
+        f = fabric::wait_for_acks(f);
     }
     let c = f.cqs[i].take().expect("cq");
     if let Some(ch) = c.channel {
         if let Some(Some(ch)) = f.channels.get_mut(ch as usize) {
             ch.users -= 1;
-            ch.events.retain(|&e| e as usize != i);
         }
     }
     release_ctx(&mut f, c.ctx);
-    // SAFETY: allocated by create_cq.
+    // SAFETY: allocated by create_cq; removed from the fabric above, and no event taken for
+    // it is unacknowledged, so no caller of get_cq_event may still use it.
     drop(unsafe { Box::from_raw(c.ptr.0) });
     0
 }
@@ -711,10 +737,12 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         set_errno(libc::EAGAIN);
         return -1;
     };
-    let Some(Some(q)) = f.cqs.get(cqi as usize) else {
+    let Some(Some(q)) = f.cqs.get_mut(cqi as usize) else {
         set_errno(libc::EINVAL);
         return -1;
     };
+    // Reported: destroy_cq now waits for its acknowledgement.
+    q.events_reported = q.events_reported.wrapping_add(1);
     // SAFETY: writable out-pointers (caller); the CQ is live (it is in the fabric).
     unsafe {
         *cq = q.ptr.0.cast();
@@ -723,11 +751,14 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     0
 }
 
+/// `ibv_ack_cq_events(3)`; wakes a `destroy_cq` waiting for the acknowledgements.
 pub(crate) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
     let _errno = ErrnoScope::enter();
     let _f = lock();
-    // SAFETY: live CQ (caller); the counter is only written under the fabric lock.
+    // SAFETY: live CQ (caller: a CQ with unacknowledged events outlives their ack, since
+    // destroy_cq waits for it); the counter is only written under the fabric lock.
     unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+    fabric::events_acked();
 }
 
 // ------------------------------------------------------------------ async events

@@ -2,15 +2,39 @@
 //! `ibv_create_comp_channel`, `ibv_req_notify_cq`, `ibv_get_cq_event`,
 //! `ibv_ack_cq_events`, `ibv_poll_cq`, `ibv_get_async_event`, `ibv_ack_async_event`.
 //!
-//! Invariants: a [`Cq`] is an `Arc<CqInner>`; QPs hold clones, so the CQ is destroyed after
-//! them. `cq_context` of every CQ we create points to its boxed unacknowledged-event
-//! counter (which outlives the CQ), so [`CompChannel::get_cq_event`] can count events and
-//! the CQ's destruction can acknowledge any the user did not (libibverbs'
-//! `ibv_destroy_cq` would otherwise wait for them forever).
+//! # Invariants
+//! A [`Cq`] is an `Arc<CqInner>`; QPs hold clones, so the CQ is destroyed after them.
+//!
+//! `cq_context` of every CQ we create points to its *event word*, an `AtomicU64` allocated
+//! once and turned into a raw pointer (`Box::leak`) before the CQ exists: its address
+//! never changes, and no `Box` or `&mut` that moves with [`CqInner`] owns it. The word
+//! counts the events taken from the channel for the CQ and not yet acknowledged, plus a
+//! [`DYING`] bit. It is freed only after `ibv_destroy_cq` succeeded; if destruction fails,
+//! the CQ lives on and the word is leaked with it, so a later event for that CQ still
+//! finds it.
+//!
+//! Events and destruction follow libibverbs: `ibv_destroy_cq` blocks until every event
+//! taken with `ibv_get_cq_event` for the CQ is acknowledged (`ibv_get_cq_event(3)`; softnic
+//! does the same). [`CompChannel::get_cq_event`] may take an event for a CQ whose last
+//! [`Cq`] is being dropped on another thread (all safe code), so the drop cannot simply
+//! acknowledge what it counted and destroy: an event taken but not yet counted would be
+//! left unacknowledged (libibverbs: destroy waits forever) and counted after the word is
+//! freed (use-after-free). Instead:
+//! - the destroying thread sets [`DYING`] with one `fetch_or` and acknowledges the events
+//!   counted before it; then calls `ibv_destroy_cq`, which waits for the rest;
+//! - `get_cq_event` counts with one `fetch_add`; if that shows [`DYING`], the destroyer has
+//!   already acknowledged what it saw, so `get_cq_event` acknowledges this event itself,
+//!   at once (the CQ is still alive: the destroyer is waiting for exactly this ack).
+//!
+//! The two read-modify-writes on one word are totally ordered, so every taken event is
+//! acknowledged exactly once, destruction never waits on a user, and the word is freed only
+//! after the last `get_cq_event` that touches it is done with it (it either happened before
+//! the `fetch_or`, which acquires it, or acknowledged before `ibv_destroy_cq` returned).
 
 use std::fmt;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +42,26 @@ use hotverbs_ffi::{ibv_comp_channel, ibv_cq, ibv_wc};
 
 use crate::device::Context;
 use crate::error::{record_drop_error, Error, Result};
+
+/// Set in a CQ's event word when its destruction starts (module invariants); the low bits
+/// count events taken and not yet acknowledged.
+const DYING: u64 = 1 << 63;
+
+/// Acknowledges `n` events of `cq` (`ibv_ack_cq_events` takes a `c_uint`).
+///
+/// # Safety
+/// `cq` is live and `n` events were taken for it and not yet acknowledged.
+unsafe fn ack_cq_events(ctx: &Context, cq: *mut ibv_cq, mut n: u64) {
+    let Some(ack) = ctx.fns().ibv_ack_cq_events else {
+        return;
+    };
+    while n > 0 {
+        let k = n.min(u32::MAX as u64);
+        // SAFETY: live CQ; k of the n unacknowledged events (caller).
+        unsafe { ack(cq, k as u32) };
+        n -= k;
+    }
+}
 
 pub(crate) struct ChanInner {
     ctx: Context,
@@ -151,14 +195,16 @@ impl Context {
             .fns()
             .ibv_create_cq
             .ok_or_else(|| Error::missing("ibv_create_cq"))?;
-        let unacked = Box::new(AtomicU32::new(0));
+        // The event word, at its final address before the CQ can see it (module invariants).
+        let events = NonNull::from(Box::leak(Box::new(AtomicU64::new(0))));
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
-        let ctx_ptr = (&*unacked as *const AtomicU32).cast_mut().cast();
         let n = i32::try_from(cqe).unwrap_or(i32::MAX);
         // SAFETY: live context; ch null or a live channel of this context; cq_context
-        // points to the boxed counter, which outlives the CQ (dropped after destroy).
-        let cq = unsafe { f(self.as_raw(), n, ctx_ptr, ch, 0) };
+        // points to the event word, which outlives the CQ (freed after a successful destroy).
+        let cq = unsafe { f(self.as_raw(), n, events.as_ptr().cast(), ch, 0) };
         if cq.is_null() {
+            // SAFETY: no CQ was made, so nothing else has the word: freed once, here.
+            drop(unsafe { Box::from_raw(events.as_ptr()) });
             let e = Error::from_errno("ibv_create_cq");
             let ctx = self.clone();
             return Err(e.or_hint(|| {
@@ -172,7 +218,7 @@ impl Context {
                 ctx: self.clone(),
                 _channel: channel.map(|c| c.inner.clone()),
                 cq,
-                unacked,
+                events,
             }),
         })
     }
@@ -186,12 +232,20 @@ impl CompChannel {
     }
 
     /// The raw `ibv_comp_channel`.
+    ///
+    /// # Safety contract for users of the pointer
+    /// A CQ created on it outside this crate must have a NULL `cq_context`:
+    /// [`get_cq_event`](Self::get_cq_event) treats a non-NULL one as this crate's event
+    /// word.
     pub fn as_raw(&self) -> *mut ibv_comp_channel {
         self.inner.ch
     }
 
     /// `ibv_get_cq_event(3)`: blocks until the next completion event (unless the fd was
-    /// made non-blocking, then `EAGAIN`).
+    /// made non-blocking, then `EAGAIN`). The event counts against its CQ until
+    /// [`Cq::ack_events`] or the CQ's destruction; if the CQ's last handle is being dropped
+    /// meanwhile, the event is acknowledged here at once (module invariants) and the
+    /// returned [`CqEvent`] only names a CQ that is going away.
     pub fn get_cq_event(&self) -> Result<CqEvent> {
         let f = self
             .inner
@@ -207,10 +261,19 @@ impl CompChannel {
             return Err(Error::from_ret("ibv_get_cq_event", ret));
         }
         if !cq_ctx.is_null() {
-            // SAFETY: every CQ created by this crate on a channel has cq_context pointing to
-            // its live counter (the CQ cannot be destroyed before its events are acked, and
-            // we count this one now).
-            unsafe { (*cq_ctx.cast::<AtomicU32>()).fetch_add(1, Ordering::Relaxed) };
+            // SAFETY: a CQ on our channel with a non-NULL cq_context is ours (see `as_raw`),
+            // so cq_ctx is its event word; the word is freed only after ibv_destroy_cq
+            // returns, which waits for the event we hold to be acknowledged, so it is live.
+            // AcqRel: pairs with the fetch_or of `CqInner::destroy` (whichever comes second
+            // sees the other), and orders our count before the word is freed.
+            let prev = unsafe { (*cq_ctx.cast::<AtomicU64>()).fetch_add(1, Ordering::AcqRel) };
+            if prev & DYING != 0 {
+                // The CQ's destruction acknowledged what it counted before ours and waits
+                // in ibv_destroy_cq for this event: acknowledge it now. The word (and the
+                // CQ) may be freed as soon as this returns; neither is touched again.
+                // SAFETY: the CQ is live (destroy waits for this ack); we took one event.
+                unsafe { ack_cq_events(&self.inner.ctx, cq, 1) };
+            }
         }
         Ok(CqEvent { cq })
     }
@@ -265,39 +328,54 @@ pub(crate) struct CqInner {
     /// Held so the channel outlives the CQ (libibverbs: EBUSY otherwise).
     _channel: Option<Arc<ChanInner>>,
     cq: *mut ibv_cq,
-    unacked: Box<AtomicU32>,
+    /// The event word (module invariants): from `Box::leak`, freed only after a successful
+    /// destroy.
+    events: NonNull<AtomicU64>,
 }
 
 // SAFETY: CQ verbs are thread-safe; polling from several threads at once is the caller's
 // business (the datapath is single-owner), the setup layer only polls through &self
-// which libibverbs providers lock internally.
+// which libibverbs providers lock internally. The event word is only accessed atomically.
 unsafe impl Send for CqInner {}
 // SAFETY: see Send.
 unsafe impl Sync for CqInner {}
 
 impl CqInner {
+    /// The event word.
+    fn events(&self) -> &AtomicU64 {
+        // SAFETY: allocated in create_cq and freed only by `destroy` after the CQ is gone,
+        // which happens at most once, from `&mut self` (no `&self` borrow is alive then).
+        unsafe { self.events.as_ref() }
+    }
+
     fn destroy(&mut self) -> Result<()> {
         let cq = std::mem::replace(&mut self.cq, std::ptr::null_mut());
         if cq.is_null() {
             return Ok(());
         }
-        let n = self.unacked.swap(0, Ordering::Relaxed);
-        if n > 0 {
-            if let Some(ack) = self.ctx.fns().ibv_ack_cq_events {
-                // SAFETY: live CQ; n events were taken from its channel and not acked.
-                unsafe { ack(cq, n) };
-            }
-        }
+        // From here every get_cq_event for this CQ acknowledges its event itself; the ones
+        // counted before are ours to acknowledge. AcqRel: pairs with get_cq_event's
+        // fetch_add (module invariants).
+        let counted = self.events().fetch_or(DYING, Ordering::AcqRel) & !DYING;
+        // SAFETY: live CQ; `counted` events were taken for it and not acknowledged.
+        unsafe { ack_cq_events(&self.ctx, cq, counted) };
         let f = self
             .ctx
             .fns()
             .ibv_destroy_cq
             .ok_or_else(|| Error::missing("ibv_destroy_cq"))?;
         // SAFETY: cq came from this table; no QP uses it any more (they hold Arcs of us).
+        // It returns once every event taken for the CQ is acknowledged (libibverbs, softnic).
         let ret = unsafe { f(cq) };
         if ret != 0 {
+            // The CQ lives on, and with it the word its cq_context points to: leaked (as
+            // are the error paths above), never freed while the CQ may report events.
             return Err(Error::from_ret("ibv_destroy_cq", ret));
         }
+        // SAFETY: the CQ is destroyed: no new event can name the word, and every
+        // get_cq_event that counted into it is done with it (module invariants). It came
+        // from Box::leak in create_cq and is freed once (cq is now null).
+        drop(unsafe { Box::from_raw(self.events.as_ptr()) });
         Ok(())
     }
 }
@@ -420,27 +498,38 @@ impl Cq {
     /// `ibv_ack_cq_events(3)`: acknowledge `n` events taken from the channel for this CQ.
     /// Acknowledging more than were taken is clamped.
     pub fn ack_events(&self, n: u32) {
-        let prev = self
-            .inner
-            .unacked
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u - u.min(n)))
-            .unwrap_or(0);
-        let n = n.min(prev);
-        if n == 0 {
-            return;
-        }
-        if let Some(ack) = self.inner.ctx.fns().ibv_ack_cq_events {
-            // SAFETY: live CQ; n events were taken for it and not yet acked.
-            unsafe { ack(self.inner.cq, n) };
-        }
+        // DYING is never set while a Cq exists (it is set by the last one's destruction),
+        // so the word is just the count here.
+        let word = self.inner.events();
+        let mut counted = word.load(Ordering::Relaxed);
+        let n = loop {
+            let n = counted.min(n.into());
+            match word.compare_exchange_weak(
+                counted,
+                counted - n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break n,
+                Err(now) => counted = now,
+            }
+        };
+        // SAFETY: live CQ; n events were taken for it and not yet acked.
+        unsafe { ack_cq_events(&self.inner.ctx, self.inner.cq, n) };
     }
 
-    /// Events taken from the channel for this CQ and not yet acknowledged.
+    /// Events taken from the channel for this CQ and not yet acknowledged (saturated at
+    /// `u32::MAX`).
     pub fn unacked_events(&self) -> u32 {
-        self.inner.unacked.load(Ordering::Relaxed)
+        let n = self.inner.events().load(Ordering::Relaxed) & !DYING;
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// `ibv_destroy_cq(3)` now, returning its error (`EBUSY` while QPs or clones use it).
+    /// Events taken through [`CompChannel::get_cq_event`] and not acknowledged are
+    /// acknowledged first. Like the verb, it blocks while an event taken for this CQ with
+    /// the raw `ibv_get_cq_event` is unacknowledged. On failure the CQ is leaked, never
+    /// half-freed.
     pub fn destroy(self) -> Result<()> {
         let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
             Error::new("ibv_destroy_cq", libc::EBUSY)

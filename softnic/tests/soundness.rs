@@ -1,0 +1,214 @@
+//! Regression tests of the soundness review: softnic runs inside the application's process,
+//! so it must follow Rust's memory model where a real device need not.
+//!
+//! - `ibv_destroy_cq` waits for the completion events taken for the CQ to be acknowledged,
+//!   as libibverbs does (a runtime check: it returned at once before).
+//! - The counting test device keeps provenance over the whole device in the pointers it
+//!   hands out, so its `container_of` cast is sound (a miri check: Stacked Borrows stopped
+//!   at the first post before).
+//!
+//! Every test runs natively and under miri with no MIRIFLAGS:
+//! `cargo +nightly miri test -p hotverbs-softnic --test soundness`.
+
+use core::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hotverbs_ffi::*;
+use hotverbs_softnic::counting::{CountingDevice, QP_NUM};
+use hotverbs_softnic::testing::{self, ConnectAttr};
+use hotverbs_softnic::verbs_table;
+
+/// A raw pointer that may cross to a scoped thread.
+struct Shared<T>(*mut T);
+// SAFETY: softnic's verbs may be called from any thread; each test says who uses what.
+unsafe impl<T> Send for Shared<T> {}
+
+/// A context with a PD, a completion channel, a CQ on it, and an RC QP on the CQ moved to
+/// the error state, so each receive posted to it completes at once (a flush): a
+/// completion, hence an event, on demand.
+struct Events {
+    ch: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+}
+
+impl Events {
+    fn new() -> Events {
+        let f = verbs_table();
+        let (ctx, _) = testing::open_listed_device();
+        let cap = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        // SAFETY: every pointer comes from the verb before it and is live; the objects are
+        // destroyed by the tests (or kept for the process).
+        unsafe {
+            let pd = testing::alloc_pd(ctx);
+            let ch = f.ibv_create_comp_channel.unwrap()(ctx);
+            assert!(!ch.is_null());
+            let cq = f.ibv_create_cq.unwrap()(ctx, 4, null_mut(), ch, 0);
+            assert!(!cq.is_null());
+            let qp = testing::create_qp(pd, IBV_QPT_RC, cq, cq, cap, null_mut());
+            testing::qp_to_init(qp, &ConnectAttr::new(0, testing::query_gid(ctx, 1)));
+            let mut attr = ibv_qp_attr {
+                qp_state: IBV_QPS_ERR,
+                ..Default::default()
+            };
+            testing::must_modify_qp(qp, &mut attr, IBV_QP_STATE);
+            Events { ch, cq, qp }
+        }
+    }
+
+    /// Arms the CQ and completes one receive: one event on the channel.
+    fn raise(&self) {
+        let mut wr = ibv_recv_wr::default();
+        let mut bad = null_mut();
+        // SAFETY: live CQ and QP; a valid single receive WR with no SGEs.
+        unsafe {
+            assert_eq!(inline::ibv_req_notify_cq(self.cq, 0), 0);
+            assert_eq!(inline::ibv_post_recv(self.qp, &mut wr, &mut bad), 0);
+        }
+    }
+
+    /// `ibv_get_cq_event`, expecting an event for our CQ.
+    fn take(&self) {
+        let (mut cq, mut cq_ctx) = (null_mut(), null_mut());
+        // SAFETY: live channel, writable out-pointers.
+        let rc = unsafe { verbs_table().ibv_get_cq_event.unwrap()(self.ch, &mut cq, &mut cq_ctx) };
+        assert_eq!(rc, 0);
+        assert_eq!(cq, self.cq);
+    }
+
+    /// Destroys the QP (the CQ's only user).
+    fn drop_qp(&self) {
+        // SAFETY: our live QP, destroyed once.
+        assert_eq!(unsafe { verbs_table().ibv_destroy_qp.unwrap()(self.qp) }, 0);
+    }
+}
+
+/// `ibv_get_cq_event(3)`: "destroying a CQ will wait for all completion events to be
+/// acknowledged". A thread that took an event may still use the CQ (and its `cq_context`)
+/// until it acknowledges it; `ibv_destroy_cq` on another thread returns only after the ack.
+#[test]
+fn destroy_cq_waits_for_taken_events_to_be_acknowledged() {
+    let f = verbs_table();
+    let ev = Events::new();
+    ev.raise();
+    ev.take();
+    ev.drop_qp();
+    let returned = AtomicBool::new(false);
+    let cq = Shared(ev.cq);
+    std::thread::scope(|s| {
+        let destroyer = s.spawn(|| {
+            let cq = cq;
+            // SAFETY: a live CQ with no QP; destroyed once, here.
+            let rc = unsafe { f.ibv_destroy_cq.unwrap()(cq.0) };
+            returned.store(true, Ordering::SeqCst);
+            rc
+        });
+        // Long enough for a destroy that does not wait to have returned (natively).
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !returned.load(Ordering::SeqCst),
+            "ibv_destroy_cq returned while an event taken for the CQ is unacknowledged"
+        );
+        // SAFETY: the CQ is live: its destruction is waiting for this acknowledgement.
+        unsafe { f.ibv_ack_cq_events.unwrap()(ev.cq, 1) };
+        assert_eq!(destroyer.join().unwrap(), 0);
+    });
+    // SAFETY: live channel; its only CQ is gone.
+    assert_eq!(unsafe { f.ibv_destroy_comp_channel.unwrap()(ev.ch) }, 0);
+}
+
+/// Events nobody took are dropped with the CQ (as the kernel drops them from the channel):
+/// the destruction does not wait for them, and the channel no longer reports them.
+#[test]
+fn destroy_cq_drops_events_nobody_took() {
+    let f = verbs_table();
+    let ev = Events::new();
+    ev.raise();
+    ev.drop_qp();
+    // SAFETY: a live CQ with no QP and no event taken; destroyed once.
+    assert_eq!(unsafe { f.ibv_destroy_cq.unwrap()(ev.cq) }, 0);
+    let (mut cq, mut cq_ctx) = (null_mut(), null_mut());
+    // SAFETY: live channel, writable out-pointers; its fd still holds the event's byte, so
+    // this does not block.
+    let rc = unsafe { f.ibv_get_cq_event.unwrap()(ev.ch, &mut cq, &mut cq_ctx) };
+    assert_eq!(rc, -1);
+    // SAFETY: live channel; its only CQ is gone.
+    assert_eq!(unsafe { f.ibv_destroy_comp_channel.unwrap()(ev.ch) }, 0);
+}
+
+/// The counting device under the pointer discipline a datapath uses: the QP, CQ and SRQ
+/// pointers go through `ibv_post_send` / `ibv_post_recv` / `ibv_post_srq_recv` /
+/// `ibv_poll_cq` into the device's callbacks, which recover the device from
+/// `qp->context` (a `container_of` cast) while the test holds `&CountingDevice` and calls
+/// its hooks in between. Under miri (Stacked or Tree Borrows) this needs the context
+/// pointer to carry provenance over the whole device, not just its `ctx` field.
+#[test]
+fn counting_device_callbacks_keep_provenance_over_the_device() {
+    let dev = CountingDevice::new(8);
+    let d: &CountingDevice = &dev;
+    let (qp, cq, srq) = (d.qp(), d.cq(), d.srq());
+    // SAFETY: the device's own QP, as a datapath reads it.
+    unsafe {
+        assert_eq!((*qp).qp_num, QP_NUM);
+        assert_eq!((*qp).send_cq, cq);
+        assert_eq!((*qp).context, d.context());
+    }
+    d.set_loopback(true);
+    let mut recv = ibv_recv_wr {
+        wr_id: 7,
+        ..Default::default()
+    };
+    let mut bad_recv = null_mut();
+    let mut send = ibv_send_wr {
+        wr_id: 8,
+        opcode: IBV_WR_SEND,
+        send_flags: IBV_SEND_SIGNALED,
+        ..Default::default()
+    };
+    let mut bad_send = null_mut();
+    let mut wc = [ibv_wc::default(); 4];
+    // SAFETY: the device's live QP, SRQ and CQ; valid single WRs; room for 4 completions.
+    unsafe {
+        assert_eq!(inline::ibv_post_recv(qp, &mut recv, &mut bad_recv), 0);
+        assert_eq!(inline::ibv_post_send(qp, &mut send, &mut bad_send), 0);
+        // The CQ as the QP names it.
+        assert_eq!(inline::ibv_poll_cq((*qp).recv_cq, 4, wc.as_mut_ptr()), 2);
+        assert_eq!((wc[0].wr_id, wc[0].opcode), (7, IBV_WC_RECV));
+        assert_eq!((wc[1].wr_id, wc[1].opcode), (8, IBV_WC_SEND));
+        assert_eq!(inline::ibv_post_srq_recv(srq, &mut recv, &mut bad_recv), 0);
+    }
+    assert_eq!(d.posted_srq_recvs(), 1);
+    d.use_srq(true);
+    assert!(d.complete_recv(16, Some(5)));
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(inline::ibv_req_notify_cq(cq, 0), 0);
+        assert_eq!(inline::ibv_poll_cq(cq, 4, wc.as_mut_ptr()), 1);
+    }
+    assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, 16));
+    assert_eq!((d.send_wrs(), d.recv_wrs(), d.polls()), (1, 2, 2));
+    // The handle moves, through a call (the Box does, not the device): pointers taken
+    // before stay valid.
+    let moved = std::hint::black_box(dev);
+    let mut n = 0;
+    let mut post = ibv_send_wr {
+        wr_id: 9,
+        opcode: IBV_WR_RDMA_WRITE,
+        send_flags: IBV_SEND_SIGNALED,
+        ..Default::default()
+    };
+    // SAFETY: the device is alive (in `moved`) and pinned, so qp and cq still point to it.
+    unsafe {
+        assert_eq!(inline::ibv_post_send(qp, &mut post, &mut bad_send), 0);
+        n += inline::ibv_poll_cq(cq, 4, wc.as_mut_ptr());
+    }
+    assert_eq!((n, wc[0].wr_id), (1, 9));
+    assert_eq!(moved.polls(), 3);
+}

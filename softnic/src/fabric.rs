@@ -1139,7 +1139,9 @@ impl Fabric {
             // destination).
             src.clear();
             src.push(Seg {
-                // Only read (a source): the cast to *mut is for the Seg type.
+                // Only read (a source); the cast to *mut is for the Seg type. `Vec::as_ptr`
+                // makes no reference, so the pointer keeps the buffer's own provenance,
+                // which mem's atomic loads need (they may not go through a `&[u8]`).
                 ptr: e.data.as_ptr().cast_mut(),
                 len: e.data.len(),
             });
@@ -1298,9 +1300,11 @@ impl Fabric {
                     // SAFETY: as above.
                     unsafe { mem::atomic_fetch_add(p, e.compare_add) }
                 };
-                let bytes = orig.to_ne_bytes();
+                // `mut` and `as_mut_ptr`: mem reads sources with atomics, which need a
+                // pointer allowed to write (not one derived from `&[u8]`).
+                let mut bytes = orig.to_ne_bytes();
                 let s = [Seg {
-                    ptr: bytes.as_ptr().cast_mut(),
+                    ptr: bytes.as_mut_ptr(),
                     len: 8,
                 }];
                 // SAFETY: src is the checked local SGE (>= 8 bytes); `s` is a live local.
@@ -1404,9 +1408,10 @@ impl Fabric {
                     status = IBV_WC_LOC_LEN_ERR;
                 } else {
                     if ud {
-                        let grh = self.grh_bytes(src_qpn, pi, len);
+                        // `as_mut_ptr`: see the atomics' result bytes in execute_inner.
+                        let mut grh = self.grh_bytes(src_qpn, pi, len);
                         let s = [Seg {
-                            ptr: grh.as_ptr().cast_mut(),
+                            ptr: grh.as_mut_ptr(),
                             len: GRH_LEN,
                         }];
                         // SAFETY: dst resolved and checked to hold hdr + len bytes.

@@ -27,8 +27,12 @@
 //! [`Mr::as_slice`]/[`Mr::as_mut_slice`] return an error for it, and the copy helpers
 //! ([`Mr::read_into`], [`Mr::write_from`], [`Mr::read_u64`], [`Mr::write_u64`]) access it
 //! with atomic loads and stores instead, so a concurrent peer write gives a mix of old and
-//! new bytes, never a data race in our code (the device side is DMA, or softnic's `memmove`
-//! standing in for it). `REMOTE_READ` alone keeps the slices: a peer's read never changes
+//! new bytes, never a data race in our code (the device side is DMA, or softnic's copies
+//! standing in for it). Racing atomics must have equal sizes at equal addresses, so both
+//! sides follow one rule that depends on the MR's bounds only: every 8-byte-aligned word
+//! wholly inside the registered memory is one `AtomicU64` (a copy covering part of it loads
+//! the word, or merges its bytes with a compare-exchange), the ragged bytes at the MR's
+//! ends are `AtomicU8`s. `REMOTE_READ` alone keeps the slices: a peer's read never changes
 //! the memory; while we write through `as_mut_slice`, a concurrent RDMA READ may return a
 //! mix of old and new bytes, as with any NIC — ordering the two is the protocol's job
 //! (write, then tell the peer with a message).
@@ -664,8 +668,8 @@ impl<'a> Mr<'a> {
         }
     }
 
-    /// Copies `out.len()` bytes at `offset` into `out`, with relaxed atomic loads (8 bytes
-    /// at a time where aligned): safe on every MR, even while a peer writes it — then the
+    /// Copies `out.len()` bytes at `offset` into `out`, with relaxed atomic loads (whole
+    /// 8-byte words of the MR, see the module docs): safe on every MR, even while a peer writes it — then the
     /// copy may mix old and new bytes. To see a peer's data whole, read after the
     /// completion or message that says it has landed.
     ///
@@ -689,17 +693,21 @@ impl<'a> Mr<'a> {
         self.check_range("Mr::read_into", offset, out.len())?;
         let mut i = 0;
         while i < out.len() {
-            // SAFETY: offset + i < len (checked above), so p is inside the registered memory.
-            let p = unsafe { self.addr.add(offset + i) };
-            if p as usize % 8 == 0 && out.len() - i >= 8 {
-                // SAFETY: p is 8-aligned, in bounds for 8 bytes and valid for the MR's
-                // lifetime; atomic access tolerates concurrent peer and reader access.
-                let v = unsafe { AtomicU64::from_ptr(p.cast()) }.load(Ordering::Relaxed);
-                out[i..i + 8].copy_from_slice(&v.to_ne_bytes());
-                i += 8;
+            let (unit, len) = self.unit_at(offset + i);
+            if len == 8 {
+                // SAFETY: `unit` is an 8-aligned word wholly inside the registered memory
+                // (unit_at), valid for the MR's lifetime; atomic access of the size the
+                // device side uses tolerates concurrent peer writes (module docs).
+                let v = unsafe { AtomicU64::from_ptr(self.addr.add(unit).cast()) }
+                    .load(Ordering::Relaxed)
+                    .to_ne_bytes();
+                let from = offset + i - unit;
+                let n = (8 - from).min(out.len() - i);
+                out[i..i + n].copy_from_slice(&v[from..from + n]);
+                i += n;
             } else {
-                // SAFETY: p is in bounds and valid; u8 atomics need no alignment.
-                out[i] = unsafe { AtomicU8::from_ptr(p) }.load(Ordering::Relaxed);
+                // SAFETY: a byte inside the registered memory; u8 atomics need no alignment.
+                out[i] = unsafe { AtomicU8::from_ptr(self.addr.add(unit)) }.load(Ordering::Relaxed);
                 i += 1;
             }
         }
@@ -716,8 +724,9 @@ impl<'a> Mr<'a> {
         Ok(v)
     }
 
-    /// Copies `data` to `offset` with relaxed atomic stores (8 bytes at a time where
-    /// aligned): safe on every MR, even while a peer reads or writes it (the bytes then
+    /// Copies `data` to `offset` with relaxed atomic stores (whole 8-byte words of the MR;
+    /// a partly covered word is merged with a compare-exchange, see the module docs): safe
+    /// on every MR, even while a peer reads or writes it (the bytes then
     /// interleave). Needs `&mut self` so it never overlaps a slice from
     /// [`as_slice`](Self::as_slice). Publish the data to the peer with a later send or
     /// completion, as usual.
@@ -728,23 +737,60 @@ impl<'a> Mr<'a> {
         self.check_range("Mr::write_from", offset, data.len())?;
         let mut i = 0;
         while i < data.len() {
-            // SAFETY: offset + i < len (checked above), so p is inside the registered memory.
-            let p = unsafe { self.addr.add(offset + i) };
-            if p as usize % 8 == 0 && data.len() - i >= 8 {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&data[i..i + 8]);
-                // SAFETY: p is 8-aligned, in bounds for 8 bytes and valid for the MR's
-                // lifetime; atomic access tolerates concurrent peer access.
-                unsafe { AtomicU64::from_ptr(p.cast()) }
-                    .store(u64::from_ne_bytes(w), Ordering::Relaxed);
-                i += 8;
+            let (unit, len) = self.unit_at(offset + i);
+            if len == 8 {
+                let from = offset + i - unit;
+                let n = (8 - from).min(data.len() - i);
+                // SAFETY: as in read_into.
+                let w = unsafe { AtomicU64::from_ptr(self.addr.add(unit).cast()) };
+                if n == 8 {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&data[i..i + 8]);
+                    w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+                } else {
+                    // Part of a word: merge, so a concurrent writer of the word's other
+                    // bytes (a peer's RDMA WRITE) is never overwritten with stale bytes.
+                    let mut cur = w.load(Ordering::Relaxed);
+                    loop {
+                        let mut b = cur.to_ne_bytes();
+                        b[from..from + n].copy_from_slice(&data[i..i + n]);
+                        match w.compare_exchange_weak(
+                            cur,
+                            u64::from_ne_bytes(b),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        ) {
+                            Ok(_) => break,
+                            Err(now) => cur = now,
+                        }
+                    }
+                }
+                i += n;
             } else {
-                // SAFETY: p is in bounds and valid; u8 atomics need no alignment.
-                unsafe { AtomicU8::from_ptr(p) }.store(data[i], Ordering::Relaxed);
+                // SAFETY: as in read_into.
+                unsafe { AtomicU8::from_ptr(self.addr.add(unit)) }
+                    .store(data[i], Ordering::Relaxed);
                 i += 1;
             }
         }
         Ok(())
+    }
+
+    /// The access unit for byte `off` of the MR: `(word offset, 8)` when the 8-aligned
+    /// word holding it lies wholly inside the registered memory, else `(off, 1)`. The one
+    /// rule of the project for memory a device may write while we read it (softnic's
+    /// copies use it too, see the module docs): it depends on the MR's bounds only, never
+    /// on the range one copy covers, so the application and the device always meet with
+    /// atomics of equal size at equal addresses.
+    #[inline]
+    fn unit_at(&self, off: usize) -> (usize, usize) {
+        let base = self.addr as usize;
+        let word = (base + off) & !7;
+        if word >= base && word + 8 <= base + self.len {
+            (word - base, 8)
+        } else {
+            (off, 1)
+        }
     }
 
     fn check_u64(&self, what: &'static str, offset: usize) -> Result<*mut u64> {

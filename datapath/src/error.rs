@@ -207,6 +207,9 @@ pub enum SendError {
     NotInline,
     /// The post verb refused part of the chain.
     Post(PostError),
+    /// A setting the ring refused (e.g. [`ConfigError::UdDest`] from
+    /// [`SendRing::set_ud_dest`](crate::SendRing::set_ud_dest)).
+    Config(ConfigError),
 }
 
 impl fmt::Display for SendError {
@@ -220,6 +223,7 @@ impl fmt::Display for SendError {
             Self::NoRemote => write!(f, "RDMA/atomic operation on a ring without a remote buffer (configure SendConfig::remote)"),
             Self::NotInline => write!(f, "zero-copy payload given to a safe method: use the unsafe SendRing::stage"),
             Self::Post(e) => e.fmt(f),
+            Self::Config(e) => e.fmt(f),
         }
     }
 }
@@ -245,6 +249,9 @@ pub enum ConfigError {
     Slots,
     /// A NULL QP, CQ or SRQ pointer.
     Null,
+    /// A UD QP without a UD destination, or one whose AH is NULL or of another device
+    /// context (the provider reads the AH as its own type while posting).
+    UdDest,
 }
 
 impl fmt::Display for ConfigError {
@@ -262,6 +269,9 @@ impl fmt::Display for ConfigError {
                 "receive slots: slot_len > 0, count <= N and count * slot_len <= region length"
             }
             Self::Null => "NULL QP/CQ/SRQ pointer",
+            Self::UdDest => {
+                "a UD QP needs SendConfig::ud with a live AH of the QP's device context"
+            }
         })
     }
 }

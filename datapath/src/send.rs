@@ -378,6 +378,14 @@ impl<const N: usize> SendRing<N> {
         if cfg.remote.is_some() && cfg.ud.is_some() {
             return Err(ConfigError::RemoteAndUd);
         }
+        // SAFETY: a live QP (the caller's contract).
+        if unsafe { (*qp).qp_type } == IBV_QPT_UD {
+            match cfg.ud {
+                // SAFETY: a non-NULL AH is live (the caller's contract); the QP is live.
+                Some(ud) if !ud.ah.is_null() && unsafe { (*ud.ah).context == (*qp).context } => {}
+                _ => return Err(ConfigError::UdDest),
+            }
+        }
         // SAFETY: a live QP (the caller's contract); qp_num is set at creation.
         let qp_num = unsafe { (*qp).qp_num };
         let p = slot.as_mut_ptr();
@@ -910,6 +918,10 @@ impl<const N: usize> SendRing<N> {
     pub unsafe fn set_ud_dest(&mut self, dest: UdDest) -> Result<(), SendError> {
         if self.st.has_remote {
             return Err(SendError::NoRemote);
+        }
+        // SAFETY: the QP is live (new's contract), a non-NULL AH too (this fn's contract).
+        if dest.ah.is_null() || unsafe { (*dest.ah).context != (*self.st.qp).context } {
+            return Err(SendError::Config(ConfigError::UdDest));
         }
         self.flush()?;
         let wrs = self.wrs_ptr();

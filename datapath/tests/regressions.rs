@@ -604,3 +604,26 @@ fn a_new_split_retires_the_old_counters() {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.sync(&old)));
     assert!(r.is_err(), "counters of an earlier split accepted");
 }
+
+/// Soundness review: a ring on a UD QP without a destination posted `ah = NULL`, which
+/// rxe and mlx5 dereference while posting. Now refused at construction (and a NULL AH in
+/// `set_ud_dest`).
+#[test]
+fn a_ud_ring_needs_a_destination() {
+    use hotverbs::{Context, QpBuilder, QpType};
+    let ctx = Context::open("softnic").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let ud = QpBuilder::new(&pd, &cq, &cq, QpType::Ud).build().unwrap();
+    // SAFETY: live QP; the attempts are refused (asserted).
+    let r = unsafe { SendRing::<8>::new(ud.as_raw(), SendConfig::new(1, 8, 0)) };
+    assert_eq!(r.err(), Some(ConfigError::UdDest));
+    let null = UdDest {
+        ah: core::ptr::null_mut(),
+        remote_qpn: 1,
+        remote_qkey: 1,
+    };
+    // SAFETY: as above.
+    let r = unsafe { SendRing::<8>::new(ud.as_raw(), SendConfig::new(1, 8, 0).ud(null)) };
+    assert_eq!(r.err(), Some(ConfigError::UdDest));
+}

@@ -588,6 +588,15 @@ impl CmId {
             .fns
             .rdma_create_qp
             .ok_or_else(|| Error::missing("rdma_create_qp"))?;
+        // SAFETY: live ID.
+        let verbs = unsafe { (*self.id).verbs };
+        if [pd.context(), send_cq.context(), recv_cq.context()]
+            .iter()
+            .any(|c| c.as_raw() != verbs)
+        {
+            return Err(Error::new("rdma_create_qp", libc::EINVAL)
+                .with_hint("the PD and CQs must be of this ID's device context (CmId::context)"));
+        }
         let mut init = ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.as_raw(),

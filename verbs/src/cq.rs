@@ -195,6 +195,12 @@ impl Context {
             .fns()
             .ibv_create_cq
             .ok_or_else(|| Error::missing("ibv_create_cq"))?;
+        if let Some(c) = channel {
+            if c.inner.ctx.as_raw() != self.as_raw() {
+                return Err(Error::new("ibv_create_cq", libc::EINVAL)
+                    .with_hint("the completion channel belongs to another device context"));
+            }
+        }
         // The event word, at its final address before the CQ can see it (module invariants).
         let events = NonNull::from(Box::leak(Box::new(AtomicU64::new(0))));
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
@@ -233,11 +239,12 @@ impl CompChannel {
 
     /// The raw `ibv_comp_channel`.
     ///
-    /// # Safety contract for users of the pointer
+    /// # Safety
     /// A CQ created on it outside this crate must have a NULL `cq_context`:
     /// [`get_cq_event`](Self::get_cq_event) treats a non-NULL one as this crate's event
-    /// word.
-    pub fn as_raw(&self) -> *mut ibv_comp_channel {
+    /// word and updates it atomically. (Getting the pointer is harmless; the contract is
+    /// what makes handing it to `ibv_create_cq` yourself sound.)
+    pub unsafe fn as_raw(&self) -> *mut ibv_comp_channel {
         self.inner.ch
     }
 

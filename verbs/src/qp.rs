@@ -287,6 +287,17 @@ impl<'a> QpBuilder<'a> {
     /// The verb's error with a hint naming the device limit a cap exceeds.
     pub fn build(self) -> Result<Qp> {
         let ctx = self.pd.context();
+        // A provider casts every object it is handed to its own type: objects of another
+        // context (softnic's next to a NIC's, two NICs) would be misread.
+        let foreign = self.send_cq.context().as_raw() != ctx.as_raw()
+            || self.recv_cq.context().as_raw() != ctx.as_raw()
+            || self
+                .srq
+                .is_some_and(|s| s.pd().context().as_raw() != ctx.as_raw());
+        if foreign {
+            return Err(Error::new("ibv_create_qp", libc::EINVAL)
+                .with_hint("the PD, CQs and SRQ must all belong to one device context (Context)"));
+        }
         let f = ctx
             .fns()
             .ibv_create_qp
@@ -1181,13 +1192,21 @@ impl Qp {
     /// `ibv_post_send(3)` of one work request (setup-side posting for tests, examples
     /// and warm-up; the hot path is the datapath crate).
     ///
+    /// Checked before the provider sees the WR (each `EINVAL` with a hint): `INLINE` only on
+    /// SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM (providers ignore it on
+    /// READ and atomics and write the result into the SGE later, so an "inline" READ would
+    /// not be done when the call returns); a UD QP needs [`SendWr::ud`] and only a UD QP
+    /// takes one; the AH is of this QP's PD (a provider reads it as its own type).
+    ///
     /// # Safety
     /// The memory every SGE describes must stay registered, valid and not be written
     /// (for sends/writes) or accessed at all (for reads/atomics, whose results land there)
-    /// by Rust code until the WR's completion is polled or the QP is flushed/destroyed —
-    /// except with [`SendWr::inline`], where the data is copied during the call. The same
-    /// holds for the remote window on the peer's side.
+    /// by Rust code until the WR's completion (possibly a flush completion) is polled or the
+    /// QP has been reset or destroyed — except with [`SendWr::inline`] (SENDs and WRITEs
+    /// only, checked), where the data is copied during the call. The same holds for the
+    /// remote window on the peer's side. The AH of a UD WR is only read during the call.
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.check_send_wr(wr)?;
         let mut sges: Vec<ibv_sge> = wr.sges.iter().map(|&s| s.into()).collect();
         // SAFETY: plain C data.
         let mut raw: ibv_send_wr = unsafe { zeroed() };
@@ -1251,6 +1270,33 @@ impl Qp {
                     ))
                 }
             }));
+        }
+        Ok(())
+    }
+
+    fn check_send_wr(&self, wr: &SendWr<'_>) -> Result<()> {
+        use hotverbs_ffi::{
+            IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
+        };
+        let bad =
+            |hint: &'static str| Err(Error::new("ibv_post_send", libc::EINVAL).with_hint(hint));
+        let carries_data = matches!(
+            wr.opcode,
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+        );
+        if wr.flags.contains(SendFlags::INLINE) && !carries_data {
+            return bad(
+                "INLINE applies to SEND and RDMA WRITE only: READ and atomic results \
+                        land in the SGE after the call",
+            );
+        }
+        match (wr.kind, self.qp_type) {
+            (WrKind::Ud { ah, .. }, QpType::Ud) if ah.pd().as_raw() != self.pd.as_raw() => {
+                return bad("the address handle belongs to another PD than the QP")
+            }
+            (WrKind::Ud { .. }, _) => return bad("an address handle is for UD QPs only"),
+            (_, QpType::Ud) => return bad("a UD QP needs SendWr::ud (address handle, QPN, Q_Key)"),
+            _ => {}
         }
         Ok(())
     }

@@ -79,7 +79,9 @@
 //! - `ibv_create_ah(3)`: RoCE needs a GRH: is_global 0 -> EINVAL, sgid_index beyond the
 //!   table -> ENODATA (rxe S18).
 //! - `ibv_dealloc_pd` EBUSY while MRs/QPs/SRQs/AHs use it; `ibv_destroy_cq` EBUSY while a
-//!   QP uses it; `ibv_destroy_srq` EBUSY while a QP uses it; `ibv_destroy_comp_channel`
+//!   QP uses it, and otherwise (as libibverbs' `ibv_destroy_cq(3)`) drops the channel events
+//!   nobody has taken yet and blocks until every event handed out by `ibv_get_cq_event` was
+//!   acknowledged with `ibv_ack_cq_events`; `ibv_destroy_srq` EBUSY while a QP uses it; `ibv_destroy_comp_channel`
 //!   EBUSY while a CQ uses it (rxe S21, man pages). `ibv_close_device` with live objects
 //!   returns 0 and keeps the context (memory and fds) alive so they stay usable and can
 //!   still be destroyed; libibverbs does not check either.

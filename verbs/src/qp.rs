@@ -1368,7 +1368,9 @@ impl Qp {
     /// the QP is reset ([`reset`](Self::reset) or a raw `modify` to RESET) or destroyed,
     /// [`Mr::as_slice`]/[`Mr::as_mut_slice`] refuse it (`EBUSY`), because posted receives
     /// stay posted whatever happens to the code that posted them — a dropped receive ring
-    /// does not take them back, and the NIC writes the next incoming message there.
+    /// does not take them back, and the NIC writes the next incoming message there. A ring
+    /// that is still alive after the reset may post into the region again: reset (or drop)
+    /// it before reading the region through a slice.
     ///
     /// # Example
     /// ```

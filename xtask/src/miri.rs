@@ -76,6 +76,36 @@ const MIRI_TESTS: &[MiriTest] = &[
         why: "items 3, 4: foreign completions and counters; split mode",
     },
     MiriTest {
+        package: "hotverbs-softnic",
+        target: "soundness",
+        tests: &[
+            "destroy_cq_waits_for_taken_events_to_be_acknowledged",
+            "destroy_cq_drops_events_nobody_took",
+            "counting_device_callbacks_keep_provenance_over_the_device",
+            "device_copies_into_application_memory",
+        ],
+        models: Models::Both,
+        why: "items 6, 7, 8: CQ destroy vs events, counting-device provenance, softnic's copies",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "cq_events",
+        tests: &[
+            "events_count_into_a_word_that_does_not_move_with_the_cq",
+            "last_cq_dropped_while_another_thread_takes_its_event",
+            "a_failed_destroy_leaves_the_word_to_the_living_cq",
+        ],
+        models: Models::Both,
+        why: "item 6: the CQ event word, its destroy and a racing get_cq_event",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "mr_soundness",
+        tests: &["read_into_races_inline_rdma_writes", "write_from_races_rdma_reads"],
+        models: Models::Both,
+        why: "item 7: Mr's atomic copies racing softnic's remote writes and reads",
+    },
+    MiriTest {
         package: "hotverbs",
         target: "leases",
         tests: &[

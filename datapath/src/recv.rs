@@ -75,6 +75,23 @@ impl RecvConfig {
         self.repost_batch = b;
         self
     }
+
+    /// The same configuration with another ring id (a setup layer that hands out ring ids
+    /// per CQ sets it).
+    pub const fn with_ring_id(mut self, ring_id: u8) -> Self {
+        self.ring_id = ring_id;
+        self
+    }
+
+    /// Bytes the slots need: `count * slot_len`.
+    pub const fn region_len(&self) -> u64 {
+        self.count as u64 * self.slot_len as u64
+    }
+
+    /// The number of slots.
+    pub const fn count_of(&self) -> u32 {
+        self.count
+    }
 }
 
 /// A message received in place; give it back with [`RecvRing::release`].

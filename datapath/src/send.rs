@@ -227,6 +227,28 @@ impl SendConfig {
         self.ud = Some(dest);
         self
     }
+
+    /// The same configuration with another ring id (a setup layer that hands out ring ids
+    /// per CQ sets it).
+    pub const fn with_ring_id(mut self, ring_id: u8) -> Self {
+        self.ring_id = ring_id;
+        self
+    }
+
+    /// The maximum number of outstanding WRs.
+    pub const fn depth_of(&self) -> u32 {
+        self.depth
+    }
+
+    /// The inline limit.
+    pub const fn max_inline_of(&self) -> u32 {
+        self.max_inline
+    }
+
+    /// The UD destination, if any.
+    pub const fn ud_dest(&self) -> Option<UdDest> {
+        self.ud
+    }
 }
 
 /// Counters and settings, kept apart from the WR arrays so the per-message path touches

@@ -26,7 +26,7 @@
 //! # Lifetimes
 //! Objects hold their parents (`Arc`s inside): a PD lives until its MRs, QPs, SRQs and AHs
 //! are gone, a CQ until its QPs are, a context until everything made from it is. Dropping
-//! destroys; a destroy that fails in `Drop` is printed and recorded
+//! destroys; a destroy that fails in `Drop` is logged (`log::warn!`) and recorded
 //! ([`take_drop_errors`]). Each type also has `destroy(self) -> Result<()>`, which returns
 //! the verb's error — or `EBUSY` while children still hold the object.
 //!
@@ -71,6 +71,7 @@
 #![deny(missing_docs)]
 
 mod ah;
+mod bridge;
 pub mod cm;
 mod cq;
 mod device;
@@ -83,7 +84,18 @@ mod srq;
 pub mod testing;
 
 pub use ah::{Ah, AhAttr};
-pub use cq::{async_event_name, AsyncElement, AsyncEvent, CompChannel, Cq, CqEvent, Wc};
+pub use bridge::{CqPoller, RecvRing, SendRing};
+/// The datapath crate (`no_std` rings and poller), re-exported for its message and
+/// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`] and
+/// [`Cq::poller`].
+pub use hotverbs_datapath as datapath;
+pub use hotverbs_datapath::{
+    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Received,
+    RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
+};
+pub use cq::{
+    async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqEvent, Wc,
+};
 pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
     GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC,

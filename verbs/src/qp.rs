@@ -7,7 +7,7 @@
 //! a hint source (the device's answer to `ibv_query_qp` is authoritative).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
@@ -286,6 +286,36 @@ impl<'a> QpBuilder<'a> {
     /// # Errors
     /// The verb's error with a hint naming the device limit a cap exceeds.
     pub fn build(self) -> Result<Qp> {
+        let f = self
+            .pd
+            .context()
+            .fns()
+            .ibv_create_qp
+            .ok_or_else(|| Error::missing("ibv_create_qp"))?;
+        self.build_with("ibv_create_qp", QpDestroy::Verbs, |pd, init| {
+            // SAFETY: live PD and CQs/SRQ of the same context (checked by build_with); init
+            // is valid and writable (the provider writes the actual caps back).
+            let qp = unsafe { f(pd, init) };
+            if qp.is_null() {
+                Err(hotverbs_ffi::errno())
+            } else {
+                Ok(qp)
+            }
+        })
+    }
+
+    /// The QP of this builder, created by `create` (`ibv_create_qp`, or rdma_cm's
+    /// `rdma_create_qp`, which makes it on an ID) and destroyed by `destroy`. `create` gets
+    /// the PD and the init attributes and returns the QP or the errno.
+    pub(crate) fn build_with(
+        self,
+        verb: &'static str,
+        destroy: QpDestroy,
+        create: impl FnOnce(
+            *mut hotverbs_ffi::ibv_pd,
+            &mut ibv_qp_init_attr,
+        ) -> std::result::Result<*mut ibv_qp, i32>,
+    ) -> Result<Qp> {
         let ctx = self.pd.context();
         // A provider casts every object it is handed to its own type: objects of another
         // context (softnic's next to a NIC's, two NICs) would be misread.
@@ -295,13 +325,9 @@ impl<'a> QpBuilder<'a> {
                 .srq
                 .is_some_and(|s| s.pd().context().as_raw() != ctx.as_raw());
         if foreign {
-            return Err(Error::new("ibv_create_qp", libc::EINVAL)
+            return Err(Error::new(verb, libc::EINVAL)
                 .with_hint("the PD, CQs and SRQ must all belong to one device context (Context)"));
         }
-        let f = ctx
-            .fns()
-            .ibv_create_qp
-            .ok_or_else(|| Error::missing("ibv_create_qp"))?;
         let mut cap = self.cap;
         if self.srq.is_some() {
             cap.max_recv_wr = 0;
@@ -316,15 +342,16 @@ impl<'a> QpBuilder<'a> {
             qp_type: self.qp_type.raw(),
             sq_sig_all: self.sq_sig_all as i32,
         };
-        // SAFETY: live PD and CQs/SRQ of the same context; init is valid and writable (the
-        // provider writes the actual caps back).
-        let qp = unsafe { f(self.pd.as_raw(), &mut init) };
-        if qp.is_null() {
-            let e = Error::from_errno("ibv_create_qp");
-            return Err(e.or_hint(|| self.cap_hint()));
-        }
+        let qp = match create(self.pd.as_raw(), &mut init) {
+            Ok(qp) => qp,
+            Err(errno) => return Err(Error::new(verb, errno).or_hint(|| self.cap_hint())),
+        };
         Ok(Qp {
             qp,
+            destroy,
+            sq_sig_all: self.sq_sig_all,
+            sq_taken: AtomicBool::new(false),
+            rq_taken: AtomicBool::new(false),
             qp_type: self.qp_type,
             cap: init.cap,
             pd: self.pd.clone(),
@@ -335,6 +362,7 @@ impl<'a> QpBuilder<'a> {
             port: AtomicU8::new(0),
             local_psn: random_psn(),
             leases: Mutex::new(Vec::new()),
+            reservations: Mutex::new(Vec::new()),
         })
     }
 
@@ -723,6 +751,14 @@ impl fmt::Debug for QpAttr {
 /// `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`
 pub struct Qp {
     qp: *mut ibv_qp,
+    /// How the QP is destroyed (its own verb, or rdma_cm's on the ID that made it).
+    destroy: QpDestroy,
+    /// Created with `sq_sig_all` (every send WR signaled).
+    sq_sig_all: bool,
+    /// The send queue was handed out ([`Qp::take_send_queue`]): one ring per SQ.
+    sq_taken: AtomicBool,
+    /// The receive queue was handed out ([`Qp::take_recv_queue`]).
+    rq_taken: AtomicBool,
     qp_type: QpType,
     cap: hotverbs_ffi::ibv_qp_cap,
     pd: Pd,
@@ -734,6 +770,9 @@ pub struct Qp {
     local_psn: u32,
     /// Receive leases ([`Qp::lease_recv`]), released by a reset or the destroy.
     leases: Mutex<Vec<Lease>>,
+    /// The bridge rings' claims on the CQs (ids, reserved completions), released by the
+    /// destroy: completions of the QP's WRs can arrive until then.
+    reservations: Mutex<Vec<crate::bridge::RingReservation>>,
 }
 
 // SAFETY: QP verbs are thread-safe; the struct holds only identifiers and atomics.
@@ -1340,20 +1379,61 @@ impl Qp {
         if qp.is_null() {
             return Ok(());
         }
-        let f = self
-            .pd
-            .context()
-            .fns()
-            .ibv_destroy_qp
-            .ok_or_else(|| Error::missing("ibv_destroy_qp"))?;
-        // SAFETY: qp came from this table and is destroyed once.
-        let ret = unsafe { f(qp) };
-        if ret != 0 {
-            // The QP may live on with its receives: its leases stay held for good.
-            return Err(Error::from_ret("ibv_destroy_qp", ret));
+        match self.destroy {
+            QpDestroy::Verbs => {
+                let f = self
+                    .pd
+                    .context()
+                    .fns()
+                    .ibv_destroy_qp
+                    .ok_or_else(|| Error::missing("ibv_destroy_qp"))?;
+                // SAFETY: qp came from this table and is destroyed once.
+                let ret = unsafe { f(qp) };
+                if ret != 0 {
+                    // The QP may live on with its receives: its leases stay held for good.
+                    return Err(Error::from_ret("ibv_destroy_qp", ret));
+                }
+            }
+            QpDestroy::RdmaCm { id, destroy_qp } => {
+                // SAFETY: the QP was made by rdma_create_qp on `id`, which outlives it (the
+                // CmId destroys its QP before itself), and is destroyed once.
+                unsafe { destroy_qp(id) };
+            }
         }
         self.release_leases();
+        let reservations = std::mem::take(
+            &mut *self
+                .reservations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for r in reservations {
+            r.release();
+        }
         Ok(())
+    }
+
+    /// Created with `sq_sig_all`?
+    pub(crate) fn sq_sig_all(&self) -> bool {
+        self.sq_sig_all
+    }
+
+    /// The send queue's "handed out" flag (the bridge).
+    pub(crate) fn sq_taken(&self) -> &AtomicBool {
+        &self.sq_taken
+    }
+
+    /// The receive queue's "handed out" flag (the bridge).
+    pub(crate) fn rq_taken(&self) -> &AtomicBool {
+        &self.rq_taken
+    }
+
+    /// Keeps a bridge ring's claim on a CQ until the QP is destroyed.
+    pub(crate) fn keep_reservation(&self, r: crate::bridge::RingReservation) {
+        self.reservations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
     }
 
     fn release_leases(&self) {
@@ -1415,6 +1495,18 @@ impl Drop for Qp {
             record_drop_error(e);
         }
     }
+}
+
+/// How a [`Qp`] is destroyed.
+#[derive(Clone, Copy)]
+pub(crate) enum QpDestroy {
+    /// `ibv_destroy_qp(3)`.
+    Verbs,
+    /// `rdma_destroy_qp(3)` on the ID that made it (it returns nothing).
+    RdmaCm {
+        id: *mut hotverbs_ffi::rdma_cm_id,
+        destroy_qp: unsafe extern "C" fn(*mut hotverbs_ffi::rdma_cm_id),
+    },
 }
 
 #[derive(Clone, Copy)]

@@ -461,7 +461,8 @@ impl Qp {
         // even after the ring is dropped, and the memory itself lives as long as its
         // registration: Mr<'static>); completions come only from CqPoller; the ring id is
         // unique on the CQ.
-        match unsafe { dp::RecvRing::new(RecvTarget::Qp(self.as_raw()), buf, cfg.with_ring_id(id)) } {
+        match unsafe { dp::RecvRing::new(RecvTarget::Qp(self.as_raw()), buf, cfg.with_ring_id(id)) }
+        {
             Ok(ring) => {
                 self.keep_reservation(RingReservation {
                     cq: cq.clone(),

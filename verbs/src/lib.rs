@@ -85,14 +85,6 @@ pub mod testing;
 
 pub use ah::{Ah, AhAttr};
 pub use bridge::{CqPoller, RecvRing, SendRing};
-/// The datapath crate (`no_std` rings and poller), re-exported for its message and
-/// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`] and
-/// [`Cq::poller`].
-pub use hotverbs_datapath as datapath;
-pub use hotverbs_datapath::{
-    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Received,
-    RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
-};
 pub use cq::{
     async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqEvent, Wc,
 };
@@ -102,6 +94,14 @@ pub use device::{
 };
 pub use error::{take_drop_errors, Error, Result};
 pub use exchange::{Endpoint, ExchangeError};
+/// The datapath crate (`no_std` rings and poller), re-exported for its message and
+/// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`] and
+/// [`Cq::poller`].
+pub use hotverbs_datapath as datapath;
+pub use hotverbs_datapath::{
+    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Received,
+    RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
+};
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
 pub use hotverbs_softnic::Config as SoftnicConfig;

@@ -1401,12 +1401,8 @@ impl Qp {
             }
         }
         self.release_leases();
-        let reservations = std::mem::take(
-            &mut *self
-                .reservations
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let reservations =
+            std::mem::take(&mut *self.reservations.lock().unwrap_or_else(|e| e.into_inner()));
         for r in reservations {
             r.release();
         }

@@ -51,7 +51,11 @@ fn inline_traffic_end_to_end_without_unsafe() {
     let mut rx = b
         .recv_ring::<64>(&region, 0, RecvConfig::new(0, 64, 64))
         .unwrap();
-    assert_ne!(tx.ring_id(), rx.ring_id(), "ids assigned per CQ never collide");
+    assert_ne!(
+        tx.ring_id(),
+        rx.ring_id(),
+        "ids assigned per CQ never collide"
+    );
     rx.fill().unwrap();
     let mut poller = s.cq.poller::<32>().unwrap();
     let mut sent = 0u32;
@@ -170,7 +174,9 @@ fn rings_check_what_the_raw_contracts_assume() {
     );
     // A refused ring leaves the queue free.
     let _ok = small.send_ring::<8>(SendConfig::new(0, 8, 16)).unwrap();
-    let ud = QpBuilder::new(&s.pd, &s.cq, &s.cq, QpType::Ud).build().unwrap();
+    let ud = QpBuilder::new(&s.pd, &s.cq, &s.cq, QpType::Ud)
+        .build()
+        .unwrap();
     errno(
         ud.send_ring::<8>(SendConfig::new(0, 8, 0)),
         "SendRing",
@@ -203,9 +209,8 @@ fn ud_ring_sends_to_its_address_handle() {
         .recv_ring::<8>(&region, 0, RecvConfig::new(0, 1100, 8))
         .unwrap();
     rx.fill().unwrap();
-    let ah = s
-        .pd
-        .create_ah(&AhAttr::gid(
+    let ah =
+        s.pd.create_ah(&AhAttr::gid(
             port.gid,
             port.gid_index.unwrap_or(0) as u8,
             port.port,
@@ -213,7 +218,12 @@ fn ud_ring_sends_to_its_address_handle() {
         .unwrap();
     let qkey = b.query().unwrap().qkey();
     let mut tx = a
-        .send_ring_ud::<8>(&ah, b.qp_num(), qkey, SendConfig::new(0, 8, 64).signal_every(1))
+        .send_ring_ud::<8>(
+            &ah,
+            b.qp_num(),
+            qkey,
+            SendConfig::new(0, 8, 64).signal_every(1),
+        )
         .unwrap();
     tx.send_now(Msg::send(Local::Inline(b"datagram"))).unwrap();
     let mut poller = s.cq.poller::<8>().unwrap();
@@ -224,7 +234,11 @@ fn ud_ring_sends_to_its_address_handle() {
                 assert_eq!(tx.on_completion(c), Ok(1));
             } else {
                 let m = rx.on_completion(c).unwrap();
-                assert_eq!(&rx.data(&m).unwrap()[40..], b"datagram", "after the 40-byte GRH");
+                assert_eq!(
+                    &rx.data(&m).unwrap()[40..],
+                    b"datagram",
+                    "after the 40-byte GRH"
+                );
                 rx.release(m).unwrap();
             }
             seen += 1;

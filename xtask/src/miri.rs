@@ -101,7 +101,10 @@ const MIRI_TESTS: &[MiriTest] = &[
     MiriTest {
         package: "hotverbs",
         target: "mr_soundness",
-        tests: &["read_into_races_inline_rdma_writes", "write_from_races_rdma_reads"],
+        tests: &[
+            "read_into_races_inline_rdma_writes",
+            "write_from_races_rdma_reads",
+        ],
         models: Models::Both,
         why: "item 7: Mr's atomic copies racing softnic's remote writes and reads",
     },

@@ -526,16 +526,10 @@ impl Fabric {
     }
 
     /// Resolves `[addr, addr + len)` of the MR named by `key` in PD `pd` to host memory,
-    /// requiring the `need` access bits. The pointer is derived from the one the
-    /// application registered (`ibv_mr.addr`), so it carries that pointer's provenance.
-    pub(crate) fn resolve(
-        &self,
-        key: u32,
-        pd: u32,
-        addr: u64,
-        len: u64,
-        need: u32,
-    ) -> Option<*mut u8> {
+    /// requiring the `need` access bits: a segment that also carries the MR's bounds, which
+    /// decide mem's access units. The pointer is derived from the one the application
+    /// registered (`ibv_mr.addr`), so it carries that pointer's provenance over the MR.
+    pub(crate) fn resolve(&self, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> Option<Seg> {
         let mr = self.mr_by_key(key)?;
         if mr.pd != pd || mr.access & need != need {
             return None;
@@ -550,8 +544,15 @@ impl Fabric {
         let base = unsafe { (*mr.ptr.0).addr }.cast::<u8>();
         debug_assert_eq!(base.addr(), mr.addr);
         // No access yet: the range [base + off, base + off + len) is inside the registered
-        // region (checked above); wrapping_add only computes the address.
-        Some(base.wrapping_add(off as usize))
+        // region (checked above); wrapping_add only computes the address. The region's
+        // bounds are the registration's, `[ibv_mr.addr, ibv_mr.addr + ibv_mr.length)`, as
+        // `hotverbs::Mr` sees them (mem's module docs).
+        Some(Seg::in_mr(
+            base.wrapping_add(off as usize),
+            len as usize,
+            mr.addr,
+            mr.addr.saturating_add(mr.len as usize),
+        ))
     }
 
     /// Resolves an SGE list into `out` (zero-length SGEs are not checked: rxe S16).
@@ -562,10 +563,7 @@ impl Fabric {
                 continue;
             }
             match self.resolve(s.lkey, pd, s.addr, s.length as u64, need) {
-                Some(p) => out.push(Seg {
-                    ptr: p,
-                    len: s.length as usize,
-                }),
+                Some(seg) => out.push(seg),
                 None => return false,
             }
         }
@@ -1138,13 +1136,11 @@ impl Fabric {
             // The bytes captured at post time (softnic's own buffer: it cannot overlap the
             // destination).
             src.clear();
-            src.push(Seg {
-                // Only read (a source); the cast to *mut is for the Seg type. `Vec::as_ptr`
-                // makes no reference, so the pointer keeps the buffer's own provenance,
-                // which mem's atomic loads need (they may not go through a `&[u8]`).
-                ptr: e.data.as_ptr().cast_mut(),
-                len: e.data.len(),
-            });
+            // Only read (a source); the cast to *mut is for the Seg type. `Vec::as_ptr` makes
+            // no reference, so the pointer keeps the buffer's own provenance, which mem's
+            // atomic loads need (they may not go through a `&[u8]`). The buffer is its own
+            // region (mem's module docs).
+            src.push(Seg::own(e.data.as_ptr().cast_mut(), e.data.len()));
         } else {
             let need = if local_write {
                 IBV_ACCESS_LOCAL_WRITE
@@ -1223,11 +1219,11 @@ impl Fabric {
                         total as u64,
                         IBV_ACCESS_REMOTE_WRITE,
                     ) {
-                        Some(p) => p,
+                        Some(seg) => seg,
                         None => return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR),
                     }
                 } else {
-                    core::ptr::null_mut()
+                    Seg::default()
                 };
                 if op == IBV_WR_RDMA_WRITE_WITH_IMM && !self.has_recv(peer) {
                     return if reliable {
@@ -1237,12 +1233,8 @@ impl Fabric {
                     };
                 }
                 if total > 0 {
-                    let d = [Seg {
-                        ptr: dst,
-                        len: total,
-                    }];
                     // SAFETY: both sides resolved and bounds-checked above.
-                    unsafe { mem::scatter(&d, 0, src, 0, total) };
+                    unsafe { mem::scatter(&[dst], 0, src, 0, total) };
                 }
                 if op == IBV_WR_RDMA_WRITE_WITH_IMM {
                     let sol = e.flags & IBV_SEND_SOLICITED != 0;
@@ -1264,7 +1256,7 @@ impl Fabric {
                     return self.remote_fail(true, peer, IBV_WC_REM_INV_REQ_ERR);
                 }
                 if total > 0 {
-                    let Some(p) = self.resolve(
+                    let Some(s) = self.resolve(
                         e.rkey,
                         ppd,
                         e.remote_addr,
@@ -1273,9 +1265,8 @@ impl Fabric {
                     ) else {
                         return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
                     };
-                    let s = [Seg { ptr: p, len: total }];
                     // SAFETY: both sides resolved and bounds-checked above.
-                    unsafe { mem::scatter(src, 0, &s, 0, total) };
+                    unsafe { mem::scatter(src, 0, &[s], 0, total) };
                 }
                 done(IBV_WC_SUCCESS)
             }
@@ -1284,13 +1275,16 @@ impl Fabric {
                 if paccess & IBV_ACCESS_REMOTE_ATOMIC == 0 {
                     return self.remote_fail(true, peer, IBV_WC_REM_INV_REQ_ERR);
                 }
-                let Some(p) = self.resolve(e.rkey, ppd, e.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
+                let Some(Seg { ptr: p, .. }) =
+                    self.resolve(e.rkey, ppd, e.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
                 else {
                     return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
                 };
                 // SAFETY: resolved, bounds-checked and 8-byte aligned (post-time check; MR
                 // addresses map 1:1 modulo the iova offset, which keeps alignment only if
                 // the MR start is as aligned as its iova: checked here).
+                // An aligned word inside the MR: an `AtomicU64`, the unit mem's rule gives
+                // it for every access.
                 let orig = if p.addr() % 8 != 0 {
                     return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
                 } else if op == IBV_WR_ATOMIC_CMP_AND_SWP {
@@ -1301,12 +1295,10 @@ impl Fabric {
                     unsafe { mem::atomic_fetch_add(p, e.compare_add) }
                 };
                 // `mut` and `as_mut_ptr`: mem reads sources with atomics, which need a
-                // pointer allowed to write (not one derived from `&[u8]`).
+                // pointer allowed to write (not one derived from `&[u8]`). softnic's own
+                // buffer: its own region (mem's module docs).
                 let mut bytes = orig.to_ne_bytes();
-                let s = [Seg {
-                    ptr: bytes.as_mut_ptr(),
-                    len: 8,
-                }];
+                let s = [Seg::own(bytes.as_mut_ptr(), 8)];
                 // SAFETY: src is the checked local SGE (>= 8 bytes); `s` is a live local.
                 unsafe { mem::scatter(src, 0, &s, 0, 8) };
                 done(IBV_WC_SUCCESS)
@@ -1410,10 +1402,8 @@ impl Fabric {
                     if ud {
                         // `as_mut_ptr`: see the atomics' result bytes in execute_inner.
                         let mut grh = self.grh_bytes(src_qpn, pi, len);
-                        let s = [Seg {
-                            ptr: grh.as_mut_ptr(),
-                            len: GRH_LEN,
-                        }];
+                        // softnic's own buffer: its own region (mem's module docs).
+                        let s = [Seg::own(grh.as_mut_ptr(), GRH_LEN)];
                         // SAFETY: dst resolved and checked to hold hdr + len bytes.
                         unsafe { mem::scatter(&dst, 0, &s, 0, GRH_LEN) };
                     }

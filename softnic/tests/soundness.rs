@@ -10,12 +10,17 @@
 //!   value, a UD receive's GRH) and from registered memory are sound under miri when the
 //!   application keeps its memory behind the pointer it registered (as `hotverbs::Mr`
 //!   does).
+//! - softnic's device writes that cover part of a word of a memory region meet the
+//!   application's accesses of that word with the same size (the MR, not the operation,
+//!   decides the unit: softnic/src/mem.rs), and its writes to an MR's ragged edge touch
+//!   no byte outside the MR (a miri check: a 3-byte RDMA WRITE raced a whole-word load
+//!   with a different access size before).
 //!
 //! Every test runs natively and under miri with no MIRIFLAGS:
 //! `cargo +nightly miri test -p hotverbs-softnic --test soundness`.
 
 use core::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hotverbs_ffi::*;
@@ -228,10 +233,17 @@ struct AppMem {
 
 impl AppMem {
     fn new(pd: *mut ibv_pd, words: usize) -> AppMem {
+        AppMem::registering(pd, words, 0..words * 8)
+    }
+    /// `words` words of which only the bytes `region` are registered.
+    fn registering(pd: *mut ibv_pd, words: usize, region: core::ops::Range<usize>) -> AppMem {
+        assert!(region.start <= region.end && region.end <= words * 8);
         let ptr = Box::into_raw(vec![0u64; words].into_boxed_slice()).cast::<u8>();
-        // SAFETY: a live PD; the allocation outlives the registration (deregistered in
-        // Drop before it is freed).
-        let mr = unsafe { testing::reg_mr(pd, ptr, words * 8, testing::ALL_ACCESS) };
+        // SAFETY: a live PD; the range lies inside the allocation, which outlives the
+        // registration (deregistered in Drop before it is freed).
+        let mr = unsafe {
+            testing::reg_mr(pd, ptr.add(region.start), region.len(), testing::ALL_ACCESS)
+        };
         AppMem { ptr, words, mr }
     }
     fn addr(&self, off: usize) -> u64 {
@@ -404,6 +416,145 @@ fn device_copies_into_application_memory() {
         for qp in [a, b, u, v] {
             assert_eq!(f.ibv_destroy_qp.unwrap()(qp), 0);
         }
+        drop(mem);
+        assert_eq!(f.ibv_destroy_cq.unwrap()(cq), 0);
+    }
+}
+
+/// Posts one signaled RDMA WRITE of `len` bytes from `src` (offset `from`) to `dst`'s
+/// address `to` on `qp`, and polls its completion.
+fn write(
+    qp: *mut ibv_qp,
+    cq: *mut ibv_cq,
+    src: &AppMem,
+    from: usize,
+    dst: &AppMem,
+    to: usize,
+    len: u32,
+) {
+    let mut sge = src.sge(from, len);
+    let mut wr = ibv_send_wr {
+        opcode: IBV_WR_RDMA_WRITE,
+        sg_list: &mut sge,
+        num_sge: 1,
+        ..Default::default()
+    };
+    wr.wr.rdma.remote_addr = dst.addr(to);
+    wr.wr.rdma.rkey = dst.key();
+    run(qp, cq, &mut wr, 0);
+}
+
+/// The one access rule (softnic/src/mem.rs, shared with `hotverbs::Mr`): every aligned
+/// word wholly inside a memory region is accessed as an `AtomicU64`, whatever part of it
+/// an operation covers; the region's ragged edges byte by byte.
+///
+/// 1. RDMA WRITEs of 3 bytes into the middle of an MR word race an application thread that
+///    loads the word whole and merges its own bytes into the word's other 5 (as
+///    `Mr::read_into` / `Mr::write_from` do under the rule): under miri, no mixed-size
+///    race; and no side's bytes are lost.
+/// 2. RDMA WRITEs to the ragged head and tail of an MR that starts and ends inside words
+///    race plain application writes to the bytes of those words outside the MR: the
+///    device touches none of them.
+#[test]
+fn device_partial_word_writes_meet_the_application_with_its_unit() {
+    let f = verbs_table();
+    let (ctx, _) = testing::open_listed_device();
+    let cap = ibv_qp_cap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let rounds: u8 = if cfg!(miri) { 3 } else { 100 };
+    // SAFETY: every object below comes from the verb before it and lives to the end of the
+    // test; the QPs are destroyed before the memory is deregistered. The threads share the
+    // memory as each step says.
+    unsafe {
+        let pd = testing::alloc_pd(ctx);
+        let cq = testing::create_cq(ctx, 16);
+        let gid = testing::query_gid(ctx, 1);
+        let (a, b) = (
+            testing::create_qp(pd, IBV_QPT_RC, cq, cq, cap, null_mut()),
+            testing::create_qp(pd, IBV_QPT_RC, cq, cq, cap, null_mut()),
+        );
+        testing::connect_qp(a, &ConnectAttr::new((*b).qp_num, gid));
+        testing::connect_qp(b, &ConnectAttr::new((*a).qp_num, gid));
+
+        // 1. Word 1 (bytes 8..16) of `mem` is the target: the device writes bytes 10..13
+        // from word 3 (bytes 24..27), the application the others.
+        let mem = AppMem::new(pd, 4);
+        let word = Shared(mem.ptr.add(8).cast::<u64>());
+        let src = mem.ptr.add(24).cast::<u64>();
+        let done = &AtomicBool::new(false);
+        let app_mask = u64::from_ne_bytes([0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0xff]);
+        let last = std::thread::scope(|s| {
+            let app = s.spawn(move || {
+                let word = word;
+                let w = AtomicU64::from_ptr(word.0);
+                let mut v = 0u8;
+                while !done.load(Ordering::Acquire) {
+                    let seen = w.load(Ordering::Relaxed).to_ne_bytes();
+                    assert!(seen[2] == seen[3] && seen[3] == seen[4], "{seen:?}");
+                    assert_eq!(seen[0], v, "{seen:?}");
+                    v = v.wrapping_add(1);
+                    let mine = u64::from_ne_bytes([v; 8]);
+                    let mut cur = w.load(Ordering::Relaxed);
+                    while let Err(now) = w.compare_exchange_weak(
+                        cur,
+                        (cur & !app_mask) | (mine & app_mask),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        cur = now;
+                    }
+                    std::thread::yield_now();
+                }
+                v
+            });
+            for r in 1..=rounds {
+                // Word 3 is this thread's alone (the device reads it inside the post).
+                AtomicU64::from_ptr(src).store(u64::from_ne_bytes([r; 8]), Ordering::Relaxed);
+                write(a, cq, &mem, 24, &mem, 10, 3);
+            }
+            done.store(true, Ordering::Release);
+            app.join().unwrap()
+        });
+        let v = last;
+        assert_eq!(mem.bytes(8, 8), [v, v, rounds, rounds, rounds, v, v, v]);
+
+        // 2. An MR over bytes 3..29 of four words: bytes 3..8 and 24..29 are its ragged
+        // edges; the application writes bytes 0..3 and 29..32 plainly meanwhile.
+        let edge = AppMem::registering(pd, 4, 3..29);
+        let base = Shared(edge.ptr);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let base = base;
+                for r in 1..=rounds {
+                    for i in (0..3).chain(29..32) {
+                        // Outside the MR: the device never touches these bytes.
+                        base.0.add(i).write(r);
+                    }
+                    std::thread::yield_now();
+                }
+            });
+            for r in 1..=rounds {
+                AtomicU64::from_ptr(src).store(u64::from_ne_bytes([r; 8]), Ordering::Relaxed);
+                // Each edge from a source in the same phase, then in another.
+                write(a, cq, &mem, 27, &edge, 3, 5);
+                write(a, cq, &mem, 26, &edge, 3, 5);
+                write(a, cq, &mem, 24, &edge, 24, 5);
+                write(a, cq, &mem, 25, &edge, 24, 5);
+            }
+        });
+        let r = rounds;
+        assert_eq!(edge.bytes(0, 8), [r, r, r, r, r, r, r, r]);
+        assert_eq!(edge.bytes(24, 8), [r, r, r, r, r, r, r, r]);
+
+        for qp in [a, b] {
+            assert_eq!(f.ibv_destroy_qp.unwrap()(qp), 0);
+        }
+        drop(edge);
         drop(mem);
         assert_eq!(f.ibv_destroy_cq.unwrap()(cq), 0);
     }

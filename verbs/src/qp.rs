@@ -1333,6 +1333,7 @@ impl Qp {
             (WrKind::Ud { ah, .. }, QpType::Ud) if ah.pd().as_raw() != self.pd.as_raw() => {
                 return bad("the address handle belongs to another PD than the QP")
             }
+            (WrKind::Ud { .. }, QpType::Ud) => {}
             (WrKind::Ud { .. }, _) => return bad("an address handle is for UD QPs only"),
             (_, QpType::Ud) => return bad("a UD QP needs SendWr::ud (address handle, QPN, Q_Key)"),
             _ => {}

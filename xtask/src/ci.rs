@@ -6,17 +6,20 @@
 //! 2. `fmt`       cargo fmt --all --check
 //! 3. `clippy`    cargo clippy --workspace --all-targets -D warnings
 //! 4. `docs`      cargo doc --workspace --no-deps with RUSTDOCFLAGS=-D warnings
-//! 5. `codegen`   regenerate the bindings and diff (drift), plus a self-check that a
+//! 5. `package`   the publishable crates as `cargo publish` would upload them: file lists
+//!    and sizes, licences, each `.crate` built, docs as docs.rs builds them
+//!    (`cargo xtask package`; not to be confused with `packages`, the Debian ones)
+//! 6. `codegen`   regenerate the bindings and diff (drift), plus a self-check that a
 //!    hand-edited generated file is caught
-//! 6. `no_std`    the no_std crates built with --no-default-features
-//! 7. `test`      cargo test --workspace (summary lines reach the output)
-//! 8. `insn`      callgrind instructions per message vs the naive baseline, gated on the
+//! 7. `no_std`    the no_std crates built with --no-default-features
+//! 8. `test`      cargo test --workspace (summary lines reach the output)
+//! 9. `insn`      callgrind instructions per message vs the naive baseline, gated on the
 //!    batch-32 target (`cargo xtask insn --gate`; deterministic, so a regression gate)
-//! 9. `loom`      the loom models (`cargo xtask loom`)
-//! 10. `miri`     the soundness tests under miri, Stacked and Tree Borrows
+//! 10. `loom`     the loom models (`cargo xtask loom`)
+//! 11. `miri`     the soundness tests under miri, Stacked and Tree Borrows
 //!     (`cargo xtask miri`; installs the nightly toolchain with miri if missing)
-//! 11. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
-//! 12. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//! 12. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 13. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
 //!
 //! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
 
@@ -42,8 +45,8 @@ const PACKAGES: &[&str] = &[
 ];
 
 const STEPS: &[&str] = &[
-    "packages", "fmt", "clippy", "docs", "codegen", "no_std", "test", "insn", "loom", "miri",
-    "fuzz", "rxe",
+    "packages", "fmt", "clippy", "docs", "package", "codegen", "no_std", "test", "insn", "loom",
+    "miri", "fuzz", "rxe",
 ];
 
 /// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
@@ -82,6 +85,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "docs" => run(cargo()
                 .args(["doc", "--workspace", "--no-deps", "--locked"])
                 .env("RUSTDOCFLAGS", "-D warnings")),
+            "package" => crate::package::run_package(&[]),
             "codegen" => codegen_checks(),
             "no_std" => no_std(),
             "test" => run(cargo().args(["test", "--workspace", "--locked"])),

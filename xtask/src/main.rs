@@ -2,7 +2,10 @@
 //! steps run on a laptop and in `.ci/run`.
 //!
 //! - `codegen [--check]`: regenerate `verbs-ffi/src/generated/` (or verify it is current)
-//! - `ci`: everything (packages, fmt, clippy, docs, tests, codegen drift, no_std, loom, fuzz, rxe)
+//! - `ci`: everything (packages, fmt, clippy, docs, package, tests, codegen drift, no_std, loom,
+//!   fuzz, rxe)
+//! - `package`: the publishable crates as `cargo publish` would upload them (file lists, sizes,
+//!   licences, a verified build of each `.crate`, docs as docs.rs builds them)
 //! - `rxe [--filter S]`: the real-device suite on Soft-RoCE inside a QEMU VM
 //! - `loom`, `miri [--list]`, `fuzz [--seconds N]`, `bench`, `insn`
 
@@ -11,6 +14,7 @@ use std::process::ExitCode;
 mod ci;
 mod insn;
 mod miri;
+mod package;
 mod rxe;
 mod util;
 mod verify;
@@ -29,8 +33,9 @@ fn main() -> ExitCode {
         "miri" => miri::run_miri(rest),
         "fuzz" => verify::fuzz(rest),
         "insn" => insn::run(rest),
+        "package" => package::run_package(rest),
         "help" | "-h" | "--help" => {
-            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | miri [--list] | fuzz [--seconds N] | bench | insn>");
+            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | miri [--list] | fuzz [--seconds N] | bench | insn | package>");
             Ok(())
         }
         other => Err(format!(

@@ -19,7 +19,7 @@ use crate::wr_id;
 /// WRs (freeing their zero-copy buffers) or hands a receive slot to the caller. So safe
 /// code cannot make one up: they come from a [`CqPoller`] (or the `unsafe`
 /// [`from_raw`](Self::from_raw)), they are neither `Clone` nor `Copy`, and a receive ring
-/// [consumes](Self::take) the one it accepts, so the same completion cannot be given twice.
+/// consumes the one it accepts, so the same completion cannot be given twice.
 /// ```compile_fail,E0423
 /// let forged = hotverbs_datapath::Completion(Default::default());
 /// ```

@@ -902,7 +902,7 @@ impl<const N: usize> SendRing<N> {
     /// all its flush completions drained, then moved to RESET before reuse). Every
     /// zero-copy buffer of an outstanding WR counts as free once this returns, which is
     /// only true if the device dropped those WRs. In split mode no retirer may be running
-    /// (make a new one with [`retirer`](Self::retirer)).
+    /// (make new counters and a new retirer with [`split`](Self::split)).
     pub unsafe fn reset(&mut self) -> u64 {
         let st = &mut self.st;
         let dropped = st.staged - st.retired;

@@ -31,6 +31,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use hotverbs_ffi::{
     RdmaCmFns,
 };
 
-use crate::cq::{poll_readable, Cq};
+use crate::cq::{poll_readable, set_nonblocking, Cq};
 use crate::device::Context;
 use crate::error::{record_drop_error, Error, Result};
 use crate::pd::Pd;
@@ -99,12 +100,15 @@ impl Drop for ChannelInner {
     }
 }
 
-/// An rdma_cm event channel (`rdma_create_event_channel(3)`); its fd can go into epoll.
+/// An rdma_cm event channel (`rdma_create_event_channel(3)`); its fd ([`AsFd`],
+/// [`AsRawFd`]) can go into epoll or an async runtime's fd wrapper (after
+/// [`set_nonblocking`](Self::set_nonblocking)).
 ///
 /// # Example
 /// ```
+/// use std::os::fd::AsRawFd;
 /// match hotverbs::cm::EventChannel::new() {
-///     Ok(ch) => assert!(ch.fd() >= 0),
+///     Ok(ch) => assert!(ch.as_raw_fd() >= 0),
 ///     Err(e) => println!("no rdma_cm here: {e}"),
 /// }
 /// ```
@@ -116,7 +120,7 @@ pub struct EventChannel {
 impl fmt::Debug for EventChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventChannel")
-            .field("fd", &self.fd())
+            .field("fd", &self.as_raw_fd())
             .finish()
     }
 }
@@ -167,15 +171,29 @@ impl EventChannel {
                 ),
             );
         }
+        let inner = ChannelInner { fns, ch };
+        // `AsFd` hands out the fd as a `BorrowedFd`, which must not be -1: a channel
+        // without one is refused (dropping `inner` destroys it).
+        // SAFETY: ch is the live channel just created.
+        if unsafe { (*ch).fd } < 0 {
+            drop(inner);
+            return Err(Error::new("rdma_create_event_channel", libc::EBADF)
+                .with_hint("librdmacm returned an event channel without an fd"));
+        }
         Ok(EventChannel {
-            inner: Arc::new(ChannelInner { fns, ch }),
+            inner: Arc::new(inner),
         })
     }
 
-    /// The channel's fd.
-    pub fn fd(&self) -> i32 {
-        // SAFETY: live channel.
-        unsafe { (*self.inner.ch).fd }
+    /// Puts the channel's fd in non-blocking mode (`O_NONBLOCK`) or back: needed under a
+    /// readiness-based waiter such as tokio's `AsyncFd` (a stale readiness notice must not
+    /// block the runtime's thread). [`get_event`](Self::get_event) polls before it reads,
+    /// so it works either way. The flag belongs to the open file: every clone shares it.
+    ///
+    /// # References
+    /// `rdma_create_event_channel(3)`, `rdma_get_cm_event(3)`
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        set_nonblocking(self.as_fd(), nonblocking)
     }
 
     /// Waits up to `timeout` for the next event (`rdma_get_cm_event(3)`), copies it and
@@ -184,7 +202,7 @@ impl EventChannel {
     /// # Errors
     /// `ETIMEDOUT` when nothing arrives in time.
     pub fn get_event(&self, timeout: Duration) -> Result<CmEvent> {
-        if !poll_readable(self.fd(), timeout)? {
+        if !poll_readable(self.as_fd(), timeout)? {
             return Err(Error::new("rdma_get_cm_event", libc::ETIMEDOUT)
                 .with_hint(format!("no rdma_cm event within {timeout:?}")));
         }
@@ -227,6 +245,25 @@ impl EventChannel {
             unsafe { ack(ev) };
         }
         Ok(out)
+    }
+}
+
+/// The channel's fd (`rdma_event_channel.fd`), readable while an event is pending; open as
+/// long as the channel lives (closed by `rdma_destroy_event_channel`, after the last clone
+/// and the last [`CmId`] on it). Non-negative (checked at creation).
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: live channel while self lives; librdmacm never writes `fd` after creation.
+        unsafe { (*self.inner.ch).fd }
+    }
+}
+
+/// The channel's fd as a [`BorrowedFd`].
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: not -1 (checked in `EventChannel::new`) and open while the channel lives,
+        // at least as long as the borrow of self.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }
 
@@ -740,7 +777,10 @@ mod tests {
     fn event_channel_opens_or_says_why() {
         // Here (no RDMA device) it fails with a hint; with a device it opens.
         match EventChannel::new() {
-            Ok(ch) => assert!(ch.fd() >= 0),
+            Ok(ch) => {
+                assert!(ch.as_raw_fd() >= 0);
+                assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
+            }
             Err(e) => {
                 assert_eq!(e.verb, "rdma_create_event_channel");
                 let msg = e.to_string();

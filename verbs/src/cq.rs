@@ -32,7 +32,7 @@
 //! the `fetch_or`, which acquires it, or acknowledged before `ibv_destroy_cq` returned).
 
 use std::fmt;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -105,8 +105,15 @@ impl Drop for ChanInner {
 /// A completion event channel (`struct ibv_comp_channel`): CQs created with it signal
 /// completions (after [`Cq::req_notify`]) on its file descriptor, which `epoll` can watch.
 ///
+/// The fd is available as [`AsFd`]/[`AsRawFd`]; it stays open as long as any clone of the
+/// channel (or a CQ created on it) lives, and is readable while an event is pending. To
+/// wait on it from an async runtime, make it non-blocking
+/// ([`set_nonblocking`](Self::set_nonblocking)) and hand a clone to the runtime's fd
+/// wrapper (tokio's `AsyncFd`; `examples/tokio_channel.rs`).
+///
 /// # Example
 /// ```
+/// use std::os::fd::{AsFd, AsRawFd};
 /// use std::time::Duration;
 /// let ctx = hotverbs::Context::open("softnic")?;
 /// let ch = ctx.create_comp_channel()?;
@@ -114,7 +121,8 @@ impl Drop for ChanInner {
 /// cq.req_notify(false)?;
 /// // Nothing completed yet: no event within 10 ms.
 /// assert!(ch.wait_cq_event(Duration::from_millis(10))?.is_none());
-/// assert!(ch.fd() >= 0);
+/// assert!(ch.as_raw_fd() >= 0);
+/// assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 ///
@@ -128,7 +136,7 @@ pub struct CompChannel {
 impl fmt::Debug for CompChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CompChannel")
-            .field("fd", &self.fd())
+            .field("fd", &self.as_raw_fd())
             .finish()
     }
 }
@@ -177,11 +185,20 @@ impl Context {
         if ch.is_null() {
             return Err(Error::from_errno("ibv_create_comp_channel"));
         }
+        let inner = ChanInner {
+            ctx: self.clone(),
+            ch,
+        };
+        // `AsFd` hands out the fd as a `BorrowedFd`, which must not be -1: a channel
+        // without an fd is refused here (dropping `inner` destroys it).
+        // SAFETY: ch is the live channel just created.
+        if unsafe { (*ch).fd } < 0 {
+            drop(inner);
+            return Err(Error::new("ibv_create_comp_channel", libc::EBADF)
+                .with_hint("the provider returned a completion channel without an fd"));
+        }
         Ok(CompChannel {
-            inner: Arc::new(ChanInner {
-                ctx: self.clone(),
-                ch,
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -230,11 +247,51 @@ impl Context {
     }
 }
 
-impl CompChannel {
-    /// The channel's file descriptor (for `epoll`/`poll`; readable when an event is pending).
-    pub fn fd(&self) -> RawFd {
-        // SAFETY: the channel is live while self lives.
+/// The channel's fd (`ibv_comp_channel.fd`), readable when an event is pending; open as
+/// long as the channel lives (it is closed by `ibv_destroy_comp_channel`, after the last
+/// clone and the last CQ on the channel are gone). Non-negative (checked at creation).
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: the channel is live while self lives; libibverbs never writes `fd` after
+        // creating the channel.
         unsafe { (*self.inner.ch).fd }
+    }
+}
+
+/// The channel's fd as a [`BorrowedFd`]: for `poll`/`epoll` wrappers and async runtimes.
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd is not -1 (checked in `create_comp_channel`) and stays open while
+        // the channel lives, which is at least as long as the borrow of self.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl CompChannel {
+    /// Puts the channel's fd in non-blocking mode (`O_NONBLOCK`) or back.
+    ///
+    /// Non-blocking, [`get_cq_event`](Self::get_cq_event) returns `EAGAIN` (an error whose
+    /// [`kind`](Error::kind) is `WouldBlock`) instead of blocking when no event is pending.
+    /// Readiness-based waiters need that: tokio's `AsyncFd` requires a non-blocking fd,
+    /// since a readiness notice may be stale (another thread took the event, or the
+    /// notice was spurious), and a blocking read would then block the runtime's thread.
+    ///
+    /// The flag belongs to the open file, so it applies to every clone of this channel.
+    ///
+    /// # Example
+    /// ```
+    /// let ctx = hotverbs::Context::open("softnic")?;
+    /// let ch = ctx.create_comp_channel()?;
+    /// ch.set_nonblocking(true)?;
+    /// let e = ch.get_cq_event().unwrap_err();
+    /// assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # References
+    /// `ibv_get_cq_event(3)` (its example makes the fd non-blocking with `fcntl(2)`)
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        set_nonblocking(self.as_fd(), nonblocking)
     }
 
     /// The raw `ibv_comp_channel`.
@@ -249,10 +306,11 @@ impl CompChannel {
     }
 
     /// `ibv_get_cq_event(3)`: blocks until the next completion event (unless the fd was
-    /// made non-blocking, then `EAGAIN`). The event counts against its CQ until
-    /// [`Cq::ack_events`] or the CQ's destruction; if the CQ's last handle is being dropped
-    /// meanwhile, the event is acknowledged here at once (module invariants) and the
-    /// returned [`CqEvent`] only names a CQ that is going away.
+    /// made non-blocking with [`set_nonblocking`](Self::set_nonblocking), then `EAGAIN`).
+    /// The event counts against its CQ until [`Cq::ack_events`] or the CQ's destruction;
+    /// if the CQ's last handle is being dropped meanwhile, the event is acknowledged here
+    /// at once (module invariants) and the returned [`CqEvent`] only names a CQ that is
+    /// going away.
     pub fn get_cq_event(&self) -> Result<CqEvent> {
         let f = self
             .inner
@@ -286,12 +344,24 @@ impl CompChannel {
     }
 
     /// Waits up to `timeout` for the fd to become readable (`poll(2)`), then takes the
-    /// event. `Ok(None)` on timeout: never hangs.
+    /// event. `Ok(None)` on timeout: never hangs (on a blocking fd, unless another thread
+    /// takes the event between the poll and the read). On a non-blocking fd an event
+    /// taken by another thread in between (`EAGAIN`) means waiting on until the deadline.
     pub fn wait_cq_event(&self, timeout: Duration) -> Result<Option<CqEvent>> {
-        if !poll_readable(self.fd(), timeout).map_err(|e| e.with_hint("poll on the channel fd"))? {
-            return Ok(None);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !poll_readable(self.as_fd(), left)
+                .map_err(|e| e.with_hint("poll on the channel fd"))?
+            {
+                return Ok(None);
+            }
+            match self.get_cq_event() {
+                Err(e) if e.errno == libc::EAGAIN && !left.is_zero() => continue,
+                Err(e) if e.errno == libc::EAGAIN => return Ok(None),
+                r => return r.map(Some),
+            }
         }
-        self.get_cq_event().map(Some)
     }
 
     /// `ibv_destroy_comp_channel(3)` now, returning its error (`EBUSY` while CQs use it).
@@ -305,12 +375,12 @@ impl CompChannel {
 }
 
 /// `poll(2)` for readability with a timeout; Ok(false) on timeout.
-pub(crate) fn poll_readable(fd: RawFd, timeout: Duration) -> Result<bool> {
+pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut p = libc::pollfd {
-            fd,
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -328,6 +398,32 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Duration) -> Result<bool> {
             return Err(Error::new("poll", e));
         }
     }
+}
+
+/// Sets or clears `O_NONBLOCK` on an event fd (completion channel, async events, rdma_cm
+/// event channel): `fcntl(2)` `F_GETFL` then `F_SETFL`, skipped when already so.
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<()> {
+    // SAFETY: F_GETFL on an fd that is open for the borrow; no pointers involved.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Error::new("fcntl(F_GETFL)", hotverbs_ffi::errno()));
+    }
+    let want = if nonblocking {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    if want == flags {
+        return Ok(());
+    }
+    // SAFETY: F_SETFL with an int argument on an fd that is open for the borrow.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, want) } < 0 {
+        return Err(Error::new(
+            "fcntl(F_SETFL, O_NONBLOCK)",
+            hotverbs_ffi::errno(),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) struct CqInner {
@@ -804,18 +900,117 @@ impl Context {
         })
     }
 
-    /// The context's async event fd (readable when an event is pending).
-    pub fn async_fd(&self) -> RawFd {
-        // SAFETY: live context.
-        unsafe { (*self.as_raw()).async_fd }
+    /// The context's asynchronous-event fd (`ibv_context.async_fd`) as an [`AsyncEvents`]
+    /// handle: [`AsFd`]/[`AsRawFd`] for `epoll` or an async runtime, and
+    /// [`get`](AsyncEvents::get)/[`wait`](AsyncEvents::wait) for the events.
+    ///
+    /// # Errors
+    /// `EBADF` when the provider opened the context without an async fd.
+    pub fn async_events(&self) -> Result<AsyncEvents> {
+        // SAFETY: live context; `async_fd` is set when the context is opened and never
+        // written afterwards.
+        if unsafe { (*self.as_raw()).async_fd } < 0 {
+            return Err(Error::new("ibv_get_async_event", libc::EBADF)
+                .with_hint("the device context has no async event fd"));
+        }
+        Ok(AsyncEvents { ctx: self.clone() })
     }
 
     /// Waits up to `timeout` for an asynchronous event (`poll(2)` on the async fd).
     /// `Ok(None)` on timeout: never hangs.
     pub fn wait_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>> {
-        if !poll_readable(self.async_fd(), timeout)? {
-            return Ok(None);
+        self.async_events()?.wait(timeout)
+    }
+}
+
+/// A context's asynchronous-event fd (`ibv_context.async_fd`, readable while an
+/// `ibv_get_async_event(3)` event is pending), from [`Context::async_events`].
+///
+/// Why a handle rather than `AsFd for Context`: a context owns two fds (`cmd_fd`, the
+/// device's command fd, and `async_fd`), and a context is used for many things besides
+/// events, so `ctx.as_fd()` would not say which fd it is. `ctx.async_events().as_fd()`
+/// does. The handle holds a clone of the [`Context`] (one `Arc`), so it is `'static` and
+/// can move into a spawned task with tokio's `AsyncFd`, and the fd stays open while it
+/// lives.
+///
+/// # Example
+/// ```
+/// use std::os::fd::{AsFd, AsRawFd};
+/// use std::time::Duration;
+/// let ctx = hotverbs::Context::open("softnic")?;
+/// let events = ctx.async_events()?;
+/// assert!(events.as_raw_fd() >= 0);
+/// assert_eq!(events.as_fd().as_raw_fd(), events.as_raw_fd());
+/// // Nothing happened: no event.
+/// assert!(events.wait(Duration::from_millis(5))?.is_none());
+/// events.set_nonblocking(true)?;
+/// assert_eq!(events.get().unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_get_async_event(3)`
+#[derive(Clone, Debug)]
+pub struct AsyncEvents {
+    ctx: Context,
+}
+
+impl AsyncEvents {
+    /// The context the events are of.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// [`Context::get_async_event`]: the next event, acknowledged. Blocks, unless the fd
+    /// was made non-blocking ([`set_nonblocking`](Self::set_nonblocking)): then `EAGAIN`
+    /// (kind `WouldBlock`) when none is pending.
+    pub fn get(&self) -> Result<AsyncEvent> {
+        self.ctx.get_async_event()
+    }
+
+    /// Waits up to `timeout` for the next event (`poll(2)` on the fd). `Ok(None)` on
+    /// timeout; on a non-blocking fd, an event another thread took first means waiting on.
+    pub fn wait(&self, timeout: Duration) -> Result<Option<AsyncEvent>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !poll_readable(self.as_fd(), left)
+                .map_err(|e| e.with_hint("poll on the async event fd"))?
+            {
+                return Ok(None);
+            }
+            match self.get() {
+                Err(e) if e.errno == libc::EAGAIN && !left.is_zero() => continue,
+                Err(e) if e.errno == libc::EAGAIN => return Ok(None),
+                r => return r.map(Some),
+            }
         }
-        self.get_async_event().map(Some)
+    }
+
+    /// Puts the fd in non-blocking mode (`O_NONBLOCK`) or back, as
+    /// [`CompChannel::set_nonblocking`] does for a channel: needed under a readiness-based
+    /// waiter such as tokio's `AsyncFd`. The flag is the context's: it applies to every
+    /// handle and to [`Context::get_async_event`].
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        set_nonblocking(self.as_fd(), nonblocking)
+    }
+}
+
+/// The context's async event fd; open as long as the context (which this handle keeps
+/// alive). Non-negative (checked by [`Context::async_events`]).
+impl AsRawFd for AsyncEvents {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: live context (we hold a clone); `async_fd` is never written after open.
+        unsafe { (*self.ctx.as_raw()).async_fd }
+    }
+}
+
+/// The context's async event fd as a [`BorrowedFd`].
+impl AsFd for AsyncEvents {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: not -1 (checked in `Context::async_events`); closed only by
+        // `ibv_close_device`, after the last clone of the context, one of which we hold for
+        // at least the borrow of self.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }

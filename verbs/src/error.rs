@@ -62,6 +62,37 @@ impl Error {
         hotverbs_ffi::errno_name(self.errno)
     }
 
+    /// The errno as a [`std::io::ErrorKind`], classified as the standard library classifies
+    /// OS errors: `ENOENT` is `NotFound`, `EAGAIN` `WouldBlock`, `EINVAL` `InvalidInput`,
+    /// `ETIMEDOUT` `TimedOut`, ... It is also the kind of the `io::Error` this error
+    /// converts into.
+    ///
+    /// # Example
+    /// ```
+    /// let e = hotverbs::Error::new("rdma_get_cm_event", libc::ETIMEDOUT);
+    /// assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    /// ```
+    pub fn kind(&self) -> std::io::ErrorKind {
+        std::io::Error::from_raw_os_error(self.errno).kind()
+    }
+
+    /// The errno carried by an `io::Error`: its OS code, or the errno of a hotverbs
+    /// [`Error`] inside it (what `From<Error> for io::Error` builds). `None` for other
+    /// errors.
+    ///
+    /// # Example
+    /// ```
+    /// let io = std::io::Error::from(hotverbs::Error::new("ibv_reg_mr", libc::ENOMEM));
+    /// assert_eq!(hotverbs::Error::errno_of(&io), Some(libc::ENOMEM));
+    /// let os = std::io::Error::from_raw_os_error(libc::EBADF);
+    /// assert_eq!(hotverbs::Error::errno_of(&os), Some(libc::EBADF));
+    /// assert_eq!(hotverbs::Error::errno_of(&std::io::Error::other("x")), None);
+    /// ```
+    pub fn errno_of(e: &std::io::Error) -> Option<i32> {
+        e.raw_os_error()
+            .or_else(|| Some(e.get_ref()?.downcast_ref::<Error>()?.errno))
+    }
+
     /// The error of a pointer-returning verb that returned NULL: the thread's errno (EIO if
     /// the provider forgot to set it), with the generic hint for that errno.
     pub(crate) fn from_errno(verb: &'static str) -> Self {
@@ -141,9 +172,34 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {}
 
+/// Keeps the errno's meaning and the verb's context: the `io::Error`'s [`kind`] is the
+/// errno's (as [`Error::kind`] gives it, so `EAGAIN` is [`WouldBlock`] — what tokio's
+/// `AsyncFd::try_io` and other readiness loops look for), its message is this error's
+/// `Display` (verb, errno name, hint), and the [`Error`] itself is the inner error
+/// (`get_ref`/`into_inner` + `downcast`).
+///
+/// `std::io::Error` holds either an OS code or a kind with an inner error, never both, so
+/// [`raw_os_error`] is `None` here; [`Error::errno_of`] reads the errno back from either
+/// form. (`io::Error::from_raw_os_error(errno)` would keep `raw_os_error` but drop the
+/// verb and the hint, which are what make the message actionable.)
+///
+/// # Example
+/// ```
+/// use std::io::ErrorKind;
+/// let e = hotverbs::Error::new("ibv_get_cq_event", libc::EAGAIN);
+/// let io: std::io::Error = e.clone().into();
+/// assert_eq!(io.kind(), ErrorKind::WouldBlock);
+/// assert_eq!(hotverbs::Error::errno_of(&io), Some(libc::EAGAIN));
+/// assert_eq!(io.get_ref().and_then(|i| i.downcast_ref::<hotverbs::Error>()), Some(&e));
+/// assert_eq!(io.to_string(), "ibv_get_cq_event: EAGAIN");
+/// ```
+///
+/// [`kind`]: std::io::Error::kind
+/// [`WouldBlock`]: std::io::ErrorKind::WouldBlock
+/// [`raw_os_error`]: std::io::Error::raw_os_error
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> Self {
-        std::io::Error::other(e)
+        std::io::Error::new(e.kind(), e)
     }
 }
 
@@ -152,10 +208,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 static DROP_ERRORS: Mutex<Vec<Error>> = Mutex::new(Vec::new());
 
-/// Records a destroy verb that failed inside `Drop` (where it cannot be returned): printed
-/// to stderr and kept for [`take_drop_errors`].
+/// Records a destroy verb that failed inside `Drop` (where it cannot be returned): logged
+/// through the `log` facade at `warn` level (target `hotverbs::error`) and kept for
+/// [`take_drop_errors`].
 pub(crate) fn record_drop_error(e: Error) {
-    eprintln!("hotverbs: destroy failed during drop: {e}");
+    log::warn!("hotverbs: destroy failed during drop: {e}");
     if let Ok(mut v) = DROP_ERRORS.lock() {
         if v.len() < 1024 {
             v.push(e);
@@ -166,9 +223,15 @@ pub(crate) fn record_drop_error(e: Error) {
 /// Destroy failures that happened in `Drop` since the last call (oldest first).
 ///
 /// Every object also has an explicit `destroy(self) -> Result<()>` (or `close`) that returns
-/// the verb's error instead; `Drop` can only report it, which it does by printing to stderr
-/// and recording it here, so a test or a long-running program can check that teardown was
-/// clean.
+/// the verb's error instead; `Drop` can only report it.
+///
+/// The primary channel for that report is the [`log`](https://docs.rs/log) facade: each
+/// failure is a `warn!` record (target `hotverbs::error`, message
+/// `hotverbs: destroy failed during drop: <error>`), which reaches whatever logger the
+/// application installed (`env_logger`, `tracing`'s log bridge, ...) and goes nowhere if it
+/// installed none. This list is the secondary channel, for code that wants the errors
+/// themselves: a test, or a long-running program checking that teardown was clean. It is
+/// process-wide, keeps at most 1024 errors until taken, and is emptied by each call.
 ///
 /// # Example
 /// ```
@@ -211,6 +274,81 @@ mod tests {
     fn zero_errno_is_not_success() {
         let e = Error::new("ibv_alloc_pd", 0);
         assert_eq!(e.errno, libc::EIO);
+    }
+
+    #[test]
+    fn io_error_kind_follows_errno_and_keeps_the_error() {
+        use std::io::ErrorKind;
+        for (errno, kind) in [
+            (libc::ENOENT, ErrorKind::NotFound),
+            (libc::EAGAIN, ErrorKind::WouldBlock),
+            (libc::EINVAL, ErrorKind::InvalidInput),
+            (libc::ETIMEDOUT, ErrorKind::TimedOut),
+            (libc::EPERM, ErrorKind::PermissionDenied),
+        ] {
+            let e = Error::new("ibv_modify_qp(INIT->RTR)", errno).with_hint("a hint");
+            assert_eq!(e.kind(), kind, "{e}");
+            let io = std::io::Error::from(e.clone());
+            assert_eq!(io.kind(), kind, "{e}");
+            // The message and the inner error are ours: verb, errno name and hint survive.
+            assert_eq!(io.to_string(), e.to_string());
+            assert!(io.to_string().contains("a hint"), "{io}");
+            assert_eq!(Error::errno_of(&io), Some(errno));
+            assert_eq!(io.raw_os_error(), None);
+            let inner = io.into_inner().expect("an inner error");
+            assert_eq!(inner.downcast_ref::<Error>(), Some(&e));
+        }
+        // An errno without a dedicated kind still converts, with its errno recoverable.
+        let io = std::io::Error::from(Error::new("ibv_post_send", libc::EIO));
+        assert_eq!(
+            io.kind(),
+            std::io::Error::from_raw_os_error(libc::EIO).kind()
+        );
+        assert_eq!(Error::errno_of(&io), Some(libc::EIO));
+        assert_eq!(Error::errno_of(&std::io::Error::other("not ours")), None);
+    }
+
+    /// A logger that keeps the records of this crate (installed once for the unit-test
+    /// binary; only `drop_errors_go_to_the_log_facade` installs one).
+    struct Capture(Mutex<Vec<(log::Level, String, String)>>);
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((r.level(), r.target().to_string(), r.args().to_string()));
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    static CAPTURE: Capture = Capture(Mutex::new(Vec::new()));
+
+    #[test]
+    fn drop_errors_go_to_the_log_facade() {
+        log::set_logger(&CAPTURE).expect("the only logger of this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+        // A distinctive verb, so records of other tests running in parallel do not match.
+        let e = Error::new("ibv_destroy_qp(log-facade-test)", libc::EBUSY);
+        record_drop_error(e.clone());
+        let got = CAPTURE.0.lock().unwrap().clone();
+        let ours: Vec<_> = got
+            .iter()
+            .filter(|(_, _, m)| m.contains("log-facade-test"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{got:?}");
+        let (level, target, msg) = ours[0];
+        assert_eq!(*level, log::Level::Warn);
+        assert_eq!(target, "hotverbs::error");
+        assert_eq!(
+            msg,
+            &format!("hotverbs: destroy failed during drop: {e}"),
+            "{msg}"
+        );
+        // The secondary channel still has it (other tests may have added theirs).
+        assert!(take_drop_errors().contains(&e));
     }
 
     #[test]

@@ -1113,7 +1113,7 @@ fn completion_channel_events_through_the_fd() {
             .unwrap();
     }
     let mut pfd = libc::pollfd {
-        fd: ch.fd(),
+        fd: std::os::fd::AsRawFd::as_raw_fd(&ch),
         events: libc::POLLIN,
         revents: 0,
     };

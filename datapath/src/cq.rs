@@ -162,6 +162,15 @@ pub struct CqPoller<const B: usize> {
 // only user on the Rust side, as the `new` contract requires.
 unsafe impl<const B: usize> Send for CqPoller<B> {}
 
+impl<const B: usize> core::fmt::Debug for CqPoller<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CqPoller")
+            .field("cq", &self.cq)
+            .field("batch", &B)
+            .finish()
+    }
+}
+
 impl<const B: usize> CqPoller<B> {
     const CHECK: () = assert!(B > 0 && B <= i32::MAX as usize, "CqPoller<B>: 0 < B");
 

@@ -175,6 +175,20 @@ const GEN_BITS: u64 = GEN_MASK << GEN_SHIFT;
 // which may be called from any thread (one caller at a time: `&mut self`).
 unsafe impl<const N: usize> Send for RecvRing<N> {}
 
+impl<const N: usize> core::fmt::Debug for RecvRing<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RecvRing")
+            .field("ring_id", &self.ring_id())
+            .field("qp_num", &self.qp_num)
+            .field("count", &self.count)
+            .field("slot_len", &self.slot_len)
+            .field("posted", &self.posted)
+            .field("held", &self.held)
+            .field("pending", &self.npending)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<const N: usize> RecvRing<N> {
     const MASK: usize = {
         assert!(N.is_power_of_two(), "RecvRing<N>: N must be a power of two");

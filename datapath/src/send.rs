@@ -329,6 +329,20 @@ pub struct SendRing<const N: usize> {
 // guarantees).
 unsafe impl<const N: usize> Send for SendRing<N> {}
 
+impl<const N: usize> core::fmt::Debug for SendRing<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SendRing")
+            .field("ring_id", &self.ring_id())
+            .field("qp_num", &self.st.qp_num)
+            .field("depth", &self.st.depth)
+            .field("staged", &self.st.staged)
+            .field("posted", &self.st.posted)
+            .field("retired", &self.st.retired)
+            .field("error", &self.cold.error)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<const N: usize> SendRing<N> {
     const MASK: usize = {
         assert!(N.is_power_of_two(), "SendRing<N>: N must be a power of two");
@@ -1062,6 +1076,15 @@ impl<const N: usize> SendRing<N> {
 pub struct Batch<'r, 'd, const N: usize> {
     ring: &'r mut SendRing<N>,
     _data: PhantomData<&'d [u8]>,
+}
+
+impl<const N: usize> core::fmt::Debug for Batch<'_, '_, N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ring", &self.ring)
+            .field("staged", &self.staged())
+            .finish()
+    }
 }
 
 impl<'d, const N: usize> Batch<'_, 'd, N> {

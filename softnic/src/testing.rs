@@ -229,6 +229,7 @@ pub unsafe fn must_modify_qp(qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: u32)
 /// RoCE v2 IPv4 GID), PSNs 0, path MTU 1024, `timeout` 14, `retry_cnt` 7.
 /// [`ConnectAttr::new`] gives the values the datapath tests and fuzz targets use.
 #[derive(Clone, Copy)]
+#[allow(missing_debug_implementations)] // ibv_gid (generated) has no Debug
 pub struct ConnectAttr {
     /// The peer's QP number (RC/UC; ignored for UD).
     pub dest_qpn: u32,

@@ -5,13 +5,16 @@
 //! # Invariants
 //! A [`Cq`] is an `Arc<CqInner>`; QPs hold clones, so the CQ is destroyed after them.
 //!
-//! `cq_context` of every CQ we create points to its *event word*, an `AtomicU64` allocated
-//! once and turned into a raw pointer (`Box::leak`) before the CQ exists: its address
-//! never changes, and no `Box` or `&mut` that moves with [`CqInner`] owns it. The word
-//! counts the events taken from the channel for the CQ and not yet acknowledged, plus a
-//! [`DYING`] bit. It is freed only after `ibv_destroy_cq` succeeded; if destruction fails,
-//! the CQ lives on and the word is leaked with it, so a later event for that CQ still
-//! finds it.
+//! `cq_context` of every CQ we create points to its *event word*, the `AtomicU64` at the
+//! start of a [`CqWord`] allocated once and turned into a raw pointer (`Box::leak`) before
+//! the CQ exists: its address never changes, and no `Box` or `&mut` that moves with
+//! [`CqInner`] owns it. The word counts the events taken from the channel for the CQ and
+//! not yet acknowledged, plus a [`DYING`] bit. Next to it sits the application's
+//! [`CqOptions::user_context`], written before the CQ exists and never after, so
+//! `get_cq_event` reads it without synchronisation (the application's own value never
+//! takes the word's place: `cq_context` stays ours). The allocation is freed only after
+//! `ibv_destroy_cq` succeeded; if destruction fails, the CQ lives on and the word is
+//! leaked with it, so a later event for that CQ still finds it.
 //!
 //! Events and destruction follow libibverbs: `ibv_destroy_cq` blocks until every event
 //! taken with `ibv_get_cq_event` for the CQ is acknowledged (`ibv_get_cq_event(3)`; softnic
@@ -46,6 +49,36 @@ use crate::error::{record_drop_error, Error, Result};
 /// Set in a CQ's event word when its destruction starts (module invariants); the low bits
 /// count events taken and not yet acknowledged.
 const DYING: u64 = 1 << 63;
+
+/// What the `cq_context` of our CQs points to (module invariants).
+struct CqWord {
+    /// The event word: events taken and not yet acknowledged, plus [`DYING`].
+    events: AtomicU64,
+    /// [`CqOptions::user_context`]; immutable once the CQ exists.
+    user_context: u64,
+}
+
+/// Options of [`Context::create_cq_with`]: the completion vector the CQ's events are
+/// raised on, and a value of the application's that comes back with every event.
+///
+/// # Example
+/// ```
+/// use hotverbs::CqOptions;
+/// let o = CqOptions { user_context: 42, ..Default::default() };
+/// assert_eq!((o.comp_vector, o.user_context), (0, 42));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CqOptions {
+    /// The completion vector (an interrupt / event queue of the device) the CQ signals
+    /// on: `0..num_comp_vectors` ([`Context::num_comp_vectors`]). Spreading CQs over the
+    /// vectors spreads their interrupts over CPUs. Default 0.
+    pub comp_vector: u32,
+    /// The application's value for this CQ (an index, a pointer cast to an integer),
+    /// handed back by [`CqEvent::user_context`] and [`Cq::user_context`]. It is not the
+    /// verbs `cq_context` (that one points to hotverbs' event word), so it never needs to
+    /// be a valid pointer. Default 0.
+    pub user_context: u64,
+}
 
 /// Acknowledges `n` events of `cq` (`ibv_ack_cq_events` takes a `c_uint`).
 ///
@@ -160,12 +193,19 @@ impl fmt::Debug for CompChannel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CqEvent {
     cq: *mut ibv_cq,
+    user_context: u64,
 }
 
 impl CqEvent {
     /// The raw CQ the event is for.
     pub fn cq_raw(&self) -> *mut ibv_cq {
         self.cq
+    }
+    /// The [`CqOptions::user_context`] the CQ was created with (0 for a CQ created on the
+    /// channel outside hotverbs, see [`CompChannel::as_raw`]): tells CQs apart without a
+    /// lookup by pointer.
+    pub fn user_context(&self) -> u64 {
+        self.user_context
     }
     /// Is it for `cq`?
     pub fn is_for(&self, cq: &Cq) -> bool {
@@ -203,11 +243,57 @@ impl Context {
     }
 
     /// `ibv_create_cq(3)` with room for at least `cqe` completions, signalling on `channel`
-    /// if given.
+    /// if given, on completion vector 0: [`create_cq_with`](Self::create_cq_with) with the
+    /// default [`CqOptions`].
     ///
     /// # Errors
     /// `EINVAL` when `cqe` exceeds the device's `max_cqe` (the hint says the limit).
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        self.create_cq_with(cqe, channel, CqOptions::default())
+    }
+
+    /// The number of completion vectors (`ibv_context.num_comp_vectors`): the valid
+    /// [`CqOptions::comp_vector`]s are `0..num_comp_vectors` (vector 0 always works).
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: live context; the field is set when the context is opened and read-only.
+        let n = unsafe { (*self.as_raw()).num_comp_vectors };
+        u32::try_from(n).unwrap_or(0)
+    }
+
+    /// `ibv_create_cq(3)` with room for at least `cqe` completions, signalling on `channel`
+    /// if given, with `opts`: the completion vector, and the application's context value
+    /// that [`CqEvent::user_context`] and [`Cq::user_context`] give back.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{Context, CqOptions};
+    /// let ctx = Context::open_softnic(hotverbs::SoftnicConfig {
+    ///     num_comp_vectors: 4,
+    ///     ..Default::default()
+    /// })?;
+    /// let ch = ctx.create_comp_channel()?;
+    /// let cq = ctx.create_cq_with(64, Some(&ch), CqOptions { comp_vector: 3, user_context: 7 })?;
+    /// assert_eq!((cq.comp_vector(), cq.user_context()), (3, 7));
+    /// let e = ctx.create_cq_with(64, None, CqOptions { comp_vector: 4, ..Default::default() })
+    ///     .unwrap_err();
+    /// assert_eq!((e.verb, e.errno), ("ibv_create_cq", libc::EINVAL));
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `ibv_create_cq: EINVAL` when `opts.comp_vector` is not below the context's
+    /// [`num_comp_vectors`](Self::num_comp_vectors) (checked before the verb; the hint
+    /// names the range), when `channel` is of another context, or when `cqe` exceeds the
+    /// device's `max_cqe` (the hint says the limit).
+    ///
+    /// # References
+    /// `ibv_create_cq(3)`
+    pub fn create_cq_with(
+        &self,
+        cqe: u32,
+        channel: Option<&CompChannel>,
+        opts: CqOptions,
+    ) -> Result<Cq> {
         let f = self
             .fns()
             .ibv_create_cq
@@ -218,13 +304,30 @@ impl Context {
                     .with_hint("the completion channel belongs to another device context"));
             }
         }
+        let vectors = self.num_comp_vectors();
+        let comp_vector = match i32::try_from(opts.comp_vector) {
+            Ok(v) if opts.comp_vector == 0 || opts.comp_vector < vectors => v,
+            _ => {
+                return Err(Error::new("ibv_create_cq", libc::EINVAL).with_hint(format!(
+                    "comp_vector {} is not a completion vector of {}: it has {vectors} \
+                         (num_comp_vectors), pick one of 0..{}",
+                    opts.comp_vector,
+                    self.name(),
+                    vectors.max(1)
+                )))
+            }
+        };
         // The event word, at its final address before the CQ can see it (module invariants).
-        let events = NonNull::from(Box::leak(Box::new(AtomicU64::new(0))));
+        let events = NonNull::from(Box::leak(Box::new(CqWord {
+            events: AtomicU64::new(0),
+            user_context: opts.user_context,
+        })));
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
         let n = i32::try_from(cqe).unwrap_or(i32::MAX);
         // SAFETY: live context; ch null or a live channel of this context; cq_context
-        // points to the event word, which outlives the CQ (freed after a successful destroy).
-        let cq = unsafe { f(self.as_raw(), n, events.as_ptr().cast(), ch, 0) };
+        // points to the event word, which outlives the CQ (freed after a successful destroy);
+        // comp_vector is one of the context's.
+        let cq = unsafe { f(self.as_raw(), n, events.as_ptr().cast(), ch, comp_vector) };
         if cq.is_null() {
             // SAFETY: no CQ was made, so nothing else has the word: freed once, here.
             drop(unsafe { Box::from_raw(events.as_ptr()) });
@@ -242,6 +345,8 @@ impl Context {
                 _channel: channel.map(|c| c.inner.clone()),
                 cq,
                 events,
+                comp_vector: opts.comp_vector,
+                rings: crate::bridge::CqRings::default(),
             }),
         })
     }
@@ -325,13 +430,19 @@ impl CompChannel {
         if ret != 0 {
             return Err(Error::from_ret("ibv_get_cq_event", ret));
         }
+        let mut user_context = 0;
         if !cq_ctx.is_null() {
+            let word = cq_ctx.cast::<CqWord>();
             // SAFETY: a CQ on our channel with a non-NULL cq_context is ours (see `as_raw`),
-            // so cq_ctx is its event word; the word is freed only after ibv_destroy_cq
-            // returns, which waits for the event we hold to be acknowledged, so it is live.
+            // so cq_ctx is its CqWord; it is freed only after ibv_destroy_cq returns, which
+            // waits for the event we hold to be acknowledged, so it is live until our ack.
+            // user_context was written before the CQ existed and is never written again.
             // AcqRel: pairs with the fetch_or of `CqInner::destroy` (whichever comes second
             // sees the other), and orders our count before the word is freed.
-            let prev = unsafe { (*cq_ctx.cast::<AtomicU64>()).fetch_add(1, Ordering::AcqRel) };
+            let prev = unsafe {
+                user_context = (*word).user_context;
+                (*word).events.fetch_add(1, Ordering::AcqRel)
+            };
             if prev & DYING != 0 {
                 // The CQ's destruction acknowledged what it counted before ours and waits
                 // in ibv_destroy_cq for this event: acknowledge it now. The word (and the
@@ -340,7 +451,7 @@ impl CompChannel {
                 unsafe { ack_cq_events(&self.inner.ctx, cq, 1) };
             }
         }
-        Ok(CqEvent { cq })
+        Ok(CqEvent { cq, user_context })
     }
 
     /// Waits up to `timeout` for the fd to become readable (`poll(2)`), then takes the
@@ -431,9 +542,13 @@ pub(crate) struct CqInner {
     /// Held so the channel outlives the CQ (libibverbs: EBUSY otherwise).
     _channel: Option<Arc<ChanInner>>,
     cq: *mut ibv_cq,
-    /// The event word (module invariants): from `Box::leak`, freed only after a successful
-    /// destroy.
-    events: NonNull<AtomicU64>,
+    /// The event word and user context (module invariants): from `Box::leak`, freed only
+    /// after a successful destroy.
+    events: NonNull<CqWord>,
+    /// [`CqOptions::comp_vector`].
+    comp_vector: u32,
+    /// The safe bridge's bookkeeping: ring ids, reserved capacity, the poller.
+    pub(crate) rings: crate::bridge::CqRings,
 }
 
 // SAFETY: CQ verbs are thread-safe; polling from several threads at once is the caller's
@@ -446,6 +561,11 @@ unsafe impl Sync for CqInner {}
 impl CqInner {
     /// The event word.
     fn events(&self) -> &AtomicU64 {
+        &self.word().events
+    }
+
+    /// The CQ's [`CqWord`].
+    fn word(&self) -> &CqWord {
         // SAFETY: allocated in create_cq and freed only by `destroy` after the CQ is gone,
         // which happens at most once, from `&mut self` (no `&self` borrow is alive then).
         unsafe { self.events.as_ref() }
@@ -546,8 +666,24 @@ impl Cq {
         unsafe { (*self.inner.cq).cqe.max(0) as u32 }
     }
 
+    /// The [`CqOptions::user_context`] it was created with (0 by default), as its events
+    /// carry it ([`CqEvent::user_context`]).
+    pub fn user_context(&self) -> u64 {
+        self.inner.word().user_context
+    }
+
+    /// The completion vector it signals on ([`CqOptions::comp_vector`]).
+    pub fn comp_vector(&self) -> u32 {
+        self.inner.comp_vector
+    }
+
     /// `ibv_poll_cq(3)` into `wcs`; returns how many were written.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        if self.inner.rings.poller_taken() {
+            return Err(Error::new("ibv_poll_cq", libc::EBUSY).with_hint(
+                "a datapath CqPoller polls this CQ: poll through it (one poller per CQ)",
+            ));
+        }
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc so the slice is n writable
         // ibv_wc entries.

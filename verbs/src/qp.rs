@@ -224,6 +224,21 @@ pub struct QpBuilder<'a> {
     srq: Option<&'a Srq>,
 }
 
+impl fmt::Debug for QpBuilder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QpBuilder")
+            .field("qp_type", &self.qp_type)
+            .field("max_send_wr", &self.cap.max_send_wr)
+            .field("max_recv_wr", &self.cap.max_recv_wr)
+            .field("max_send_sge", &self.cap.max_send_sge)
+            .field("max_recv_sge", &self.cap.max_recv_sge)
+            .field("max_inline_data", &self.cap.max_inline_data)
+            .field("sq_sig_all", &self.sq_sig_all)
+            .field("srq", &self.srq.is_some())
+            .finish()
+    }
+}
+
 impl<'a> QpBuilder<'a> {
     /// A builder for a QP of `qp_type` in `pd`, completing sends on `send_cq` and receives
     /// on `recv_cq` (which may be the same CQ).
@@ -1542,6 +1557,18 @@ pub struct SendWr<'a> {
     flags: SendFlags,
     imm: Option<u32>,
     kind: WrKind<'a>,
+}
+
+impl fmt::Debug for SendWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.wr_id)
+            .field("opcode", &self.opcode)
+            .field("sges", &self.sges)
+            .field("flags", &self.flags)
+            .field("imm", &self.imm)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> SendWr<'a> {

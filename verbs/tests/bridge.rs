@@ -88,13 +88,14 @@ fn inline_traffic_end_to_end_without_unsafe() {
 fn one_ring_per_send_queue_and_per_receive_queue() {
     let s = setup(256);
     let (a, _b) = connected(&s);
-    let first = a.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
-    errno(
-        a.send_ring::<16>(SendConfig::new(0, 16, 64)),
-        "SendRing",
-        libc::EBUSY,
-    );
-    drop(first);
+    {
+        let _first = a.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+        errno(
+            a.send_ring::<16>(SendConfig::new(0, 16, 64)),
+            "SendRing",
+            libc::EBUSY,
+        );
+    }
     // For the QP's life: a new ring would take the old one's late completions for its own.
     errno(
         a.send_ring::<16>(SendConfig::new(0, 16, 64)),
@@ -116,18 +117,19 @@ fn one_ring_per_send_queue_and_per_receive_queue() {
 fn an_oversubscribed_cq_is_refused() {
     let s = setup(40);
     let (a, b) = connected(&s);
-    let _ra = a.send_ring::<32>(SendConfig::new(0, 32, 64)).unwrap();
-    // 32 of 40 reserved: a second ring of 16 could overflow the CQ.
-    let e = errno(
-        b.send_ring::<16>(SendConfig::new(0, 16, 64)),
-        "SendRing",
-        libc::ENOSPC,
-    );
-    assert!(e.to_string().contains("40"), "{e}");
-    // The refusal took nothing: a ring that fits still goes through.
-    let _rb = b.send_ring::<8>(SendConfig::new(0, 8, 64)).unwrap();
+    {
+        let _ra = a.send_ring::<32>(SendConfig::new(0, 32, 64)).unwrap();
+        // 32 of 40 reserved: a second ring of 16 could overflow the CQ.
+        let e = errno(
+            b.send_ring::<16>(SendConfig::new(0, 16, 64)),
+            "SendRing",
+            libc::ENOSPC,
+        );
+        assert!(e.to_string().contains("40"), "{e}");
+        // The refusal took nothing: a ring that fits still goes through.
+        let _rb = b.send_ring::<8>(SendConfig::new(0, 8, 64)).unwrap();
+    }
     // Reservations end with the QP.
-    drop((_ra, _rb));
     drop(a);
     let c = rc(&s);
     let _rc = c.send_ring::<32>(SendConfig::new(0, 32, 64)).unwrap();

@@ -102,7 +102,7 @@ fn ud_needs_an_ah_of_its_pd_and_only_ud_takes_one() {
     let ah = pd.create_ah(&attr).unwrap();
     let other_pd = ctx.alloc_pd().unwrap();
     let foreign_ah = other_pd.create_ah(&attr).unwrap();
-    // SAFETY (each post): inline payloads, refused before the provider (asserted).
+    // SAFETY: inline payloads (copied during each call), most refused before the provider.
     unsafe {
         einval(
             ud.post_send(&SendWr::send(1, &sges).inline()),

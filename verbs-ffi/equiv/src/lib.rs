@@ -29,6 +29,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
+// Bench and test harness types, not an API: no Debug needed.
+#![allow(missing_debug_implementations)]
 
 pub mod c;
 pub mod fake;

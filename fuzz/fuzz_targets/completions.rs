@@ -106,7 +106,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Immediate data and the receive bit; the setup layer's view agrees.
-    let w = Wc(wc);
+    let w = Wc::from_raw(wc);
     let has_imm = wc.wc_flags & IBV_WC_WITH_IMM != 0;
     assert_eq!(c.imm().is_some(), has_imm);
     assert_eq!(c.imm(), w.imm_data());
@@ -116,6 +116,7 @@ fuzz_target!(|data: &[u8]| {
     );
     assert_eq!(w.status_name(), wc_status_name(st));
     assert_eq!(w.is_ok(), st == IBV_WC_SUCCESS);
+    assert_eq!(w.status(), c.status(), "one completion-status type for both layers");
     match w.ok() {
         Ok(_) => assert_eq!(st, IBV_WC_SUCCESS),
         Err(e) => assert!(e.to_string().contains(w.status_name())),

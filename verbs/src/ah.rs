@@ -194,7 +194,8 @@ impl Pd {
         // properly typed value below).
         let ah = unsafe {
             let mut grh_raw: hotverbs_ffi::ibv_grh = std::mem::transmute_copy(&g);
-            f(self.as_raw(), &mut wc.0, &mut grh_raw, port)
+            let mut raw_wc = *wc.as_raw();
+            f(self.as_raw(), &mut raw_wc, &mut grh_raw, port)
         };
         if ah.is_null() {
             return Err(Error::from_errno("ibv_create_ah_from_wc").or_hint(|| {

@@ -779,17 +779,20 @@ impl Cq {
 }
 
 /// A work completion (`struct ibv_wc`), `repr(transparent)` so slices of it are what
-/// `ibv_poll_cq` fills.
+/// `ibv_poll_cq` fills. Its status is the datapath's [`WcError`](crate::WcError), the one
+/// completion-status type of both layers; the raw struct is behind
+/// [`as_raw`](Self::as_raw) / [`from_raw`](Self::from_raw).
 ///
 /// # Example
 /// ```
 /// let wc = hotverbs::Wc::default();
 /// assert!(wc.is_ok());
+/// assert_eq!(wc.status(), Ok(()));
 /// assert_eq!(wc.status_name(), "IBV_WC_SUCCESS");
 /// ```
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-pub struct Wc(pub ibv_wc);
+pub struct Wc(ibv_wc);
 
 impl Default for Wc {
     fn default() -> Self {
@@ -803,8 +806,24 @@ impl Wc {
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
     }
-    /// `IBV_WC_*` status.
-    pub fn status(&self) -> u32 {
+    /// The raw `struct ibv_wc`.
+    pub fn as_raw(&self) -> &ibv_wc {
+        &self.0
+    }
+    /// Wraps a raw `struct ibv_wc` (a setup-layer completion is informational: nothing
+    /// retires work or frees memory on its word).
+    pub fn from_raw(wc: ibv_wc) -> Wc {
+        Wc(wc)
+    }
+    /// `Ok` for `IBV_WC_SUCCESS`, else the named error (the datapath's type).
+    pub fn status(&self) -> std::result::Result<(), crate::WcError> {
+        match crate::WcError::from_status(self.0.status) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+    /// The raw `IBV_WC_*` status.
+    pub fn status_raw(&self) -> u32 {
         self.0.status
     }
     /// Status name, e.g. `IBV_WC_REM_ACCESS_ERR`.

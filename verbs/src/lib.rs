@@ -86,7 +86,8 @@ pub mod testing;
 pub use ah::{Ah, AhAttr};
 pub use bridge::{CqPoller, RecvRing, SendRing};
 pub use cq::{
-    async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqEvent, Wc,
+    async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqEvent, CqOptions,
+    Wc,
 };
 pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
@@ -108,10 +109,10 @@ pub use hotverbs_softnic::Config as SoftnicConfig;
 pub use mr::{AccessFlags, Mr, OwnedBuf, RemoteMr, Sge};
 pub use pd::Pd;
 pub use qp::{
-    ConnectOptions, Grh, InitAttr, Qp, QpAttr, QpBuilder, QpState, QpType, RtrAttr, RtsAttr,
-    SendWr, DEFAULT_QKEY,
+    ConnectOptions, Grh, InitAttr, Qp, QpAttr, QpBuilder, QpCaps, QpState, QpType, RtrAttr,
+    RtsAttr, SendWr, DEFAULT_QKEY,
 };
-pub use srq::Srq;
+pub use srq::{Srq, SrqAttr};
 
 /// An all-zero value of a C struct.
 ///

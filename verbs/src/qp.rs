@@ -48,6 +48,15 @@ impl QpType {
             QpType::Ud => hotverbs_ffi::IBV_QPT_UD,
         }
     }
+    /// From a raw `IBV_QPT_*` (`None` for types hotverbs does not build).
+    pub fn from_raw(v: u32) -> Option<QpType> {
+        match v {
+            hotverbs_ffi::IBV_QPT_RC => Some(QpType::Rc),
+            hotverbs_ffi::IBV_QPT_UC => Some(QpType::Uc),
+            hotverbs_ffi::IBV_QPT_UD => Some(QpType::Ud),
+            _ => None,
+        }
+    }
 }
 
 /// QP state (`enum ibv_qp_state`).
@@ -657,13 +666,55 @@ impl Default for ConnectOptions {
 /// ```
 #[derive(Clone, Copy)]
 pub struct QpAttr {
-    /// The raw attributes.
-    pub attr: ibv_qp_attr,
-    /// The raw init attributes (caps, type, sq_sig_all).
-    pub init: ibv_qp_init_attr,
+    attr: ibv_qp_attr,
+    init: ibv_qp_init_attr,
+}
+
+/// A QP's capabilities (`struct ibv_qp_cap`): what `ibv_create_qp(3)` granted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (0 with an SRQ).
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Bytes a send WR may carry inline.
+    pub max_inline_data: u32,
+}
+
+impl From<hotverbs_ffi::ibv_qp_cap> for QpCaps {
+    fn from(c: hotverbs_ffi::ibv_qp_cap) -> QpCaps {
+        QpCaps {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        }
+    }
 }
 
 impl QpAttr {
+    /// The raw attributes (`struct ibv_qp_attr`).
+    pub fn as_raw(&self) -> &ibv_qp_attr {
+        &self.attr
+    }
+    /// The raw init attributes (`struct ibv_qp_init_attr`: caps, type, sq_sig_all).
+    pub fn init_raw(&self) -> &ibv_qp_init_attr {
+        &self.init
+    }
+    /// The QP type.
+    pub fn qp_type(&self) -> Option<QpType> {
+        QpType::from_raw(self.init.qp_type)
+    }
+    /// Every send WR signaled (`sq_sig_all`)?
+    pub fn sq_sig_all(&self) -> bool {
+        self.init.sq_sig_all != 0
+    }
     /// Current state.
     pub fn state(&self) -> QpState {
         QpState::from_raw(self.attr.qp_state)
@@ -721,8 +772,8 @@ impl QpAttr {
         self.attr.min_rnr_timer
     }
     /// Capabilities.
-    pub fn cap(&self) -> hotverbs_ffi::ibv_qp_cap {
-        self.attr.cap
+    pub fn cap(&self) -> QpCaps {
+        self.attr.cap.into()
     }
 }
 
@@ -828,8 +879,8 @@ impl Qp {
     }
 
     /// Actual capabilities (what the device granted, at least what was asked).
-    pub fn cap(&self) -> hotverbs_ffi::ibv_qp_cap {
-        self.cap
+    pub fn cap(&self) -> QpCaps {
+        self.cap.into()
     }
 
     /// The PD.
@@ -901,7 +952,7 @@ impl Qp {
     /// Modifies with a raw attribute struct and mask (`ibv_modify_qp(3)`), for
     /// transitions the typed methods do not cover (e.g. SQD). The error names the
     /// transition.
-    pub fn modify(&self, attr: &mut ibv_qp_attr, mask: QpAttrMask) -> Result<()> {
+    pub fn modify_raw(&self, attr: &mut ibv_qp_attr, mask: QpAttrMask) -> Result<()> {
         self.modify_to(attr, mask, |_, _| None)
     }
 

@@ -64,6 +64,18 @@ impl Drop for SrqInner {
     }
 }
 
+/// An SRQ's attributes (`struct ibv_srq_attr`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SrqAttr {
+    /// Receives it can hold.
+    pub max_wr: u32,
+    /// SGEs per receive.
+    pub max_sge: u32,
+    /// The limit that raises `IBV_EVENT_SRQ_LIMIT_REACHED` (0: disarmed).
+    pub srq_limit: u32,
+}
+
 /// A shared receive queue (`struct ibv_srq`): one pool of receives for many QPs.
 ///
 /// # Example
@@ -164,7 +176,17 @@ impl Srq {
     }
 
     /// `ibv_query_srq(3)`: max_wr, max_sge, srq_limit.
-    pub fn query(&self) -> Result<ibv_srq_attr> {
+    pub fn query(&self) -> Result<SrqAttr> {
+        let a = self.query_raw()?;
+        Ok(SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        })
+    }
+
+    /// `ibv_query_srq(3)` as the raw `struct ibv_srq_attr`.
+    pub fn query_raw(&self) -> Result<ibv_srq_attr> {
         let f = self
             .inner
             .pd

@@ -292,15 +292,15 @@ fn builder_every_type_and_cap() {
         assert_eq!(qp.recv_cq().as_raw(), rcq.as_raw());
         let a = qp.query().unwrap();
         assert_eq!(a.state(), QpState::Reset);
-        assert_eq!(a.init.qp_type, ty.raw());
-        assert_eq!(a.init.sq_sig_all, 0, "selective signaling by default");
+        assert_eq!(a.qp_type(), Some(ty));
+        assert!(!a.sq_sig_all(), "selective signaling by default");
         assert!(qp.local_psn() <= 0xff_ffff);
     }
     let sig = QpBuilder::new(&pd, &scq, &rcq, QpType::Rc)
         .sq_sig_all(true)
         .build()
         .unwrap();
-    assert_eq!(sig.query().unwrap().init.sq_sig_all, 1);
+    assert!(sig.query().unwrap().sq_sig_all());
 }
 
 #[test]
@@ -461,7 +461,7 @@ fn rc_transitions_carry_every_parameter() {
     assert_eq!(a.max_dest_rd_atomic(), 4);
     assert_eq!(a.min_rnr_timer(), 9);
     assert_eq!(
-        AhAttr::from_raw(&a.attr.ah_attr).grh.unwrap().dgid,
+        AhAttr::from_raw(&a.as_raw().ah_attr).grh.unwrap().dgid,
         info.gid
     );
 

@@ -76,6 +76,14 @@
 //!   IBV_ACCESS_LOCAL_WRITE must be set too" -> EINVAL otherwise. lkey == rkey; keys of
 //!   deregistered MRs are never reused in the process. `ibv_reg_mr_iova(2)` supported
 //!   (SGE and remote addresses are in the iova space).
+//! - `ibv_reg_dmabuf_mr(3)`: softnic maps `length` bytes at `offset` of the fd (`mmap`,
+//!   `MAP_SHARED`, read/write; any mappable fd, e.g. a memfd, stands in for a GPU buffer)
+//!   and registers the mapping in the iova space, as `ibv_reg_mr_iova2`; `ibv_dereg_mr`
+//!   unmaps it. The range must lie inside the file (`fstat`) -> EINVAL otherwise, as the
+//!   kernel checks a dmabuf's size; shrinking the file afterwards is like freeing
+//!   registered memory (a later access raises SIGBUS) — real dmabufs have a fixed size.
+//!   `ibv_mr.addr` is softnic's mapping (libibverbs puts `offset` there). A device
+//!   configured with `dmabuf: false` answers EOPNOTSUPP, as libibverbs does for rxe.
 //! - `ibv_create_ah(3)`: RoCE needs a GRH: is_global 0 -> EINVAL, sgid_index beyond the
 //!   table -> ENODATA (rxe S18).
 //! - `ibv_dealloc_pd` EBUSY while MRs/QPs/SRQs/AHs use it; `ibv_destroy_cq` EBUSY while a
@@ -271,6 +279,9 @@ pub struct Config {
     pub max_srq: u32,
     /// `ibv_context.num_comp_vectors` (create_cq's comp_vector must be below it).
     pub num_comp_vectors: u32,
+    /// Whether `ibv_reg_dmabuf_mr` is supported; `false` answers `EOPNOTSUPP`, as
+    /// libibverbs does for a provider without it (rxe).
+    pub dmabuf: bool,
     /// IPv4 address in the device's RoCE v2 GID (index 1); `None` picks `10.77.x.y` from the
     /// device number (the default device is 10.77.0.1).
     pub ipv4: Option<[u8; 4]>,
@@ -295,6 +306,7 @@ impl Default for Config {
             max_ah: 32767,
             max_srq: 917_503,
             num_comp_vectors: 1,
+            dmabuf: true,
             ipv4: None,
         }
     }
@@ -340,6 +352,7 @@ static TABLE: IbvFns = IbvFns {
     ibv_query_port: Some(verbs::query_port),
     ibv_query_qp: Some(verbs::query_qp),
     ibv_query_srq: Some(verbs::query_srq),
+    ibv_reg_dmabuf_mr: Some(verbs::reg_dmabuf_mr),
     ibv_reg_mr: Some(verbs::reg_mr),
     ibv_reg_mr_iova: Some(verbs::reg_mr_iova),
     ibv_reg_mr_iova2: Some(verbs::reg_mr_iova2),

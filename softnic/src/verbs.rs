@@ -489,6 +489,103 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
     ibv
 }
 
+/// The mappings softnic's dmabuf registrations own, by MR key: `(base, length)` of the
+/// `mmap`, unmapped by `dereg_mr`. Only changed with the fabric lock held (lock order:
+/// fabric, then this), so no work request is copying through a mapping when it goes.
+static DMABUF_MAPS: std::sync::Mutex<std::collections::BTreeMap<u32, (usize, usize)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn dmabuf_maps() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u32, (usize, usize)>>
+{
+    DMABUF_MAPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `ibv_reg_dmabuf_mr(3)`: softnic maps `length` bytes at `offset` of the fd (`mmap`,
+/// `MAP_SHARED`, read/write) and registers that mapping as the MR's memory, addressed as
+/// `iova..iova + length` (as `reg_mr_iova2`); the MR owns the mapping and `dereg_mr` unmaps
+/// it. `ibv_mr.addr` is softnic's mapping (libibverbs puts `offset` there; neither is a
+/// pointer the application may use). EOPNOTSUPP on a device configured with
+/// `dmabuf: false` (what libibverbs answers for a provider without the verb, e.g. rxe).
+pub(crate) unsafe extern "C" fn reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    let _errno = ErrnoScope::enter();
+    {
+        let f = lock();
+        // SAFETY: live PD of a live softnic context (caller).
+        let ci = unsafe { ctx_idx((*pd).context) };
+        if !f.cfg(ci).dmabuf {
+            return fail(libc::EOPNOTSUPP);
+        }
+    }
+    let access = access as c_uint;
+    if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+        && access & IBV_ACCESS_LOCAL_WRITE == 0
+    {
+        return fail(libc::EINVAL);
+    }
+    if length == 0 || iova.checked_add(length as u64).is_none() {
+        return fail(libc::EINVAL);
+    }
+    if fd < 0 {
+        return fail(libc::EBADF);
+    }
+    // The range must lie inside the buffer (the kernel checks a dmabuf's size the same
+    // way): touching a shared mapping beyond the end of its file raises SIGBUS.
+    // SAFETY: fstat on an fd the caller passes for the call, into a local.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return fail(hotverbs_ffi::errno());
+    }
+    let end = offset.checked_add(length as u64);
+    if end.is_none_or(|e| e > st.st_size.max(0) as u64) {
+        return fail(libc::EINVAL);
+    }
+    // mmap wants a page-aligned file offset: map from the page holding `offset`.
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let aligned = offset & !(page - 1);
+    let delta = (offset - aligned) as usize;
+    let (Ok(file_off), Some(map_len)) = (libc::off_t::try_from(aligned), delta.checked_add(length))
+    else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: a new shared mapping of the caller's fd; no existing memory is affected.
+    let base = unsafe {
+        libc::mmap(
+            null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            file_off,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return fail(hotverbs_ffi::errno());
+    }
+    // The registered memory: derived from the mapping, so it carries its provenance.
+    let addr = base.cast::<u8>().wrapping_add(delta).cast::<c_void>();
+    // SAFETY: a live PD; addr..addr + length is our mapping, valid until dereg_mr unmaps
+    // it.
+    let mr = unsafe { reg_mr_iova2(pd, addr, length, iova, access) };
+    if mr.is_null() {
+        // SAFETY: the mapping made above, used by nothing.
+        unsafe { libc::munmap(base, map_len) };
+        return mr;
+    }
+    // SAFETY: the MR just registered; nobody else has the pointer yet.
+    let key = unsafe { (*mr).lkey };
+    dmabuf_maps().insert(key, (base as usize, map_len));
+    mr
+}
+
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     let _errno = ErrnoScope::enter();
     let mut f = lock();
@@ -499,6 +596,11 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     };
     if let Some(Some(p)) = f.pds.get_mut(m.pd as usize) {
         p.users -= 1;
+    }
+    if let Some((base, len)) = dmabuf_maps().remove(&m.key) {
+        // SAFETY: the mapping reg_dmabuf_mr made for this MR, which is gone from the fabric
+        // (we hold its lock, so no work request is copying through it); unmapped once.
+        unsafe { libc::munmap(base as *mut c_void, len) };
     }
     // SAFETY: allocated by reg_mr_iova2.
     drop(unsafe { Box::from_raw(m.ptr.0) });

@@ -1,20 +1,31 @@
 //! The rdma_cm path (librdmacm, loaded at run time): event channel, IDs, address and
-//! route resolution, an RC QP on the ID, connect/accept, disconnect — with every event
-//! surfaced by name (`RDMA_CM_EVENT_ESTABLISHED`).
+//! route resolution, a typed [`Qp`] on the ID, connect/accept, disconnect — with every
+//! event surfaced by name (`RDMA_CM_EVENT_ESTABLISHED`).
 //!
 //! librdmacm opens its own device contexts; [`CmId::context`] wraps the ID's context (not
-//! owned by us) so the ordinary [`Pd`]/[`Cq`] types work on it. rdma_cm needs a real
-//! device with an IP address: softnic has no rdma_cm.
+//! owned by us) so the ordinary [`Pd`](crate::Pd)/[`Cq`](crate::Cq) types work on it, and
+//! [`CmId::create_qp`] takes the same [`QpBuilder`] as `ibv_create_qp` (caps, inline
+//! data, `sq_sig_all`, SRQ). rdma_cm needs a real device with an IP address: softnic has
+//! no rdma_cm.
 //!
-//! Invariants: a [`CmId`] holds its [`EventChannel`] (the channel outlives its IDs) and,
-//! once it has a QP, clones of the PD and CQs the QP uses; the QP is destroyed
-//! (`rdma_destroy_qp`) before the ID (`rdma_destroy_id`). Events are copied out and
-//! acknowledged immediately, so no unacknowledged event ever blocks `rdma_destroy_id`.
+//! Port spaces ([`PortSpace`]): an ID in `RDMA_PS_TCP` ([`CmId::new`]) connects RC QPs
+//! with CM REQ/REP; one in `RDMA_PS_UDP` ([`CmId::with_port_space`]) carries a UD QP and
+//! "connects" by service ID resolution (SIDR), which hands the client the server's QPN,
+//! Q_Key and address ([`CmId::connect_ud`]). UC has no rdma_cm port space here and is
+//! refused.
+//!
+//! Invariants: a [`CmId`] holds its [`EventChannel`] (the channel outlives its IDs) and
+//! owns the [`Qp`] made on it, which holds its PD and CQs; the QP is destroyed
+//! (`rdma_destroy_qp`, by the `Qp`'s destroy) before the ID (`rdma_destroy_id`), and
+//! callers only ever borrow it ([`CmId::qp`]), so it cannot outlive the ID. Events are
+//! copied out and acknowledged immediately, so no unacknowledged event ever blocks
+//! `rdma_destroy_id`.
 //!
 //! # Example (needs an RDMA device with an IP; prints why not otherwise)
 //! ```no_run
 //! use std::time::Duration;
 //! use hotverbs::cm::{CmId, ConnParam, EventChannel};
+//! use hotverbs::{CqOptions, QpBuilder, QpType};
 //! let t = Duration::from_secs(5);
 //! let ch = EventChannel::new()?;
 //! let mut id = CmId::new(&ch)?;
@@ -22,8 +33,11 @@
 //! id.resolve_route(t)?;
 //! let ctx = id.context()?;
 //! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq(64, None)?;
-//! id.create_qp(&pd, &cq, &cq, 16, 16)?;
+//! let cq = ctx.create_cq_with(64, None, CqOptions { comp_vector: 0, user_context: 7 })?;
+//! let qp = id.create_qp(
+//!     QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_send_wr(16).max_inline_data(64),
+//! )?;
+//! assert!(qp.cap().max_inline_data >= 64);
 //! id.connect(&ConnParam::default(), t)?;
 //! id.disconnect()?;
 //! # Ok::<(), hotverbs::Error>(())
@@ -36,14 +50,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hotverbs_ffi::{
-    ibv_qp, ibv_qp_init_attr, rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel,
-    RdmaCmFns,
+    ibv_qp, rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, RdmaCmFns,
 };
 
-use crate::cq::{poll_readable, set_nonblocking, Cq};
+use crate::ah::AhAttr;
+use crate::cq::{poll_readable, set_nonblocking};
 use crate::device::Context;
 use crate::error::{record_drop_error, Error, Result};
-use crate::pd::Pd;
+use crate::qp::{Qp, QpBuilder, QpDestroy, QpType};
 
 fn cm() -> Result<&'static RdmaCmFns> {
     hotverbs_ffi::rdmacm()
@@ -148,6 +162,36 @@ pub struct CmEvent {
     pub listen_id: *mut rdma_cm_id,
     /// Private data the peer sent with connect/accept.
     pub private_data: Vec<u8>,
+    /// On a UD ID's `RDMA_CM_EVENT_ESTABLISHED` (the client's end of SIDR): where the
+    /// server's QP is. `None` otherwise.
+    pub ud: Option<UdParam>,
+}
+
+/// The peer of a UD ID, as service ID resolution (SIDR) reports it: the remote QPN and
+/// Q_Key a datagram must carry and the address to reach it (make an [`Ah`](crate::Ah)
+/// from it with [`Pd::create_ah`](crate::Pd::create_ah)).
+///
+/// # Example
+/// ```no_run
+/// # use std::time::Duration;
+/// # use hotverbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+/// # let (ch, t) = (EventChannel::new()?, Duration::from_secs(5));
+/// # let id = CmId::with_port_space(&ch, PortSpace::Udp)?;
+/// # let pd = id.context()?.alloc_pd()?;
+/// let (peer, _private) = id.connect_ud(&ConnParam::default(), t)?;
+/// let ah = pd.create_ah(&peer.ah)?;
+/// // post UD sends with `ah`, `peer.qp_num`, `peer.qkey`
+/// # let _ = ah;
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdParam {
+    /// The remote QP number.
+    pub qp_num: u32,
+    /// The Q_Key the remote QP accepts (`RDMA_UDP_QKEY` for rdma_cm's UD QPs).
+    pub qkey: u32,
+    /// The address of the remote port.
+    pub ah: AhAttr,
 }
 
 impl EventChannel {
@@ -216,21 +260,32 @@ impl EventChannel {
         if ret != 0 {
             return Err(Error::from_ret("rdma_get_cm_event", ret));
         }
-        // SAFETY: ev is a valid event until acked; private data (if any) is
-        // private_data_len bytes; the union member `conn` is valid for connection events
-        // and otherwise zero-length.
+        // SAFETY: ev is a valid event until acked, and so is the ID it names (librdmacm
+        // keeps an ID with unacknowledged events alive); private data (if any) is
+        // private_data_len bytes; librdmacm fills the union member `ud` for IDs of a UD QP
+        // type (RDMA_PS_UDP/IPOIB) and `conn` for the others, for connection events; both
+        // start with the private data pointer and length.
         let out = unsafe {
             let e = &*ev;
-            let conn = e.param.conn;
-            let private_data = if conn.private_data.is_null() || !is_conn_event(e.event) {
+            let ud_id = !e.id.is_null() && (*e.id).qp_type == hotverbs_ffi::IBV_QPT_UD;
+            let (data, data_len) = if ud_id {
+                (e.param.ud.private_data, e.param.ud.private_data_len)
+            } else {
+                (e.param.conn.private_data, e.param.conn.private_data_len)
+            };
+            let private_data = if data.is_null() || !is_conn_event(e.event) {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(
-                    conn.private_data.cast::<u8>(),
-                    conn.private_data_len as usize,
-                )
-                .to_vec()
+                std::slice::from_raw_parts(data.cast::<u8>(), data_len as usize).to_vec()
             };
+            let ud = (ud_id && e.event == hotverbs_ffi::RDMA_CM_EVENT_ESTABLISHED).then(|| {
+                let p = e.param.ud;
+                UdParam {
+                    qp_num: p.qp_num,
+                    qkey: p.qkey,
+                    ah: AhAttr::from_raw(&p.ah_attr),
+                }
+            });
             CmEvent {
                 kind: e.event,
                 name: event_name(e.event),
@@ -238,6 +293,7 @@ impl EventChannel {
                 id: e.id,
                 listen_id: e.listen_id,
                 private_data,
+                ud,
             }
         };
         if let Some(ack) = fns.rdma_ack_cm_event {
@@ -287,7 +343,9 @@ fn is_conn_event(t: u32) -> bool {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnParam {
-    /// Up to 56 bytes for the peer (e.g. an [`Endpoint`](crate::Endpoint) with an MR).
+    /// Bytes for the peer (e.g. an [`Endpoint`](crate::Endpoint) with an MR), as many as
+    /// the CM message has room for: 56 on an RC connect, 196 on an RC accept, 180 on a UD
+    /// connect, 136 on a UD accept.
     pub private_data: Vec<u8>,
     /// Outstanding RDMA reads/atomics we answer.
     pub responder_resources: u8,
@@ -311,11 +369,27 @@ impl Default for ConnParam {
     }
 }
 
+/// Private data room of the CM message `verb` sends on an ID of port space `ps` (IB CM:
+/// REQ 92 bytes less rdma_cm's 36-byte header, REP 196, SIDR REQ 216 less the header,
+/// SIDR REP 136).
+fn private_data_max(verb: &str, ps: PortSpace) -> usize {
+    match (ps, verb) {
+        (PortSpace::Tcp, "rdma_connect") => 56,
+        (PortSpace::Tcp, _) => 196,
+        (PortSpace::Udp, "rdma_connect") => 180,
+        (PortSpace::Udp, _) => 136,
+    }
+}
+
 impl ConnParam {
-    fn to_raw(&self) -> Result<rdma_conn_param> {
-        if self.private_data.len() > 56 {
-            return Err(Error::new("rdma_connect", libc::EINVAL)
-                .with_hint("private data is limited to 56 bytes (RC connect)"));
+    fn to_raw(&self, verb: &'static str, ps: PortSpace) -> Result<rdma_conn_param> {
+        let max = private_data_max(verb, ps);
+        if self.private_data.len() > max {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                "{} bytes of private data: {verb} on an {} ID carries at most {max}",
+                self.private_data.len(),
+                ps.name()
+            )));
         }
         // SAFETY: plain C data.
         let mut p: rdma_conn_param = unsafe { crate::zeroed() };
@@ -335,16 +409,97 @@ impl ConnParam {
 
 /// An rdma_cm identifier (`struct rdma_cm_id`), the rdma_cm's "socket".
 ///
+/// The port space of an rdma_cm ID (`enum rdma_port_space`): which QP type its
+/// connections carry.
+///
+/// # Example
+/// ```
+/// use hotverbs::cm::PortSpace;
+/// use hotverbs::QpType;
+/// assert_eq!(PortSpace::Tcp.qp_type(), QpType::Rc);
+/// assert_eq!(PortSpace::Udp.raw(), hotverbs_ffi::RDMA_PS_UDP);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connected (RC) QPs, connected with CM REQ/REP/RTU.
+    Tcp,
+    /// `RDMA_PS_UDP`: unreliable datagram (UD) QPs; "connecting" resolves the server's QPN
+    /// and Q_Key (SIDR), see [`CmId::connect_ud`].
+    Udp,
+}
+
+impl PortSpace {
+    /// The raw `RDMA_PS_*`.
+    pub fn raw(self) -> u32 {
+        match self {
+            PortSpace::Tcp => hotverbs_ffi::RDMA_PS_TCP,
+            PortSpace::Udp => hotverbs_ffi::RDMA_PS_UDP,
+        }
+    }
+
+    /// The QP type IDs of this port space carry.
+    pub fn qp_type(self) -> QpType {
+        match self {
+            PortSpace::Tcp => QpType::Rc,
+            PortSpace::Udp => QpType::Ud,
+        }
+    }
+
+    /// `"RDMA_PS_TCP"` or `"RDMA_PS_UDP"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PortSpace::Tcp => "RDMA_PS_TCP",
+            PortSpace::Udp => "RDMA_PS_UDP",
+        }
+    }
+}
+
+/// Why `rdma_create_qp` on an ID of port space `ps` refuses a QP of type `qp_type` (raw
+/// `IBV_QPT_*`), if it does.
+fn qp_type_refusal(ps: PortSpace, qp_type: u32) -> Option<String> {
+    if qp_type == ps.qp_type().raw() {
+        return None;
+    }
+    Some(if qp_type == QpType::Uc.raw() {
+        "rdma_cm connects RC QPs (RDMA_PS_TCP) and resolves UD QPs (RDMA_PS_UDP); it has no \
+         port space for UC here: set a UC QP up with QpBuilder::build and Qp::connect over \
+         an out-of-band exchange (hotverbs::exchange)"
+            .to_string()
+    } else if qp_type == QpType::Ud.raw() {
+        format!(
+            "a UD QP needs an ID in RDMA_PS_UDP (CmId::with_port_space(&channel, \
+             PortSpace::Udp)); this ID is in {}",
+            ps.name()
+        )
+    } else if qp_type == QpType::Rc.raw() {
+        format!(
+            "an RC QP needs an ID in RDMA_PS_TCP (CmId::new); this ID is in {}",
+            ps.name()
+        )
+    } else {
+        format!("QP type {qp_type} is not one rdma_cm sets up")
+    })
+}
+
+/// An rdma_cm identifier (`struct rdma_cm_id`), the rdma_cm's "socket".
+///
 /// Active side: [`new`](Self::new), [`resolve_addr`](Self::resolve_addr),
 /// [`resolve_route`](Self::resolve_route), [`create_qp`](Self::create_qp),
-/// [`connect`](Self::connect). Passive side: [`bind`](Self::bind),
-/// [`listen`](Self::listen), [`get_request`](Self::get_request) (a new `CmId`),
-/// `create_qp`, [`accept`](Self::accept). Both: [`disconnect`](Self::disconnect).
+/// [`connect`](Self::connect) ([`connect_ud`](Self::connect_ud) in `RDMA_PS_UDP`).
+/// Passive side: [`bind`](Self::bind), [`listen`](Self::listen),
+/// [`get_request`](Self::get_request) (a new `CmId`), `create_qp`,
+/// [`accept`](Self::accept). Both: [`disconnect`](Self::disconnect) (RC).
+///
+/// The ID owns the [`Qp`] made on it and lends it out ([`qp`](Self::qp)): post, poll and
+/// build datapath rings through it like any other QP. rdma_cm moves it through the
+/// states (INIT at creation, RTR/RTS on connect/accept for RC; RTS at creation for UD),
+/// so its [`tracked_state`](Qp::tracked_state) stays RESET; [`Qp::query`] tells.
 ///
 /// # Example
 /// ```no_run
 /// use std::time::Duration;
 /// use hotverbs::cm::{CmId, ConnParam, EventChannel};
+/// use hotverbs::{QpBuilder, QpType};
 /// let t = Duration::from_secs(5);
 /// let ch = EventChannel::new()?;
 /// let listener = CmId::new(&ch)?;
@@ -354,25 +509,31 @@ impl ConnParam {
 /// let ctx = conn.context()?;
 /// let pd = ctx.alloc_pd()?;
 /// let cq = ctx.create_cq(64, None)?;
-/// conn.create_qp(&pd, &cq, &cq, 16, 16)?;
+/// conn.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc).sq_sig_all(true))?;
 /// conn.accept(&ConnParam::default(), t)?;
+/// let qp = conn.qp().expect("made above");
+/// # let _ = qp;
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 pub struct CmId {
     fns: &'static RdmaCmFns,
     id: *mut rdma_cm_id,
     channel: EventChannel,
-    qp_parts: Option<(Pd, Cq, Cq)>,
+    ps: PortSpace,
+    /// The QP made on the ID: destroyed (through `rdma_destroy_qp` on `id`) before the ID.
+    qp: Option<Qp>,
 }
 
-// SAFETY: librdmacm calls on an ID are thread-safe; the struct holds identifiers.
+// SAFETY: librdmacm calls on an ID are thread-safe; the struct holds identifiers and a
+// `Qp`, which is Send.
 unsafe impl Send for CmId {}
 
 impl fmt::Debug for CmId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CmId")
             .field("id", &self.id)
-            .field("has_qp", &self.qp_parts.is_some())
+            .field("port_space", &self.ps)
+            .field("qp", &self.qp)
             .finish()
     }
 }
@@ -418,22 +579,21 @@ fn sockaddr_of(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 }
 
 impl CmId {
-    /// `rdma_create_id(3)` on `channel`, port space TCP (reliable connected).
+    /// `rdma_create_id(3)` on `channel`, port space TCP (RC QPs).
     pub fn new(channel: &EventChannel) -> Result<CmId> {
+        Self::with_port_space(channel, PortSpace::Tcp)
+    }
+
+    /// `rdma_create_id(3)` on `channel` in port space `ps`: [`PortSpace::Tcp`] for RC QPs,
+    /// [`PortSpace::Udp`] for a UD QP.
+    pub fn with_port_space(channel: &EventChannel, ps: PortSpace) -> Result<CmId> {
         let fns = channel.inner.fns;
         let f = fns
             .rdma_create_id
             .ok_or_else(|| Error::missing("rdma_create_id"))?;
         let mut id: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: live channel, valid out-pointer.
-        let ret = unsafe {
-            f(
-                channel.inner.ch,
-                &mut id,
-                std::ptr::null_mut(),
-                hotverbs_ffi::RDMA_PS_TCP,
-            )
-        };
+        let ret = unsafe { f(channel.inner.ch, &mut id, std::ptr::null_mut(), ps.raw()) };
         if ret != 0 {
             return Err(Error::from_ret("rdma_create_id", ret));
         }
@@ -441,8 +601,14 @@ impl CmId {
             fns,
             id,
             channel: channel.clone(),
-            qp_parts: None,
+            ps,
+            qp: None,
         })
+    }
+
+    /// The ID's port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.ps
     }
 
     /// The raw `rdma_cm_id`.
@@ -589,7 +755,8 @@ impl CmId {
                 fns: self.fns,
                 id: ev.id,
                 channel: self.channel.clone(),
-                qp_parts: None,
+                ps: self.ps,
+                qp: None,
             },
             ev.private_data,
         ))
@@ -611,93 +778,156 @@ impl CmId {
         Ok(unsafe { Context::from_raw_borrowed(fns, verbs) })
     }
 
-    /// `rdma_create_qp(3)`: an RC QP owned by this ID (rdma_cm moves it through the
-    /// states on connect/accept). `pd` and the CQs must be of [`context`](Self::context).
-    pub fn create_qp(
-        &mut self,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
-        max_send_wr: u32,
-        max_recv_wr: u32,
-    ) -> Result<()> {
+    /// `rdma_create_qp(3)`: the QP `builder` describes (caps, inline data, `sq_sig_all`,
+    /// SRQ), made on this ID and owned by it; returns it borrowed ([`qp`](Self::qp) lends it
+    /// again later). rdma_cm moves it through the states: an RC QP to INIT now and to
+    /// RTR/RTS on connect/accept, a UD QP straight to RTS (Q_Key `RDMA_UDP_QKEY`). The
+    /// builder's PD and CQs (and SRQ) must be of [`context`](Self::context); its QP type
+    /// must be the port space's ([`PortSpace::qp_type`]). One QP per ID.
+    ///
+    /// # Errors
+    /// `rdma_create_qp: EBUSY` when the ID already has a QP; `ENODEV` before the ID has a
+    /// device (resolve the address, or take a request, first); `EINVAL` for a PD/CQ/SRQ of
+    /// another context or a QP type the port space does not carry (UC: never); the verb's
+    /// error otherwise, with a hint naming the device limit a cap exceeds.
+    ///
+    /// # References
+    /// `rdma_create_qp(3)`, `rdma_destroy_qp(3)`
+    pub fn create_qp(&mut self, builder: QpBuilder<'_>) -> Result<&Qp> {
+        const VERB: &str = "rdma_create_qp";
+        if self.qp.is_some() {
+            return Err(Error::new(VERB, libc::EBUSY)
+                .with_hint("this ID already has its QP (one per ID): use CmId::qp"));
+        }
         let f = self
             .fns
             .rdma_create_qp
             .ok_or_else(|| Error::missing("rdma_create_qp"))?;
+        let destroy_qp = self
+            .fns
+            .rdma_destroy_qp
+            .ok_or_else(|| Error::missing("rdma_destroy_qp"))?;
+        let (id, ps) = (self.id, self.ps);
         // SAFETY: live ID.
-        let verbs = unsafe { (*self.id).verbs };
-        if [pd.context(), send_cq.context(), recv_cq.context()]
-            .iter()
-            .any(|c| c.as_raw() != verbs)
-        {
-            return Err(Error::new("rdma_create_qp", libc::EINVAL)
-                .with_hint("the PD and CQs must be of this ID's device context (CmId::context)"));
+        let verbs = unsafe { (*id).verbs };
+        if verbs.is_null() {
+            return Err(Error::new(VERB, libc::ENODEV).with_hint(
+                "the ID has no device yet: resolve the address (or take a connect request) first",
+            ));
         }
-        let mut init = ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            srq: std::ptr::null_mut(),
-            cap: hotverbs_ffi::ibv_qp_cap {
-                max_send_wr,
-                max_recv_wr,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: hotverbs_ffi::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
-        // SAFETY: live ID; PD and CQs live (we keep clones) and of the ID's context.
-        let ret = unsafe { f(self.id, pd.as_raw(), &mut init) };
-        if ret != 0 {
-            return Err(Error::from_ret("rdma_create_qp", ret));
-        }
-        self.qp_parts = Some((pd.clone(), send_cq.clone(), recv_cq.clone()));
-        Ok(())
+        // What the closure refuses before calling the verb, with its own hint.
+        let mut refused: Option<Error> = None;
+        let built = builder.build_with(VERB, QpDestroy::RdmaCm { id, destroy_qp }, |pd, init| {
+            // build_with checked that the CQs and SRQ are of the PD's context; the PD must
+            // be of the ID's (a provider misreads objects of another context).
+            // SAFETY: pd is live: the builder borrows its Pd.
+            if unsafe { (*pd).context } != verbs {
+                refused = Some(Error::new(VERB, libc::EINVAL).with_hint(
+                    "the PD and CQs must be of this ID's device context (CmId::context)",
+                ));
+                return Err(libc::EINVAL);
+            }
+            if let Some(why) = qp_type_refusal(ps, init.qp_type) {
+                refused = Some(Error::new(VERB, libc::EINVAL).with_hint(why));
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: live ID with a device; the PD, CQs and SRQ are live (the builder
+            // borrows them, the Qp keeps clones) and of the ID's context (checked above);
+            // init is valid and writable (librdmacm writes the actual caps back).
+            let ret = unsafe { f(id, pd, init) };
+            if ret != 0 {
+                return Err(Error::from_ret(VERB, ret).errno);
+            }
+            // SAFETY: live ID; rdma_create_qp succeeded, so `qp` is the QP it made.
+            let qp = unsafe { (*id).qp };
+            if qp.is_null() {
+                return Err(libc::EIO);
+            }
+            Ok(qp)
+        });
+        let qp = built.map_err(|e| refused.take().unwrap_or(e))?;
+        Ok(self.qp.insert(qp))
+    }
+
+    /// The QP made by [`create_qp`](Self::create_qp), if any: post, poll and build rings
+    /// through it. It lives as long as the ID.
+    pub fn qp(&self) -> Option<&Qp> {
+        self.qp.as_ref()
     }
 
     /// The raw QP made by [`create_qp`](Self::create_qp) (null before), valid while this
-    /// ID lives. Post and poll through it as with [`Qp::as_raw`](crate::Qp::as_raw).
+    /// ID lives: [`Qp::as_raw`] of [`qp`](Self::qp).
     pub fn qp_raw(&self) -> *mut ibv_qp {
-        // SAFETY: live ID.
-        unsafe { (*self.id).qp }
+        self.qp.as_ref().map_or(std::ptr::null_mut(), Qp::as_raw)
     }
 
     /// `rdma_connect(3)` and wait for `RDMA_CM_EVENT_ESTABLISHED`; returns the private
-    /// data the server sent with its accept.
+    /// data the server sent with its accept. On a UD ID use
+    /// [`connect_ud`](Self::connect_ud), which also returns where the server's QP is.
     pub fn connect(&self, param: &ConnParam, timeout: Duration) -> Result<Vec<u8>> {
+        Ok(self.connect_event(param, timeout)?.private_data)
+    }
+
+    /// On an ID in [`PortSpace::Udp`]: `rdma_connect(3)` (a SIDR request) and wait for
+    /// `RDMA_CM_EVENT_ESTABLISHED`; returns the server's QPN, Q_Key and address, and the
+    /// private data it sent with its accept.
+    ///
+    /// # Errors
+    /// `rdma_connect: EINVAL` on an RC ID; as [`connect`](Self::connect) otherwise
+    /// (`RDMA_CM_EVENT_UNREACHABLE` when the server rejects).
+    pub fn connect_ud(&self, param: &ConnParam, timeout: Duration) -> Result<(UdParam, Vec<u8>)> {
+        if self.ps != PortSpace::Udp {
+            return Err(Error::new("rdma_connect", libc::EINVAL).with_hint(
+                "connect_ud is for IDs in RDMA_PS_UDP (CmId::with_port_space); an RC ID \
+                 connects with CmId::connect",
+            ));
+        }
+        let ev = self.connect_event(param, timeout)?;
+        let ud = ev.ud.ok_or_else(|| {
+            Error::new("rdma_connect", libc::EPROTO)
+                .with_hint("RDMA_CM_EVENT_ESTABLISHED of a UD ID without the peer's UD parameters")
+        })?;
+        Ok((ud, ev.private_data))
+    }
+
+    fn connect_event(&self, param: &ConnParam, timeout: Duration) -> Result<CmEvent> {
         let f = self
             .fns
             .rdma_connect
             .ok_or_else(|| Error::missing("rdma_connect"))?;
-        let mut p = param.to_raw()?;
+        let mut p = param.to_raw("rdma_connect", self.ps)?;
         // SAFETY: live ID with a resolved route; p and its private data valid for the call.
         let ret = unsafe { f(self.id, &mut p) };
         if ret != 0 {
             return Err(Error::from_ret("rdma_connect", ret));
         }
-        Ok(self
-            .expect(
-                "rdma_connect",
-                hotverbs_ffi::RDMA_CM_EVENT_ESTABLISHED,
-                timeout,
-            )?
-            .private_data)
+        self.expect(
+            "rdma_connect",
+            hotverbs_ffi::RDMA_CM_EVENT_ESTABLISHED,
+            timeout,
+        )
     }
 
-    /// `rdma_accept(3)` and wait for `RDMA_CM_EVENT_ESTABLISHED`.
+    /// `rdma_accept(3)`; on an RC ID, then wait for `RDMA_CM_EVENT_ESTABLISHED`. On a UD ID
+    /// the accept is the SIDR reply (with this ID's QP's number and Q_Key): nothing follows
+    /// on this side, so it returns at once (`timeout` unused).
     pub fn accept(&self, param: &ConnParam, timeout: Duration) -> Result<()> {
         let f = self
             .fns
             .rdma_accept
             .ok_or_else(|| Error::missing("rdma_accept"))?;
-        let mut p = param.to_raw()?;
+        let mut p = param.to_raw("rdma_accept", self.ps)?;
         // SAFETY: live ID from a connect request; p valid for the call.
         let ret = unsafe { f(self.id, &mut p) };
         if ret != 0 {
-            return Err(Error::from_ret("rdma_accept", ret));
+            return Err(Error::from_ret("rdma_accept", ret).or_hint(|| {
+                self.qp
+                    .is_none()
+                    .then(|| "create the ID's QP (CmId::create_qp) before accepting".into())
+            }));
+        }
+        if self.ps == PortSpace::Udp {
+            return Ok(());
         }
         self.expect(
             "rdma_accept",
@@ -736,23 +966,19 @@ impl CmId {
         if id.is_null() {
             return Ok(());
         }
-        if self.qp_parts.is_some() {
-            if let Some(f) = self.fns.rdma_destroy_qp {
-                // SAFETY: the ID owns a QP made by rdma_create_qp.
-                unsafe { f(id) };
-            }
-        }
+        // The QP first: its destroy is rdma_destroy_qp on the ID, which is still live. Only
+        // the ID ever held it (callers borrow it), so nothing uses it any more.
+        let qp_destroyed = self.qp.take().map_or(Ok(()), Qp::destroy);
         let f = self
             .fns
             .rdma_destroy_id
             .ok_or_else(|| Error::missing("rdma_destroy_id"))?;
         // SAFETY: live ID, its QP destroyed, all its events acked.
         let ret = unsafe { f(id) };
-        self.qp_parts = None;
         if ret != 0 {
             return Err(Error::from_ret("rdma_destroy_id", ret));
         }
-        Ok(())
+        qp_destroyed
     }
 
     /// `rdma_destroy_qp(3)` + `rdma_destroy_id(3)` now, returning the error.
@@ -801,17 +1027,299 @@ mod tests {
     }
 
     #[test]
-    fn private_data_is_limited() {
-        let p = ConnParam {
-            private_data: vec![0; 57],
-            ..Default::default()
+    fn private_data_is_limited_per_message() {
+        for (verb, ps, max) in [
+            ("rdma_connect", PortSpace::Tcp, 56),
+            ("rdma_accept", PortSpace::Tcp, 196),
+            ("rdma_connect", PortSpace::Udp, 180),
+            ("rdma_accept", PortSpace::Udp, 136),
+        ] {
+            let p = ConnParam {
+                private_data: vec![7; max],
+                ..Default::default()
+            };
+            assert_eq!(p.to_raw(verb, ps).unwrap().private_data_len as usize, max);
+            let p = ConnParam {
+                private_data: vec![0; max + 1],
+                ..Default::default()
+            };
+            let e = p.to_raw(verb, ps).err().expect("over the limit");
+            assert_eq!((e.verb, e.errno), (verb, libc::EINVAL));
+            assert!(e.to_string().contains(&format!("at most {max}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn port_spaces_carry_their_qp_type_only() {
+        assert_eq!(PortSpace::Tcp.raw(), hotverbs_ffi::RDMA_PS_TCP);
+        assert_eq!(PortSpace::Udp.raw(), hotverbs_ffi::RDMA_PS_UDP);
+        assert_eq!(qp_type_refusal(PortSpace::Tcp, QpType::Rc.raw()), None);
+        assert_eq!(qp_type_refusal(PortSpace::Udp, QpType::Ud.raw()), None);
+        let ud_on_tcp = qp_type_refusal(PortSpace::Tcp, QpType::Ud.raw()).unwrap();
+        assert!(ud_on_tcp.contains("RDMA_PS_UDP"), "{ud_on_tcp}");
+        let rc_on_udp = qp_type_refusal(PortSpace::Udp, QpType::Rc.raw()).unwrap();
+        assert!(rc_on_udp.contains("RDMA_PS_TCP"), "{rc_on_udp}");
+        for ps in [PortSpace::Tcp, PortSpace::Udp] {
+            let uc = qp_type_refusal(ps, QpType::Uc.raw()).unwrap();
+            assert!(uc.contains("UC"), "{uc}");
+        }
+    }
+
+    /// A stand-in for librdmacm's QP verbs over softnic, so `CmId::create_qp` and the
+    /// ID's teardown run for real without an rdma_cm device: `rdma_create_qp` is
+    /// `ibv_create_qp` storing the QP in `id->qp`, `rdma_destroy_qp` destroys it.
+    mod fake {
+        use std::cell::RefCell;
+
+        use hotverbs_ffi::*;
+
+        thread_local! {
+            /// What the fake verbs were asked to do, in order.
+            pub static CALLS: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+        }
+
+        fn log(what: &'static str) {
+            CALLS.with(|c| c.borrow_mut().push(what));
+        }
+
+        pub fn calls() -> Vec<&'static str> {
+            CALLS.with(|c| c.borrow_mut().drain(..).collect())
+        }
+
+        unsafe extern "C" fn create_qp(
+            id: *mut rdma_cm_id,
+            pd: *mut ibv_pd,
+            init: *mut ibv_qp_init_attr,
+        ) -> i32 {
+            log("rdma_create_qp");
+            let f = hotverbs_softnic::verbs_table().ibv_create_qp.unwrap();
+            // SAFETY: a softnic PD and init attributes (the caller, CmId::create_qp).
+            let qp = unsafe { f(pd, init) };
+            if qp.is_null() {
+                return -1;
+            }
+            // SAFETY: the test's live, boxed ID.
+            unsafe { (*id).qp = qp };
+            0
+        }
+
+        unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
+            log("rdma_destroy_qp");
+            let f = hotverbs_softnic::verbs_table().ibv_destroy_qp.unwrap();
+            // SAFETY: the test's live ID, whose QP the fake create_qp made.
+            unsafe {
+                assert_eq!(f((*id).qp), 0);
+                (*id).qp = std::ptr::null_mut();
+            }
+        }
+
+        unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> i32 {
+            log("rdma_destroy_id");
+            // SAFETY: allocated by `id` below, destroyed once.
+            drop(unsafe { Box::from_raw(id) });
+            0
+        }
+
+        unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
+            // SAFETY: allocated by `channel` below, destroyed once.
+            drop(unsafe { Box::from_raw(ch) });
+        }
+
+        pub static FNS: RdmaCmFns = RdmaCmFns {
+            rdma_create_qp: Some(create_qp),
+            rdma_destroy_qp: Some(destroy_qp),
+            rdma_destroy_id: Some(destroy_id),
+            rdma_destroy_event_channel: Some(destroy_event_channel),
+            ..RdmaCmFns::EMPTY
         };
-        assert_eq!(p.to_raw().err().map(|e| e.errno), Some(libc::EINVAL));
-        let p = ConnParam {
-            private_data: vec![7; 56],
-            ..Default::default()
+
+        pub fn channel() -> *mut rdma_event_channel {
+            Box::into_raw(Box::new(rdma_event_channel { fd: -1 }))
+        }
+
+        /// An ID on `verbs` (a softnic context) as librdmacm would hand it out.
+        pub fn id(verbs: *mut ibv_context, qp_type: u32) -> *mut rdma_cm_id {
+            // SAFETY: rdma_cm_id is plain C data; all-zero is valid.
+            let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+            id.verbs = verbs;
+            id.qp_type = qp_type;
+            Box::into_raw(Box::new(id))
+        }
+    }
+
+    fn fake_cm_id(ctx: &Context, ps: PortSpace) -> CmId {
+        let channel = EventChannel {
+            inner: Arc::new(ChannelInner {
+                fns: &fake::FNS,
+                ch: fake::channel(),
+            }),
         };
-        assert_eq!(p.to_raw().unwrap().private_data_len, 56);
+        CmId {
+            fns: &fake::FNS,
+            id: fake::id(ctx.as_raw(), ps.qp_type().raw()),
+            channel,
+            ps,
+            qp: None,
+        }
+    }
+
+    #[test]
+    fn create_qp_makes_a_typed_qp_destroyed_before_the_id() {
+        let ctx = Context::open("softnic").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let mut id = fake_cm_id(&ctx, PortSpace::Tcp);
+        assert!(id.qp().is_none() && id.qp_raw().is_null());
+        let qp = id
+            .create_qp(
+                QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+                    .max_send_wr(32)
+                    .max_send_sge(2)
+                    .max_inline_data(64)
+                    .sq_sig_all(true),
+            )
+            .unwrap();
+        assert_eq!(qp.qp_type(), QpType::Rc);
+        assert!(qp.cap().max_inline_data >= 64);
+        assert!(qp.cap().max_send_wr >= 32 && qp.cap().max_send_sge >= 2);
+        let raw = qp.as_raw();
+        // SAFETY: the fake ID is live.
+        assert_eq!(raw, unsafe { (*id.as_raw()).qp });
+        assert_eq!(id.qp_raw(), raw);
+        // SAFETY: the QP is live (the ID holds it).
+        assert_eq!(id.qp().map(Qp::qp_num), Some(unsafe { (*raw).qp_num }));
+        assert_eq!(fake::calls(), ["rdma_create_qp"]);
+
+        // One QP per ID.
+        let e = id
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc))
+            .unwrap_err();
+        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EBUSY));
+        assert!(fake::calls().is_empty());
+
+        // The QP is a first-class one: it connects and sends like any other.
+        let peer = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
+        let qp = id.qp().unwrap();
+        let port = ctx.port_info(None, None).unwrap();
+        let opts = crate::ConnectOptions::default();
+        qp.connect(&port, &peer.endpoint(&port), &opts).unwrap();
+        peer.connect(&port, &qp.endpoint(&port), &opts).unwrap();
+        let mut tx = pd.alloc_mr(64, crate::AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd.alloc_mr(64, crate::AccessFlags::LOCAL_WRITE).unwrap();
+        tx.write_from(0, b"over a cm qp").unwrap();
+        // SAFETY: rx and tx stay registered and untouched until their completions.
+        unsafe {
+            peer.post_recv(1, &[rx.local(0, 64).unwrap()]).unwrap();
+            // Unsignaled WR: sq_sig_all makes it complete anyway.
+            qp.post_send(&crate::SendWr::send(2, &[tx.local(0, 12).unwrap()]))
+                .unwrap();
+        }
+        let mut ids = [0; 2];
+        for i in &mut ids {
+            *i = cq
+                .wait_one(Duration::from_secs(5))
+                .unwrap()
+                .ok()
+                .unwrap()
+                .wr_id();
+        }
+        ids.sort();
+        assert_eq!(ids, [1, 2]);
+        assert_eq!(rx.read_vec(0, 12).unwrap(), b"over a cm qp");
+        drop(peer);
+
+        // The ID destroys its QP (rdma_destroy_qp) before itself, and with it the QP's
+        // hold on the PD and CQ.
+        id.destroy().unwrap();
+        assert_eq!(fake::calls(), ["rdma_destroy_qp", "rdma_destroy_id"]);
+        drop((tx, rx));
+        cq.destroy().unwrap();
+        pd.destroy().unwrap();
+    }
+
+    #[test]
+    fn create_qp_on_a_udp_id_makes_a_ud_qp() {
+        let ctx = Context::open("softnic").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let mut id = fake_cm_id(&ctx, PortSpace::Udp);
+        assert_eq!(id.port_space(), PortSpace::Udp);
+        let qp = id
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud).max_recv_wr(4))
+            .unwrap();
+        assert_eq!(qp.qp_type(), QpType::Ud);
+        drop(id);
+        assert_eq!(
+            fake::calls(),
+            ["rdma_create_qp", "rdma_destroy_qp", "rdma_destroy_id"]
+        );
+    }
+
+    #[test]
+    fn create_qp_refuses_another_context_and_other_qp_types() {
+        let ctx = Context::open("softnic").unwrap();
+        let other = Context::open_softnic(crate::SoftnicConfig {
+            name: "softnic-cm-other".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, None).unwrap());
+        let (opd, ocq) = (
+            other.alloc_pd().unwrap(),
+            other.create_cq(16, None).unwrap(),
+        );
+        let mut id = fake_cm_id(&ctx, PortSpace::Tcp);
+
+        let e = id
+            .create_qp(QpBuilder::new(&opd, &ocq, &ocq, QpType::Rc))
+            .unwrap_err();
+        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert!(e.to_string().contains("CmId::context"), "{e}");
+        // Mixed contexts: build_with's own check.
+        let e = id
+            .create_qp(QpBuilder::new(&pd, &ocq, &cq, QpType::Rc))
+            .unwrap_err();
+        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+
+        let e = id
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
+            .unwrap_err();
+        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert!(e.to_string().contains("RDMA_PS_UDP"), "{e}");
+        let e = id
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Uc))
+            .unwrap_err();
+        assert!(e.to_string().contains("UC"), "{e}");
+        // Refused before the verb: nothing was created, the ID is still free for its QP.
+        assert!(fake::calls().is_empty());
+        assert!(id.qp().is_none());
+        id.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc))
+            .unwrap();
+        drop(id);
+        assert_eq!(
+            fake::calls(),
+            ["rdma_create_qp", "rdma_destroy_qp", "rdma_destroy_id"]
+        );
+    }
+
+    #[test]
+    fn create_qp_reports_the_verbs_errno_with_the_cap_hint() {
+        let ctx = Context::open_softnic(crate::SoftnicConfig {
+            name: "softnic-cm-small".into(),
+            max_qp_wr: 8,
+            ..Default::default()
+        })
+        .unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(64, None).unwrap());
+        let mut id = fake_cm_id(&ctx, PortSpace::Tcp);
+        let e = id
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_send_wr(9))
+            .unwrap_err();
+        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert!(e.to_string().contains("max_qp_wr 8"), "{e}");
+        assert!(id.qp().is_none());
+        drop(id);
+        assert_eq!(fake::calls(), ["rdma_create_qp", "rdma_destroy_id"]);
     }
 
     #[test]

@@ -36,9 +36,18 @@
 //! the memory; while we write through `as_mut_slice`, a concurrent RDMA READ may return a
 //! mix of old and new bytes, as with any NIC — ordering the two is the protocol's job
 //! (write, then tell the peer with a message).
+//!
+//! Memory without a Rust owner: [`Pd::reg_mr_raw`] registers raw process memory (a C
+//! allocation, a shared mapping) as an `Mr<'static>` under an `unsafe` contract that
+//! stands in for the missing borrow. [`Pd::reg_dmabuf_mr`] registers device memory
+//! exported as a dmabuf (GPU memory): it is not mapped in this process at all, its `addr`
+//! is the IOVA that SGEs and peers use, and every CPU accessor (slices, copies, atomics,
+//! receive leases, which a `RecvRing` reads through) refuses it with `EFAULT`
+//! ([`Mr::is_mapped`]).
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -296,6 +305,9 @@ pub struct Mr<'a> {
     len: usize,
     // Dropped after `mr` is deregistered (Drop runs before fields drop).
     owned: Option<OwnedBuf>,
+    /// The memory is mapped in this process at `addr` (false for a dmabuf registration,
+    /// whose `addr` is the IOVA and which the CPU accessors refuse).
+    mapped: bool,
     /// Receive leases (see the module docs): how many QPs/SRQs may have receives posted
     /// into this MR. Shared with the leaseholders, which release on reset or destroy.
     leases: Arc<AtomicUsize>,
@@ -480,9 +492,188 @@ impl Pd {
             addr,
             len,
             owned,
+            mapped: true,
             leases: Arc::new(AtomicUsize::new(0)),
             _borrow: PhantomData,
         })
+    }
+
+    /// `ibv_reg_mr(3)` over raw process memory that no Rust value owns (a C allocator's
+    /// block, a shared or device mapping the caller manages), with any access flags. The
+    /// `Mr` has no borrow to tie it to the memory, hence `'static` and this contract.
+    ///
+    /// # Safety
+    /// - `addr..addr + len` is memory of this process, valid for reads and writes and
+    ///   initialised (the `Mr`'s accessors read it), from now until the `Mr` is dropped or
+    ///   [`destroy`](Mr::destroy)ed — it is not freed, unmapped or remapped before;
+    /// - the `Mr` is not leaked past the memory's life (`mem::forget`, an `Rc` cycle, a
+    ///   static): a leaked registration leaves the lkey/rkey live over memory its owner may
+    ///   reuse;
+    /// - until then the memory is not accessed through Rust references in ways the
+    ///   registration's peers could race: no `&[u8]`/`&mut [u8]` of the caller's over it
+    ///   while a peer holding the rkey (`REMOTE_WRITE`/`REMOTE_ATOMIC`) or a posted work
+    ///   request may write it. Access through the `Mr` itself ([`Mr::read_into`],
+    ///   [`Mr::write_from`], the checked slices) is fine: it follows the module's rules.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AccessFlags, Context};
+    /// let pd = Context::open("softnic")?.alloc_pd()?;
+    /// let layout = std::alloc::Layout::from_size_align(4096, 64).unwrap();
+    /// // SAFETY: a zeroed block of 4096 bytes, freed only after the Mr is dropped.
+    /// let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    /// assert!(!p.is_null());
+    /// let mut mr = unsafe {
+    ///     pd.reg_mr_raw(p, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?
+    /// };
+    /// mr.write_from(0, b"raw")?;
+    /// assert_eq!(mr.read_vec(0, 3)?, b"raw");
+    /// drop(mr);
+    /// // SAFETY: deregistered above; allocated with this layout.
+    /// unsafe { std::alloc::dealloc(p, layout) };
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `ibv_reg_mr: EINVAL` for a null `addr` with a non-zero `len`; as
+    /// [`reg_mr`](Self::reg_mr) without the local-only restriction otherwise.
+    ///
+    /// # References
+    /// `ibv_reg_mr(3)`
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        if addr.is_null() && len > 0 {
+            return Err(Error::new("ibv_reg_mr", libc::EINVAL)
+                .with_hint("a null address with a non-zero length"));
+        }
+        self.register(addr, len, access, None)
+    }
+
+    /// `ibv_reg_dmabuf_mr(3)`: registers `len` bytes at `offset` of the dmabuf `fd` (device
+    /// memory another driver exports, e.g. a GPU buffer), addressed by SGEs and peers as
+    /// `iova..iova + len` (what [`Mr::addr`], [`Mr::local`] and [`Mr::remote`] use). The fd
+    /// is only borrowed for the call: the registration holds its own reference to the
+    /// dmabuf (close the fd whenever you like).
+    ///
+    /// The memory is not mapped in this process: [`Mr::is_mapped`] is false and the CPU
+    /// accessors ([`as_slice`](Mr::as_slice), [`read_into`](Mr::read_into),
+    /// [`write_from`](Mr::write_from), the atomics, receive leases and so `RecvRing`s)
+    /// refuse the MR with `EFAULT`. Read and write it through its exporter (the GPU API).
+    /// Its SGEs must never be sent `IBV_SEND_INLINE`: the provider would copy from the IOVA
+    /// on the CPU — post sends from it on a QP with `max_inline_data` 0, since the datapath's
+    /// `SendRing` inlines buffers up to that size by itself.
+    ///
+    /// softnic implements it by mapping the fd (`mmap`, shared, at `offset`) for the life
+    /// of the registration, so any mappable fd (a `memfd`) stands in for a GPU buffer there.
+    ///
+    /// # Example
+    /// ```
+    /// use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    /// use hotverbs::{AccessFlags, Context};
+    /// let pd = Context::open("softnic")?.alloc_pd()?;
+    /// // SAFETY: a valid name and flags.
+    /// let raw = unsafe { libc::memfd_create(c"buf".as_ptr(), 0) };
+    /// assert!(raw >= 0);
+    /// // SAFETY: a new fd, owned from here on.
+    /// let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    /// file.set_len(8192).unwrap();
+    /// let mr = pd.reg_dmabuf_mr(file.as_fd(), 4096, 4096, 0x10_0000,
+    ///     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// assert_eq!((mr.addr(), mr.len(), mr.is_mapped()), (0x10_0000, 4096, false));
+    /// assert_eq!(mr.read_vec(0, 8).unwrap_err().errno, libc::EFAULT);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `ibv_reg_dmabuf_mr: EOPNOTSUPP` (or `ENOSYS`) with "dmabuf memory registration ... is
+    /// not supported by `<device>`" when the provider, the kernel driver or the loaded
+    /// libibverbs lacks it (rxe has none); `EINVAL` for `len == 0`, an IOVA range that
+    /// wraps, or `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE`; the verb's error
+    /// otherwise (`EBADF` for an fd that is not a dmabuf or cannot be mapped).
+    ///
+    /// # References
+    /// `ibv_reg_dmabuf_mr(3)`
+    pub fn reg_dmabuf_mr(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        const VERB: &str = "ibv_reg_dmabuf_mr";
+        let ctx = self.context();
+        let Some(f) = ctx.fns().ibv_reg_dmabuf_mr else {
+            return Err(
+                dmabuf_error(ctx.name(), libc::ENOSYS, access).with_hint(format!(
+                    "dmabuf memory registration (GPU memory, {VERB}) is not supported by {}: the \
+                 loaded libibverbs has no {VERB} (rdma-core 34 or newer has it)",
+                    ctx.name()
+                )),
+            );
+        };
+        if len == 0 {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint("length must be > 0"));
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(
+                "iova {iova:#x} + length {len} wraps around the address space"
+            )));
+        }
+        // SAFETY: live PD; the fd is open for the call (the provider takes its own
+        // reference to the dmabuf); no memory of this process is named.
+        let mr = unsafe {
+            f(
+                self.as_raw(),
+                offset,
+                len,
+                iova,
+                fd.as_raw_fd(),
+                access.bits() as i32,
+            )
+        };
+        if mr.is_null() {
+            return Err(dmabuf_error(ctx.name(), hotverbs_ffi::errno(), access));
+        }
+        Ok(Mr {
+            mr,
+            pd: self.clone(),
+            access,
+            // Not a pointer of this process: the IOVA, for SGEs and peers only.
+            addr: std::ptr::without_provenance_mut(iova as usize),
+            len,
+            owned: None,
+            mapped: false,
+            leases: Arc::new(AtomicUsize::new(0)),
+            _borrow: PhantomData,
+        })
+    }
+}
+
+/// The error of a failed `ibv_reg_dmabuf_mr` with `errno` on the device called `device`:
+/// "not supported" named as such when the provider, its kernel driver or libibverbs lacks
+/// dmabuf registration (libibverbs' fallback answers `EOPNOTSUPP`, older ones `ENOSYS`).
+pub(crate) fn dmabuf_error(device: &str, errno: i32, access: AccessFlags) -> Error {
+    let e = Error::new("ibv_reg_dmabuf_mr", errno);
+    match errno {
+        libc::EOPNOTSUPP | libc::ENOSYS | libc::EPROTONOSUPPORT => e.with_hint(format!(
+            "dmabuf memory registration (GPU memory, ibv_reg_dmabuf_mr) is not supported by \
+             {device}: use a device whose provider and kernel driver implement it (mlx5 with \
+             rdma-core >= 34 on Linux >= 5.12), or stage the data through host memory \
+             (Pd::alloc_mr)"
+        )),
+        libc::EINVAL
+            if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+                && !access.contains(AccessFlags::LOCAL_WRITE) =>
+        {
+            e.with_hint("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well")
+        }
+        libc::EBADF => e.with_hint("the fd is not an open dmabuf the device can import"),
+        _ => e,
     }
 }
 
@@ -534,9 +725,32 @@ impl<'a> Mr<'a> {
         self.mr
     }
 
-    /// Start pointer of the registered memory.
+    /// Start pointer of the registered memory; null for a dmabuf registration
+    /// ([`is_mapped`](Self::is_mapped) false), which has no address in this process.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.addr
+        if self.mapped {
+            self.addr
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    /// Is the registered memory mapped in this process? False for a dmabuf registration
+    /// ([`Pd::reg_dmabuf_mr`]), whose [`addr`](Self::addr) is the IOVA: then every CPU
+    /// accessor refuses the MR (`EFAULT`), and so do receive leases.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
+    fn check_mapped(&self, what: &'static str) -> Result<()> {
+        if self.mapped {
+            return Ok(());
+        }
+        Err(Error::new(what, libc::EFAULT).with_hint(
+            "a dmabuf MR (Pd::reg_dmabuf_mr) is device memory, not mapped in this process: \
+             read and write it through its exporter (the GPU API); post it with Mr::local \
+             and the unsafe Qp::post_send/post_recv (never inline)",
+        ))
     }
 
     /// Can a peer write this memory: registered with `REMOTE_WRITE` or `REMOTE_ATOMIC`, or
@@ -567,6 +781,8 @@ impl<'a> Mr<'a> {
         offset: usize,
         len: usize,
     ) -> Result<(Sge, Lease)> {
+        // A lease hands the region to readers on the CPU (RecvRing reads its slots).
+        self.check_mapped(what)?;
         if !self.access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(Error::new(what, libc::EINVAL)
                 .with_hint("receives write the MR: register it with LOCAL_WRITE"));
@@ -586,6 +802,7 @@ impl<'a> Mr<'a> {
     }
 
     fn check_not_remote_writable(&self, what: &'static str) -> Result<()> {
+        self.check_mapped(what)?;
         if self.is_remote_writable() {
             return Err(Error::new(what, libc::EACCES).with_hint(
                 "the MR has REMOTE_WRITE/REMOTE_ATOMIC/MW_BIND, so a peer may write it at any \
@@ -639,7 +856,14 @@ impl<'a> Mr<'a> {
     /// request of ours may write it (receives, RDMA READ/atomic results not yet
     /// completed) — e.g. the protocol guarantees the peer's writes have completed
     /// (observed through a completion or a message) and it writes no more until told.
+    ///
+    /// # Panics
+    /// On a dmabuf MR ([`is_mapped`](Self::is_mapped) false): it has no bytes here.
     pub unsafe fn as_slice_unchecked(&self) -> &[u8] {
+        assert!(
+            self.mapped,
+            "Mr::as_slice_unchecked on a dmabuf MR (not mapped here)"
+        );
         // SAFETY: addr..addr+len is initialised memory we own or exclusively borrow for
         // 'a; the caller guarantees no one writes it while the borrow lives.
         unsafe { std::slice::from_raw_parts(self.addr, self.len) }
@@ -652,13 +876,22 @@ impl<'a> Mr<'a> {
     /// derived from it) may write or atomically update this memory, and no posted work
     /// request of ours may access it. (A peer's RDMA READ meanwhile is no race on our
     /// side; it may return a mix of old and new bytes.)
+    ///
+    /// # Panics
+    /// On a dmabuf MR ([`is_mapped`](Self::is_mapped) false): it has no bytes here.
     pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        assert!(
+            self.mapped,
+            "Mr::as_mut_slice_unchecked on a dmabuf MR (not mapped here)"
+        );
         // SAFETY: as above, the caller excludes every other accessor, and &mut self
         // gives exclusive local access.
         unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
     }
 
     fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<()> {
+        // Every caller accesses the bytes on the CPU.
+        self.check_mapped(what)?;
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(Error::new(what, libc::EINVAL).with_hint(format!(
@@ -953,5 +1186,32 @@ impl fmt::Debug for Mr<'_> {
             .field("rkey", &self.rkey())
             .field("access", &self.access)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dmabuf_errors_name_the_missing_feature_and_the_device() {
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        for errno in [libc::EOPNOTSUPP, libc::ENOSYS, libc::EPROTONOSUPPORT] {
+            let e = dmabuf_error("rxe0", errno, rw);
+            assert_eq!((e.verb, e.errno), ("ibv_reg_dmabuf_mr", errno));
+            let msg = e.to_string();
+            assert!(
+                msg.contains("dmabuf memory registration") && msg.contains("not supported by rxe0"),
+                "{msg}"
+            );
+        }
+        let e = dmabuf_error("mlx5_0", libc::EINVAL, AccessFlags::REMOTE_WRITE);
+        assert!(e.to_string().contains("LOCAL_WRITE"), "{e}");
+        let e = dmabuf_error("mlx5_0", libc::EINVAL, rw);
+        assert!(!e.to_string().contains("not supported"), "{e}");
+        let e = dmabuf_error("mlx5_0", libc::EBADF, rw);
+        assert!(e.to_string().contains("dmabuf"), "{e}");
+        let e = dmabuf_error("mlx5_0", libc::ENOMEM, rw);
+        assert!(!e.to_string().contains("not supported"), "{e}");
     }
 }

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use hotverbs::cm::{CmId, ConnParam, EventChannel};
+use hotverbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
 use hotverbs::exchange::Session;
 // The probe policy (HOTVERBS_DEVICE, HOTVERBS_GID_INDEX, HOTVERBS_RXE) lives in the setup layer.
 use hotverbs::testing::{gid_index, real_device as device, rxe_required};
@@ -281,35 +281,21 @@ fn cm_addr(ctx: &Context, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
-/// Posts one receive/send on a raw QP made by rdma_create_qp.
-///
-/// # Safety
-/// `qp` is live; `sge` describes registered memory untouched until the completion.
-unsafe fn raw_post(qp: *mut hotverbs_ffi::ibv_qp, recv: bool, wr_id: u64, sge: Sge) {
-    let mut s: hotverbs_ffi::ibv_sge = sge.into();
-    if recv {
-        let mut wr = hotverbs_ffi::ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut s,
-            num_sge: 1,
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: caller's contract; wr and s valid for the call.
-        let ret = unsafe { hotverbs_ffi::inline::ibv_post_recv(qp, &mut wr, &mut bad) };
-        assert_eq!(ret, 0, "ibv_post_recv");
-    } else {
-        // SAFETY: plain C data.
-        let mut wr: hotverbs_ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut s;
-        wr.num_sge = 1;
-        wr.opcode = hotverbs_ffi::IBV_WR_SEND;
-        wr.send_flags = hotverbs_ffi::IBV_SEND_SIGNALED;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: caller's contract; wr and s valid for the call.
-        let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(qp, &mut wr, &mut bad) };
-        assert_eq!(ret, 0, "ibv_post_send");
+/// Waits for the server thread's port; if the thread ended first, re-raises its panic.
+fn server_port<T>(
+    port: mpsc::Receiver<u16>,
+    server: std::thread::JoinHandle<T>,
+) -> (u16, std::thread::JoinHandle<T>) {
+    match port.recv_timeout(PEER_WAIT) {
+        Ok(port) => (port, server),
+        // The server thread ended before listening: it panicked; show why.
+        Err(mpsc::RecvTimeoutError::Disconnected) => match server.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(_) => unreachable!("the server thread returned without reporting its port"),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the rdma_cm server was not listening within {PEER_WAIT:?}")
+        }
     }
 }
 
@@ -321,7 +307,7 @@ fn rdma_cm_connect_accept_send_disconnect() {
     // "listening").
     let addr = cm_addr(&ctx, 0);
     drop(ctx);
-    let (listening, server_port) = mpsc::channel::<u16>();
+    let (listening, server_port_rx) = mpsc::channel::<u16>();
     let server = std::thread::spawn(move || {
         let ch = EventChannel::new().unwrap();
         let listener = CmId::new(&ch).unwrap();
@@ -332,10 +318,17 @@ fn rdma_cm_connect_accept_send_disconnect() {
         let ctx = conn.context().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None).unwrap();
-        conn.create_qp(&pd, &cq, &cq, 8, 8).unwrap();
+        let qp = conn
+            .create_qp(
+                QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+                    .max_send_wr(8)
+                    .max_recv_wr(8),
+            )
+            .unwrap();
+        assert_eq!(qp.query().unwrap().state(), QpState::Init, "rdma_create_qp");
         let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         // SAFETY: rx untouched until the completion.
-        unsafe { raw_post(conn.qp_raw(), true, 1, rx.local(0, 64).unwrap()) };
+        unsafe { qp.post_recv(1, &[rx.local(0, 64).unwrap()]).unwrap() };
         conn.accept(
             &ConnParam {
                 private_data: b"server-hello".to_vec(),
@@ -350,17 +343,7 @@ fn rdma_cm_connect_accept_send_disconnect() {
         conn.wait_disconnected(T).unwrap();
         (private, got)
     });
-    let port = match server_port.recv_timeout(PEER_WAIT) {
-        Ok(port) => port,
-        // The server thread ended before listening: it panicked; show why.
-        Err(mpsc::RecvTimeoutError::Disconnected) => match server.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(_) => unreachable!("the server thread returned without reporting its port"),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("the rdma_cm server was not listening within {PEER_WAIT:?}")
-        }
-    };
+    let (port, server) = server_port(server_port_rx, server);
     assert_ne!(port, 0, "rdma_get_src_port after bind and listen");
     let addr = SocketAddr::new(addr.ip(), port);
     let ch = EventChannel::new().unwrap();
@@ -370,7 +353,17 @@ fn rdma_cm_connect_accept_send_disconnect() {
     let ctx = id.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
-    id.create_qp(&pd, &cq, &cq, 8, 8).unwrap();
+    // Inline data and sq_sig_all reach rdma_create_qp now.
+    let qp = id
+        .create_qp(
+            QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+                .max_send_wr(8)
+                .max_recv_wr(8)
+                .max_inline_data(64)
+                .sq_sig_all(true),
+        )
+        .unwrap();
+    assert!(qp.cap().max_inline_data >= 64);
     let reply = id
         .connect(
             &ConnParam {
@@ -381,16 +374,114 @@ fn rdma_cm_connect_accept_send_disconnect() {
         )
         .unwrap();
     assert!(reply.starts_with(b"server-hello"), "{reply:?}");
+    let qp = id.qp().expect("created above");
+    assert_eq!(
+        qp.query().unwrap().state(),
+        QpState::Rts,
+        "after rdma_connect"
+    );
     let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     tx.write_from(0, b"over cm").unwrap();
-    // SAFETY: tx untouched until the completion.
-    unsafe { raw_post(id.qp_raw(), false, 2, tx.local(0, 7).unwrap()) };
-    cq.wait_one(T).unwrap().ok().unwrap();
+    // SAFETY: tx untouched until the completion. Not SIGNALED: sq_sig_all signals it.
+    unsafe {
+        qp.post_send(&SendWr::send(2, &[tx.local(0, 7).unwrap()]))
+            .unwrap()
+    };
+    assert_eq!(cq.wait_one(T).unwrap().ok().unwrap().wr_id(), 2);
     id.disconnect().unwrap();
     id.wait_disconnected(T).unwrap();
     let (private, got) = server.join().unwrap();
     assert!(private.starts_with(b"client-hello"));
     assert_eq!(got, b"over cm");
+}
+
+/// rdma_cm in RDMA_PS_UDP: the server's UD QP is made on the request's ID and accepted
+/// (SIDR reply); the client learns its QPN, Q_Key and address from `connect_ud` and sends
+/// it a datagram through an AH made from them.
+#[test]
+fn rdma_cm_udp_resolve_and_send_datagram() {
+    let Some(ctx) = device() else { return };
+    let addr = cm_addr(&ctx, 0);
+    drop(ctx);
+    let (listening, server_port_rx) = mpsc::channel::<u16>();
+    let server = std::thread::spawn(move || {
+        let ch = EventChannel::new().unwrap();
+        let listener = CmId::with_port_space(&ch, PortSpace::Udp).unwrap();
+        listener.bind(addr).unwrap();
+        listener.listen(4).unwrap();
+        listening.send(listener.local_port().unwrap()).unwrap();
+        let (mut conn, private) = listener.get_request(PEER_WAIT).unwrap();
+        assert_eq!(conn.port_space(), PortSpace::Udp);
+        let ctx = conn.context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qp = conn
+            .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud).max_recv_wr(4))
+            .unwrap();
+        assert_eq!(
+            qp.query().unwrap().state(),
+            QpState::Rts,
+            "rdma_cm readies UD"
+        );
+        // 40 bytes of GRH room before the payload.
+        let rx = pd.alloc_mr(40 + 64, AccessFlags::LOCAL_WRITE).unwrap();
+        // SAFETY: rx untouched until the completion.
+        unsafe { qp.post_recv(1, &[rx.local(0, 40 + 64).unwrap()]).unwrap() };
+        conn.accept(
+            &ConnParam {
+                private_data: b"ud-server".to_vec(),
+                ..Default::default()
+            },
+            T,
+        )
+        .unwrap();
+        let wc = cq.wait_one(T).unwrap().ok().unwrap();
+        assert_eq!(wc.wr_id(), 1);
+        let got = rx.read_vec(40, wc.byte_len() as usize - 40).unwrap();
+        (private, got)
+    });
+    let (port, server) = server_port(server_port_rx, server);
+    let addr = SocketAddr::new(addr.ip(), port);
+    let ch = EventChannel::new().unwrap();
+    let mut id = CmId::with_port_space(&ch, PortSpace::Udp).unwrap();
+    id.resolve_addr(None, addr, T).unwrap();
+    id.resolve_route(T).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    // An RC QP on a UDP ID is refused with the reason.
+    let e = id
+        .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc))
+        .unwrap_err();
+    assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+    id.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
+        .unwrap();
+    let (peer, reply) = id
+        .connect_ud(
+            &ConnParam {
+                private_data: b"ud-client".to_vec(),
+                ..Default::default()
+            },
+            T,
+        )
+        .unwrap();
+    assert!(reply.starts_with(b"ud-server"), "{reply:?}");
+    assert_eq!(peer.qkey, hotverbs_ffi::RDMA_UDP_QKEY);
+    let ah = pd.create_ah(&peer.ah).unwrap();
+    let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    tx.write_from(0, b"datagram over cm").unwrap();
+    let qp = id.qp().unwrap();
+    // SAFETY: tx untouched until the completion.
+    unsafe {
+        qp.post_send(
+            &SendWr::ud(2, &[tx.local(0, 16).unwrap()], &ah, peer.qp_num, peer.qkey).signaled(),
+        )
+        .unwrap()
+    };
+    assert_eq!(cq.wait_one(T).unwrap().ok().unwrap().wr_id(), 2);
+    let (private, got) = server.join().unwrap();
+    assert!(private.starts_with(b"ud-client"));
+    assert_eq!(got, b"datagram over cm");
 }
 
 // ---------------------------------------------------------------------------------------

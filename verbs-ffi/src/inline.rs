@@ -5,8 +5,24 @@
 //! `ibv_wc_read_*`) do exactly what the header does: one load of the provider's function
 //! pointer out of `ibv_context.ops` (or out of `ibv_qp_ex` / `ibv_cq_ex`) and one indirect
 //! call. They are `#[inline(always)]` so the datapath compiles to the same instructions a C
-//! program gets. A provider that leaves a slot NULL would crash the C inline; here the slot
-//! is `Option<fn>` and unwrapping it is `unwrap_unchecked` under the same contract.
+//! program gets.
+//!
+//! # NULL slots
+//! A slot is `Option<fn>`; what a NULL one does depends on whether any provider leaves it
+//! NULL:
+//! - The five `ibv_context.ops` verbs (`post_send`, `post_recv`, `post_srq_recv`,
+//!   `poll_cq`, `req_notify_cq`) are never NULL in a context libibverbs made: its
+//!   `verbs_init_context` installs `verbs_dummy_ops` (which answer EOPNOTSUPP) before the
+//!   provider sets its own, and softnic's contexts fill all five. "A live QP/SRQ/CQ" below
+//!   includes "of a context whose five hot ops are filled", so these stay one load and one
+//!   call (`unreachable_unchecked` on NULL), exactly the C inline.
+//! - The `ibv_qp_ex` (`ibv_wr_*`) and `ibv_cq_ex` (`ibv_start_poll`, `ibv_wc_read_*`) slots
+//!   are filled only on request: rxe sets `wr_send_tso` only for a QP created with
+//!   `IBV_QP_EX_WITH_TSO` in `send_ops_flags`, mlx5 sets a `read_*` only for the fields in
+//!   `wc_flags`. Where C would fault at address 0, these abort the process with a message
+//!   naming the slot (one predicted-not-taken branch; the abort path is out of line). Calling
+//!   an op or reading a field that was not requested is still a contract violation (it is
+//!   `unsafe` to call them for the other reasons too), but it is never undefined behaviour.
 //!
 //! The setup-side inlines (`___ibv_query_port` behind the `ibv_query_port` macro,
 //! `ibv_query_device_ex`, `ibv_create_qp_ex`, `ibv_create_cq_ex`, `ibv_create_srq_ex`,
@@ -18,7 +34,8 @@
 //!
 //! # Safety (whole module)
 //! Every function here is `unsafe`: the pointers must be live objects of an opened device
-//! (or of a software device that fills the same ABI), exactly as for the C inlines.
+//! (or of a software device that fills the same ABI), exactly as for the C inlines; for the
+//! five context ops that includes "the context's hot ops are filled" (see above).
 #![allow(clippy::missing_safety_doc)] // one contract for the module, stated above.
 
 use core::ffi::{c_int, c_uint, c_void};
@@ -27,78 +44,117 @@ use core::mem::{offset_of, size_of};
 use crate::generated::types::*;
 use crate::IbvFns;
 
-/// Calls a provider slot, which the verbs ABI guarantees to be non-NULL for the hot verbs.
-macro_rules! slot {
+/// One of the five `ibv_context.ops` hot verbs: never NULL in a context libibverbs made
+/// (`verbs_dummy_ops`) or softnic made, which the callers' contract ("a live QP/SRQ/CQ")
+/// includes.
+macro_rules! hot_op {
     ($e:expr) => {
         match $e {
             Some(f) => f,
-            // Providers fill every hot slot (the C inline would call through NULL here);
-            // callers are inside an `unsafe` block under that contract.
+            // Callers are inside an `unsafe` block under that contract (the C inline would
+            // call through NULL here).
             None => core::hint::unreachable_unchecked(),
         }
     };
 }
 
+/// An `ibv_qp_ex` / `ibv_cq_ex` slot, which the provider fills only when it was requested at
+/// creation: the function, or an abort naming the slot.
+macro_rules! requested_slot {
+    ($e:expr, $name:expr) => {
+        match $e {
+            Some(f) => f,
+            None => null_slot($name),
+        }
+    };
+}
+
+/// Aborts the process because the provider slot `name` is NULL: the op or completion field
+/// was not requested when the QP or CQ was created. What the C inline would do (fault at
+/// address 0), with a message; never undefined behaviour.
+#[cold]
+#[inline(never)]
+fn null_slot(name: &'static str) -> ! {
+    let parts: [&[u8]; 3] = [
+        b"hotverbs-ffi: NULL provider slot `",
+        name.as_bytes(),
+        b"` (an ibv_qp_ex op or ibv_cq_ex field not requested when the QP/CQ was created); \
+          aborting\n",
+    ];
+    for part in parts {
+        // SAFETY: `part` is a live byte slice of `part.len()` bytes; fd 2 may be closed, in
+        // which case write fails harmlessly (its result is ignored: we abort either way).
+        let _ = unsafe { libc::write(2, part.as_ptr().cast(), part.len()) };
+    }
+    // SAFETY: abort has no preconditions; it does not return.
+    unsafe { libc::abort() }
+}
+
 /// `ibv_post_send(3)`: `qp->context->ops.post_send(qp, wr, bad_wr)`.
 ///
 /// # Safety
-/// `qp` is a live QP; `wr` a valid chain; `bad_wr` writable.
+/// `qp` is a live QP (of a context whose hot ops are filled: [NULL slots](self#null-slots));
+/// `wr` a valid chain; `bad_wr` writable.
 #[inline(always)]
 pub unsafe fn ibv_post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    // SAFETY: caller guarantees qp is live, so its context and ops are valid.
-    unsafe { slot!((*(*qp).context).ops.post_send)(qp, wr, bad_wr) }
+    // SAFETY: caller guarantees qp is live, so its context and ops are valid and the op is
+    // filled.
+    unsafe { hot_op!((*(*qp).context).ops.post_send)(qp, wr, bad_wr) }
 }
 
 /// `ibv_post_recv(3)`: `qp->context->ops.post_recv(qp, wr, bad_wr)`.
 ///
 /// # Safety
-/// `qp` is a live QP; `wr` a valid chain; `bad_wr` writable.
+/// `qp` is a live QP (of a context whose hot ops are filled: [NULL slots](self#null-slots));
+/// `wr` a valid chain; `bad_wr` writable.
 #[inline(always)]
 pub unsafe fn ibv_post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: caller guarantees qp is live.
-    unsafe { slot!((*(*qp).context).ops.post_recv)(qp, wr, bad_wr) }
+    // SAFETY: caller guarantees qp is live and its context's hot ops are filled.
+    unsafe { hot_op!((*(*qp).context).ops.post_recv)(qp, wr, bad_wr) }
 }
 
 /// `ibv_post_srq_recv(3)`: `srq->context->ops.post_srq_recv(srq, wr, bad_wr)`.
 ///
 /// # Safety
-/// `srq` is a live SRQ; `wr` a valid chain; `bad_wr` writable.
+/// `srq` is a live SRQ (of a context whose hot ops are filled:
+/// [NULL slots](self#null-slots)); `wr` a valid chain; `bad_wr` writable.
 #[inline(always)]
 pub unsafe fn ibv_post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: caller guarantees srq is live.
-    unsafe { slot!((*(*srq).context).ops.post_srq_recv)(srq, wr, bad_wr) }
+    // SAFETY: caller guarantees srq is live and its context's hot ops are filled.
+    unsafe { hot_op!((*(*srq).context).ops.post_srq_recv)(srq, wr, bad_wr) }
 }
 
 /// `ibv_poll_cq(3)`: `cq->context->ops.poll_cq(cq, num_entries, wc)`.
 ///
 /// # Safety
-/// `cq` is a live CQ; `wc` points to at least `num_entries` writable `ibv_wc`.
+/// `cq` is a live CQ (of a context whose hot ops are filled: [NULL slots](self#null-slots));
+/// `wc` points to at least `num_entries` writable `ibv_wc`.
 #[inline(always)]
 pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
-    // SAFETY: caller guarantees cq is live.
-    unsafe { slot!((*(*cq).context).ops.poll_cq)(cq, num_entries, wc) }
+    // SAFETY: caller guarantees cq is live and its context's hot ops are filled.
+    unsafe { hot_op!((*(*cq).context).ops.poll_cq)(cq, num_entries, wc) }
 }
 
 /// `ibv_req_notify_cq(3)`: `cq->context->ops.req_notify_cq(cq, solicited_only)`.
 ///
 /// # Safety
-/// `cq` is a live CQ.
+/// `cq` is a live CQ (of a context whose hot ops are filled: [NULL slots](self#null-slots)).
 #[inline(always)]
 pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    // SAFETY: caller guarantees cq is live.
-    unsafe { slot!((*(*cq).context).ops.req_notify_cq)(cq, solicited_only) }
+    // SAFETY: caller guarantees cq is live and its context's hot ops are filled.
+    unsafe { hot_op!((*(*cq).context).ops.req_notify_cq)(cq, solicited_only) }
 }
 
 macro_rules! wr_fn {
@@ -108,11 +164,15 @@ macro_rules! wr_fn {
         /// # Safety
         /// `qp` is a live extended QP (from `ibv_qp_to_qp_ex` or `ibv_create_qp_ex` with
         /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`) inside `ibv_wr_start` .. `ibv_wr_complete`,
-        /// and every pointer argument is valid as `ibv_wr_post(3)` requires.
+        /// the op was requested in its `send_ops_flags` (providers fill only the requested
+        /// ops; a NULL slot aborts the process), and every pointer argument is valid as
+        /// `ibv_wr_post(3)` requires.
         #[inline(always)]
         pub unsafe fn $name(qp: *mut ibv_qp_ex $(, $arg: $ty)*) $(-> $ret)? {
-            // SAFETY: caller guarantees qp is a live extended QP whose provider fills it.
-            unsafe { slot!((*qp).$slot)(qp $(, $arg)*) }
+            // SAFETY: caller guarantees qp is a live extended QP, so the slot is readable;
+            // a NULL slot aborts instead of being called, a filled one is the provider's
+            // op for this QP, called with the header's arguments.
+            unsafe { requested_slot!((*qp).$slot, stringify!($slot))(qp $(, $arg)*) }
         }
     };
 }
@@ -166,11 +226,15 @@ macro_rules! cq_fn {
         ///
         /// # Safety
         /// `cq` is a live extended CQ (`ibv_create_cq_ex`), used as `ibv_create_cq_ex(3)`
-        /// describes (read functions only between a successful start/next poll and end).
+        /// describes (read functions only between a successful start/next poll and end),
+        /// and for an `ibv_wc_read_*` the field was requested in its `wc_flags` (providers
+        /// fill only the requested readers; a NULL slot aborts the process).
         #[inline(always)]
         pub unsafe fn $name(cq: *mut ibv_cq_ex $(, $arg: $ty)*) $(-> $ret)? {
-            // SAFETY: caller guarantees cq is a live extended CQ whose provider fills it.
-            unsafe { slot!((*cq).$slot)(cq $(, $arg)*) }
+            // SAFETY: caller guarantees cq is a live extended CQ, so the slot is readable;
+            // a NULL slot aborts instead of being called, a filled one is the provider's
+            // function for this CQ, called with the header's arguments.
+            unsafe { requested_slot!((*cq).$slot, stringify!($slot))(cq $(, $arg)*) }
         }
     };
 }

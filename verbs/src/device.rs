@@ -3,9 +3,22 @@
 //!
 //! Invariants: a [`Context`] is an `Arc` around one open `ibv_context` and the function
 //! table it was opened through; every child object (PD, CQ, channel) holds a clone, so the
-//! context is closed (`ibv_close_device`) only after the last child is gone.
+//! context is closed (`ibv_close_device`) only after the last child is gone. The table is
+//! one provider's whole table (softnic's `verbs_table()` or the loader's), and the
+//! context's five hot ops (`post_send`, `post_recv`, `post_srq_recv`, `poll_cq`,
+//! `req_notify_cq`) are filled, as `hotverbs_ffi::inline` requires.
+//!
+//! # Provider locking
+//! The setup objects are `Send + Sync` (`Cq::poll` on two threads, `Qp::reset` while
+//! another thread polls the CQ, ...) because every provider locks its CQ, QP and SRQ
+//! internally. `MLX5_SINGLE_THREADED=1` switches libmlx5's locks off, process-wide (the
+//! provider copies it into a global each time it opens a context and reads the global when
+//! it creates a CQ, QP or SRQ), so [`Context::open`] refuses a real device while it is set;
+//! softnic has its own locking and ignores it. (A context opened by other code in the
+//! process with the variable set would still switch the locks off for objects created
+//! afterwards; don't set it in a process that uses hotverbs.)
 
-use std::ffi::CStr;
+use std::ffi::{CStr, OsStr};
 use std::fmt;
 use std::sync::Arc;
 
@@ -75,8 +88,12 @@ fn softnic_fns() -> &'static IbvFns {
     hotverbs_softnic::verbs_table()
 }
 
-fn names(fns: &IbvFns) -> std::result::Result<Vec<String>, i32> {
-    let list = DeviceList::get(fns)?;
+/// # Safety
+/// `fns` is one provider's whole table (softnic's or the loader's), as
+/// [`DeviceList::get`] requires.
+unsafe fn names(fns: &IbvFns) -> std::result::Result<Vec<String>, i32> {
+    // SAFETY: forwarded contract.
+    let list = unsafe { DeviceList::get(fns) }?;
     Ok((0..list.len())
         .filter_map(|i| list.name(i))
         .map(|n| n.to_string_lossy().into_owned())
@@ -88,7 +105,8 @@ fn names(fns: &IbvFns) -> std::result::Result<Vec<String>, i32> {
 /// # References
 /// `ibv_get_device_list(3)`
 pub fn devices_report() -> DevicesReport {
-    let mut devices: Vec<DeviceInfo> = names(softnic_fns())
+    // SAFETY: softnic's own table.
+    let mut devices: Vec<DeviceInfo> = unsafe { names(softnic_fns()) }
         .unwrap_or_default()
         .into_iter()
         .map(|name| DeviceInfo {
@@ -108,7 +126,8 @@ pub fn devices_report() -> DevicesReport {
     }
     let real_unavailable = match hotverbs_ffi::ibverbs() {
         Err(e) => Some(e.to_string()),
-        Ok(fns) => match names(fns) {
+        // SAFETY: the loader's table.
+        Ok(fns) => match unsafe { names(fns) } {
             Ok(real) => {
                 devices.extend(real.into_iter().map(|name| DeviceInfo {
                     name,
@@ -199,12 +218,58 @@ impl fmt::Debug for Context {
     }
 }
 
-fn open_in(fns: &'static IbvFns, name: &str) -> Result<Option<*mut ibv_context>> {
-    let list = DeviceList::get(fns).map_err(|e| Error::new("ibv_get_device_list", e))?;
+/// The environment variable that makes libmlx5 skip its CQ/QP/SRQ locks (`"1"` exactly, as
+/// libmlx5's `single_threaded_app()` compares it).
+const MLX5_SINGLE_THREADED: &str = "MLX5_SINGLE_THREADED";
+
+/// Whether a device of `kind` called `name` may be opened while `MLX5_SINGLE_THREADED` has
+/// the value `env`: not a real one when it is `"1"`, because our setup objects' `Sync`
+/// relies on the provider's locks. Every real device is refused, not only mlx5 ones: the
+/// provider behind a name (`rocep1s0f0`, `ibp3s0`) is not visible through the verbs ABI, and
+/// a process that sets the variable opens mlx5 devices anyway.
+fn single_threaded_refusal(env: Option<&OsStr>, kind: DeviceKind, name: &str) -> Result<()> {
+    if kind == DeviceKind::Softnic || env != Some(OsStr::new("1")) {
+        return Ok(());
+    }
+    Err(
+        Error::new("ibv_open_device", libc::ENOTSUP).with_hint(format!(
+            "refusing to open {name:?}: {MLX5_SINGLE_THREADED}=1 removes libmlx5's locks, \
+             which hotverbs' thread-safe setup objects rely on; unset it (the datapath rings \
+             are single-owner and lock-free anyway)"
+        )),
+    )
+}
+
+/// [`single_threaded_refusal`] for this process's environment now: `Err` when a real device
+/// must not be opened (or adopted, as librdmacm's contexts are) because
+/// `MLX5_SINGLE_THREADED=1` is set.
+pub(crate) fn check_provider_locks(kind: DeviceKind, name: &str) -> Result<()> {
+    single_threaded_refusal(
+        std::env::var_os(MLX5_SINGLE_THREADED).as_deref(),
+        kind,
+        name,
+    )
+}
+
+/// Opens the device called `name` in `fns`' list, if it is there.
+///
+/// # Safety
+/// `fns` is one provider's whole table (softnic's or the loader's; `kind` says which), as
+/// [`DeviceList::get`] requires; its contexts fill the five hot ops (libibverbs installs
+/// dummy ops, softnic fills them).
+unsafe fn open_in(
+    fns: &'static IbvFns,
+    kind: DeviceKind,
+    name: &str,
+) -> Result<Option<*mut ibv_context>> {
+    // SAFETY: forwarded contract.
+    let list = unsafe { DeviceList::get(fns) }.map_err(|e| Error::new("ibv_get_device_list", e))?;
     for i in 0..list.len() {
         if list.name(i).map(CStr::to_bytes) != Some(name.as_bytes()) {
             continue;
         }
+        // Before the context exists: libmlx5 reads the variable while opening it.
+        check_provider_locks(kind, name)?;
         let dev = list.get_raw(i).expect("index in range");
         let open = fns
             .ibv_open_device
@@ -226,12 +291,16 @@ impl Context {
     ///
     /// # Errors
     /// `ibv_open_device: ENODEV` with the list of devices when there is no such device;
-    /// the loader's message when libibverbs is missing.
+    /// the loader's message when libibverbs is missing; `ibv_open_device: EOPNOTSUPP` for a
+    /// real device while `MLX5_SINGLE_THREADED=1` is set (it removes libmlx5's locks, which
+    /// the `Sync` of [`Cq`](crate::Cq), [`Qp`](crate::Qp) and [`Srq`](crate::Srq) relies
+    /// on; softnic opens regardless).
     ///
     /// # References
     /// `ibv_open_device(3)`
     pub fn open(name: &str) -> Result<Context> {
-        if let Some(ctx) = open_in(softnic_fns(), name)? {
+        // SAFETY: softnic's own table.
+        if let Some(ctx) = unsafe { open_in(softnic_fns(), DeviceKind::Softnic, name) }? {
             return Ok(Self::wrap(softnic_fns(), ctx, name, DeviceKind::Softnic));
         }
         let fns = match hotverbs_ffi::ibverbs() {
@@ -241,7 +310,8 @@ impl Context {
                     .with_hint(format!("no device {name:?}: {e}")))
             }
         };
-        match open_in(fns, name)? {
+        // SAFETY: the loader's table.
+        match unsafe { open_in(fns, DeviceKind::Real, name) }? {
             Some(ctx) => Ok(Self::wrap(fns, ctx, name, DeviceKind::Real)),
             None => {
                 let all: Vec<String> = devices().into_iter().map(|d| d.name).collect();
@@ -313,8 +383,19 @@ impl Context {
     /// librdmacm); it is never closed by us.
     ///
     /// # Safety
-    /// `ctx` is a live context reached through `fns`, and stays open for as long as this
-    /// `Context` or any object made from it lives.
+    /// - `ctx` is a live context reached through `fns`, and stays open for as long as this
+    ///   `Context` or any object made from it lives;
+    /// - `fns` is one provider's whole table (the loader's [`hotverbs_ffi::ibverbs()`] or
+    ///   softnic's `verbs_table()`), not assembled from several;
+    /// - the context's hot ops (`ops.post_send`, `post_recv`, `post_srq_recv`, `poll_cq`,
+    ///   `req_notify_cq`) are filled, which the `hotverbs_ffi::inline` calls of the objects
+    ///   made from it assume (true of every context libibverbs makes: it installs dummy
+    ///   ops; and of softnic's);
+    /// - its provider locks its CQs, QPs and SRQs internally (the setup objects are
+    ///   `Sync`): for a real device, no context of this process was opened with
+    ///   `MLX5_SINGLE_THREADED=1` before objects are created from this one (libmlx5 copies
+    ///   the variable into a process-wide global at every open and reads that global when
+    ///   it creates a CQ, QP or SRQ); [`Context::open`] checks this for its own opens.
     pub unsafe fn from_raw_borrowed(fns: &'static IbvFns, ctx: *mut ibv_context) -> Self {
         // SAFETY: ctx is live (caller); device and name are set by every provider.
         let name = unsafe {
@@ -1004,6 +1085,43 @@ mod tests {
         }
         assert_eq!(Mtu::from_bytes(1500), None);
         assert_eq!(Mtu::from_raw(0), None);
+    }
+
+    #[test]
+    fn single_threaded_mlx5_refuses_real_devices_only() {
+        let one = Some(OsStr::new("1"));
+        let e = single_threaded_refusal(one, DeviceKind::Real, "mlx5_0")
+            .expect_err("a real device must be refused with MLX5_SINGLE_THREADED=1");
+        // ENOTSUP is EOPNOTSUPP on Linux, and named so.
+        assert_eq!(e.errno_name(), "EOPNOTSUPP");
+        let msg = e.to_string();
+        assert!(msg.starts_with("ibv_open_device: EOPNOTSUPP"), "{msg}");
+        for part in [
+            "mlx5_0",
+            "MLX5_SINGLE_THREADED=1",
+            "libmlx5's locks",
+            "unset it",
+        ] {
+            assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+        }
+        // Every real device (the provider behind a name is not visible), never softnic.
+        assert!(single_threaded_refusal(one, DeviceKind::Real, "rocep1s0f0").is_err());
+        assert!(single_threaded_refusal(one, DeviceKind::Softnic, SOFTNIC).is_ok());
+        // libmlx5 takes its locks unless the value is exactly "1" (strcmp).
+        for other in [
+            None,
+            Some(""),
+            Some("0"),
+            Some("yes"),
+            Some("1 "),
+            Some("11"),
+        ] {
+            let env = other.map(OsStr::new);
+            assert!(
+                single_threaded_refusal(env, DeviceKind::Real, "mlx5_0").is_ok(),
+                "{other:?} must not refuse"
+            );
+        }
     }
 
     #[test]

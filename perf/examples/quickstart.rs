@@ -5,11 +5,14 @@
 //! exists; `HOTVERBS_DEVICE=mlx5_0` picks a device).
 
 use hotverbs::*;
-use hotverbs_datapath::{CqPoller, Local, Msg, RemoteBuf, SendConfig, SendRing};
 
 pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     // --- setup: ordinary verbs -------------------------------------------------------------
-    let ctx = Context::open_default()?; // $HOTVERBS_DEVICE, else the first real device, else softnic
+    // $HOTVERBS_DEVICE, else the first RDMA device; with none, the software device, said so.
+    let ctx = Context::open_default().or_else(|e| {
+        eprintln!("{e}: running on softnic, the in-process software device");
+        Context::open_softnic()
+    })?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(256, None)?;
     let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
@@ -20,22 +23,15 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let port = ctx.port_info(None, None)?; // first active port; RoCE v2 IPv4 GID on Ethernet
     Qp::connect_pair(&a, &b, &port, &ConnectOptions::default())?;
     let target = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-    let r = target.remote(); // (addr, len, rkey): what a peer gets over the exchange
+    let remote = target.remote(); // (addr, len, rkey): what a peer gets over the exchange
 
     // --- hot path: a preformatted ring, every 32nd WR signaled, batches of 32 -------------
-    let cfg = SendConfig::new(1, 128, 64)
+    let cfg = SendConfig::new(0, 128, 64)
         .signal_every(32)
         .batch(32)
-        .remote(RemoteBuf {
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-        });
-    // SAFETY: `a` and `cq` (and the MR behind `r`) outlive the ring and the poller, and this
-    // ring is the only user of a's send queue.
-    let mut ring: SendRing<128> = unsafe { SendRing::new(a.as_raw(), cfg) }?;
-    // SAFETY: as above for the CQ.
-    let mut poller: CqPoller<32> = unsafe { CqPoller::new(cq.as_raw()) };
+        .remote(remote.into());
+    let mut ring = a.send_ring::<128>(cfg)?; // borrows `a`: a's send queue is the ring's alone
+    let mut poller = cq.poller::<32>()?; // borrows `cq`: its only poller
 
     let mut sent = 0u64;
     while sent < 10_000 {

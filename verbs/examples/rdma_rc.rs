@@ -82,7 +82,11 @@ fn parse_args() -> Config {
 fn open(device: &Option<String>) -> Result<Context> {
     match device {
         Some(d) => Context::open(d),
-        None => Context::open_default(),
+        // No device named: the first RDMA device, else the software device, said out loud.
+        None => Context::open_default().or_else(|e| {
+            eprintln!("{e}: using softnic, the in-process software device");
+            Context::open_softnic()
+        }),
     }
 }
 

@@ -420,6 +420,7 @@ impl ConnParam {
 /// assert_eq!(PortSpace::Udp.raw(), hotverbs_ffi::RDMA_PS_UDP);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PortSpace {
     /// `RDMA_PS_TCP`: reliable connected (RC) QPs, connected with CM REQ/REP/RTU.
     Tcp,
@@ -619,7 +620,7 @@ impl CmId {
     /// Waits for the next event on the channel and checks it is `want`.
     fn expect(&self, verb: &'static str, want: u32, timeout: Duration) -> Result<CmEvent> {
         let ev = self.channel.get_event(timeout).map_err(|e| {
-            if e.errno == libc::ETIMEDOUT {
+            if e.errno() == libc::ETIMEDOUT {
                 Error::new(verb, libc::ETIMEDOUT)
                     .with_hint(format!("no {} within {timeout:?}", event_name(want)))
             } else {
@@ -773,8 +774,12 @@ impl CmId {
         }
         let fns = hotverbs_ffi::ibverbs()
             .map_err(|e| Error::new("ibv_open_device", libc::ENOSYS).with_hint(e.to_string()))?;
+        // librdmacm opened the context itself: refuse it, as Context::open refuses a real
+        // device, while MLX5_SINGLE_THREADED=1 removes the provider's locks.
+        crate::device::check_provider_locks(crate::DeviceKind::Real, "rdma_cm device")?;
         // SAFETY: librdmacm keeps its device contexts open for the life of the process
-        // (they are closed only when librdmacm is unloaded, which never happens).
+        // (they are closed only when librdmacm is unloaded, which never happens); a real
+        // provider fills the hot ops; its locks are on (checked above).
         Ok(unsafe { Context::from_raw_borrowed(fns, verbs) })
     }
 
@@ -836,7 +841,7 @@ impl CmId {
             // init is valid and writable (librdmacm writes the actual caps back).
             let ret = unsafe { f(id, pd, init) };
             if ret != 0 {
-                return Err(Error::from_ret(VERB, ret).errno);
+                return Err(Error::from_ret(VERB, ret).errno());
             }
             // SAFETY: live ID; rdma_create_qp succeeded, so `qp` is the QP it made.
             let qp = unsafe { (*id).qp };
@@ -1008,7 +1013,7 @@ mod tests {
                 assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
             }
             Err(e) => {
-                assert_eq!(e.verb, "rdma_create_event_channel");
+                assert_eq!(e.verb(), "rdma_create_event_channel");
                 let msg = e.to_string();
                 assert!(
                     msg.contains("rdma_cm") || msg.contains("librdmacm"),
@@ -1044,7 +1049,7 @@ mod tests {
                 ..Default::default()
             };
             let e = p.to_raw(verb, ps).err().expect("over the limit");
-            assert_eq!((e.verb, e.errno), (verb, libc::EINVAL));
+            assert_eq!((e.verb(), e.errno()), (verb, libc::EINVAL));
             assert!(e.to_string().contains(&format!("at most {max}")), "{e}");
         }
     }
@@ -1194,7 +1199,7 @@ mod tests {
         let e = id
             .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc))
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EBUSY));
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EBUSY));
         assert!(fake::calls().is_empty());
 
         // The QP is a first-class one: it connects and sends like any other.
@@ -1258,7 +1263,7 @@ mod tests {
     #[test]
     fn create_qp_refuses_another_context_and_other_qp_types() {
         let ctx = Context::open("softnic").unwrap();
-        let other = Context::open_softnic(crate::SoftnicConfig {
+        let other = Context::open_softnic_with(crate::SoftnicConfig {
             name: "softnic-cm-other".into(),
             ..Default::default()
         })
@@ -1273,18 +1278,18 @@ mod tests {
         let e = id
             .create_qp(QpBuilder::new(&opd, &ocq, &ocq, QpType::Rc))
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
         assert!(e.to_string().contains("CmId::context"), "{e}");
         // Mixed contexts: build_with's own check.
         let e = id
             .create_qp(QpBuilder::new(&pd, &ocq, &cq, QpType::Rc))
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
 
         let e = id
             .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
         assert!(e.to_string().contains("RDMA_PS_UDP"), "{e}");
         let e = id
             .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Uc))
@@ -1304,7 +1309,7 @@ mod tests {
 
     #[test]
     fn create_qp_reports_the_verbs_errno_with_the_cap_hint() {
-        let ctx = Context::open_softnic(crate::SoftnicConfig {
+        let ctx = Context::open_softnic_with(crate::SoftnicConfig {
             name: "softnic-cm-small".into(),
             max_qp_wr: 8,
             ..Default::default()
@@ -1315,7 +1320,7 @@ mod tests {
         let e = id
             .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_send_wr(9))
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
         assert!(e.to_string().contains("max_qp_wr 8"), "{e}");
         assert!(id.qp().is_none());
         drop(id);

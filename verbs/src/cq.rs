@@ -267,7 +267,7 @@ impl Context {
     /// # Example
     /// ```
     /// use hotverbs::{Context, CqOptions};
-    /// let ctx = Context::open_softnic(hotverbs::SoftnicConfig {
+    /// let ctx = Context::open_softnic_with(hotverbs::SoftnicConfig {
     ///     num_comp_vectors: 4,
     ///     ..Default::default()
     /// })?;
@@ -276,7 +276,7 @@ impl Context {
     /// assert_eq!((cq.comp_vector(), cq.user_context()), (3, 7));
     /// let e = ctx.create_cq_with(64, None, CqOptions { comp_vector: 4, ..Default::default() })
     ///     .unwrap_err();
-    /// assert_eq!((e.verb, e.errno), ("ibv_create_cq", libc::EINVAL));
+    /// assert_eq!((e.verb(), e.errno()), ("ibv_create_cq", libc::EINVAL));
     /// # Ok::<(), hotverbs::Error>(())
     /// ```
     ///
@@ -468,8 +468,8 @@ impl CompChannel {
                 return Ok(None);
             }
             match self.get_cq_event() {
-                Err(e) if e.errno == libc::EAGAIN && !left.is_zero() => continue,
-                Err(e) if e.errno == libc::EAGAIN => return Ok(None),
+                Err(e) if e.errno() == libc::EAGAIN && !left.is_zero() => continue,
+                Err(e) if e.errno() == libc::EAGAIN => return Ok(None),
                 r => return r.map(Some),
             }
         }
@@ -927,6 +927,7 @@ impl fmt::Debug for Wc {
 /// # let _ = describe;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AsyncElement {
     /// A CQ (raw pointer, for identification only).
     Cq(*mut ibv_cq),
@@ -1135,8 +1136,8 @@ impl AsyncEvents {
                 return Ok(None);
             }
             match self.get() {
-                Err(e) if e.errno == libc::EAGAIN && !left.is_zero() => continue,
-                Err(e) if e.errno == libc::EAGAIN => return Ok(None),
+                Err(e) if e.errno() == libc::EAGAIN && !left.is_zero() => continue,
+                Err(e) if e.errno() == libc::EAGAIN => return Ok(None),
                 r => return r.map(Some),
             }
         }

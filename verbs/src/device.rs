@@ -84,6 +84,7 @@ pub struct DevicesReport {
     pub real_unavailable: Option<String>,
 }
 
+#[cfg(feature = "softnic")]
 fn softnic_fns() -> &'static IbvFns {
     hotverbs_softnic::verbs_table()
 }
@@ -105,6 +106,9 @@ unsafe fn names(fns: &IbvFns) -> std::result::Result<Vec<String>, i32> {
 /// # References
 /// `ibv_get_device_list(3)`
 pub fn devices_report() -> DevicesReport {
+    #[cfg(not(feature = "softnic"))]
+    let mut devices: Vec<DeviceInfo> = Vec::new();
+    #[cfg(feature = "softnic")]
     // SAFETY: softnic's own table.
     let mut devices: Vec<DeviceInfo> = unsafe { names(softnic_fns()) }
         .unwrap_or_default()
@@ -114,7 +118,7 @@ pub fn devices_report() -> DevicesReport {
             kind: DeviceKind::Softnic,
         })
         .collect();
-    if !devices.iter().any(|d| d.name == SOFTNIC) {
+    if cfg!(feature = "softnic") && !devices.iter().any(|d| d.name == SOFTNIC) {
         // softnic always exists, even if its list verb is still being built.
         devices.insert(
             0,
@@ -299,9 +303,16 @@ impl Context {
     /// # References
     /// `ibv_open_device(3)`
     pub fn open(name: &str) -> Result<Context> {
+        #[cfg(feature = "softnic")]
         // SAFETY: softnic's own table.
         if let Some(ctx) = unsafe { open_in(softnic_fns(), DeviceKind::Softnic, name) }? {
             return Ok(Self::wrap(softnic_fns(), ctx, name, DeviceKind::Softnic));
+        }
+        #[cfg(not(feature = "softnic"))]
+        if name == SOFTNIC {
+            return Err(Error::new("ibv_open_device", libc::ENODEV).with_hint(
+                "hotverbs was built without its `softnic` feature (the software device)",
+            ));
         }
         let fns = match hotverbs_ffi::ibverbs() {
             Ok(f) => f,
@@ -325,12 +336,20 @@ impl Context {
         }
     }
 
-    /// The default device: `$HOTVERBS_DEVICE` when set, else the first real device, else
-    /// softnic. [`Context::name`] says which one was picked.
+    /// The default device: `$HOTVERBS_DEVICE` when set (`HOTVERBS_DEVICE=softnic` for the
+    /// software device), else the first real RDMA device. Never softnic by surprise: a host
+    /// whose NIC or driver is missing gets an error, not a software device in production.
+    /// [`Context::name`] says which one was picked.
+    ///
+    /// # Errors
+    /// `ibv_open_device: ENODEV` ("no RDMA device") when `$HOTVERBS_DEVICE` is unset and no
+    /// real device is listed, with the reason libibverbs gave; the errors of
+    /// [`open`](Self::open) otherwise.
     ///
     /// # Example
     /// ```
-    /// let ctx = hotverbs::Context::open_default()?;
+    /// // Here, with no RDMA hardware, fall back to the software device on purpose.
+    /// let ctx = hotverbs::Context::open_default().or_else(|_| hotverbs::Context::open_softnic())?;
     /// println!("using {}", ctx.name());
     /// # Ok::<(), hotverbs::Error>(())
     /// ```
@@ -340,9 +359,31 @@ impl Context {
                 return Self::open(&name);
             }
         }
-        if let Some(real) = devices().into_iter().find(|d| d.kind == DeviceKind::Real) {
+        let report = devices_report();
+        if let Some(real) = report.devices.iter().find(|d| d.kind == DeviceKind::Real) {
             return Self::open(&real.name);
         }
+        let why = report
+            .real_unavailable
+            .unwrap_or_else(|| "libibverbs lists no device".into());
+        Err(
+            Error::new("ibv_open_device", libc::ENODEV).with_hint(format!(
+                "no RDMA device ({why}); for the in-process software device open it by name: \
+             HOTVERBS_DEVICE=softnic or Context::open_softnic()"
+            )),
+        )
+    }
+
+    /// Opens softnic, the in-process software device (`"softnic"`), explicitly.
+    ///
+    /// # Example
+    /// ```
+    /// let ctx = hotverbs::Context::open_softnic()?;
+    /// assert_eq!(ctx.name(), "softnic");
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    #[cfg(feature = "softnic")]
+    pub fn open_softnic() -> Result<Context> {
         Self::open(SOFTNIC)
     }
 
@@ -353,12 +394,13 @@ impl Context {
     /// # Example
     /// ```
     /// let cfg = hotverbs::SoftnicConfig { max_cqe: 64, ..Default::default() };
-    /// let ctx = hotverbs::Context::open_softnic(cfg)?;
+    /// let ctx = hotverbs::Context::open_softnic_with(cfg)?;
     /// assert_eq!(ctx.query_device()?.max_cqe(), 64);
     /// assert!(ctx.create_cq(65, None).is_err());
     /// # Ok::<(), hotverbs::Error>(())
     /// ```
-    pub fn open_softnic(config: hotverbs_softnic::Config) -> Result<Context> {
+    #[cfg(feature = "softnic")]
+    pub fn open_softnic_with(config: hotverbs_softnic::Config) -> Result<Context> {
         let name = config.name.clone();
         let ctx = hotverbs_softnic::open_device(config);
         if ctx.is_null() {
@@ -408,6 +450,9 @@ impl Context {
                     .into_owned()
             }
         };
+        #[cfg(not(feature = "softnic"))]
+        let kind = DeviceKind::Real;
+        #[cfg(feature = "softnic")]
         let kind = if std::ptr::eq(fns, softnic_fns()) {
             DeviceKind::Softnic
         } else {

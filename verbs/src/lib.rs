@@ -105,6 +105,7 @@ pub use hotverbs_datapath::{
 };
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
+#[cfg(feature = "softnic")]
 pub use hotverbs_softnic::Config as SoftnicConfig;
 pub use mr::{AccessFlags, Mr, OwnedBuf, RemoteMr, Sge};
 pub use pd::Pd;

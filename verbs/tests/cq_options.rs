@@ -31,7 +31,7 @@ fn complete(qp: &Qp) {
 }
 
 fn softnic_with_vectors(name: &str, n: u32) -> Context {
-    Context::open_softnic(SoftnicConfig {
+    Context::open_softnic_with(SoftnicConfig {
         name: name.into(),
         num_comp_vectors: n,
         ..Default::default()
@@ -113,7 +113,7 @@ fn comp_vector_must_be_below_num_comp_vectors() {
             },
         )
         .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_create_cq", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_create_cq", libc::EINVAL));
     let msg = e.to_string();
     // Our check, before the verb: it names the device and the range.
     assert!(
@@ -148,7 +148,11 @@ fn comp_vector_must_be_below_num_comp_vectors() {
                 },
             )
             .unwrap_err();
-        assert_eq!((e.verb, e.errno), ("ibv_create_cq", libc::EINVAL), "{v}");
+        assert_eq!(
+            (e.verb(), e.errno()),
+            ("ibv_create_cq", libc::EINVAL),
+            "{v}"
+        );
         assert!(e.to_string().contains("0..4"), "{e}");
     }
 }

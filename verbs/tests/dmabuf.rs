@@ -137,7 +137,7 @@ fn dmabuf_mr_refuses_every_cpu_accessor_and_receive_leases() {
         .reg_dmabuf_mr(file.as_fd(), 0, PAGE as usize, 0x1000, rw())
         .unwrap();
     let efault = |e: hotverbs::Error| {
-        assert_eq!(e.errno, libc::EFAULT, "{e}");
+        assert_eq!(e.errno(), libc::EFAULT, "{e}");
         assert!(e.to_string().contains("dmabuf"), "{e}");
     };
     efault(dm.as_slice().unwrap_err());
@@ -161,7 +161,7 @@ fn dmabuf_mr_refuses_every_cpu_accessor_and_receive_leases() {
 
 #[test]
 fn dmabuf_on_a_device_without_it_says_not_supported_by_the_device() {
-    let ctx = Context::open_softnic(SoftnicConfig {
+    let ctx = Context::open_softnic_with(SoftnicConfig {
         name: "softnic-nodmabuf".into(),
         dmabuf: false,
         ..Default::default()
@@ -172,7 +172,10 @@ fn dmabuf_on_a_device_without_it_says_not_supported_by_the_device() {
     let e = pd
         .reg_dmabuf_mr(file.as_fd(), 0, PAGE as usize, 0, rw())
         .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_reg_dmabuf_mr", libc::EOPNOTSUPP));
+    assert_eq!(
+        (e.verb(), e.errno()),
+        ("ibv_reg_dmabuf_mr", libc::EOPNOTSUPP)
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("dmabuf memory registration")
@@ -192,7 +195,7 @@ fn dmabuf_arguments_are_checked() {
     let einval = |r: hotverbs::Result<hotverbs::Mr<'static>>| {
         let e = r.unwrap_err();
         assert_eq!(
-            (e.verb, e.errno),
+            (e.verb(), e.errno()),
             ("ibv_reg_dmabuf_mr", libc::EINVAL),
             "{e}"
         );
@@ -261,5 +264,5 @@ fn reg_mr_raw_registers_memory_nobody_owns() {
 
     // SAFETY: a null address is refused before anything is registered.
     let e = unsafe { pd.reg_mr_raw(std::ptr::null_mut(), 64, rw()) }.unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_reg_mr", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_reg_mr", libc::EINVAL));
 }

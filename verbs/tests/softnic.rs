@@ -103,8 +103,8 @@ fn softnic_is_listed_and_opens_by_name() {
 #[test]
 fn unknown_device_is_enodev_listing_the_devices() {
     let e = Context::open("mlx5_99").unwrap_err();
-    assert_eq!(e.errno, libc::ENODEV);
-    assert_eq!(e.verb, "ibv_open_device");
+    assert_eq!(e.errno(), libc::ENODEV);
+    assert_eq!(e.verb(), "ibv_open_device");
     let msg = e.to_string();
     assert!(msg.contains("mlx5_99") && msg.contains("softnic"), "{msg}");
 }
@@ -139,12 +139,12 @@ fn query_device_port_gid_pkey() {
     assert_eq!(info.active_mtu, Mtu::Mtu1024);
     // An empty or out-of-range entry is an error naming the verb.
     let e = c.query_gid_entry(1, 15).unwrap_err();
-    assert_eq!(e.verb, "ibv_query_gid_ex");
+    assert_eq!(e.verb(), "ibv_query_gid_ex");
 }
 
 #[test]
 fn custom_softnic_limits_show_in_errors() {
-    let c = Context::open_softnic(SoftnicConfig {
+    let c = Context::open_softnic_with(SoftnicConfig {
         name: "softnic-small".into(),
         max_qp_wr: 32,
         ..Default::default()
@@ -157,7 +157,7 @@ fn custom_softnic_limits_show_in_errors() {
         .max_send_wr(64)
         .build()
         .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_create_qp", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_create_qp", libc::EINVAL));
     assert!(
         e.to_string()
             .contains("max_send_wr 64 > device max_qp_wr 32"),
@@ -181,9 +181,9 @@ fn mr_slices_only_without_remote_write_and_copy_helpers() {
         let mut mr = pd.alloc_mr(64, access).unwrap();
         assert!(mr.is_remote_writable());
         let e = mr.as_slice().unwrap_err();
-        assert_eq!((e.verb, e.errno), ("Mr::as_slice", libc::EACCES));
+        assert_eq!((e.verb(), e.errno()), ("Mr::as_slice", libc::EACCES));
         assert!(e.to_string().contains("read_into"), "{e}");
-        assert_eq!(mr.as_mut_slice().unwrap_err().errno, libc::EACCES);
+        assert_eq!(mr.as_mut_slice().unwrap_err().errno(), libc::EACCES);
     }
     let mut local = pd
         .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -212,8 +212,8 @@ fn mr_slices_only_without_remote_write_and_copy_helpers() {
         &local.as_slice().unwrap()[56..64],
         &0x0102_0304_0506_0708u64.to_ne_bytes()
     );
-    assert_eq!(local.read_u64(4).unwrap_err().errno, libc::EINVAL);
-    assert_eq!(local.read_u64(64).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(local.read_u64(4).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(local.read_u64(64).unwrap_err().errno(), libc::EINVAL);
     assert!(local.write_u64(60, 1).is_err());
 }
 
@@ -224,7 +224,7 @@ fn mr_over_borrowed_and_owned_memory() {
     let mut mem = vec![7u8; 1000];
     // Remote access over borrowed memory only for the length of a scope (a forgotten Mr
     // would leave the rkey live after the borrow ended).
-    assert_eq!(pd.reg_mr(&mut mem, rw()).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(pd.reg_mr(&mut mem, rw()).unwrap_err().errno(), libc::EINVAL);
     let rkey = pd
         .scoped_mr(&mut mem, rw(), |mr| {
             assert_eq!(mr.len(), 1000);
@@ -260,7 +260,7 @@ fn remote_write_without_local_write_is_einval_with_hint() {
     let c = ctx();
     let pd = c.alloc_pd().unwrap();
     let e = pd.alloc_mr(64, AccessFlags::REMOTE_WRITE).unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_reg_mr", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_reg_mr", libc::EINVAL));
     assert!(e.to_string().contains("need LOCAL_WRITE"), "{e}");
 }
 
@@ -313,16 +313,16 @@ fn builder_rejects_caps_beyond_the_device() {
         .max_send_sge(max_sge + 1)
         .build()
         .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_create_qp", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_create_qp", libc::EINVAL));
     assert!(e.to_string().contains("max_sge"), "{e}");
     let e = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
         .max_inline_data(1 << 20)
         .build()
         .unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
+    assert_eq!(e.errno(), libc::EINVAL);
     assert!(e.to_string().contains("max_inline_data"), "{e}");
     let e = c.create_cq(0, None).unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_create_cq", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_create_cq", libc::EINVAL));
     assert!(e.to_string().contains("max_cqe"), "{e}");
 }
 
@@ -554,13 +554,13 @@ fn invalid_transitions_name_the_transition_and_the_fix() {
     };
 
     let e = qp.to_rtr(&rtr).unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
-    assert_eq!(e.verb, "ibv_modify_qp(RESET->RTR)");
+    assert_eq!(e.errno(), libc::EINVAL);
+    assert_eq!(e.verb(), "ibv_modify_qp(RESET->RTR)");
     assert!(e.to_string().contains("must come from INIT"), "{e}");
     let e = qp.to_rts(&RtsAttr::default()).unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(RESET->RTS)");
+    assert_eq!(e.verb(), "ibv_modify_qp(RESET->RTS)");
     let e = qp.to_error().unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(RESET->ERR)");
+    assert_eq!(e.verb(), "ibv_modify_qp(RESET->ERR)");
     assert!(e.to_string().contains("not a valid transition"), "{e}");
     assert_eq!(
         qp.query().unwrap().state(),
@@ -574,7 +574,7 @@ fn invalid_transitions_name_the_transition_and_the_fix() {
             ..Default::default()
         })
         .unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(RESET->INIT)");
+    assert_eq!(e.verb(), "ibv_modify_qp(RESET->INIT)");
     assert!(e.to_string().contains("port 2 does not exist"), "{e}");
 
     qp.to_init(&InitAttr::default()).unwrap();
@@ -614,13 +614,13 @@ fn invalid_transitions_name_the_transition_and_the_fix() {
             ..rtr
         })
         .unwrap_err();
-    assert_eq!(e.errno, libc::ENODATA);
+    assert_eq!(e.errno(), libc::ENODATA);
     assert!(e.to_string().contains("sgid_index 200"), "{e}");
     assert_eq!(qp.query().unwrap().state(), QpState::Init);
 
     qp.to_rtr(&rtr).unwrap();
     let e = qp.to_rtr(&rtr).unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(RTR->RTR)");
+    assert_eq!(e.verb(), "ibv_modify_qp(RTR->RTR)");
     let e = qp
         .to_rts(&RtsAttr {
             timeout: 40,
@@ -637,7 +637,7 @@ fn invalid_transitions_name_the_transition_and_the_fix() {
     assert!(e.to_string().contains("max_qp_init_rd_atom"), "{e}");
     qp.to_rts(&RtsAttr::default()).unwrap();
     let e = qp.to_init(&InitAttr::default()).unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(RTS->INIT)");
+    assert_eq!(e.verb(), "ibv_modify_qp(RTS->INIT)");
     assert!(e.to_string().contains("must come from RESET"), "{e}");
 }
 
@@ -786,7 +786,7 @@ fn inline_send_and_selective_signaling() {
     };
     // SAFETY: inline, copied during the call (and rejected here anyway).
     let e = unsafe { p.a.post_send(&SendWr::send(12, &[sge]).inline()) }.unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_post_send", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_post_send", libc::EINVAL));
     assert!(e.to_string().contains("max_inline_data"), "{e}");
 }
 
@@ -827,7 +827,7 @@ fn posting_in_the_wrong_state_is_einval_with_state_hint() {
     let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // SAFETY: rejected at post; nothing is in flight.
     let e = unsafe { qp.post_recv(1, &[mr.sge()]) }.unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_post_recv", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_post_recv", libc::EINVAL));
     assert!(
         e.to_string()
             .contains("QP is in RESET: receives can be posted from INIT"),
@@ -836,7 +836,7 @@ fn posting_in_the_wrong_state_is_einval_with_state_hint() {
     qp.to_init(&InitAttr::default()).unwrap();
     // SAFETY: rejected at post; nothing is in flight.
     let e = unsafe { qp.post_send(&SendWr::send(1, &[mr.sge()])) }.unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_post_send", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_post_send", libc::EINVAL));
     assert!(
         e.to_string().contains("QP is in INIT: sends need RTS"),
         "{e}"
@@ -992,7 +992,7 @@ fn ah_without_grh_on_roce_is_einval_with_hint() {
     let c = ctx();
     let pd = c.alloc_pd().unwrap();
     let e = pd.create_ah(&AhAttr::lid(1, 1)).unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_create_ah", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_create_ah", libc::EINVAL));
     assert!(e.to_string().contains("needs a GRH"), "{e}");
 }
 
@@ -1017,7 +1017,7 @@ fn multicast_attach_send_detach() {
     let e =
         p.b.attach_mcast(&Gid::from_ipv4([1, 2, 3, 4]), 0)
             .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_attach_mcast", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_attach_mcast", libc::EINVAL));
     assert!(e.to_string().contains("not a multicast GID"), "{e}");
 
     let ah = p.pd.create_ah(&AhAttr::gid(group, 1, 1)).unwrap();
@@ -1043,7 +1043,7 @@ fn multicast_attach_send_detach() {
 
     p.b.detach_mcast(&group, 0).unwrap();
     let e = p.b.detach_mcast(&group, 0).unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_detach_mcast", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("ibv_detach_mcast", libc::EINVAL));
     c.detach_mcast(&group, 0).unwrap();
     // After detaching, nobody receives.
     // SAFETY: as above.
@@ -1065,7 +1065,7 @@ fn multicast_on_rc_is_rejected() {
     g[0] = 0xff;
     g[15] = 0x42;
     let e = p.a.attach_mcast(&Gid(g), 0).unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
+    assert_eq!(e.errno(), libc::EINVAL);
     assert!(e.to_string().contains("only UD QPs"), "{e}");
 }
 
@@ -1222,6 +1222,6 @@ fn cq_overrun_raises_cq_err() {
     assert_eq!(ev.element, AsyncElement::Cq(small.as_raw()));
     let mut wc = [Wc::default(); 4];
     let e = small.poll(&mut wc).unwrap_err();
-    assert_eq!(e.verb, "ibv_poll_cq");
+    assert_eq!(e.verb(), "ibv_poll_cq");
     assert!(e.to_string().contains("overran"), "{e}");
 }

@@ -212,5 +212,33 @@ fn no_std() -> Result<(), String> {
     for p in ["hotverbs-ffi", "hotverbs-datapath"] {
         run(cargo().args(["build", "--locked", "-p", p, "--no-default-features"]))?;
     }
+    // hotverbs without its default `softnic` feature builds, and softnic is not in its tree:
+    // a production build never carries the software device.
+    run(cargo().args([
+        "build",
+        "--locked",
+        "-p",
+        "hotverbs",
+        "--no-default-features",
+    ]))?;
+    let out = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "-p",
+            "hotverbs",
+            "--no-default-features",
+        ])
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("cargo tree: {e}"))?;
+    let tree = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || tree.contains("hotverbs-softnic") {
+        return Err(format!(
+            "`cargo tree -p hotverbs --no-default-features` must succeed without \
+             hotverbs-softnic:\n{tree}"
+        ));
+    }
+    eprintln!("hotverbs --no-default-features: builds, no hotverbs-softnic in its tree");
     Ok(())
 }

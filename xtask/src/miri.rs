@@ -83,6 +83,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "destroy_cq_drops_events_nobody_took",
             "counting_device_callbacks_keep_provenance_over_the_device",
             "device_copies_into_application_memory",
+            "device_partial_word_writes_meet_the_application_with_its_unit",
         ],
         models: Models::Both,
         why: "items 6, 7, 8: CQ destroy vs events, counting-device provenance, softnic's copies",
@@ -97,6 +98,20 @@ const MIRI_TESTS: &[MiriTest] = &[
         ],
         models: Models::Both,
         why: "item 6: the CQ event word, its destroy and a racing get_cq_event",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "cq_options",
+        tests: &["events_carry_each_cqs_user_context"],
+        models: Models::Stacked,
+        why: "item 6: the event word shared with a user context",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "bridge",
+        tests: &["inline_traffic_end_to_end_without_unsafe"],
+        models: Models::Both,
+        why: "the safe bridge: rings and poller from Qp/Cq, receive lease, softnic copies",
     },
     MiriTest {
         package: "hotverbs",

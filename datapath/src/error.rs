@@ -11,6 +11,7 @@ macro_rules! wc_errors {
         /// A completion with a status other than `IBV_WC_SUCCESS` (`ibv_poll_cq(3)`), one
         /// variant per `enum ibv_wc_status` value.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum WcError {
             $($(#[$m])* $name,)*
             /// A status this version does not know.
@@ -177,6 +178,7 @@ mod libc_errno {
 
 /// Why a [`SendRing`](crate::SendRing) could not take a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendError {
     /// Back-pressure: all `depth` slots are staged or outstanding. Poll the CQ (a signaled
     /// WR is always in flight when this happens), then retry.
@@ -236,6 +238,7 @@ impl From<PostError> for SendError {
 
 /// A ring configuration that cannot work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// `depth` is 0 or larger than the ring's `N` slots.
     Depth,
@@ -278,6 +281,7 @@ impl fmt::Display for ConfigError {
 
 /// Why a receive completion did not yield a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecvError {
     /// The receive in `slot` completed with an error (e.g. `WrFlush` after a QP error).
     /// The slot is idle: it is re-posted by [`RecvRing::reset`](crate::RecvRing::reset).

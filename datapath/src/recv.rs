@@ -42,6 +42,7 @@ static NEXT_BRAND: AtomicUsize = AtomicUsize::new(1);
 
 /// Where receives are posted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecvTarget {
     /// A QP's receive queue (`ibv_post_recv(3)`).
     Qp(*mut ibv_qp),

@@ -35,6 +35,7 @@ use crate::wr_id;
 
 /// The operation of one message (`enum ibv_wr_opcode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Opcode {
     /// `IBV_WR_SEND`.
     Send,
@@ -69,6 +70,7 @@ impl Opcode {
 
 /// The local side of a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Local<'d> {
     /// A zero-byte message (`num_sge = 0`).
     Empty,

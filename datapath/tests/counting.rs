@@ -41,6 +41,7 @@ fn wc_op(op: Opcode) -> ibv_wc_opcode {
         Opcode::Read => IBV_WC_RDMA_READ,
         Opcode::FetchAdd => IBV_WC_FETCH_ADD,
         Opcode::CmpSwap => IBV_WC_COMP_SWAP,
+        other => panic!("wc_op: no completion opcode for {other:?} in this test"),
     }
 }
 

@@ -186,7 +186,7 @@ impl Pd {
             .fns()
             .ibv_create_ah_from_wc
             .ok_or_else(|| Error::missing("ibv_create_ah_from_wc"))?;
-        let mut wc = *wc;
+        let wc = *wc;
         let mut g = [0u8; 40];
         g.copy_from_slice(&grh[..40]);
         // SAFETY: live PD; wc is a valid completion copy; g is a 40-byte ibv_grh image

@@ -428,7 +428,7 @@ impl Qp {
         let len = usize::try_from(cfg.region_len()).unwrap_or(usize::MAX);
         // Check the region before taking anything (lease_recv checks it again and leases).
         region.local(offset, len).map_err(|e| {
-            Error::new(VERB, e.errno).with_hint(format!(
+            Error::new(VERB, e.errno()).with_hint(format!(
                 "{count} slots need {len} bytes at offset {offset}; the MR has {}",
                 region.len()
             ))

@@ -20,14 +20,18 @@ use std::sync::Mutex;
 ///     "ibv_reg_mr: EACCES — REMOTE_WRITE needs LOCAL_WRITE as well"
 /// );
 /// ```
+///
+/// The fields are private (read them with [`verb`](Error::verb), [`errno`](Error::errno) and
+/// [`hint`](Error::hint)), so the error can carry more context later without breaking
+/// callers.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     /// The verb, e.g. `"ibv_create_qp"` or `"ibv_modify_qp(INIT->RTR)"`.
-    pub verb: &'static str,
+    verb: &'static str,
     /// The errno value (positive), e.g. `libc::EINVAL`.
-    pub errno: i32,
+    errno: i32,
     /// What to check or do, when we can tell.
-    pub hint: Option<Cow<'static, str>>,
+    hint: Option<Cow<'static, str>>,
 }
 
 impl Error {
@@ -44,6 +48,41 @@ impl Error {
     pub fn with_hint(mut self, hint: impl Into<Cow<'static, str>>) -> Self {
         self.hint = Some(hint.into());
         self
+    }
+
+    /// The verb that failed, as its man page names it, e.g. `"ibv_create_qp"` or
+    /// `"ibv_modify_qp(INIT->RTR)"`.
+    ///
+    /// # Example
+    /// ```
+    /// let e = hotverbs::Error::new("ibv_alloc_pd", libc::ENOMEM);
+    /// assert_eq!(e.verb(), "ibv_alloc_pd");
+    /// ```
+    pub fn verb(&self) -> &'static str {
+        self.verb
+    }
+
+    /// The errno value (positive, never 0), e.g. `libc::EINVAL`.
+    ///
+    /// # Example
+    /// ```
+    /// assert_eq!(hotverbs::Error::new("ibv_alloc_pd", -libc::ENOMEM).errno(), libc::ENOMEM);
+    /// assert_eq!(hotverbs::Error::new("ibv_alloc_pd", 0).errno(), libc::EIO);
+    /// ```
+    pub fn errno(&self) -> i32 {
+        self.errno
+    }
+
+    /// What to check or do, when we can tell.
+    ///
+    /// # Example
+    /// ```
+    /// let e = hotverbs::Error::new("ibv_reg_mr", libc::EACCES).with_hint("add LOCAL_WRITE");
+    /// assert_eq!(e.hint(), Some("add LOCAL_WRITE"));
+    /// assert_eq!(hotverbs::Error::new("ibv_reg_mr", libc::EACCES).hint(), None);
+    /// ```
+    pub fn hint(&self) -> Option<&str> {
+        self.hint.as_deref()
     }
 
     /// Adds a hint only when there is none yet.

@@ -89,6 +89,7 @@ impl Endpoint {
 /// }
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ExchangeError {
     /// The message has the wrong size.
     Length {

@@ -348,7 +348,7 @@ impl Pd {
     /// let mut mine = vec![0u8; 64];
     /// let e = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
     ///     .unwrap_err();
-    /// assert_eq!((e.verb, e.errno), ("ibv_reg_mr", libc::EINVAL));
+    /// assert_eq!((e.verb(), e.errno()), ("ibv_reg_mr", libc::EINVAL));
     /// # Ok::<(), hotverbs::Error>(())
     /// ```
     ///
@@ -479,7 +479,7 @@ impl Pd {
             let needs_local = access
                 .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
                 && !access.contains(AccessFlags::LOCAL_WRITE);
-            return Err(if e.errno == libc::EINVAL && needs_local {
+            return Err(if e.errno() == libc::EINVAL && needs_local {
                 e.with_hint("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well")
             } else {
                 e
@@ -584,7 +584,7 @@ impl Pd {
     /// let mr = pd.reg_dmabuf_mr(file.as_fd(), 4096, 4096, 0x10_0000,
     ///     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     /// assert_eq!((mr.addr(), mr.len(), mr.is_mapped()), (0x10_0000, 4096, false));
-    /// assert_eq!(mr.read_vec(0, 8).unwrap_err().errno, libc::EFAULT);
+    /// assert_eq!(mr.read_vec(0, 8).unwrap_err().errno(), libc::EFAULT);
     /// # Ok::<(), hotverbs::Error>(())
     /// ```
     ///
@@ -792,7 +792,7 @@ impl<'a> Mr<'a> {
                 .with_hint("the MR is registered in another PD than the queue's"));
         }
         let sge = self.local(offset, len).map_err(|e| {
-            Error::new(what, e.errno).with_hint(format!(
+            Error::new(what, e.errno()).with_hint(format!(
                 "receive region {offset}+{len} outside the MR of {} bytes",
                 self.len
             ))
@@ -1125,12 +1125,15 @@ impl<'a> Mr<'a> {
     /// The MR may still be registered: a peer holding the rkey could still write the
     /// memory, so an owned buffer is leaked (never unmapped) rather than returned to the
     /// OS. A borrowed buffer cannot be kept: see [`Mr::destroy`].
-    fn leak_after_failure(&mut self, mut e: Error) -> Error {
+    fn leak_after_failure(&mut self, e: Error) -> Error {
         if let Some(buf) = self.owned.take() {
             std::mem::forget(buf);
             const LEAKED: &str = "the buffer was leaked, as the device may still write it";
-            return match e.hint.take() {
-                Some(h) => e.with_hint(format!("{h}; {LEAKED}")),
+            return match e.hint() {
+                Some(h) => {
+                    let h = format!("{h}; {LEAKED}");
+                    e.with_hint(h)
+                }
                 None => e.with_hint(LEAKED),
             };
         }
@@ -1198,7 +1201,7 @@ mod tests {
         let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         for errno in [libc::EOPNOTSUPP, libc::ENOSYS, libc::EPROTONOSUPPORT] {
             let e = dmabuf_error("rxe0", errno, rw);
-            assert_eq!((e.verb, e.errno), ("ibv_reg_dmabuf_mr", errno));
+            assert_eq!((e.verb(), e.errno()), ("ibv_reg_dmabuf_mr", errno));
             let msg = e.to_string();
             assert!(
                 msg.contains("dmabuf memory registration") && msg.contains("not supported by rxe0"),

@@ -30,6 +30,7 @@ use crate::zeroed;
 /// assert_eq!(hotverbs::QpType::Rc.raw(), hotverbs_ffi::IBV_QPT_RC);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum QpType {
     /// Reliable connected: send/recv, RDMA write/read, atomics.
     Rc,
@@ -68,6 +69,7 @@ impl QpType {
 /// assert_eq!(QpState::Rts.name(), "RTS");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum QpState {
     /// RESET: just created, or reset.
     Reset,

@@ -35,8 +35,8 @@ fn connected(s: &Setup) -> (Qp, Qp) {
 
 fn errno<T: std::fmt::Debug>(r: Result<T>, verb: &str, errno: i32) -> Error {
     let e = r.expect_err("must be refused");
-    assert_eq!((e.verb, e.errno), (verb, errno), "{e}");
-    assert!(e.hint.is_some(), "the error says what to do: {e}");
+    assert_eq!((e.verb(), e.errno()), (verb, errno), "{e}");
+    assert!(e.hint().is_some(), "the error says what to do: {e}");
     e
 }
 
@@ -81,7 +81,7 @@ fn inline_traffic_end_to_end_without_unsafe() {
     }
     assert_eq!(got, (0..1000).collect::<Vec<_>>(), "in order, each once");
     // The region is leased to b while its receives may be posted.
-    assert_eq!(region.as_slice().unwrap_err().errno, libc::EBUSY);
+    assert_eq!(region.as_slice().unwrap_err().errno(), libc::EBUSY);
 }
 
 #[test]

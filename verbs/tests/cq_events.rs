@@ -140,7 +140,7 @@ fn last_cq_dropped_while_another_thread_takes_its_event() {
                 Ok(cq) => assert_eq!(cq, raw as usize),
                 // The destruction dropped the queued event first: the fd's byte is left
                 // without an event (libibverbs' channel read can fail the same way).
-                Err(e) => assert_eq!(e.errno, libc::EAGAIN, "{e}"),
+                Err(e) => assert_eq!(e.errno(), libc::EAGAIN, "{e}"),
             }
         });
     }
@@ -157,7 +157,7 @@ fn a_failed_destroy_leaves_the_word_to_the_living_cq() {
     let raw = cq.as_raw();
     let flusher = Flusher::new(&pd, &cq);
     let e = cq.destroy().unwrap_err();
-    assert_eq!(e.errno, libc::EBUSY, "{e}");
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
     // The CQ is alive and leaked; arm it through the raw verb and raise an event.
     // SAFETY: the CQ is live (its destruction failed) and stays so (never destroyed).
     assert_eq!(unsafe { inline::ibv_req_notify_cq(raw, 0) }, 0);

@@ -51,7 +51,7 @@ fn failed_dereg_leaks_the_owned_buffer() {
     mr.write_from(0, b"still here").unwrap();
     let (addr, len) = (mr.as_ptr(), mr.len());
     let e = mr.destroy().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_dereg_mr", libc::EBUSY));
+    assert_eq!((e.verb(), e.errno()), ("ibv_dereg_mr", libc::EBUSY));
     assert!(e.to_string().contains("leaked"), "{e}");
     assert!(mapped(addr, len), "the buffer must not be unmapped");
     // SAFETY: the leaked mapping is never unmapped and nothing else writes it.
@@ -65,13 +65,16 @@ fn failed_dereg_leaks_the_owned_buffer() {
     drop(mr);
     let errs = take_drop_errors();
     assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!((errs[0].verb, errs[0].errno), ("ibv_dereg_mr", libc::EBUSY));
+    assert_eq!(
+        (errs[0].verb(), errs[0].errno()),
+        ("ibv_dereg_mr", libc::EBUSY)
+    );
     assert!(mapped(addr, len));
 
     // A borrowed buffer goes back to its owner (documented): the error is still reported.
     let mut mine = vec![0u8; 64];
     let mr = pd.reg_mr(&mut mine, AccessFlags::LOCAL_WRITE).unwrap();
-    assert_eq!(mr.destroy().unwrap_err().errno, libc::EBUSY);
+    assert_eq!(mr.destroy().unwrap_err().errno(), libc::EBUSY);
     mine[0] = 1;
     assert_eq!(mine[0], 1);
 }

@@ -29,7 +29,7 @@ fn failed_destroy_in_drop_is_recorded() {
     let errs = take_drop_errors();
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(
-        (errs[0].verb, errs[0].errno),
+        (errs[0].verb(), errs[0].errno()),
         ("ibv_destroy_cq", libc::EBUSY)
     );
     assert!(

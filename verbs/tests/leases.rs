@@ -81,7 +81,7 @@ fn borrowed_memory_is_never_left_reachable_by_a_peer() {
         let e =
             p.pd.reg_mr(&mut buf, AccessFlags::LOCAL_WRITE | flag)
                 .expect_err("borrowed memory with a remote flag");
-        assert_eq!((e.verb, e.errno), ("ibv_reg_mr", libc::EINVAL), "{e}");
+        assert_eq!((e.verb(), e.errno()), ("ibv_reg_mr", libc::EINVAL), "{e}");
     }
     // The reviewer's program, as far as it still compiles: the scope deregisters, so the
     // window the peer kept is dead once the borrow is back.
@@ -128,7 +128,7 @@ fn mw_bind_counts_as_remote_writable() {
         p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
             .unwrap();
     assert!(mr.is_remote_writable());
-    assert_eq!(mr.as_slice().unwrap_err().errno, libc::EACCES);
+    assert_eq!(mr.as_slice().unwrap_err().errno(), libc::EACCES);
 }
 
 /// Item 2: a region with receives posted stays leased to its QP after the code that posted
@@ -146,7 +146,7 @@ fn a_receive_region_stays_leased_until_the_qp_is_reset() {
         unsafe { p.b.post_recv(7, &[sge]).unwrap() };
     }
     let e = region.as_slice().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("Mr::as_slice", libc::EBUSY), "{e}");
+    assert_eq!((e.verb(), e.errno()), ("Mr::as_slice", libc::EBUSY), "{e}");
     assert!(region.is_leased());
     // The peer's SEND lands in the leased region: only the atomic copy may look at it.
     let sge = [Sge {
@@ -192,7 +192,7 @@ fn an_srq_lease_ends_with_the_srq() {
         .unwrap();
     let e = qp.lease_recv(&region, 0, 64).unwrap_err();
     assert_eq!(
-        e.errno,
+        e.errno(),
         libc::EINVAL,
         "a QP with an SRQ leases through the SRQ"
     );
@@ -212,13 +212,16 @@ fn an_srq_lease_ends_with_the_srq() {
 fn lease_arguments_are_checked() {
     let p = pair();
     let ro = p.pd.alloc_mr(64, AccessFlags::empty()).unwrap();
-    assert_eq!(p.b.lease_recv(&ro, 0, 8).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(p.b.lease_recv(&ro, 0, 8).unwrap_err().errno(), libc::EINVAL);
     let rw = p.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    assert_eq!(p.b.lease_recv(&rw, 60, 8).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(
+        p.b.lease_recv(&rw, 60, 8).unwrap_err().errno(),
+        libc::EINVAL
+    );
     let other_pd = p.pd.context().alloc_pd().unwrap();
     let elsewhere = other_pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(
-        p.b.lease_recv(&elsewhere, 0, 8).unwrap_err().errno,
+        p.b.lease_recv(&elsewhere, 0, 8).unwrap_err().errno(),
         libc::EINVAL
     );
     assert!(!ro.is_leased() && !rw.is_leased() && !elsewhere.is_leased());

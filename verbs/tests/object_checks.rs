@@ -12,8 +12,8 @@ fn softnic() -> Context {
 
 fn einval<T: std::fmt::Debug>(r: Result<T>, verb: &str) {
     let e = r.expect_err("must be refused");
-    assert_eq!((e.verb, e.errno), (verb, libc::EINVAL), "{e}");
-    assert!(e.hint.is_some(), "the error says what to fix: {e}");
+    assert_eq!((e.verb(), e.errno()), (verb, libc::EINVAL), "{e}");
+    assert!(e.hint().is_some(), "the error says what to fix: {e}");
 }
 
 #[test]

@@ -453,7 +453,7 @@ fn rdma_cm_udp_resolve_and_send_datagram() {
     let e = id
         .create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Rc))
         .unwrap_err();
-    assert_eq!((e.verb, e.errno), ("rdma_create_qp", libc::EINVAL));
+    assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
     id.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
         .unwrap();
     let (peer, reply) = id
@@ -711,7 +711,7 @@ fn transitions_queries_and_invalid_ones() {
     };
     let e = qp.to_rtr(&rtr).unwrap_err();
     assert_eq!(
-        (e.verb, e.errno),
+        (e.verb(), e.errno()),
         ("ibv_modify_qp(RESET->RTR)", libc::EINVAL)
     );
     println!("{e}");
@@ -722,7 +722,7 @@ fn transitions_queries_and_invalid_ones() {
     .unwrap();
     assert_eq!(qp.query().unwrap().state(), QpState::Init);
     let e = qp.to_rts(&RtsAttr::default()).unwrap_err();
-    assert_eq!(e.verb, "ibv_modify_qp(INIT->RTS)");
+    assert_eq!(e.verb(), "ibv_modify_qp(INIT->RTS)");
     qp.to_rtr(&rtr).unwrap();
     let a = qp.query().unwrap();
     assert_eq!(
@@ -745,7 +745,7 @@ fn transitions_queries_and_invalid_ones() {
     assert_eq!(qp.query().unwrap().state(), QpState::Rts);
     // Lifetimes hold on the real device too.
     let e = pd.clone().destroy().unwrap_err();
-    assert_eq!(e.errno, libc::EBUSY);
+    assert_eq!(e.errno(), libc::EBUSY);
     // Explicit destroys return their errors to this test (take_drop_errors would read a
     // process-wide record that other tests running alongside share).
     qp.destroy().unwrap();

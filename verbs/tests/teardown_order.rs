@@ -18,16 +18,19 @@ fn parents_outlive_children_and_destroy_reports_ebusy() {
         .unwrap();
 
     let e = pd.clone().destroy().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_dealloc_pd", libc::EBUSY));
+    assert_eq!((e.verb(), e.errno()), ("ibv_dealloc_pd", libc::EBUSY));
     assert!(e.to_string().contains("drop them first"), "{e}");
     let e = cq.clone().destroy().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_destroy_cq", libc::EBUSY));
+    assert_eq!((e.verb(), e.errno()), ("ibv_destroy_cq", libc::EBUSY));
     let e = srq.clone().destroy().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_destroy_srq", libc::EBUSY));
+    assert_eq!((e.verb(), e.errno()), ("ibv_destroy_srq", libc::EBUSY));
     let e = ch.clone().destroy().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_destroy_comp_channel", libc::EBUSY));
+    assert_eq!(
+        (e.verb(), e.errno()),
+        ("ibv_destroy_comp_channel", libc::EBUSY)
+    );
     let e = c.clone().close().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_close_device", libc::EBUSY));
+    assert_eq!((e.verb(), e.errno()), ("ibv_close_device", libc::EBUSY));
 
     // Dropping the handles in the "wrong" order is fine: the QP keeps the rest alive.
     drop(pd);

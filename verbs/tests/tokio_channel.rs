@@ -68,7 +68,7 @@ fn nonblocking_channel_says_would_block_when_nothing_is_pending() {
     // A clone shares the open file, hence the flag.
     assert!(is_nonblocking(ch.clone().as_fd()));
     let e = ch.get_cq_event().unwrap_err();
-    assert_eq!((e.verb, e.errno), ("ibv_get_cq_event", libc::EAGAIN));
+    assert_eq!((e.verb(), e.errno()), ("ibv_get_cq_event", libc::EAGAIN));
     let io = io::Error::from(e);
     assert_eq!(io.kind(), io::ErrorKind::WouldBlock);
     assert_eq!(Error::errno_of(&io), Some(libc::EAGAIN));
@@ -133,6 +133,6 @@ async fn async_event_fd_under_async_fd() {
     );
     // Taken and acknowledged: nothing more pending.
     let e = afd.get_ref().get().unwrap_err();
-    assert_eq!(e.errno, libc::EAGAIN);
+    assert_eq!(e.errno(), libc::EAGAIN);
     assert!(afd.get_ref().context().async_events().is_ok());
 }

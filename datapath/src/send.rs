@@ -536,8 +536,14 @@ impl<const N: usize> SendRing<N> {
         let i = seq as usize & Self::MASK;
         // Raw pointers from `UnsafeCell::get`, never references: see the module's aliasing
         // invariant. `&mut self` excludes every other access to the slot.
-        let wr = self.wrs.get().cast::<ibv_send_wr>().wrapping_add(i);
-        let sge = self.sges.get().cast::<ibv_sge>().wrapping_add(i);
+        // SAFETY: i < N (masked): inside both arrays (in-bounds offsets also tell the
+        // optimiser these slots are not the counters it keeps in registers).
+        let (wr, sge) = unsafe {
+            (
+                self.wrs.get().cast::<ibv_send_wr>().add(i),
+                self.sges.get().cast::<ibv_sge>().add(i),
+            )
+        };
         let mut flags = 0;
         let len: u64;
         let num_sge;

@@ -40,6 +40,7 @@ pub const SOFTNIC: &str = "softnic";
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DeviceKind {
     /// A kernel RDMA device reached through the run-time loaded `libibverbs.so.1`
     /// (mlx5, rxe, ...).
@@ -856,6 +857,7 @@ impl fmt::Debug for DeviceAttr {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u32)]
+#[non_exhaustive]
 pub enum Mtu {
     /// 256 bytes.
     Mtu256 = hotverbs_ffi::IBV_MTU_256,
@@ -912,6 +914,7 @@ impl Mtu {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LinkLayer {
     /// InfiniBand (address by LID; GRH optional).
     Infiniband,
@@ -1064,6 +1067,7 @@ impl fmt::Debug for Gid {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GidType {
     /// InfiniBand.
     Ib,

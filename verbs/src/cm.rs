@@ -149,6 +149,7 @@ impl fmt::Debug for EventChannel {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CmEvent {
     /// `RDMA_CM_EVENT_*`.
     pub kind: u32,
@@ -185,6 +186,7 @@ pub struct CmEvent {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UdParam {
     /// The remote QP number.
     pub qp_num: u32,

@@ -959,6 +959,7 @@ pub enum AsyncElement {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AsyncEvent {
     /// `IBV_EVENT_*`.
     pub event_type: u32,

@@ -58,6 +58,7 @@ pub enum DeviceKind {
 /// }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// `ibv_get_device_name(3)`, e.g. `mlx5_0`, `rxe0`, `softnic`.
     pub name: String,
@@ -76,6 +77,7 @@ pub struct DeviceInfo {
 /// }
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DevicesReport {
     /// softnic first, then the real devices in libibverbs' order.
     pub devices: Vec<DeviceInfo>,
@@ -766,11 +768,18 @@ pub struct PortInfo {
 /// ```
 #[derive(Clone, Copy)]
 pub struct DeviceAttr {
-    /// The full attribute struct.
-    pub raw: hotverbs_ffi::ibv_device_attr_ex,
+    raw: hotverbs_ffi::ibv_device_attr_ex,
 }
 
 impl DeviceAttr {
+    /// The full attribute struct (`struct ibv_device_attr_ex`), the raw door to every field.
+    pub fn as_raw(&self) -> &hotverbs_ffi::ibv_device_attr_ex {
+        &self.raw
+    }
+    /// SGEs per SRQ receive.
+    pub fn max_srq_sge(&self) -> i32 {
+        self.raw.orig_attr.max_srq_sge
+    }
     /// Firmware version string.
     pub fn fw_ver(&self) -> String {
         let b: Vec<u8> = self
@@ -936,11 +945,14 @@ pub enum LinkLayer {
 /// ```
 #[derive(Clone, Copy)]
 pub struct PortAttr {
-    /// The full attribute struct.
-    pub raw: hotverbs_ffi::ibv_port_attr,
+    raw: hotverbs_ffi::ibv_port_attr,
 }
 
 impl PortAttr {
+    /// The full attribute struct (`struct ibv_port_attr`), the raw door to every field.
+    pub fn as_raw(&self) -> &hotverbs_ffi::ibv_port_attr {
+        &self.raw
+    }
     /// `state == IBV_PORT_ACTIVE`.
     pub fn is_active(&self) -> bool {
         self.raw.state == hotverbs_ffi::IBV_PORT_ACTIVE
@@ -1101,6 +1113,7 @@ impl GidType {
 /// # Ok::<(), hotverbs::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GidEntry {
     /// The GID.
     pub gid: Gid,

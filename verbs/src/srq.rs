@@ -131,7 +131,7 @@ impl Pd {
                 Some(format!(
                     "max_wr {max_wr} (device max_srq_wr {}), max_sge {max_sge} (device max_srq_sge {})",
                     d.max_srq_wr(),
-                    d.raw.orig_attr.max_srq_sge
+                    d.max_srq_sge()
                 ))
             }));
         }

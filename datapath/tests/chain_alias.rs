@@ -55,6 +55,30 @@ fn chained_posts_on_a_boxed_ring() {
     r.flush_signaled().unwrap();
 }
 
+/// `flush_signaled` marks the last staged WR through the ring before the chain is posted:
+/// the provider then follows links into a WR the ring just wrote.
+#[test]
+fn flush_signaled_chain() {
+    let dev = CountingDevice::new(64);
+    // SAFETY: the device outlives the ring and the poller.
+    let mut r: SendRing<8> =
+        unsafe { SendRing::new(dev.qp(), SendConfig::new(1, 8, 64).signal_every(4).batch(8)) }
+            .unwrap();
+    // SAFETY: as above.
+    let mut p: CqPoller<8> = unsafe { CqPoller::new(dev.cq()) };
+    let data = [7u8; 16];
+    for round in 0..3 {
+        for i in 0..3 {
+            // SAFETY: inline messages; the data outlives the flush.
+            unsafe { r.stage(Msg::send(Local::Inline(&data[i..i + 4]))) }.unwrap();
+        }
+        assert!(r.flush_signaled().unwrap());
+        drain(&mut p, &mut r);
+        assert_eq!(dev.send_wrs(), 3 * (round + 1));
+        assert_eq!(r.outstanding(), 0, "the signaled last WR retired the chain");
+    }
+}
+
 /// The same on softnic, which (as a NIC does) reads every WR's SGE list and the inline
 /// bytes behind it while following the chain.
 #[test]

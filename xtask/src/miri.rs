@@ -45,6 +45,7 @@ const MIRI_TESTS: &[MiriTest] = &[
         tests: &[
             "chained_posts_on_a_stack_ring",
             "chained_posts_on_a_boxed_ring",
+            "flush_signaled_chain",
         ],
         models: Models::Both,
         why: "item 5: the send ring's preformatted chain stays valid across posts and moves",

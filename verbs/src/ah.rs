@@ -216,6 +216,19 @@ impl Ah {
         self.ah
     }
 
+    /// The datapath's descriptor of this destination (AH, remote QPN, Q_Key), for the raw
+    /// `SendConfig::ud` of an embedded datapath; the safe path is
+    /// [`Qp::send_ring_ud`](crate::Qp::send_ring_ud), which borrows the AH for the ring's
+    /// life. The descriptor is plain data; the ring constructor that takes it is `unsafe`
+    /// and requires the AH to outlive the ring.
+    pub fn ud_dest(&self, remote_qpn: u32, qkey: u32) -> crate::UdDest {
+        crate::UdDest {
+            ah: self.ah,
+            remote_qpn,
+            remote_qkey: qkey,
+        }
+    }
+
     /// The PD.
     pub fn pd(&self) -> &Pd {
         &self.pd

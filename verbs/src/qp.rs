@@ -596,13 +596,29 @@ impl Default for RtsAttr {
 }
 
 /// Options of [`Qp::connect`] (sensible defaults: MTU = the port's active MTU capped at
-/// 4096, timeout 14, retry 7, rnr_retry 7, min_rnr_timer 12, one outstanding read/atomic
-/// each way, all remote access allowed).
+/// 4096, timeout 14, retry_cnt 6, rnr_retry 7, min_rnr_timer 12, one outstanding
+/// read/atomic each way, all remote access allowed).
+///
+/// # How long until a dead peer is reported
+/// `retry_cnt` is 6, not 7: rxe takes 7 as "retry for ever", so there a WR towards a peer
+/// that died would never complete. 6 is finite on every provider. With the local ACK
+/// timeout code `timeout` = t, each attempt waits 4.096 µs × 2^t for an ACK, and a WR
+/// towards a dead peer completes with `IBV_WC_RETRY_EXC_ERR` after about
+/// (retry_cnt + 1) × 4.096 µs × 2^t: with the defaults (t = 14: 67.1 ms per attempt)
+/// 7 × 67.1 ms ≈ 0.47 s. That is the spec's figure; hardware may round the timer up. (softnic
+/// reports a missing peer at once.)
+///
+/// `rnr_retry` stays 7, "retry for ever" in the IBA: a send waits until the live peer posts
+/// a receive, as `ibv_rc_pingpong` and perftest have it (and `hotverbs-perf` relies on). It
+/// does not make a dead peer hang — a dead peer sends no RNR NAKs, so `retry_cnt` applies.
+/// Set 0..=6 for a bounded wait on a peer that is alive but never posts a receive (each
+/// retry waits the peer's `min_rnr_timer`; softnic fails such a send at once with
+/// `IBV_WC_RNR_RETRY_EXC_ERR`).
 ///
 /// # Example
 /// ```
 /// let o = hotverbs::ConnectOptions { mtu: Some(hotverbs::Mtu::Mtu1024), ..Default::default() };
-/// assert_eq!(o.retry_cnt, 7);
+/// assert_eq!((o.timeout, o.retry_cnt, o.rnr_retry), (14, 6, 7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
@@ -637,7 +653,7 @@ impl Default for ConnectOptions {
         ConnectOptions {
             mtu: None,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 1,

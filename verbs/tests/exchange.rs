@@ -224,7 +224,17 @@ fn nothing_hangs_connect_accept_and_read_time_out() {
 fn parsers_never_panic_on_arbitrary_bytes() {
     // A cheap deterministic sweep (the fuzz targets do the rest).
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let good = ep(5).with_mr(RemoteMr::default()).to_bytes();
+    let good = ep(5)
+        .with_mr(RemoteMr {
+            addr: 0x1000,
+            len: 64,
+            rkey: 0x5a,
+        })
+        .to_bytes();
+    assert!(
+        exchange::parse(&good).is_ok(),
+        "the sweep starts from a valid message"
+    );
     for i in 0..20_000 {
         x ^= x << 13;
         x ^= x >> 7;

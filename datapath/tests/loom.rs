@@ -35,7 +35,9 @@ fn completion(seq: u64) -> Completion {
     // SAFETY: ibv_wc is plain data; all-zero is a valid (IBV_WC_SUCCESS) completion.
     let mut wc: hotverbs_ffi::ibv_wc = unsafe { core::mem::zeroed() };
     wc.wr_id = wr_id::encode(0, seq);
-    Completion(wc)
+    // SAFETY: the model's stand-in for the completion the device produces for `seq`,
+    // given to the (unpaired) retirer once.
+    unsafe { Completion::from_raw(wc) }
 }
 
 /// One run of the protocol; `slack` widens the poster's capacity check (0 = correct).

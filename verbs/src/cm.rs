@@ -353,7 +353,7 @@ pub struct ConnParam {
     pub responder_resources: u8,
     /// Outstanding RDMA reads/atomics we initiate.
     pub initiator_depth: u8,
-    /// Transport retries.
+    /// Transport retries (default 6: finite; rxe retries forever at 7).
     pub retry_count: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry_count: u8,
@@ -365,7 +365,7 @@ impl Default for ConnParam {
             private_data: Vec::new(),
             responder_resources: 1,
             initiator_depth: 1,
-            retry_count: 7,
+            retry_count: 6,
             rnr_retry_count: 7,
         }
     }

@@ -573,7 +573,8 @@ impl Default for RtrAttr {
 pub struct RtsAttr {
     /// Local ACK timeout code (4.096 µs * 2^timeout; 14 ≈ 67 ms).
     pub timeout: u8,
-    /// Transport retries (max 7).
+    /// Transport retries (max 7; the default 6 is finite everywhere: rxe treats 7 as
+    /// "retry forever", so a dead peer would never complete).
     pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry: u8,
@@ -587,7 +588,7 @@ impl Default for RtsAttr {
     fn default() -> Self {
         RtsAttr {
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 7,
             sq_psn: 0,
             max_rd_atomic: 1,

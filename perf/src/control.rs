@@ -294,11 +294,6 @@ impl Control {
     }
 }
 
-// Shared with tests/cli.rs.
-#[cfg(test)]
-#[path = "../tests/support/refusing_port.rs"]
-mod refusing_port;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,7 +375,7 @@ mod tests {
     #[test]
     fn refused_connection_is_a_clear_error_within_the_timeout() {
         // Bound, never listening, held until the end: refused every time.
-        let (_refusing, addr) = refusing_port::refusing_addr();
+        let (_refusing, addr) = hotverbs::testing::refusing_addr();
         let port = addr.port();
         let e = Control::connect("127.0.0.1", port, Duration::from_millis(500))
             .err()

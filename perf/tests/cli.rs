@@ -5,9 +5,6 @@
 use std::net::TcpListener;
 use std::process::{Command, Output};
 
-#[path = "support/refusing_port.rs"]
-mod refusing_port;
-
 fn perf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hotverbs-perf"))
         .args(args)
@@ -86,7 +83,7 @@ fn inconsistent_options_fail_with_a_reason() {
 #[test]
 fn unreachable_server_is_an_error_within_the_timeout() {
     // Nothing listens there (bound, never listening, held until the end).
-    let (_refusing, addr) = refusing_port::refusing_addr();
+    let (_refusing, addr) = hotverbs::testing::refusing_addr();
     let port = addr.port().to_string();
     let o = perf(&["send_lat", "127.0.0.1", "-p", &port, "--timeout", "1"]);
     let (_, err) = text(&o);

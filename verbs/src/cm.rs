@@ -341,7 +341,7 @@ fn is_conn_event(t: u32) -> bool {
 /// # Example
 /// ```
 /// let p = hotverbs::cm::ConnParam { private_data: b"hi".to_vec(), ..Default::default() };
-/// assert_eq!(p.retry_count, 7);
+/// assert_eq!(p.retry_count, 6); // finite: rxe retries forever at 7
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnParam {

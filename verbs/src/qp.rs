@@ -567,7 +567,7 @@ impl Default for RtrAttr {
 /// # Example
 /// ```
 /// let a = hotverbs::RtsAttr { sq_psn: 0x345, ..Default::default() };
-/// assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 7, 7));
+/// assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 6, 7)); // retry_cnt finite: rxe retries forever at 7
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RtsAttr {

@@ -1,0 +1,414 @@
+//! `cargo xtask rxe [--filter S] [--keep] [--timeout SECS]`: the real-device suite on
+//! Soft-RoCE.
+//!
+//! The host kernel has no RDMA, so the harness boots Debian's own kernel (the package
+//! `linux-image-amd64` depends on; downloaded and unpacked, never installed) under QEMU TCG
+//! with a busybox initramfs, loads `rdma_rxe`, creates `rxe0` on a guest-only dummy netdev
+//! and runs, all in one boot (a boot costs about 10 s):
+//!
+//! 1. sanity steps: `ibv_devices` must list rxe0; an `ibv_rc_pingpong` and an `ib_send_lat`
+//!    server/client pair on loopback;
+//! 2. every integration-test target named `real_device*` (convention: `tests/real_device.rs`),
+//!    built on the host and run with `HOTVERBS_RXE=1` so that a missing device fails instead
+//!    of skipping;
+//! 3. the host-built programs of [`HOST_PROGRAMS`] (the perf tool next to perftest) that
+//!    have been built.
+//!
+//! The host writes the run as a shell script into a folder shared over 9p; the guest leaves
+//! every step's output, exit status and times there; the host prints them and decides.
+//!
+//! Files under `target/rxe/`:
+//! - `kernel/<package>/`: the unpacked kernel package (the .deb is deleted once unpacked)
+//! - `initramfs/`, `initramfs.cpio.gz`, `initramfs.manifest`: the guest's root, rebuilt
+//!   whenever the manifest (every file's source, size and mtime, or content hash) changes
+//! - `runs/<id>/`: the share of one run (`run.sh`, `bin/`, `lib/`, `out/<step>/`,
+//!   `console.log`); kept on failure or with `--keep`
+//! - `console.log`: the last run's VM console
+//!
+//! Guest side: `xtask/rxe/init` (the VM's /init) and `xtask/rxe/lib.sh` (the step helpers
+//! run.sh sources), both compiled in.
+//!
+//! Host side, one concern per file:
+//! - `prerequisites`: the host programs and files the harness needs, checked up front
+//! - `workspace`: the target directory, the real-device test targets and their binaries
+//! - `kernel`: Debian's current kernel package, downloaded and unpacked
+//! - `modules` (with `elf`): the kernel modules the guest loads, in dependency order
+//! - `initramfs`: the guest's root and its cpio image, rebuilt when its manifest changes
+//! - `guest`: the steps, the run script the guest executes, the folder shared with it
+//! - `host_programs`: host-built programs run on rxe (EDIT HERE to add one)
+//! - `vm`: booting QEMU and following its console
+//! - `report`: the steps' records read back, judged and summarized
+//! - `json`: just enough JSON for cargo's messages
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util;
+
+mod elf;
+mod guest;
+mod host_programs;
+mod initramfs;
+mod json;
+mod kernel;
+mod modules;
+mod prerequisites;
+mod report;
+mod vm;
+mod workspace;
+
+use guest::{default_timeout, sanity_steps, Share, Step};
+use host_programs::{build_host_programs, HOST_PROGRAMS};
+use initramfs::{build_initramfs, initramfs_plan, Plan};
+use kernel::kernel;
+use prerequisites::check_prerequisites;
+use report::{
+    compare_perf, guest_problems, print_console_tail, print_kernel_warnings, read_record,
+    report_steps, Report,
+};
+use vm::boot;
+use workspace::{build_real_device_tests, workspace};
+
+/// What the guest's init sets up (tests get them through the environment).
+const DEVICE: &str = "rxe0";
+const GID_INDEX: &str = "1";
+const GUEST_IP: &str = "10.77.0.1";
+/// The TCP port perftest and the ibv_*_pingpong tools exchange connection data on.
+const PAIR_PORT: u16 = 18515;
+/// Seconds a pair's server gets to start listening; past that its client is not run.
+const LISTEN_WAIT: u32 = 60;
+/// Seconds a pair's server may run on after its client ended; past that it is killed.
+const REAP_WAIT: u32 = 60;
+/// Extra seconds a pair's server gets over its client: it starts first (listening within
+/// [`LISTEN_WAIT`]) and ends last (within [`REAP_WAIT`]), so its own timeout never cuts
+/// either short. Both are generous for QEMU TCG on a loaded host: they only lengthen
+/// failure paths.
+const SERVER_GRACE: u32 = LISTEN_WAIT + REAP_WAIT;
+/// Seconds from QEMU start to the first step, generously (measured: about 10).
+const BOOT_ALLOWANCE: u32 = 90;
+/// Per-binary limit for real-device test binaries, in seconds.
+const TEST_TIMEOUT: u32 = 300;
+
+const USAGE: &str = "\
+usage: cargo xtask rxe [--filter S] [--keep] [--timeout SECS]
+
+Boots Debian's kernel under QEMU, creates the Soft-RoCE device rxe0 and runs the sanity
+steps, every `real_device*` integration-test binary and the registered host programs in it.
+
+  --filter S      libtest filter passed to every real-device test binary
+  --keep          keep the run's share folder (outputs, console log) even on success
+  --timeout SECS  wall-clock limit for the VM (default: boot allowance + step timeouts)";
+
+/// Debian packages the harness needs on the host (`cargo xtask ci` installs them).
+pub fn packages() -> &'static [&'static str] {
+    &[
+        "qemu-system-x86",
+        "busybox-static",
+        "cpio",
+        "gzip",
+        "xz-utils",
+        "libc-bin",
+        "iproute2",
+        "libgcc-s1",
+        "libibverbs1",
+        "librdmacm1",
+        "ibverbs-providers",
+        "ibverbs-utils",
+        "rdmacm-utils",
+        "perftest",
+    ]
+}
+
+/// Entry point of `cargo xtask rxe`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let opts = parse_args(args)?;
+    if opts.help {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let started = Instant::now();
+    let host = check_prerequisites()?;
+    let workspace = workspace()?;
+    let rxe_dir = workspace.target_dir.join("rxe");
+    fs::create_dir_all(&rxe_dir).map_err(|e| format!("{}: {e}", rxe_dir.display()))?;
+
+    let kernel = kernel(&rxe_dir)?;
+    let plan = initramfs_plan(&kernel, &host)?;
+    let initrd = build_initramfs(&rxe_dir, &plan)?;
+    let tests = build_real_device_tests(&workspace.real_device_targets)?;
+    build_host_programs()?;
+    println!(
+        "rxe: {} real-device test binar{}",
+        tests.len(),
+        if tests.len() == 1 { "y" } else { "ies" }
+    );
+
+    prune_runs(&rxe_dir.join("runs"));
+    let mut share = Share::create(&rxe_dir)?;
+    let mut run = Run {
+        steps: sanity_steps(),
+        ..Run::default()
+    };
+    // Tests that drive the perf tool as a process find it through HOTVERBS_PERF_BIN: the
+    // host path cargo bakes into them (CARGO_BIN_EXE_*) does not exist in the guest.
+    let perf = workspace.target_dir.join("release/hotverbs-perf");
+    let mut test_env = Vec::new();
+    if perf.is_file() {
+        test_env.push(("HOTVERBS_PERF_BIN".to_string(), share.ship(&perf, &plan)?));
+    }
+    for test in &tests {
+        let guest = share.ship(&test.path, &plan)?;
+        let mut step = test.step(guest, opts.filter.as_deref());
+        step.env.extend(test_env.iter().cloned());
+        run.steps.push(step);
+    }
+    run.add_host_programs(&workspace.target_dir, &mut share, &plan)?;
+    for note in &run.skipped {
+        println!("rxe: skipping {note}");
+    }
+    share.write_script(&run.steps)?;
+    let prepared = started.elapsed();
+
+    let timeout = opts
+        .timeout
+        .unwrap_or_else(|| Duration::from_secs(default_timeout(&run.steps).into()));
+    println!(
+        "rxe: booting {} with {} steps (prepared in {:.1} s, VM limit {} s)",
+        kernel.package,
+        run.steps.len(),
+        prepared.as_secs_f64(),
+        timeout.as_secs()
+    );
+    let vm_started = Instant::now();
+    let vm = boot(&kernel, &initrd, &share.dir, &share.console_log(), timeout);
+    let vm_time = vm_started.elapsed();
+
+    let out = share.dir.join("out");
+    let mut problems = guest_problems(&vm, timeout, &out);
+    if !problems.is_empty() {
+        print_console_tail(&share.console_log(), 40);
+    }
+    let report = report_steps(&run.steps, &out);
+    problems.extend(report.problems.iter().cloned());
+    print_kernel_warnings(&out.join("dmesg"));
+    run.print_summary(&report, &out, tests.len());
+    println!(
+        "rxe: total {:.1} s (prepare {:.1} s, VM {:.1} s)",
+        started.elapsed().as_secs_f64(),
+        prepared.as_secs_f64(),
+        vm_time.as_secs_f64()
+    );
+
+    let last_console = rxe_dir.join("console.log");
+    // Best effort: the authoritative log is the one in the share.
+    let _ = fs::copy(share.console_log(), &last_console);
+    if problems.is_empty() && !opts.keep {
+        let _ = fs::remove_dir_all(&share.dir);
+        println!("rxe: console log {}", rel(&last_console).display());
+    } else {
+        println!(
+            "rxe: console log {}; share dir {} (kept)",
+            rel(&share.console_log()).display(),
+            rel(&share.dir).display()
+        );
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// The steps of one run, and what the summary needs to know about them.
+#[derive(Default)]
+struct Run {
+    steps: Vec<Step>,
+    /// Notes on host programs that are not built, one per binary.
+    skipped: Vec<String>,
+    /// (name, baseline step, program step) of each perf comparison.
+    comparisons: Vec<(&'static str, usize, usize)>,
+}
+
+impl Run {
+    /// Adds the steps of every built program of [`HOST_PROGRAMS`].
+    fn add_host_programs(
+        &mut self,
+        target_dir: &Path,
+        share: &mut Share,
+        plan: &Plan,
+    ) -> Result<(), String> {
+        let mut not_built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for program in HOST_PROGRAMS {
+            let path = target_dir.join(program.binary);
+            if !path.is_file() {
+                not_built
+                    .entry(program.binary)
+                    .or_default()
+                    .push(program.name);
+                continue;
+            }
+            let guest = share.ship(&path, plan)?;
+            if program.baseline.is_some() {
+                let at = self.steps.len();
+                self.comparisons.push((program.name, at, at + 1));
+            }
+            self.steps.extend(program.steps(&guest));
+        }
+        for (binary, names) in not_built {
+            self.skipped.push(format!(
+                "{} ({} is not built)",
+                names.join(", "),
+                rel(&target_dir.join(binary)).display()
+            ));
+        }
+        Ok(())
+    }
+
+    fn print_summary(&self, report: &Report, out: &Path, binaries: usize) {
+        println!("\n==== rxe: summary");
+        for line in &report.lines {
+            println!("  {line}");
+        }
+        for note in &self.skipped {
+            println!("  skipped  {note}");
+        }
+        for line in &report.summaries {
+            println!("  {line}");
+        }
+        let compared: Vec<String> = self
+            .comparisons
+            .iter()
+            .flat_map(|&(name, baseline, program)| {
+                let stdout = |i: usize| read_record(&out.join(self.steps[i].dir(i))).stdout;
+                compare_perf(name, &stdout(baseline), &stdout(program))
+            })
+            .collect();
+        if !compared.is_empty() {
+            println!("rxe: hotverbs-perf vs perftest, same boot (ratio = hotverbs / perftest):");
+            for line in compared {
+                println!("  {line}");
+            }
+        }
+        println!(
+            "rxe: {} real-device tests passed, {} failed, {} ignored in {binaries} binaries",
+            report.tests.passed, report.tests.failed, report.tests.ignored,
+        );
+    }
+}
+
+/// Keeps the newest kept runs (failed or `--keep`) and removes older ones.
+fn prune_runs(runs: &Path) {
+    const KEEP: usize = 10;
+    let mut dirs: Vec<PathBuf> = fs::read_dir(runs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    // Names start with the Unix time, so they sort by age.
+    dirs.sort();
+    let excess = dirs.len().saturating_sub(KEEP - 1);
+    for old in dirs.into_iter().take(excess) {
+        let _ = fs::remove_dir_all(old);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Default, PartialEq)]
+struct Options {
+    filter: Option<String>,
+    keep: bool,
+    timeout: Option<Duration>,
+    help: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut opts = Options::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match flag {
+            "--filter" => opts.filter = Some(value("--filter")?),
+            "--timeout" => {
+                let v = value("--timeout")?;
+                let secs: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--timeout wants whole seconds, not {v:?}"))?;
+                opts.timeout = Some(Duration::from_secs(secs));
+            }
+            "--keep" => opts.keep = true,
+            "-h" | "--help" => opts.help = true,
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(opts)
+}
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------
+
+/// Runs `cmd` in the workspace root and returns its stdout (stderr passes through).
+fn capture(cmd: &mut Command) -> Result<String, String> {
+    cmd.current_dir(util::root()).stderr(Stdio::inherit());
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{}: {e}", util::show(cmd)))?;
+    if !out.status.success() {
+        return Err(format!("`{}` failed ({})", util::show(cmd), out.status));
+    }
+    String::from_utf8(out.stdout).map_err(|_| format!("`{}`: output is not UTF-8", util::show(cmd)))
+}
+
+/// `path` relative to the workspace root when it is inside it (for shorter messages).
+fn rel(path: &Path) -> &Path {
+    let root = util::root();
+    path.strip_prefix(&root).unwrap_or(path)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let o = parse_args(&args(&["--filter", "qp::rc", "--keep", "--timeout=90"])).unwrap();
+        assert_eq!(o.filter.as_deref(), Some("qp::rc"));
+        assert!(o.keep);
+        assert_eq!(o.timeout, Some(Duration::from_secs(90)));
+        assert_eq!(
+            parse_args(&args(&["--filter=x"]))
+                .unwrap()
+                .filter
+                .as_deref(),
+            Some("x")
+        );
+        assert!(parse_args(&args(&["--filter"])).is_err());
+        assert!(parse_args(&args(&["--timeout", "soon"])).is_err());
+        assert!(parse_args(&args(&["--bogus"])).is_err());
+        assert_eq!(parse_args(&[]).unwrap(), Options::default());
+    }
+}

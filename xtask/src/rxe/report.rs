@@ -1,0 +1,445 @@
+//! Results: the guest's records read back, each step judged and printed, libtest's counts
+//! summed, perf figures compared with perftest's, and what went wrong with the VM itself.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use super::guest::{sh_words, Step};
+use super::vm::VmEnd;
+use super::{rel, REAP_WAIT, SERVER_GRACE};
+
+/// What went wrong with the VM itself: QEMU, the timeout, rxe0 setup, the run script.
+pub(super) fn guest_problems(
+    vm: &Result<VmEnd, String>,
+    timeout: Duration,
+    out: &Path,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    match vm {
+        Ok(VmEnd::Exited(status)) if !status.success() => {
+            problems.push(format!("qemu exited with {status}"))
+        }
+        Ok(VmEnd::Exited(_)) => {}
+        Ok(VmEnd::TimedOut) => problems.push(format!(
+            "the VM timed out after {} s and was killed",
+            timeout.as_secs()
+        )),
+        Err(e) => problems.push(e.clone()),
+    }
+    match fs::read_to_string(out.join("setup")) {
+        Ok(s) if s.trim() == "ok" => {}
+        Ok(s) => problems.push(format!("rxe0 setup {}", s.trim().trim_end_matches(';'))),
+        Err(_) => problems.push("the guest never reported its setup (see the console log)".into()),
+    }
+    if !out.join("done").exists() {
+        problems.push("the guest's run script did not finish".into());
+    }
+    problems
+}
+
+/// What one program left in its record folder.
+#[derive(Debug, Default)]
+pub(super) struct Record {
+    rc: Option<i32>,
+    /// A server that outlived its client and was killed.
+    killed: bool,
+    /// A client that was not run, and why (its server never listened).
+    not_run: Option<String>,
+    seconds: Option<f64>,
+    pub(super) stdout: String,
+    stderr: String,
+}
+
+pub(super) fn read_record(dir: &Path) -> Record {
+    let read =
+        |name: &str| fs::read(dir.join(name)).map(|b| String::from_utf8_lossy(&b).into_owned());
+    let number = |name: &str| read(name).ok().and_then(|s| s.trim().parse::<f64>().ok());
+    Record {
+        rc: read("rc").ok().and_then(|s| s.trim().parse().ok()),
+        killed: dir.join("killed").exists(),
+        not_run: read("not-run").ok().map(|s| s.trim().to_string()),
+        seconds: number("start").zip(number("end")).map(|(a, b)| b - a),
+        stdout: read("stdout").unwrap_or_default(),
+        stderr: read("stderr").unwrap_or_default(),
+    }
+}
+
+/// Why a step failed, if it did.
+fn verdict(step: &Step, client: &Record, server: Option<&Record>) -> Result<(), String> {
+    let status = |who: &str, r: &Record, limit: u32| match r.rc {
+        None => Err(format!("{who}did not finish")),
+        Some(_) if r.killed => Err(format!(
+            "{who}still running {REAP_WAIT} s after the client, killed"
+        )),
+        Some(0) => Ok(()),
+        // timeout -s KILL: the shell sees 128 + 9
+        Some(137) if r.seconds.is_some_and(|s| s + 0.5 >= f64::from(limit)) => {
+            Err(format!("{who}timed out after {limit} s"))
+        }
+        Some(rc) => Err(format!("{who}exit status {rc}")),
+    };
+    if let Some(why) = &client.not_run {
+        return Err(format!("not run: {why}"));
+    }
+    status("", client, step.timeout)?;
+    if let Some(server) = server {
+        status("server: ", server, step.timeout + SERVER_GRACE)?;
+    }
+    match step.expect {
+        Some(text) if !client.stdout.contains(text) => Err(format!("stdout lacks {text:?}")),
+        _ => Ok(()),
+    }
+}
+
+/// libtest's counts from its summary line(s).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(super) struct TestCounts {
+    pub(super) passed: u64,
+    pub(super) failed: u64,
+    pub(super) ignored: u64,
+    measured: u64,
+    filtered_out: u64,
+}
+
+impl std::ops::AddAssign for TestCounts {
+    fn add_assign(&mut self, o: TestCounts) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ignored += o.ignored;
+        self.measured += o.measured;
+        self.filtered_out += o.filtered_out;
+    }
+}
+
+/// `test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished
+/// in 0.01s`.
+fn parse_summary(line: &str) -> Option<TestCounts> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let (_, counts) = rest.split_once(". ")?;
+    let mut c = TestCounts::default();
+    let mut any = false;
+    for part in counts.split(';') {
+        let mut words = part.split_whitespace();
+        let (Some(n), Some(what)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        let slot = match what {
+            "passed" => &mut c.passed,
+            "failed" => &mut c.failed,
+            "ignored" => &mut c.ignored,
+            "measured" => &mut c.measured,
+            "filtered" => &mut c.filtered_out,
+            _ => continue,
+        };
+        *slot += n;
+        any = true;
+    }
+    any.then_some(c)
+}
+
+/// The summary lines of a libtest binary's output and their summed counts.
+fn test_summaries(stdout: &str) -> (Vec<&str>, TestCounts) {
+    let mut total = TestCounts::default();
+    let mut lines = Vec::new();
+    for line in stdout.lines() {
+        if let Some(c) = parse_summary(line) {
+            total += c;
+            lines.push(line.trim());
+        }
+    }
+    (lines, total)
+}
+
+#[derive(Default)]
+pub(super) struct Report {
+    /// One line per step for the summary.
+    pub(super) lines: Vec<String>,
+    /// The test binaries' libtest summary lines.
+    pub(super) summaries: Vec<String>,
+    pub(super) tests: TestCounts,
+    pub(super) problems: Vec<String>,
+}
+
+/// Prints every step's record under a header and judges it.
+pub(super) fn report_steps(steps: &[Step], out: &Path) -> Report {
+    let mut report = Report::default();
+    for (i, step) in steps.iter().enumerate() {
+        let dir = out.join(step.dir(i));
+        let client = read_record(&dir);
+        let server = step
+            .server
+            .as_ref()
+            .map(|_| read_record(&dir.join("server")));
+        let verdict = verdict(step, &client, server.as_ref());
+        let state = match (&verdict, step.required) {
+            (Ok(()), _) => "ok".to_string(),
+            (Err(e), true) => format!("FAILED ({e})"),
+            (Err(e), false) => format!("failed, not required ({e})"),
+        };
+        let took = client
+            .seconds
+            .map_or_else(|| "-".to_string(), |s| format!("{s:.1} s"));
+        println!(
+            "\n==== [{}/{}] {}: {state}, {took}",
+            i + 1,
+            steps.len(),
+            step.name
+        );
+        if let Some(server) = &step.server {
+            println!("server$ {}", sh_words(server.iter().map(String::as_str)));
+        }
+        println!("$ {}", sh_words(step.cmd.iter().map(String::as_str)));
+        print_output("stdout", &client.stdout);
+        print_output("stderr", &client.stderr);
+        if let Some(server) = &server {
+            print_output("server stdout", &server.stdout);
+            print_output("server stderr", &server.stderr);
+        }
+        if step.tests {
+            let (lines, counts) = test_summaries(&client.stdout);
+            report.tests += counts;
+            for line in lines {
+                report.summaries.push(format!("{}: {line}", step.name));
+            }
+        }
+        report.lines.push(format!(
+            "{:<8} {:<40} {took:>9}{}",
+            if verdict.is_ok() {
+                "ok"
+            } else if step.required {
+                "FAILED"
+            } else {
+                "failed"
+            },
+            step.name,
+            match &verdict {
+                Err(e) => format!(
+                    "  {e}{}",
+                    if step.required { "" } else { " (not required)" }
+                ),
+                Ok(()) => String::new(),
+            }
+        ));
+        if let (Err(e), true) = (&verdict, step.required) {
+            report.problems.push(format!("{}: {e}", step.name));
+        }
+    }
+    report
+}
+
+/// The first data row of a perftest-style report: column header -> value. Headers are
+/// split into words, and a word without a `[unit]` joins the next one (`BW peak[MB/sec]`,
+/// `99% percentile[usec]`).
+fn perf_row(text: &str) -> BTreeMap<String, f64> {
+    let mut lines = text.lines().map(str::trim);
+    let Some(header) = lines.find(|l| l.starts_with("#bytes")) else {
+        return BTreeMap::new();
+    };
+    let mut columns = Vec::new();
+    let mut pending = String::new();
+    for word in header.split_whitespace() {
+        if !pending.is_empty() {
+            pending.push(' ');
+        }
+        pending.push_str(word);
+        if word.starts_with('#') || word.contains('[') {
+            columns.push(std::mem::take(&mut pending));
+        }
+    }
+    let Some(row) = lines.find(|l| !l.is_empty()) else {
+        return BTreeMap::new();
+    };
+    columns
+        .into_iter()
+        .zip(row.split_whitespace())
+        .filter_map(|(c, v)| Some((c, v.parse().ok()?)))
+        .collect()
+}
+
+/// Columns compared between perftest and hotverbs-perf: (perftest prefix, ours).
+const COMPARED_COLUMNS: &[(&str, &str)] = &[
+    ("t_typical", "t_p50"),
+    ("t_avg", "t_avg"),
+    ("BW average", "BW average"),
+];
+
+/// One line per column both reports have, with the ratio hotverbs / perftest.
+pub(super) fn compare_perf(name: &str, perftest: &str, hotverbs: &str) -> Vec<String> {
+    let (ours, theirs) = (perf_row(hotverbs), perf_row(perftest));
+    let find = |row: &BTreeMap<String, f64>, prefix: &str| {
+        row.iter()
+            .find(|(c, _)| c.starts_with(prefix))
+            .map(|(c, v)| (c.clone(), *v))
+    };
+    COMPARED_COLUMNS
+        .iter()
+        .filter_map(|(theirs_prefix, ours_prefix)| {
+            let (tc, tv) = find(&theirs, theirs_prefix)?;
+            let (oc, ov) = find(&ours, ours_prefix)?;
+            let ratio = if tv > 0.0 {
+                format!("{:.2}x", ov / tv)
+            } else {
+                "-".into()
+            };
+            Some(format!(
+                "{name}: {oc} {ov:.2} vs perftest {tc} {tv:.2}: {ratio}"
+            ))
+        })
+        .collect()
+}
+
+pub(super) fn print_console_tail(log: &Path, lines: usize) {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    println!(
+        "\n==== last {lines} lines of the VM console ({})",
+        rel(log).display()
+    );
+    for line in &all[all.len().saturating_sub(lines)..] {
+        println!("{line}");
+    }
+}
+
+fn print_output(label: &str, text: &str) {
+    if !text.trim().is_empty() {
+        println!("---- {label}");
+        print!("{text}");
+        if !text.ends_with('\n') {
+            println!();
+        }
+    }
+}
+
+/// Kernel warnings of the run (a rxe bug shows up here first).
+pub(super) fn print_kernel_warnings(dmesg: &Path) {
+    let text = fs::read_to_string(dmesg).unwrap_or_default();
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            ["WARNING", "BUG", "Oops", "Call Trace", "general protection"]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+        .collect();
+    if !bad.is_empty() {
+        println!(
+            "\n==== kernel warnings (full log: {})",
+            rel(dmesg).display()
+        );
+        for line in bad.iter().take(40) {
+            println!("{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_summaries_are_parsed_and_summed() {
+        let out = "running 4 tests\ntest a ... ok\n\
+                   test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 3 filtered out; finished in 0.52s\n\
+                   \n  test result: ok. 5 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 1.00s\n\
+                   test result of something else\n";
+        let (lines, total) = test_summaries(out);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("test result: FAILED. 2 passed"));
+        assert_eq!(
+            total,
+            TestCounts {
+                passed: 7,
+                failed: 1,
+                ignored: 3,
+                measured: 0,
+                filtered_out: 3
+            }
+        );
+        assert_eq!(parse_summary("test result: ok."), None);
+        assert_eq!(parse_summary("running 0 tests"), None);
+    }
+
+    #[test]
+    fn perf_reports_compare_side_by_side() {
+        let perftest = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       1000          13.41          336.18       16.15    \t       19.22       \t22.67  \t\t181.27  \t\t336.18 \n-----\n";
+        let row = perf_row(perftest);
+        assert_eq!(row.get("t_typical[usec]"), Some(&16.15));
+        assert_eq!(row.get("99% percentile[usec]"), Some(&181.27));
+        assert_eq!(row.get("99.9% percentile[usec]"), Some(&336.18));
+        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      1000             120.50             118.25               0.001892\n";
+        assert_eq!(perf_row(bw).get("BW average[MB/sec]"), Some(&118.25));
+        let ours = "#bytes #iterations t_min[usec] t_p50[usec] t_avg[usec]\n2 1000 10.0 8.1 9.61\n";
+        assert_eq!(
+            compare_perf("send_lat", perftest, ours),
+            [
+                "send_lat: t_p50[usec] 8.10 vs perftest t_typical[usec] 16.15: 0.50x",
+                "send_lat: t_avg[usec] 9.61 vs perftest t_avg[usec] 19.22: 0.50x"
+            ]
+        );
+        assert!(compare_perf("x", perftest, "no table here").is_empty());
+    }
+
+    #[test]
+    fn verdicts() {
+        let step = Step {
+            expect: Some("rxe0"),
+            ..Step::program("x", vec![])
+        };
+        let rec = |rc: Option<i32>, seconds: f64, stdout: &str| Record {
+            rc,
+            killed: false,
+            not_run: None,
+            seconds: Some(seconds),
+            stdout: stdout.into(),
+            stderr: String::new(),
+        };
+        assert_eq!(verdict(&step, &rec(Some(0), 1.0, "rxe0 ..."), None), Ok(()));
+        assert_eq!(
+            verdict(&step, &rec(Some(0), 1.0, "none"), None),
+            Err("stdout lacks \"rxe0\"".into())
+        );
+        assert_eq!(
+            verdict(&step, &rec(Some(1), 1.0, "rxe0"), None),
+            Err("exit status 1".into())
+        );
+        assert_eq!(
+            verdict(&step, &rec(Some(137), 60.0, ""), None),
+            Err("timed out after 60 s".into())
+        );
+        assert_eq!(
+            verdict(&step, &rec(Some(137), 2.0, ""), None),
+            Err("exit status 137".into())
+        );
+        assert_eq!(
+            verdict(&step, &rec(None, 0.0, ""), None),
+            Err("did not finish".into())
+        );
+        assert_eq!(
+            verdict(
+                &step,
+                &rec(Some(0), 1.0, "rxe0"),
+                Some(&rec(Some(1), 1.0, ""))
+            ),
+            Err("server: exit status 1".into())
+        );
+        let killed = Record {
+            killed: true,
+            ..rec(Some(137), 5.0, "")
+        };
+        assert_eq!(
+            verdict(&step, &rec(Some(0), 1.0, "rxe0"), Some(&killed)),
+            Err("server: still running 60 s after the client, killed".into())
+        );
+        let not_run = Record {
+            not_run: Some("the server exited before listening on TCP port 18515".into()),
+            ..rec(None, 0.0, "")
+        };
+        assert_eq!(
+            verdict(&step, &not_run, Some(&rec(Some(1), 1.0, ""))),
+            Err("not run: the server exited before listening on TCP port 18515".into())
+        );
+    }
+}

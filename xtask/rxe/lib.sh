@@ -1,5 +1,5 @@
 # Step helpers for the VM, sourced by the /host/run.sh that `cargo xtask rxe` generates
-# (xtask/src/rxe.rs). Every step leaves its record in /host/out/<dir>/:
+# (xtask/src/rxe/guest.rs). Every step leaves its record in /host/out/<dir>/:
 #   stdout, stderr   what the program printed
 #   rc               its exit status (137 when the timeout killed it)
 #   start, end       guest uptime in seconds, for the duration

@@ -24,6 +24,8 @@
 //!   (model-checked with loom, see `tests/loom.rs`).
 //! - [`error`]: a named [`WcError`] per `ibv_wc_status`, [`PostError`] with errno and the
 //!   index of the first rejected WR.
+//! - [`progress`]: [`Progress`] and [`StallWatch`]: a stuck ring (a completion that never
+//!   comes: a CQ overflow on rxe, a dead peer with `retry_cnt` 7) told apart from a slow one.
 //! - [`desc`]: [`LocalBuf`], [`RemoteBuf`], [`UdDest`] — what the setup layer produces.
 //!
 //! `unsafe` lives in `send`, `recv` and `cq` (ring storage and ffi dispatch); the rest is
@@ -95,6 +97,7 @@ pub mod cq;
 pub mod credits;
 pub mod desc;
 pub mod error;
+pub mod progress;
 pub mod recv;
 pub mod send;
 pub mod split;
@@ -105,6 +108,7 @@ pub use cq::{Completion, CqPoller};
 pub use credits::{CreditReturn, Credits};
 pub use desc::{LocalBuf, RemoteBuf, UdDest};
 pub use error::{ConfigError, PollError, PostError, RecvError, SendError, WcError};
+pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};
 pub use send::{Batch, Local, Msg, Opcode, SendConfig, SendRing};
 pub use split::{SendCounters, SendRetirer};

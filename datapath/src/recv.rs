@@ -147,6 +147,9 @@ pub struct RecvRing<const N: usize> {
     npending: u32,
     posted: u32,
     held: u32,
+    /// Receives the device gave back (completions accepted, plus the ones a QP reset
+    /// discarded): the `retired` of [`progress`](RecvRing::progress).
+    completed: u64,
     count: u32,
     repost_batch: u32,
     slot_len: u32,
@@ -291,6 +294,7 @@ impl<const N: usize> RecvRing<N> {
             addr_of_mut!((*p).npending).write(0);
             addr_of_mut!((*p).posted).write(0);
             addr_of_mut!((*p).held).write(0);
+            addr_of_mut!((*p).completed).write(0);
             addr_of_mut!((*p).count).write(cfg.count);
             addr_of_mut!((*p).repost_batch).write(cfg.repost_batch);
             addr_of_mut!((*p).slot_len).write(cfg.slot_len);
@@ -349,6 +353,7 @@ impl<const N: usize> RecvRing<N> {
         c.take();
         let i = slot as usize & Self::MASK;
         self.posted -= 1;
+        self.completed += 1;
         match c.status() {
             Ok(()) => {
                 self.state[i] = HELD;
@@ -532,6 +537,7 @@ impl<const N: usize> RecvRing<N> {
         if !srq {
             let generation = ((self.tag >> GEN_SHIFT) + 1) & GEN_MASK;
             self.tag = (self.tag & !GEN_BITS) | (generation << GEN_SHIFT);
+            self.completed += self.posted as u64;
             self.posted = 0;
         }
         self.npending = 0;
@@ -550,6 +556,18 @@ impl<const N: usize> RecvRing<N> {
     #[inline(always)]
     pub fn posted(&self) -> u32 {
         self.posted
+    }
+    /// Receives given back so far and receives posted now, for a
+    /// [`StallWatch`](crate::StallWatch). A receive ring with receives posted is normally
+    /// just waiting for messages; an age is meaningful when completions are owed: after
+    /// the QP was moved to ERR (rxe holds receives posted in ERR, fault-truth G9) or when
+    /// the peer says it has sent.
+    #[inline(always)]
+    pub fn progress(&self) -> crate::Progress {
+        crate::Progress {
+            retired: self.completed,
+            outstanding: self.posted as u64,
+        }
     }
     /// Slots held by the caller.
     #[inline(always)]

@@ -1020,6 +1020,16 @@ impl<const N: usize> SendRing<N> {
     pub fn outstanding(&self) -> u64 {
         self.st.posted - self.st.retired
     }
+    /// Retired and outstanding counts for a [`StallWatch`](crate::StallWatch): a ring with
+    /// WRs outstanding whose retired count stops moving is stuck, not slow (see
+    /// [`progress`](crate::progress)). In split mode use [`SendCounters::progress`](crate::SendCounters::progress).
+    #[inline(always)]
+    pub fn progress(&self) -> crate::Progress {
+        crate::Progress {
+            retired: self.st.retired,
+            outstanding: self.st.posted - self.st.retired,
+        }
+    }
     /// WRs staged and not yet posted.
     #[inline(always)]
     pub fn staged(&self) -> u64 {

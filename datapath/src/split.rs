@@ -152,6 +152,17 @@ impl<O: Orderings> SendCounters<O> {
         self.retired.store(retired, O::PUBLISH);
     }
 
+    /// Either side: retired and outstanding counts as last published, for a
+    /// [`StallWatch`](crate::StallWatch) (the poster publishes `posted` after each post, the
+    /// retirer `retired` after each completion).
+    pub fn progress(&self) -> crate::Progress {
+        let retired = self.observe_retired();
+        crate::Progress {
+            retired,
+            outstanding: self.observe_posted().saturating_sub(retired),
+        }
+    }
+
     /// Poster: how many WRs are retired.
     #[inline(always)]
     pub fn observe_retired(&self) -> u64 {

@@ -82,6 +82,7 @@ mod pd;
 mod qp;
 mod srq;
 pub mod testing;
+mod watchdog;
 
 pub use ah::{Ah, AhAttr};
 pub use bridge::{CqPoller, RecvRing, SendRing};
@@ -100,8 +101,8 @@ pub use exchange::{Endpoint, ExchangeError};
 /// [`Cq::poller`].
 pub use hotverbs_datapath as datapath;
 pub use hotverbs_datapath::{
-    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Received,
-    RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
+    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Progress,
+    Received, RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
 };
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
@@ -114,6 +115,7 @@ pub use qp::{
     RtsAttr, SendWr, DEFAULT_QKEY,
 };
 pub use srq::{Srq, SrqAttr};
+pub use watchdog::Watchdog;
 
 /// An all-zero value of a C struct.
 ///

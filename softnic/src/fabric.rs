@@ -118,6 +118,10 @@ pub(crate) struct Cq {
     pub(crate) ring: VecDeque<(ibv_wc, SqTag)>,
     pub(crate) cap: usize,
     pub(crate) overflowed: bool,
+    /// The device follows the Rxe profile (cached at creation: a cheap field read).
+    pub(crate) rxe: bool,
+    /// Completions still to be treated as overflowing ([`crate::inject_cq_overflow`]).
+    pub(crate) inject_overflow: u32,
     /// `Some(solicited_only)` while armed by `req_notify_cq`.
     pub(crate) armed: Option<bool>,
     pub(crate) channel: Option<u32>,
@@ -264,6 +268,8 @@ pub(crate) struct SendEntry {
     remote_qkey: u32,
     sges: Vec<ibv_sge>,
     inline: bool,
+    /// Rxe profile: an RDMA READ posted with IBV_SEND_INLINE (rxe S5: fails at execution).
+    inline_read: bool,
     data: Vec<u8>,
     /// Total bytes of the SGE list (the sender's successful `byte_len`, rxe G6).
     len: u32,
@@ -302,6 +308,12 @@ pub(crate) struct Qp {
     pub(crate) inline_limit: u32,
     /// The device supports atomics (cached from its config).
     pub(crate) atomics: bool,
+    /// The device follows the Rxe profile (cached from its config: a cheap field read on
+    /// the hot path).
+    pub(crate) rxe: bool,
+    /// Rxe profile: WRs were queued by a post_send before RTS; they run at the next
+    /// post_send in RTS (rxe S1).
+    held_pre_rts: bool,
 }
 
 impl Cq {
@@ -329,6 +341,34 @@ impl Qp {
     pub(crate) fn pending_len(&self) -> usize {
         self.pending.len()
     }
+
+    /// Rxe profile, RC: a request the responder never answers is retried forever
+    /// (`retry_cnt` 7, rxe G11) or never times out (`timeout` 0, rxe S22), so the WR is
+    /// held until the QP leaves RTS.
+    fn retries_forever(&self) -> bool {
+        self.rxe && self.qpt == IBV_QPT_RC && (self.attr.retry_cnt >= 7 || self.attr.timeout == 0)
+    }
+
+    /// The QP's path MTU in bytes (the active MTU when none was set).
+    fn mtu(&self) -> usize {
+        match self.attr.path_mtu {
+            IBV_MTU_256 => 256,
+            IBV_MTU_512 => 512,
+            IBV_MTU_2048 => 2048,
+            IBV_MTU_4096 => 4096,
+            _ => ACTIVE_MTU,
+        }
+    }
+}
+
+/// rxe's queue and CQ sizes: the request rounded up to `2^k - 1` (rxe G12/S3/S4/S19;
+/// 0 stays 0).
+pub(crate) fn rxe_round(n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        ((n as u64 + 1).next_power_of_two() - 1).min(u32::MAX as u64) as u32
+    }
 }
 
 /// Why a QP is moved to ERR (selects the async event).
@@ -355,6 +395,9 @@ enum Delivery {
     NoRecv,
     /// Receiver completed its WR with an error and must go to ERR.
     RecvError,
+    /// Rxe profile: the receive completion was lost to a CQ overflow; the responder went
+    /// to ERR without acknowledging the message (rxe S15).
+    Overflow,
 }
 
 pub(crate) struct Fabric {
@@ -441,6 +484,10 @@ pub(crate) fn make_pipe() -> Option<(i32, i32)> {
     // SAFETY: fds[1] is the pipe we just created.
     unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
     Some((fds[0], fds[1]))
+}
+
+fn is_atomic_op(op: ibv_wr_opcode) -> bool {
+    op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD
 }
 
 fn ok_state_for_recv(s: ibv_qp_state) -> bool {
@@ -574,23 +621,37 @@ impl Fabric {
 
     /// Appends a completion; handles overflow (CQ error + `IBV_EVENT_CQ_ERR`) and
     /// completion-channel notification.
-    fn push_cqe(&mut self, cq: u32, wc: ibv_wc, solicited: bool) {
-        self.push_cqe_tagged(cq, wc, solicited, SqTag::NONE);
+    /// Returns whether the completion was queued (false: lost to an overflow).
+    fn push_cqe(&mut self, cq: u32, wc: ibv_wc, solicited: bool) -> bool {
+        self.push_cqe_tagged(cq, wc, solicited, SqTag::NONE)
     }
 
-    fn push_cqe_tagged(&mut self, cq: u32, wc: ibv_wc, solicited: bool, tag: SqTag) {
+    fn push_cqe_tagged(&mut self, cq: u32, mut wc: ibv_wc, solicited: bool, tag: SqTag) -> bool {
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
-            return;
+            return false;
         };
         if c.overflowed {
-            return;
+            return false;
         }
-        if c.ring.len() >= c.cap {
-            c.overflowed = true;
-            c.publish();
+        if c.ring.len() >= c.cap || c.inject_overflow != 0 {
+            c.inject_overflow = c.inject_overflow.saturating_sub(1);
             let (ctx, ptr) = (c.ctx, c.ptr.0 as usize);
+            if !c.rxe {
+                // The man page: the CQ enters the error state.
+                c.overflowed = true;
+                c.publish();
+            }
+            // rxe S15: the completion is silently dropped, one CQ_ERR per drop, and the CQ
+            // stays usable.
             self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
-            return;
+            return false;
+        }
+        if wc.status != IBV_WC_SUCCESS && c.rxe {
+            // rxe G2: error and flush completions carry opcode 0 (SEND), byte_len 0 and
+            // no flags, receives included.
+            wc.opcode = IBV_WC_SEND;
+            wc.byte_len = 0;
+            wc.wc_flags = 0;
         }
         c.ring.push_back((wc, tag));
         c.publish();
@@ -605,6 +666,7 @@ impl Fabric {
                 }
             }
         }
+        true
     }
 
     pub(crate) fn poll(&mut self, cq: u32, n: i32, out: *mut ibv_wc) -> i32 {
@@ -710,11 +772,13 @@ impl Fabric {
         }
         self.flush_rq(qi);
         self.flush_pending(qi);
-        let (ctx, ptr, srq) = {
+        let (ctx, ptr, srq, rxe) = {
             let qp = self.qp(qi);
-            (qp.ctx, qp.ptr.0 as usize, qp.srq)
+            (qp.ctx, qp.ptr.0 as usize, qp.srq, qp.rxe)
         };
         let ev = match cause {
+            // rxe G7 (S9/S10 on the responder): a QP going to ERR raises no async event.
+            _ if rxe => None,
             ErrCause::Fatal => Some(IBV_EVENT_QP_FATAL),
             ErrCause::InvalidRequest => Some(IBV_EVENT_QP_REQ_ERR),
             ErrCause::Access => Some(IBV_EVENT_QP_ACCESS_ERR),
@@ -770,6 +834,11 @@ impl Fabric {
             if qp.attr.dest_qp_num != qpn || qp.state == IBV_QPS_ERR {
                 continue;
             }
+            if qp.retries_forever() {
+                // rxe G11/S14/S22: retry_cnt 7 (or timeout 0) retries for ever; the WR is
+                // held until the QP is moved to ERR (then flushed) or RESET.
+                continue;
+            }
             if let Some(e) = qp.pending.pop_front() {
                 self.complete_send(qi, &e, IBV_WC_RETRY_EXC_ERR);
                 self.recycle(qi, e);
@@ -819,6 +888,9 @@ impl Fabric {
             match self.execute(qi, &e, None) {
                 Outcome::Rnr => {
                     self.qp(qi).pending.push_front(e);
+                    if !self.rnr_waiting.contains(&(qi as u32)) {
+                        self.rnr_waiting.push(qi as u32);
+                    }
                     return;
                 }
                 Outcome::Done(_) => self.recycle(qi, e),
@@ -841,6 +913,12 @@ impl Fabric {
         mut wr: *mut ibv_send_wr,
         bad: *mut *mut ibv_send_wr,
     ) -> i32 {
+        let qp = self.qp(qi);
+        if qp.held_pre_rts && qp.state == IBV_QPS_RTS {
+            // rxe S1: the WRs a post before RTS queued run at the next post in RTS.
+            qp.held_pre_rts = false;
+            self.run_pending(qi);
+        }
         while !wr.is_null() {
             // SAFETY: a valid chain (caller).
             let w = unsafe { &*wr };
@@ -854,6 +932,17 @@ impl Fabric {
             }
             wr = w.next;
         }
+        let qp = self.qp(qi);
+        if qp.rxe && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR {
+            // rxe S1/G1: the provider queued every WR, then the kernel doorbell refuses a
+            // QP before RTS: EINVAL in the return value and errno, bad_wr NULL.
+            if !bad.is_null() {
+                // SAFETY: writable (caller).
+                unsafe { *bad = core::ptr::null_mut() };
+            }
+            crate::errno::set_errno(libc::EINVAL);
+            return libc::EINVAL;
+        }
         0
     }
 
@@ -863,10 +952,18 @@ impl Fabric {
     unsafe fn accept_send(&mut self, qi: usize, w: &ibv_send_wr) -> Result<(), i32> {
         let qp = self.qp(qi);
         let (max_inline, atomics) = (qp.inline_limit, qp.atomics);
-        if qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR {
+        if qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR && !qp.rxe {
+            // (rxe S1 queues the WR anyway: see post_send.)
             return Err(libc::EINVAL);
         }
-        if qp.sq_posted - qp.sq_released >= qp.cap.max_send_wr as u64 {
+        let used = if qp.rxe {
+            // rxe S3: a slot is free once the WR was acknowledged (executed), polled or
+            // not; only WRs still waiting occupy the SQ.
+            qp.pending.len() as u64
+        } else {
+            qp.sq_posted - qp.sq_released
+        };
+        if used >= qp.cap.max_send_wr as u64 {
             return Err(libc::ENOMEM);
         }
         if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_send_sge {
@@ -885,8 +982,11 @@ impl Fabric {
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
         );
         let inline = w.send_flags & IBV_SEND_INLINE != 0 && carries_data;
+        // rxe S5: rxe applies IBV_SEND_INLINE to an RDMA READ too (size-checked at post,
+        // fails at execution).
+        let inline_read = qp.rxe && w.send_flags & IBV_SEND_INLINE != 0 && op == IBV_WR_RDMA_READ;
         let total: u64 = sges.iter().map(|s| s.length as u64).sum();
-        if inline && total > max_inline as u64 {
+        if (inline || inline_read) && total > max_inline as u64 {
             return Err(libc::EINVAL);
         }
         // SAFETY: the union member matching the opcode is the one the application set.
@@ -943,6 +1043,7 @@ impl Fabric {
         e.remote_qpn = rqpn;
         e.remote_qkey = rqkey;
         e.inline = inline;
+        e.inline_read = inline_read;
         e.len = total as u32;
         e.data.clear();
         if inline && qp.state != IBV_QPS_ERR {
@@ -961,6 +1062,12 @@ impl Fabric {
             // Posting to a QP in ERR: the WR completes at once with a flush (rxe G9).
             self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
             self.recycle(qi, e);
+        } else if qp.state != IBV_QPS_RTS {
+            // rxe S1 (only the Rxe profile gets here): queued before RTS, run by the next
+            // post_send in RTS.
+            Self::keep_sges(&mut e, sges);
+            qp.pending.push_back(e);
+            qp.held_pre_rts = true;
         } else if !qp.pending.is_empty() {
             Self::keep_sges(&mut e, sges);
             qp.pending.push_back(e);
@@ -1038,9 +1145,13 @@ impl Fabric {
             })
         };
         if posted {
-            if self.qp(qi).state == IBV_QPS_ERR {
-                // Receives posted in ERR are flushed (IBA; rxe defers this, G9).
-                self.flush_rq(qi);
+            let qp = self.qp(qi);
+            if qp.state == IBV_QPS_ERR {
+                // Receives posted in ERR are flushed (IBA). rxe G9/S2: they wait, without a
+                // completion, for the next modify(ERR->ERR).
+                if !qp.rxe {
+                    self.flush_rq(qi);
+                }
             } else {
                 self.kick_waiters(Some(Qp::qpn(qi)), None);
             }
@@ -1101,12 +1212,21 @@ impl Fabric {
         src: &mut Vec<Seg>,
     ) -> (Outcome, Option<(usize, ErrCause)>) {
         let done = |s| (Outcome::Done(s), None);
-        let (qpt, pd, dest, rnr_retry) = {
+        let (qpt, pd, dest, rnr_retry, rxe) = {
             let qp = self.qp(qi);
-            (qp.qpt, qp.pd, qp.attr.dest_qp_num, qp.attr.rnr_retry)
+            (
+                qp.qpt,
+                qp.pd,
+                qp.attr.dest_qp_num,
+                qp.attr.rnr_retry,
+                qp.rxe,
+            )
         };
         let op = e.opcode;
         let valid = match qpt {
+            // rxe S21: rxe executes SEND_WITH_INV on RC (softnic has no MWs or
+            // fast-registration MRs, so every rkey it names is bogus).
+            IBV_QPT_RC if rxe && op == IBV_WR_SEND_WITH_INV => true,
             IBV_QPT_RC => matches!(
                 op,
                 IBV_WR_SEND
@@ -1128,6 +1248,16 @@ impl Fabric {
             // LOC_QP_OP_ERR and moves the QP to ERR.
             return done(IBV_WC_LOC_QP_OP_ERR);
         }
+        if rxe {
+            if e.inline_read {
+                // rxe S5: an inline READ loses its SGE list: LOC_PROT_ERR, nothing written.
+                return done(IBV_WC_LOC_PROT_ERR);
+            }
+            if e.len >= 0x8000_0000 && !is_atomic_op(op) {
+                // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
+                return done(IBV_WC_LOC_QP_OP_ERR);
+            }
+        }
         // Local side: gather (or, for READ/atomics, scatter target needing LOCAL_WRITE).
         let local_write = op == IBV_WR_RDMA_READ
             || op == IBV_WR_ATOMIC_CMP_AND_SWP
@@ -1147,7 +1277,13 @@ impl Fabric {
             } else {
                 0
             };
-            if !self.resolve_sges(wr_sges.unwrap_or(&e.sges), pd, need, src) {
+            let sges = wr_sges.unwrap_or(&e.sges);
+            if !self.resolve_sges(sges, pd, need, src) {
+                if rxe && !local_write && self.bad_lkey(sges, pd) {
+                    // rxe S7: a gather-side lkey that names no MR of the PD gives
+                    // LOC_QP_OP_ERR (bounds and access faults stay LOC_PROT_ERR, S8).
+                    return done(IBV_WC_LOC_QP_OP_ERR);
+                }
                 return done(IBV_WC_LOC_PROT_ERR);
             }
         }
@@ -1161,11 +1297,10 @@ impl Fabric {
         let peer = match self.qp_idx_by_qpn(dest) {
             Some(p) if ok_state_for_recv(self.qp(p).state) => p,
             _ => {
-                return done(if reliable {
-                    IBV_WC_RETRY_EXC_ERR
-                } else {
-                    IBV_WC_SUCCESS
-                });
+                if !reliable {
+                    return done(IBV_WC_SUCCESS);
+                }
+                return self.no_answer(qi);
             }
         };
         let (ppd, paccess) = {
@@ -1197,7 +1332,8 @@ impl Fabric {
                     (Delivery::RecvError, status) => {
                         // Receiver: LOC_LEN_ERR / LOC_PROT_ERR on its receive, then ERR.
                         // Sender: REM_INV_REQ_ERR (too long) / REM_OP_ERR (receiver's
-                        // buffer not writable) — IBA NAK codes.
+                        // buffer not writable) — IBA NAK codes. rxe S8/S11: the receiver
+                        // reports LOC_QP_OP_ERR and the sender REM_OP_ERR in both cases.
                         let s = if status == IBV_WC_LOC_LEN_ERR {
                             IBV_WC_REM_INV_REQ_ERR
                         } else {
@@ -1205,7 +1341,26 @@ impl Fabric {
                         };
                         (Outcome::Done(drop_or(s)), Some((peer, ErrCause::Fatal)))
                     }
+                    (Delivery::Overflow, _) => self.lost_at(qi, peer, reliable),
                 }
+            }
+            IBV_WR_SEND_WITH_INV => {
+                // rxe S21 (RC, Rxe profile only): the responder consumes a receive and
+                // completes it with REM_INV_REQ_ERR (the rkey to invalidate is bogus) and
+                // goes to ERR; the requester was acknowledged and succeeds.
+                let Some(r) = self.take_recv(peer) else {
+                    return rnr();
+                };
+                let wc = ibv_wc {
+                    wr_id: r.wr_id,
+                    status: IBV_WC_REM_INV_REQ_ERR,
+                    qp_num: Qp::qpn(peer),
+                    ..Default::default()
+                };
+                let cq = self.qp(peer).recv_cq;
+                self.give_back_recv(peer, r);
+                self.push_cqe(cq, wc, false);
+                (Outcome::Done(IBV_WC_SUCCESS), Some((peer, ErrCause::Fatal)))
             }
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
                 if paccess & IBV_ACCESS_REMOTE_WRITE == 0 {
@@ -1226,11 +1381,21 @@ impl Fabric {
                     Seg::default()
                 };
                 if op == IBV_WR_RDMA_WRITE_WITH_IMM && !self.has_recv(peer) {
-                    return if reliable {
-                        rnr()
-                    } else {
-                        done(IBV_WC_SUCCESS)
-                    };
+                    if !reliable {
+                        return done(IBV_WC_SUCCESS);
+                    }
+                    let out = rnr();
+                    if rxe && matches!(out.0, Outcome::Done(_)) && total > 0 {
+                        // rxe S17: only the last packet (the one carrying the immediate)
+                        // needs a receive: every packet before it was written.
+                        let mtu = self.qp(qi).mtu();
+                        let w = (total - 1) / mtu * mtu;
+                        if w > 0 {
+                            // SAFETY: both sides resolved and bounds-checked above; w < total.
+                            unsafe { mem::scatter(&[dst], 0, src, 0, w) };
+                        }
+                    }
+                    return out;
                 }
                 if total > 0 {
                     // SAFETY: both sides resolved and bounds-checked above.
@@ -1238,7 +1403,7 @@ impl Fabric {
                 }
                 if op == IBV_WR_RDMA_WRITE_WITH_IMM {
                     let sol = e.flags & IBV_SEND_SOLICITED != 0;
-                    self.deliver(
+                    let (d, _) = self.deliver(
                         peer,
                         Qp::qpn(qi),
                         &[],
@@ -1248,6 +1413,9 @@ impl Fabric {
                         sol,
                         true,
                     );
+                    if let Delivery::Overflow = d {
+                        return self.lost_at(qi, peer, reliable);
+                    }
                 }
                 done(IBV_WC_SUCCESS)
             }
@@ -1304,6 +1472,50 @@ impl Fabric {
                 done(IBV_WC_SUCCESS)
             }
         }
+    }
+
+    /// An RC request the responder never answers (absent, not in RTR/RTS, or it lost the
+    /// message): the transport retries run out, RETRY_EXC_ERR at once (softnic has no
+    /// timers; rxe S14/S21/S22 after (retry_cnt+1) x timeout); in the Rxe profile with
+    /// `retry_cnt` 7 or `timeout` 0 the WR is held for ever instead (rxe G11/S22): it
+    /// waits like an RNR WR, is retried when the responder becomes ready, and is flushed
+    /// when the QP goes to ERR.
+    fn no_answer(&mut self, qi: usize) -> (Outcome, Option<(usize, ErrCause)>) {
+        if self.qp(qi).retries_forever() {
+            (Outcome::Rnr, None)
+        } else {
+            (Outcome::Done(IBV_WC_RETRY_EXC_ERR), None)
+        }
+    }
+
+    /// rxe S15: the responder lost the receive completion to a full CQ and goes to ERR
+    /// without acknowledging: RC ends as [`Fabric::no_answer`], UC succeeds.
+    fn lost_at(
+        &mut self,
+        qi: usize,
+        peer: usize,
+        reliable: bool,
+    ) -> (Outcome, Option<(usize, ErrCause)>) {
+        if !reliable {
+            return (Outcome::Done(IBV_WC_SUCCESS), Some((peer, ErrCause::Fatal)));
+        }
+        match self.no_answer(qi) {
+            (Outcome::Rnr, _) => {
+                // Held for ever (this QP retries for ever, so the responder's error does
+                // not fail it).
+                self.qp_error(peer, ErrCause::Fatal);
+                (Outcome::Rnr, None)
+            }
+            (out, _) => (out, Some((peer, ErrCause::Fatal))),
+        }
+    }
+
+    /// Whether a gather list that failed to resolve names an lkey that is no MR of `pd`
+    /// (rather than an SGE outside its MR or an access fault): rxe S7.
+    fn bad_lkey(&self, sges: &[ibv_sge], pd: u32) -> bool {
+        sges.iter()
+            .filter(|s| s.length != 0)
+            .any(|s| self.mr_by_key(s.lkey).is_none_or(|m| m.pd != pd))
     }
 
     /// A responder-side failure: RC gets the NAK status and the responder goes to ERR
@@ -1382,9 +1594,9 @@ impl Fabric {
         let Some(r) = self.take_recv(pi) else {
             return (Delivery::NoRecv, 0);
         };
-        let (ppd, qpt, cq) = {
+        let (ppd, qpt, cq, rxe) = {
             let p = self.qp(pi);
-            (p.pd, p.qpt, p.recv_cq)
+            (p.pd, p.qpt, p.recv_cq, p.rxe)
         };
         let ud = qpt == IBV_QPT_UD;
         let mut status = IBV_WC_SUCCESS;
@@ -1392,11 +1604,31 @@ impl Fabric {
         if !no_data {
             let mut dst = std::mem::take(&mut self.dst_segs);
             if !self.resolve_sges(&r.sges, ppd, IBV_ACCESS_LOCAL_WRITE, &mut dst) {
-                status = IBV_WC_LOC_PROT_ERR;
+                // rxe S8: a receive buffer the responder cannot write: LOC_QP_OP_ERR.
+                status = if rxe {
+                    IBV_WC_LOC_QP_OP_ERR
+                } else {
+                    IBV_WC_LOC_PROT_ERR
+                };
             } else {
                 let room: usize = dst.iter().map(|s| s.len).sum();
                 let hdr = if ud { GRH_LEN } else { 0 };
-                if len + hdr > room {
+                if len + hdr > room && rxe {
+                    // rxe S11/S18: LOC_QP_OP_ERR, and on RC/UC the packets that fit whole
+                    // (path MTU of the sender) were written before the one that did not.
+                    status = IBV_WC_LOC_QP_OP_ERR;
+                    if !ud {
+                        let mtu = self.qp_idx_by_qpn(src_qpn).map_or(ACTIVE_MTU, |s| {
+                            self.qps[s].as_ref().map_or(ACTIVE_MTU, |q| q.mtu())
+                        });
+                        let w = room / mtu * mtu;
+                        if w > 0 {
+                            // SAFETY: dst resolved with room >= w bytes; src holds len > w
+                            // bytes, checked by the caller.
+                            unsafe { mem::scatter(&dst, 0, src, 0, w) };
+                        }
+                    }
+                } else if len + hdr > room {
                     status = IBV_WC_LOC_LEN_ERR;
                 } else {
                     if ud {
@@ -1430,11 +1662,21 @@ impl Fabric {
             }
             if ud {
                 wc.wc_flags |= IBV_WC_GRH;
+            } else if rxe {
+                // rxe G4: a successful RC receive has IBV_WC_GRH and src_qp 0.
+                wc.wc_flags |= IBV_WC_GRH;
+                wc.src_qp = 0;
             }
         }
         self.give_back_recv(pi, r);
-        self.push_cqe(cq, wc, solicited);
+        let kept = self.push_cqe(cq, wc, solicited);
         if status == IBV_WC_SUCCESS {
+            if !kept && rxe {
+                // rxe S15: a receive completion lost to a full CQ moves the responder to
+                // ERR (the caller does it; its flushes overflow too), and the message is
+                // not acknowledged.
+                return (Delivery::Overflow, status);
+            }
             (Delivery::Ok, status)
         } else {
             (Delivery::RecvError, status)
@@ -1520,10 +1762,11 @@ impl Fabric {
             if tt != IBV_QPT_UD || !ok_state_for_recv(ts) || tk != qkey {
                 continue; // dropped (rxe S18: wrong Q_Key or QPN -> nothing)
             }
-            if let (Delivery::RecvError, _) =
+            if let (Delivery::RecvError | Delivery::Overflow, _) =
                 self.deliver(t, Qp::qpn(qi), src, total, imm, IBV_WC_RECV, sol, false)
             {
-                // rxe S18: a too-short UD receive completes in error and the UD QP goes to ERR.
+                // rxe S18: a too-short UD receive completes in error and the UD QP goes to
+                // ERR. (Rxe profile: a receive completion lost to a full CQ too, S15.)
                 self.qp_error(t, ErrCause::Fatal);
             }
         }
@@ -1606,6 +1849,10 @@ impl Fabric {
             take!(IBV_QP_DEST_QPN, dest_qp_num);
         }
         if next == cur {
+            if cur == IBV_QPS_ERR && self.qp(qi).rxe {
+                // rxe G9/S2: receives posted in ERR are flushed by ERR->ERR.
+                self.flush_rq(qi);
+            }
             return 0;
         }
         match next {
@@ -1638,6 +1885,7 @@ impl Fabric {
         }
         q.sq_posted = 0;
         q.sq_released = 0;
+        q.held_pre_rts = false;
         q.epoch = q.epoch.wrapping_add(1);
         self.rnr_waiting.retain(|&w| w as usize != qi);
         self.fail_waiters_on(qpn);
@@ -1704,6 +1952,8 @@ impl Fabric {
             ptr: Ptr(ptr),
             inline_limit: cap.max_inline_data,
             atomics: true,
+            rxe: false,
+            held_pre_rts: false,
         }
     }
 

@@ -241,7 +241,7 @@ mod strings;
 pub mod testing;
 mod verbs;
 
-use hotverbs_ffi::{ibv_context, ibv_qp, IbvFns};
+use hotverbs_ffi::{ibv_context, ibv_cq, ibv_qp, ibv_srq, IbvFns};
 
 /// Attributes of a softnic device; `Default` is close to rxe (`ibv_devinfo -v` on rxe0).
 #[derive(Clone, Debug)]
@@ -285,6 +285,58 @@ pub struct Config {
     /// IPv4 address in the device's RoCE v2 GID (index 1); `None` picks `10.77.x.y` from the
     /// device number (the default device is 10.77.0.1).
     pub ipv4: Option<[u8; 4]>,
+    /// Which behaviour the device follows where rxe departs from the man pages (see
+    /// "Profiles" in the crate docs). `Default` reads `HOTVERBS_SOFTNIC_PROFILE`
+    /// ([`Profile::from_env`]).
+    pub profile: Profile,
+}
+
+/// The behaviour profile of a softnic device: the man pages, or rxe as measured
+/// (`shared/rxe-vm/fault-truth.md`). The table under "Profiles" in the crate docs lists
+/// every difference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Profile {
+    /// The man pages and the IBA (softnic's original behaviour).
+    #[default]
+    Spec,
+    /// Every departure of rdma_rxe (Linux 6.1, rdma-core 44) that softnic can model.
+    Rxe,
+}
+
+/// The environment variable [`Profile::from_env`] reads.
+pub const PROFILE_ENV: &str = "HOTVERBS_SOFTNIC_PROFILE";
+
+impl Profile {
+    /// The profile named by `HOTVERBS_SOFTNIC_PROFILE`: `spec` or `rxe` (any case). Unset
+    /// or empty means [`Profile::Spec`]; any other value also means `Spec`, with a warning
+    /// on stderr (printed once per process). Never panics.
+    pub fn from_env() -> Profile {
+        match std::env::var_os(PROFILE_ENV) {
+            None => Profile::Spec,
+            Some(v) => Profile::parse(v.to_str().unwrap_or("\u{fffd}")).unwrap_or_else(|| {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "hotverbs-softnic: {PROFILE_ENV}={v:?} is neither \"spec\" nor \"rxe\"; using spec"
+                    );
+                });
+                Profile::Spec
+            }),
+        }
+    }
+
+    /// `spec` / `rxe` in any case (and the empty string as `Spec`); `None` otherwise.
+    pub fn parse(name: &str) -> Option<Profile> {
+        let n = name.trim();
+        if n.is_empty() || n.eq_ignore_ascii_case("spec") {
+            Some(Profile::Spec)
+        } else if n.eq_ignore_ascii_case("rxe") {
+            Some(Profile::Rxe)
+        } else {
+            None
+        }
+    }
 }
 
 impl Default for Config {
@@ -308,6 +360,7 @@ impl Default for Config {
             num_comp_vectors: 1,
             dmabuf: true,
             ipv4: None,
+            profile: Profile::from_env(),
         }
     }
 }
@@ -403,6 +456,60 @@ pub unsafe fn sq_outstanding(qp: *mut ibv_qp) -> u32 {
     // SAFETY: a live softnic QP (caller).
     let q = f.qp(unsafe { (*qp).handle } as usize);
     (q.sq_posted - q.sq_released) as u32
+}
+
+/// Number of receives posted to `qp`'s own receive queue and not yet consumed by a
+/// message or a flush (0 for a QP that uses an SRQ). In the Rxe profile this includes
+/// receives posted in ERR, which wait for the next ERR->ERR (rxe G9).
+///
+/// # Safety
+/// `qp` is a live QP created through [`verbs_table`].
+pub unsafe fn rq_outstanding(qp: *mut ibv_qp) -> u32 {
+    let mut f = fabric::lock();
+    // SAFETY: a live softnic QP (caller).
+    f.qp(unsafe { (*qp).handle } as usize).rq.q.len() as u32
+}
+
+/// Number of receives posted to `srq` and not yet consumed.
+///
+/// # Safety
+/// `srq` is a live SRQ created through [`verbs_table`].
+pub unsafe fn srq_outstanding(srq: *mut ibv_srq) -> u32 {
+    let f = fabric::lock();
+    // SAFETY: a live softnic SRQ (caller).
+    let i = unsafe { (*srq).handle } as usize;
+    f.srqs
+        .get(i)
+        .and_then(|s| s.as_ref())
+        .map_or(0, |s| s.rq.q.len() as u32)
+}
+
+/// The profile of the device `ctx` was opened on: tests use it to expect exactly the
+/// measured behaviour of that profile.
+///
+/// # Safety
+/// `ctx` is a live context opened through [`verbs_table`] or [`open_device`].
+pub unsafe fn device_profile(ctx: *mut ibv_context) -> Profile {
+    let f = fabric::lock();
+    // SAFETY: a live softnic context (caller).
+    f.cfg(unsafe { verbs::ctx_idx(ctx) }).profile
+}
+
+/// Test hook: the next `n` completions pushed to `cq` overflow it, whatever its fill. In
+/// the Spec profile the first one puts the CQ in the error state as a real overflow does
+/// (`poll_cq` returns `-EOVERFLOW` from then on; `IBV_EVENT_CQ_ERR`); in the Rxe profile
+/// each is dropped with an `IBV_EVENT_CQ_ERR` and the CQ stays usable, and a dropped
+/// receive completion moves the responder QP to ERR (rxe S15). `n = 0` cancels.
+///
+/// # Safety
+/// `cq` is a live CQ created through [`verbs_table`].
+pub unsafe fn inject_cq_overflow(cq: *mut ibv_cq, n: u32) {
+    let mut f = fabric::lock();
+    // SAFETY: a live softnic CQ (caller).
+    let i = unsafe { (*cq).handle } as usize;
+    if let Some(Some(c)) = f.cqs.get_mut(i) {
+        c.inject_overflow = n;
+    }
 }
 
 /// Number of send WRs of `qp` waiting to execute (RNR wait with `rnr_retry` 7).

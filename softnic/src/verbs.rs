@@ -21,7 +21,7 @@ use crate::fabric::{
     self, lock, Ah, Channel, Cq, Ctx, Device, ErrCause, Fabric, Mr, Pd, Ptr, SoftChannel,
     SoftContext, SoftCq, Srq, ACTIVE_MTU, GID_TBL_LEN,
 };
-use crate::Config;
+use crate::{Config, Profile};
 
 fn release_ctx(f: &mut Fabric, ci: u32) {
     if let Some(Some(c)) = f.ctxs.get_mut(ci as usize) {
@@ -38,7 +38,7 @@ fn fail<T>(errno: i32) -> *mut T {
 ///
 /// # Safety
 /// `ctx` is a live softnic context.
-unsafe fn ctx_idx(ctx: *mut ibv_context) -> u32 {
+pub(crate) unsafe fn ctx_idx(ctx: *mut ibv_context) -> u32 {
     // SAFETY: softnic contexts are SoftContext with the ABI struct first (caller).
     unsafe { (*ctx.cast::<SoftContext>()).idx }
 }
@@ -674,13 +674,19 @@ pub(crate) unsafe extern "C" fn create_cq(
     let mut f = lock();
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) };
-    let (max_cqe, nvec) = {
+    let (max_cqe, nvec, rxe) = {
         let c = f.cfg(ci);
-        (c.max_cqe, c.num_comp_vectors)
+        (c.max_cqe, c.num_comp_vectors, c.profile == Profile::Rxe)
     };
     if cqe < 1 || cqe as u32 > max_cqe || comp_vector < 0 || comp_vector as u32 >= nvec {
         return fail(libc::EINVAL);
     }
+    // rxe G12/S19: the CQ holds the request rounded up to 2^k - 1, and reports it.
+    let cqe = if rxe {
+        fabric::rxe_round(cqe as u32) as c_int
+    } else {
+        cqe
+    };
     let ch = if channel.is_null() {
         None
     } else {
@@ -705,6 +711,8 @@ pub(crate) unsafe extern "C" fn create_cq(
             ring: std::collections::VecDeque::with_capacity(cqe as usize),
             cap: cqe as usize,
             overflowed: false,
+            rxe,
+            inject_overflow: 0,
             armed: None,
             channel: ch,
             users: 0,
@@ -734,6 +742,12 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
     if cqe < 1 || cqe as u32 > max || (cqe as usize) < c.ring.len() {
         return libc::EINVAL;
     }
+    // rxe S15/S19: resize_cq(16) -> 31, resize_cq(1) -> 1.
+    let cqe = if c.rxe {
+        fabric::rxe_round(cqe as u32) as c_int
+    } else {
+        cqe
+    };
     c.cap = cqe as usize;
     // SAFETY: live CQ.
     unsafe { (*cq).cqe = cqe };
@@ -945,6 +959,26 @@ pub(crate) unsafe extern "C" fn create_qp(
     if f.ctxs[ci as usize].as_ref().expect("ctx").qps >= c.max_qp {
         return fail(libc::ENOMEM);
     }
+    let rxe = c.profile == Profile::Rxe;
+    // What create_qp hands back: the request (Spec); rxe echoes the depths but raises
+    // the SGE count and inline size to its WQE size.
+    let mut ret = cap;
+    if rxe {
+        // rxe S5/S19: WQE size = max(16 * max_send_sge, max_inline_data); the returned
+        // inline size is the WQE size and max_send_sge is raised to size / 16.
+        let size = (16 * cap.max_send_sge)
+            .max(cap.max_inline_data)
+            .min(c.max_inline_data);
+        ret.max_inline_data = size;
+        ret.max_send_sge = cap.max_send_sge.max(size / 16).min(c.max_sge);
+        // rxe G12/S3/S4/S19: the usable depths (and query_qp's) are rounded up to
+        // 2^k - 1; create echoes the request.
+        cap = ibv_qp_cap {
+            max_send_wr: fabric::rxe_round(cap.max_send_wr),
+            max_recv_wr: fabric::rxe_round(cap.max_recv_wr),
+            ..ret
+        };
+    }
     // SAFETY: live CQs (caller).
     let (scq, rcq) = unsafe { ((*ia.send_cq).handle, (*ia.recv_cq).handle) };
     let idx = f.qps.len();
@@ -964,6 +998,7 @@ pub(crate) unsafe extern "C" fn create_qp(
     let mut qp = Fabric::new_qp_struct(ci, pi, scq, rcq, srq, ia, cap, p);
     qp.inline_limit = c.max_inline_data.min(cap.max_inline_data);
     qp.atomics = c.atomics;
+    qp.rxe = rxe;
     f.add_qp(qp);
     f.provision_scratch(cap.max_send_sge.max(cap.max_recv_sge));
     for cq in [scq, rcq] {
@@ -982,7 +1017,7 @@ pub(crate) unsafe extern "C" fn create_qp(
     let cx = f.ctxs[ci as usize].as_mut().expect("ctx");
     cx.objects += 1;
     cx.qps += 1;
-    ia.cap = cap;
+    ia.cap = ret;
     p
 }
 
@@ -1022,7 +1057,8 @@ pub(crate) unsafe extern "C" fn query_qp(
     let q = f.qp(i);
     let mut a = q.attr;
     a.qp_state = q.state;
-    a.cur_qp_state = q.state;
+    // rxe G10: cur_qp_state is always 0 (RESET).
+    a.cur_qp_state = if q.rxe { IBV_QPS_RESET } else { q.state };
     a.cap = q.cap;
     let ini = ibv_qp_init_attr {
         qp_context: q.qp_context as *mut c_void,

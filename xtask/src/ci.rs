@@ -13,13 +13,17 @@
 //!    hand-edited generated file is caught
 //! 7. `no_std`    the no_std crates built with --no-default-features
 //! 8. `test`      cargo test --workspace (summary lines reach the output)
-//! 9. `insn`      callgrind instructions per message vs the naive baseline, gated on the
+//! 9. `faults`    the datapath, setup-layer and perf suites again on softnic's Rxe
+//!    behaviour profile (`HOTVERBS_SOFTNIC_PROFILE=rxe`), the fault-scenario suite
+//!    (`--release --test fault_scenarios`) in both profiles, and the soak under faults
+//!    (`--release --test soak`: 10 million messages per profile)
+//! 10. `insn`      callgrind instructions per message vs the naive baseline, gated on the
 //!    batch-32 target (`cargo xtask insn --gate`; deterministic, so a regression gate)
-//! 10. `loom`     the loom models (`cargo xtask loom`)
-//! 11. `miri`     the soundness tests under miri, Stacked and Tree Borrows
+//! 11. `loom`     the loom models (`cargo xtask loom`)
+//! 12. `miri`     the soundness tests under miri, Stacked and Tree Borrows
 //!     (`cargo xtask miri`; installs the nightly toolchain with miri if missing)
-//! 12. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
-//! 13. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//! 13. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 14. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
 //!
 //! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
 
@@ -45,8 +49,8 @@ const PACKAGES: &[&str] = &[
 ];
 
 const STEPS: &[&str] = &[
-    "packages", "fmt", "clippy", "docs", "package", "codegen", "no_std", "test", "insn", "loom",
-    "miri", "fuzz", "rxe",
+    "packages", "fmt", "clippy", "docs", "package", "codegen", "no_std", "test", "faults", "insn",
+    "loom", "miri", "fuzz", "rxe",
 ];
 
 /// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
@@ -89,6 +93,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "codegen" => codegen_checks(),
             "no_std" => no_std(),
             "test" => run(cargo().args(["test", "--workspace", "--locked"])),
+            "faults" => faults(),
             "insn" => crate::insn::run(&["--gate".to_string()]),
             "loom" => crate::verify::loom(&[]),
             "miri" => crate::miri::run_miri(&[]),
@@ -104,6 +109,35 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The `faults` step: the suites on softnic's Rxe profile, the fault scenarios in both
+/// profiles, the soak.
+fn faults() -> Result<(), String> {
+    const PROFILE: &str = "HOTVERBS_SOFTNIC_PROFILE";
+    eprintln!("faults: datapath, setup-layer and perf suites on softnic's Rxe profile");
+    run(cargo()
+        .args([
+            "test",
+            "--locked",
+            "-p",
+            "hotverbs-datapath",
+            "-p",
+            "hotverbs",
+        ])
+        .args(["-p", "hotverbs-perf"])
+        .env(PROFILE, "rxe"))?;
+    for profile in ["spec", "rxe"] {
+        eprintln!("faults: fault_scenarios on softnic's {profile} profile");
+        run(cargo()
+            .args(["test", "--release", "--locked", "--test", "fault_scenarios"])
+            .args(["--", "--nocapture"])
+            .env(PROFILE, profile))?;
+    }
+    eprintln!("faults: soak under faults, both profiles");
+    run(cargo()
+        .args(["test", "--release", "--locked", "--test", "soak"])
+        .args(["--", "--nocapture"]))
 }
 
 fn list(v: Option<&String>) -> Result<Vec<String>, String> {

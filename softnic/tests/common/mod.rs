@@ -41,6 +41,23 @@ impl Dev {
         Dev::with_ctx(open_default())
     }
 
+    /// A PD on a new device of `profile` (explicit: whatever `HOTVERBS_SOFTNIC_PROFILE`
+    /// says).
+    pub fn with_profile(profile: hotverbs_softnic::Profile) -> Dev {
+        let ctx = hotverbs_softnic::open_device(hotverbs_softnic::Config {
+            profile,
+            ..Default::default()
+        });
+        assert!(!ctx.is_null(), "open_device: {}", errno());
+        Dev::with_ctx(ctx)
+    }
+
+    /// The profile of this device (`hotverbs_softnic::device_profile`).
+    pub fn profile(&self) -> hotverbs_softnic::Profile {
+        // SAFETY: self.ctx is live (module contract).
+        unsafe { hotverbs_softnic::device_profile(self.ctx) }
+    }
+
     pub fn with_ctx(ctx: *mut ibv_context) -> Dev {
         // SAFETY: ctx is live (module contract).
         let pd = unsafe { testing::alloc_pd(ctx) };
@@ -209,7 +226,11 @@ impl Pair {
     }
 
     pub fn with(qpt: ibv_qp_type, depth: u32, rnr_retry: u8) -> Pair {
-        let dev = Dev::new();
+        Pair::on(Dev::new(), qpt, depth, rnr_retry)
+    }
+
+    /// A pair on `dev` (e.g. [`Dev::with_profile`]).
+    pub fn on(dev: Dev, qpt: ibv_qp_type, depth: u32, rnr_retry: u8) -> Pair {
         let cq_a = dev.cq(256);
         let cq_b = dev.cq(256);
         let a = dev.qp(qpt, cq_a, cq_a, cap(depth));
@@ -389,6 +410,19 @@ pub fn sq_outstanding(qp: *mut ibv_qp) -> u32 {
 pub fn send_wrs_waiting(qp: *mut ibv_qp) -> usize {
     // SAFETY: qp is a live softnic QP (module contract).
     unsafe { hotverbs_softnic::send_wrs_waiting(qp) }
+}
+
+/// Posted receives of `qp` not yet consumed (`hotverbs_softnic::rq_outstanding`).
+pub fn rq_outstanding(qp: *mut ibv_qp) -> u32 {
+    // SAFETY: qp is a live softnic QP (module contract).
+    unsafe { hotverbs_softnic::rq_outstanding(qp) }
+}
+
+/// The next `n` completions pushed to `cq` overflow it
+/// (`hotverbs_softnic::inject_cq_overflow`).
+pub fn inject_cq_overflow(cq: *mut ibv_cq, n: u32) {
+    // SAFETY: cq is a live softnic CQ (module contract).
+    unsafe { hotverbs_softnic::inject_cq_overflow(cq, n) }
 }
 
 /// Moves `qp` to ERR as a fatal error would (`hotverbs_softnic::inject_qp_error`).

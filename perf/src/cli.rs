@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::error::PerfError;
+
 /// The tests, named like perftest's binaries (`ib_send_lat` is `send_lat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -202,14 +204,16 @@ pub struct Args {
     pub no_progress: bool,
 }
 
-fn parse_duration_secs(s: &str) -> Result<f64, String> {
+fn parse_duration_secs(s: &str) -> Result<f64, PerfError> {
     let v: f64 = s
         .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+        .map_err(|_| PerfError::Usage(format!("{s:?} is not a number of seconds")))?;
     if v.is_finite() && v > 0.0 && v <= 86_400.0 {
         Ok(v)
     } else {
-        Err(format!("{s} s is out of range (0 < seconds <= 86400)"))
+        Err(PerfError::Usage(format!(
+            "{s} s is out of range (0 < seconds <= 86400)"
+        )))
     }
 }
 
@@ -250,7 +254,7 @@ pub struct Params {
 
 impl Args {
     /// Checks what clap cannot and derives the run's parameters.
-    pub fn params(&self) -> Result<Params, String> {
+    pub fn params(&self) -> Result<Params, PerfError> {
         let test = self.test;
         let sizes = if self.all {
             let mut v = Vec::new();
@@ -266,19 +270,21 @@ impl Args {
         };
         for &s in &sizes {
             if s == 0 {
-                return Err("message size 0 is not supported: use -s 1 or more".into());
+                return Err(PerfError::Usage(
+                    "message size 0 is not supported: use -s 1 or more".into(),
+                ));
             }
             if s > 1 << 30 {
-                return Err(format!(
+                return Err(PerfError::Usage(format!(
                     "message size {s} is larger than 1 GiB: use a smaller -s"
-                ));
+                )));
             }
         }
         if test == TestKind::AtomicLat {
             if let Some(s) = self.size.filter(|&s| s != 8) {
-                return Err(format!(
+                return Err(PerfError::Usage(format!(
                     "atomic_lat moves 8 bytes, not {s}: drop -s or use -s 8"
-                ));
+                )));
             }
         }
         let sizes = if test == TestKind::AtomicLat {
@@ -292,34 +298,36 @@ impl Args {
             (None, None) => Amount::Iters(if test.is_latency() { 1000 } else { 5000 }),
         };
         if self.post_list > self.tx_depth {
-            return Err(format!(
+            return Err(PerfError::Usage(format!(
                 "post list -l {} exceeds the send queue depth -t {}: lower -l or raise -t",
                 self.post_list, self.tx_depth
-            ));
+            )));
         }
         if !test.is_latency() && self.cq_mod > self.tx_depth {
-            return Err(format!(
+            return Err(PerfError::Usage(format!(
                 "signal period -Q {} exceeds the send queue depth -t {}: no completion would \
                  ever free the queue; lower -Q or raise -t",
                 self.cq_mod, self.tx_depth
-            ));
+            )));
         }
         if self.port == 0 && self.host.is_some() {
-            return Err(
-                "-p 0 lets a server pick a free port: give the client the port the \
-                        server printed"
+            return Err(PerfError::Usage(
+                "-p 0 lets a server pick a free port: give the client the port the server \
+                 printed"
                     .into(),
-            );
+            ));
         }
         if self.tx_depth > 4096 || self.rx_depth > 4096 {
-            return Err("queue depths above 4096 are not supported: lower -t / -r".into());
+            return Err(PerfError::Usage(
+                "queue depths above 4096 are not supported: lower -t / -r".into(),
+            ));
         }
         if !test.is_latency() && self.cq_mod > (self.tx_depth / 2).max(1) {
-            return Err(format!(
+            return Err(PerfError::Usage(format!(
                 "signal period -Q {} exceeds half the send queue depth -t {}: a signaled WR \
                  must always be in flight before the queue fills; lower -Q or raise -t",
                 self.cq_mod, self.tx_depth
-            ));
+            )));
         }
         Ok(Params {
             test,
@@ -404,7 +412,7 @@ mod tests {
             .unwrap()
             .params()
             .unwrap_err();
-        assert!(e.contains("8 bytes"), "{e}");
+        assert!(e.to_string().contains("8 bytes"), "{e}");
     }
 
     #[test]
@@ -420,22 +428,22 @@ mod tests {
             .unwrap()
             .params()
             .unwrap_err();
-        assert!(e.contains("size 0"), "{e}");
+        assert!(e.to_string().contains("size 0"), "{e}");
         let e = parse(&["send_bw", "-l", "64", "-t", "16"])
             .unwrap()
             .params()
             .unwrap_err();
-        assert!(e.contains("-l 64"), "{e}");
+        assert!(e.to_string().contains("-l 64"), "{e}");
         let e = parse(&["send_bw", "-Q", "64", "-t", "16"])
             .unwrap()
             .params()
             .unwrap_err();
-        assert!(e.contains("-Q 64"), "{e}");
+        assert!(e.to_string().contains("-Q 64"), "{e}");
         let e = parse(&["send_lat", "host", "-p", "0"])
             .unwrap()
             .params()
             .unwrap_err();
-        assert!(e.contains("-p 0"), "{e}");
+        assert!(e.to_string().contains("-p 0"), "{e}");
         assert!(parse(&["send_lat", "-p", "0"]).unwrap().params().is_ok());
     }
 

@@ -18,6 +18,7 @@ use hotverbs::exchange::{Endpoint, ExchangeError, Session};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::Params;
+use crate::error::PerfError;
 use crate::report::SizeResult;
 
 /// Version of this protocol; both sides must speak the same.
@@ -54,41 +55,13 @@ pub struct Control {
     timeout: Duration,
 }
 
-fn exchange_err(what: &str, e: &ExchangeError) -> String {
-    let hint = match e {
-        ExchangeError::Timeout { .. } => {
-            "start the server first (the same command without a host), check -p, or raise \
-             --timeout"
-        }
-        ExchangeError::Io { source, .. } => match source.kind() {
-            ErrorKind::ConnectionRefused => {
-                "is the server running (the same command without a host) on this port?"
-            }
-            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof => {
-                "the peer closed the connection: see its own error output"
-            }
-            _ => "check the host name, the port and the network",
-        },
-        ExchangeError::Length { .. } => "the peer closed the connection: see its own error output",
-        _ => "is the peer hotverbs-perf of the same version?",
-    };
-    let errno = match e {
-        ExchangeError::Io { source, .. } => source
-            .raw_os_error()
-            .map(|n| format!(" ({})", hotverbs_ffi::errno_name(n)))
-            .unwrap_or_default(),
-        _ => String::new(),
-    };
-    format!("{what}: {e}{errno}: {hint}")
-}
-
 impl Control {
     /// Client: connects to `host:port` within `timeout` (refused connections are retried
     /// until then: the server may still be starting).
-    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Control, String> {
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Control, PerfError> {
         let target = format!("{host}:{port}");
         let session = Session::connect((host, port), timeout)
-            .map_err(|e| exchange_err(&format!("connect to {target}"), &e))?;
+            .map_err(|e| PerfError::exchange(format!("connect to {target}"), e))?;
         Ok(Control {
             session,
             peer: target,
@@ -98,14 +71,18 @@ impl Control {
 
     /// Server: listens on `port` (all addresses); port 0 picks a free one (the listener's
     /// `local_addr` tells which). Accept the client with [`Control::accept_on`].
-    pub fn listen(port: u16) -> Result<TcpListener, String> {
+    pub fn listen(port: u16) -> Result<TcpListener, PerfError> {
         TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
             let hint = if e.kind() == ErrorKind::AddrInUse {
                 "another process holds this port: pick another with -p (-p 0: any free port)"
             } else {
                 "check the port number and permissions"
             };
-            format!("listen on TCP port {port}: {e}: {hint}")
+            PerfError::Io {
+                what: format!("listen on TCP port {port}"),
+                source: e,
+                hint: Some(hint),
+            }
         })
     }
 
@@ -114,15 +91,15 @@ impl Control {
         l: &TcpListener,
         wait: Duration,
         timeout: Duration,
-    ) -> Result<Control, String> {
+    ) -> Result<Control, PerfError> {
         let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
         let mut session = Session::accept(l, wait).map_err(|e| match e {
-            ExchangeError::Timeout { .. } => format!(
-                "no client connected to TCP port {port} within {:.0} s: start the client (the \
-                 same command with this host's name), or raise --server-wait",
-                wait.as_secs_f64()
-            ),
-            e => exchange_err(&format!("accept on TCP port {port}"), &e),
+            ExchangeError::Timeout { .. } => PerfError::NoClient {
+                port,
+                wait,
+                source: e,
+            },
+            e => PerfError::exchange(format!("accept on TCP port {port}"), e),
         })?;
         let peer = session
             .stream()
@@ -132,10 +109,10 @@ impl Control {
             session
                 .stream()
                 .try_clone()
-                .map_err(|e| format!("control connection: {e}"))?,
+                .map_err(|e| PerfError::io("control connection", e))?,
             timeout,
         )
-        .map_err(|e| exchange_err("configure the control connection", &e))?;
+        .map_err(|e| PerfError::exchange("configure the control connection", e))?;
         Ok(Control {
             session,
             peer,
@@ -144,45 +121,52 @@ impl Control {
     }
 
     /// Changes the read timeout (a passive side waits as long as the active side runs).
-    pub fn set_read_timeout(&mut self, t: Duration) -> Result<(), String> {
+    pub fn set_read_timeout(&mut self, t: Duration) -> Result<(), PerfError> {
         self.timeout = t;
         self.session
             .stream()
             .set_read_timeout(Some(t))
-            .map_err(|e| format!("set the read timeout: {e}"))
+            .map_err(|e| PerfError::io("set the read timeout", e))
     }
 
     /// Sends one message.
-    pub fn send(&mut self, m: &Msg) -> Result<(), String> {
-        let body = serde_json::to_vec(m).map_err(|e| format!("encode {m:?}: {e}"))?;
+    pub fn send(&mut self, m: &Msg) -> Result<(), PerfError> {
+        let body = serde_json::to_vec(m).map_err(|e| PerfError::Json {
+            what: format!("encode {m:?}"),
+            source: e,
+        })?;
         let mut frame = (body.len() as u32).to_be_bytes().to_vec();
         frame.extend_from_slice(&body);
         let peer = self.peer.clone();
-        self.session.stream().write_all(&frame).map_err(|e| {
-            format!("send to {peer}: {e}: the peer closed the connection or stopped reading")
-        })
+        self.session
+            .stream()
+            .write_all(&frame)
+            .map_err(|e| PerfError::Io {
+                what: format!("send to {peer}"),
+                source: e,
+                hint: Some("the peer closed the connection or stopped reading"),
+            })
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), String> {
-        let (peer, timeout) = (self.peer.clone(), self.timeout);
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), PerfError> {
         let mut got = 0;
         while got < buf.len() {
             match self.session.stream().read(&mut buf[got..]) {
                 Ok(0) => {
-                    return Err(format!(
-                        "the peer {peer} closed the control connection: see its own error output"
-                    ))
+                    return Err(PerfError::PeerClosed {
+                        peer: self.peer.clone(),
+                    })
                 }
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Err(format!(
-                        "timed out after {:.1} s waiting for the peer {peer}: it stopped \
-                         answering (raise --timeout for slow peers)",
-                        timeout.as_secs_f64()
-                    ))
+                    return Err(PerfError::PeerSilent {
+                        peer: self.peer.clone(),
+                        after: self.timeout,
+                        source: e,
+                    })
                 }
-                Err(e) => return Err(format!("receive from {peer}: {e}")),
+                Err(e) => return Err(PerfError::io(format!("receive from {}", self.peer), e)),
             }
         }
         Ok(())
@@ -190,27 +174,27 @@ impl Control {
 
     /// Receives one message (within the read timeout). A [`Msg::Failed`] from the peer
     /// becomes an error carrying its text.
-    pub fn recv(&mut self) -> Result<Msg, String> {
+    pub fn recv(&mut self) -> Result<Msg, PerfError> {
         let mut len = [0u8; 4];
         self.read_exact(&mut len)?;
         let len = u32::from_be_bytes(len) as usize;
         if len > MAX_FRAME {
-            return Err(format!(
+            return Err(PerfError::Protocol(format!(
                 "the peer {} sent a {len}-byte frame: it is not hotverbs-perf of this version",
                 self.peer
-            ));
+            )));
         }
         let mut body = vec![0u8; len];
         self.read_exact(&mut body)?;
-        let m: Msg = serde_json::from_slice(&body).map_err(|e| {
-            format!(
-                "the peer {} sent something that is not hotverbs-perf's protocol ({e}): is it \
-                 hotverbs-perf of the same version?",
-                self.peer
-            )
+        let m: Msg = serde_json::from_slice(&body).map_err(|e| PerfError::Garbled {
+            peer: self.peer.clone(),
+            source: e,
         })?;
         match m {
-            Msg::Failed(why) => Err(format!("the peer {} failed: {why}", self.peer)),
+            Msg::Failed(why) => Err(PerfError::PeerFailed {
+                peer: self.peer.clone(),
+                why,
+            }),
             m => Ok(m),
         }
     }
@@ -220,9 +204,13 @@ impl Control {
         &mut self,
         what: &str,
         f: impl FnOnce(Msg) -> Result<T, Box<Msg>>,
-    ) -> Result<T, String> {
+    ) -> Result<T, PerfError> {
         let m = self.recv()?;
-        f(m).map_err(|m| format!("protocol error: expected {what} from the peer, got {m:?}"))
+        f(m).map_err(|m| {
+            PerfError::Protocol(format!(
+                "protocol error: expected {what} from the peer, got {m:?}"
+            ))
+        })
     }
 
     /// Tells the peer this side failed (best effort) and closes.
@@ -232,28 +220,33 @@ impl Control {
     }
 
     /// Client handshake: Hello -> Accept.
-    pub fn hello(&mut self, params: &Params) -> Result<(), String> {
+    pub fn hello(&mut self, params: &Params) -> Result<(), PerfError> {
         self.send(&Msg::Hello {
             protocol: PROTOCOL,
             params: params.clone(),
         })?;
         match self.recv()? {
             Msg::Accept => Ok(()),
-            Msg::Reject(why) => Err(format!("the server {} refused: {why}", self.peer)),
-            m => Err(format!("protocol error: expected Accept, got {m:?}")),
+            Msg::Reject(why) => Err(PerfError::Refused {
+                peer: self.peer.clone(),
+                why,
+            }),
+            m => Err(PerfError::Protocol(format!(
+                "protocol error: expected Accept, got {m:?}"
+            ))),
         }
     }
 
     /// Server handshake: receives Hello, checks it against `ours`, and returns the
     /// parameters to run with (the client's).
-    pub fn welcome(&mut self, ours: &Params) -> Result<Params, String> {
+    pub fn welcome(&mut self, ours: &Params) -> Result<Params, PerfError> {
         let (protocol, theirs) = self.expect("Hello", |m| match m {
             Msg::Hello { protocol, params } => Ok((protocol, params)),
             m => Err(Box::new(m)),
         })?;
         let reject = |c: &mut Control, why: String| {
             let _ = c.send(&Msg::Reject(why.clone()));
-            Err(why)
+            Err(PerfError::Protocol(why))
         };
         if protocol != PROTOCOL {
             return reject(
@@ -278,14 +271,14 @@ impl Control {
     }
 
     /// Exchanges endpoints through hotverbs' exchange (binary format, with the MR window).
-    pub fn exchange(&mut self, ours: &Endpoint) -> Result<Endpoint, String> {
+    pub fn exchange(&mut self, ours: &Endpoint) -> Result<Endpoint, PerfError> {
         self.session
             .exchange(ours)
-            .map_err(|e| exchange_err(&format!("endpoint exchange with {}", self.peer), &e))
+            .map_err(|e| PerfError::exchange(format!("endpoint exchange with {}", self.peer), e))
     }
 
     /// Barrier before size `i`.
-    pub fn barrier(&mut self, i: usize) -> Result<(), String> {
+    pub fn barrier(&mut self, i: usize) -> Result<(), PerfError> {
         self.send(&Msg::Ready(i))?;
         self.expect(&format!("Ready({i})"), |m| match m {
             Msg::Ready(j) if j == i => Ok(()),
@@ -315,7 +308,7 @@ mod tests {
         }
     }
 
-    fn pair() -> (Control, std::thread::JoinHandle<Result<Control, String>>) {
+    fn pair() -> (Control, std::thread::JoinHandle<Result<Control, PerfError>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let t = std::thread::spawn(move || {
@@ -366,9 +359,9 @@ mod tests {
         let (mut c, t) = pair();
         let mut s = t.join().unwrap().unwrap();
         let srv = std::thread::spawn(move || s.welcome(&params(TestKind::WriteLat)));
-        let e = c.hello(&params(TestKind::SendLat)).unwrap_err();
+        let e = c.hello(&params(TestKind::SendLat)).unwrap_err().to_string();
         assert!(e.contains("refused") && e.contains("send_lat"), "{e}");
-        let e = srv.join().unwrap().unwrap_err();
+        let e = srv.join().unwrap().unwrap_err().to_string();
         assert!(e.contains("write_lat"), "{e}");
     }
 
@@ -379,7 +372,8 @@ mod tests {
         let port = addr.port();
         let e = Control::connect("127.0.0.1", port, Duration::from_millis(500))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains(&format!("connect to 127.0.0.1:{port}")), "{e}");
         assert!(e.contains("start the server first"), "{e}");
     }
@@ -389,7 +383,7 @@ mod tests {
         let (mut c, t) = pair();
         let _s = t.join().unwrap().unwrap(); // accepted, says nothing
         c.set_read_timeout(Duration::from_millis(200)).unwrap();
-        let e = c.recv().unwrap_err();
+        let e = c.recv().unwrap_err().to_string();
         assert!(e.contains("timed out"), "{e}");
     }
 
@@ -398,7 +392,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let e = Control::accept_on(&l, Duration::from_millis(100), Duration::from_secs(1))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("no client connected"), "{e}");
     }
 
@@ -407,9 +402,9 @@ mod tests {
         let (mut c, t) = pair();
         let mut s = t.join().unwrap().unwrap();
         s.fail("ibv_modify_qp(RTR) failed: EINVAL");
-        let e = c.recv().unwrap_err();
+        let e = c.recv().unwrap_err().to_string();
         assert!(e.contains("peer") && e.contains("EINVAL"), "{e}");
-        let e = c.recv().unwrap_err();
+        let e = c.recv().unwrap_err().to_string();
         assert!(e.contains("closed"), "{e}");
     }
 }

@@ -36,6 +36,7 @@ use hotverbs_ffi::{ibv_cq, ibv_qp};
 
 use crate::cli::{Amount, AtomicKind, Params, TestKind};
 use crate::clock::{clock, Clock};
+use crate::error::PerfError;
 use crate::progress::Counter;
 use crate::stats::Latency;
 
@@ -134,7 +135,7 @@ impl<'a> Watchdog<'a> {
     /// One empty poll; `progress` is any counter that moves when work completes. Checks the
     /// clock every 2^14 empty polls only.
     #[inline(always)]
-    fn idle(&mut self, progress: u64, what: &str) -> Result<(), String> {
+    fn idle(&mut self, progress: u64, what: &'static str) -> Result<(), PerfError> {
         self.spins = self.spins.wrapping_add(1);
         if self.spins & 0x3fff != 0 {
             core::hint::spin_loop();
@@ -144,9 +145,9 @@ impl<'a> Watchdog<'a> {
     }
 
     #[cold]
-    fn check(&mut self, progress: u64, what: &str) -> Result<(), String> {
+    fn check(&mut self, progress: u64, what: &'static str) -> Result<(), PerfError> {
         if self.abort.load(Ordering::Relaxed) {
-            return Err("stopped: the other side failed".into());
+            return Err(PerfError::Aborted);
         }
         let now = Instant::now();
         if progress != self.seen {
@@ -155,11 +156,10 @@ impl<'a> Watchdog<'a> {
             return Ok(());
         }
         if now - self.since > self.timeout {
-            return Err(format!(
-                "no progress for {:.1} s while waiting for {what}: the peer stopped or the \
-                 connection is broken (raise --timeout for very slow links)",
-                self.timeout.as_secs_f64()
-            ));
+            return Err(PerfError::Stall {
+                waiting_for: what,
+                after: self.timeout,
+            });
         }
         Ok(())
     }
@@ -195,10 +195,6 @@ pub struct Hot {
 // that may be used from any thread; Hot is moved between threads, never shared.
 unsafe impl Send for Hot {}
 
-fn e2s(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
 impl Hot {
     /// Builds the rings for `p` on `side`, and posts the receives.
     ///
@@ -206,15 +202,15 @@ impl Hot {
     /// See the module's safety section; the QP was created with `sq_sig_all = 0`, at least
     /// [`send_depth`] send WRs, [`recv_count`] receive WRs, and its completions go to
     /// `side.cq`, which nothing else polls.
-    pub unsafe fn new(side: Side, p: &Params, timeout: Duration) -> Result<Hot, String> {
+    pub unsafe fn new(side: Side, p: &Params, timeout: Duration) -> Result<Hot, PerfError> {
         let max_size = p.sizes.iter().copied().max().unwrap_or(1);
         let slot = slot_size(max_size);
         if (side.mr.len as u64) < buffer_len(p) {
-            return Err(format!(
+            return Err(PerfError::Internal(format!(
                 "registered buffer of {} bytes is smaller than the {} the run needs",
                 side.mr.len,
                 buffer_len(p)
-            ));
+            )));
         }
         let depth = send_depth(p);
         let signal_every = match p.test {
@@ -238,8 +234,9 @@ impl Hot {
         let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
         // SAFETY: forwarded from this function's contract (live QP with enough send WRs and
         // sq_sig_all = 0; its completions reach on_completion through `poller`).
-        unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(|e| {
-            format!("send ring (depth {depth}, signal every {signal_every}, batch {batch}): {e}")
+        unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(|e| PerfError::Ring {
+            what: format!("send ring (depth {depth}, signal every {signal_every}, batch {batch})"),
+            source: e,
         })?;
         // SAFETY: init_in returned Ok, so the ring is fully initialised.
         let send = unsafe { boxed.assume_init() };
@@ -247,10 +244,9 @@ impl Hot {
         let poller = unsafe { CqPoller::new(side.cq) };
         let rx = recv_count(p);
         let recv = if rx > 0 {
-            let region = side
-                .mr
-                .slice(2 * slot, rx * slot)
-                .ok_or("receive slots do not fit the registered buffer")?;
+            let region = side.mr.slice(2 * slot, rx * slot).ok_or_else(|| {
+                PerfError::Internal("receive slots do not fit the registered buffer".into())
+            })?;
             // SAFETY: the QP is live and only this ring posts its receives; the region is
             // registered with local write, lives as long as the side, and only the ring
             // touches it.
@@ -261,8 +257,14 @@ impl Hot {
                     RecvConfig::new(RECV_RING, slot, rx).repost_batch(recv_repost_batch(rx)),
                 )
             }
-            .map_err(|e| format!("receive ring ({rx} slots of {slot} B): {e}"))?;
-            r.fill().map_err(e2s)?;
+            .map_err(|e| PerfError::Ring {
+                what: format!("receive ring ({rx} slots of {slot} B)"),
+                source: e,
+            })?;
+            r.fill().map_err(|e| PerfError::Post {
+                what: "post the receive ring",
+                source: e,
+            })?;
             Some(Box::new(r))
         } else {
             None
@@ -328,8 +330,8 @@ impl Hot {
     /// release their slot at once (the payload is not inspected) and count. Returns the
     /// number of completions.
     #[inline(always)]
-    fn poll(&mut self) -> Result<usize, String> {
-        let batch = self.poller.poll().map_err(e2s)?;
+    fn poll(&mut self) -> Result<usize, PerfError> {
+        let batch = self.poller.poll()?;
         let n = batch.len();
         for c in batch {
             dispatch(
@@ -349,7 +351,7 @@ impl Hot {
 
     /// Waits until `received` reaches `target`.
     #[inline(always)]
-    fn wait_recv(&mut self, target: u64, wd: &mut Watchdog<'_>) -> Result<(), String> {
+    fn wait_recv(&mut self, target: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
         while self.received < target {
             if self.poll()? == 0 {
                 wd.idle(self.progress_mark(), "a message from the peer")?;
@@ -360,7 +362,7 @@ impl Hot {
 
     /// Waits until the send with sequence `seq` is retired.
     #[inline(always)]
-    fn wait_retired(&mut self, seq: u64, wd: &mut Watchdog<'_>) -> Result<(), String> {
+    fn wait_retired(&mut self, seq: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
         while !self.send.is_retired(seq) {
             if self.poll()? == 0 {
                 wd.idle(self.progress_mark(), "a send completion")?;
@@ -371,7 +373,7 @@ impl Hot {
 
     /// Posts one SEND of `size` bytes now (inline when it fits); `last` marks the final one.
     #[inline(always)]
-    fn send_one(&mut self, size: u32, last: bool, wd: &mut Watchdog<'_>) -> Result<u64, String> {
+    fn send_one(&mut self, size: u32, last: bool, wd: &mut Watchdog<'_>) -> Result<u64, PerfError> {
         self.post_retrying(wd, "a send completion", |h| {
             if size <= h.side.max_inline {
                 let local = Local::Inline(&h.payload[..size as usize]);
@@ -403,7 +405,7 @@ impl Hot {
         mark: u8,
         prev: Option<u64>,
         wd: &mut Watchdog<'_>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PerfError> {
         let inline = size <= self.side.max_inline;
         if inline {
             self.payload[size as usize - 1] = mark;
@@ -437,7 +439,7 @@ impl Hot {
         atomic: AtomicKind,
         i: u64,
         wd: &mut Watchdog<'_>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PerfError> {
         let msg = if test == TestKind::ReadLat {
             Msg::read(self.local(size), 0)
         } else {
@@ -471,9 +473,9 @@ impl Hot {
     fn post_retrying(
         &mut self,
         wd: &mut Watchdog<'_>,
-        what: &str,
+        what: &'static str,
         mut post: impl FnMut(&mut Self) -> Result<u64, SendError>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PerfError> {
         loop {
             match post(self) {
                 Ok(seq) => return Ok(seq),
@@ -482,7 +484,7 @@ impl Hot {
                         wd.idle(self.progress_mark(), what)?;
                     }
                 }
-                Err(e) => return Err(e2s(e)),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -494,9 +496,12 @@ impl Hot {
         size: u32,
         counter: &Counter,
         abort: &AtomicBool,
-    ) -> Result<Measured, String> {
+    ) -> Result<Measured, PerfError> {
         if size > self.slot {
-            return Err(format!("size {size} exceeds the buffer slot {}", self.slot));
+            return Err(PerfError::Internal(format!(
+                "size {size} exceeds the buffer slot {}",
+                self.slot
+            )));
         }
         let mut wd = Watchdog::new(self.timeout, abort);
         match p.test {
@@ -514,7 +519,7 @@ impl Hot {
         size: u32,
         counter: &Counter,
         wd: &mut Watchdog<'_>,
-    ) -> Result<Measured, String> {
+    ) -> Result<Measured, PerfError> {
         let mut prev = None;
         self.measure_latency(p, counter, true, |h, i, last| {
             if p.test == TestKind::SendLat {
@@ -544,7 +549,7 @@ impl Hot {
         size: u32,
         counter: &Counter,
         wd: &mut Watchdog<'_>,
-    ) -> Result<Measured, String> {
+    ) -> Result<Measured, PerfError> {
         self.measure_latency(p, counter, false, |h, i, _last| {
             let seq = h.remote_op(p.test, size, p.atomic, i, wd)?;
             h.wait_retired(seq, wd)
@@ -560,8 +565,8 @@ impl Hot {
         p: &Params,
         counter: &Counter,
         half: bool,
-        mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), String>,
-    ) -> Result<Measured, String> {
+        mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), PerfError>,
+    ) -> Result<Measured, PerfError> {
         let mut lat = Latency::new(half);
         let plan = Plan::new(p.amount, p.warmup);
         let mut i = 0u64;
@@ -605,7 +610,7 @@ impl Hot {
         mark_last: bool,
         counter: Option<&Counter>,
         wd: &mut Watchdog<'_>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PerfError> {
         let buf = self.local(size);
         let inline_send = test == TestKind::SendBw && size <= self.side.max_inline;
         let mut posted = 0u64;
@@ -645,11 +650,11 @@ impl Hot {
                 // SAFETY: sources (the payload Vec, the first slot of the registered buffer)
                 // are never written while streaming and outlive the ring's use of them (this
                 // phase drains every WR before returning); READ destinations are never read.
-                unsafe { self.send.stage(msg) }.map_err(e2s)?;
+                unsafe { self.send.stage(msg) }?;
                 posted += 1;
             }
             // The ring posts every `post_list` staged WRs itself; this posts the remainder.
-            self.send.flush().map_err(e2s)?;
+            self.send.flush()?;
             if let Some(c) = counter {
                 c.set(posted);
             }
@@ -675,7 +680,7 @@ impl Hot {
         size: u32,
         counter: &Counter,
         wd: &mut Watchdog<'_>,
-    ) -> Result<Measured, String> {
+    ) -> Result<Measured, PerfError> {
         if p.warmup > 0 {
             self.stream_phase(p.test, size, Some(p.warmup), None, false, None, wd)?;
         }
@@ -703,7 +708,7 @@ impl Hot {
 
     /// Runs one size as the passive side: answers pings, or consumes SENDs until the last
     /// one. Tests in which the passive side does nothing return at once.
-    pub fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, String> {
+    pub fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, PerfError> {
         let mut wd = Watchdog::new(self.timeout, abort);
         let mut n = 0u64;
         match p.test {
@@ -754,10 +759,13 @@ impl Hot {
 
     /// Reaps what the last size left in the CQ (send completions of the unsignaled tail are
     /// retired by later signaled ones; receives are re-posted).
-    pub fn settle(&mut self) -> Result<(), String> {
+    pub fn settle(&mut self) -> Result<(), PerfError> {
         while self.poll()? > 0 {}
         if let Some(r) = self.recv.as_mut() {
-            r.repost().map_err(e2s)?;
+            r.repost().map_err(|e| PerfError::Post {
+                what: "re-post released receives",
+                source: e,
+            })?;
         }
         Ok(())
     }
@@ -801,26 +809,30 @@ fn dispatch(
     received: &mut u64,
     last_imm: &mut Option<u32>,
     c: &mut Completion,
-) -> Result<(), String> {
+) -> Result<(), PerfError> {
     if c.ring() == SEND_RING {
-        send.on_completion(c).map_err(e2s)?;
+        send.on_completion(c)
+            .map_err(|error| PerfError::Completion {
+                queue: "send queue",
+                error,
+            })?;
         return Ok(());
     }
     match recv.as_mut() {
         Some(r) if c.ring() == RECV_RING => {
-            let m = r.on_completion(c).map_err(e2s)?;
+            let m = r.on_completion(c)?;
             if let Some(imm) = m.imm() {
                 *last_imm = Some(imm);
             }
-            r.release(m).map_err(e2s)?;
+            r.release(m)?;
             *received += 1;
             Ok(())
         }
-        _ => Err(format!(
+        _ => Err(PerfError::Internal(format!(
             "completion for unknown ring {} (wr_id {:#x})",
             c.ring(),
             c.wr_id()
-        )),
+        ))),
     }
 }
 
@@ -942,7 +954,7 @@ mod tests {
         let p = params(TestKind::SendLat, vec![8], 16);
         let (_dev, _a, _b, _ha, mut hb) = softnic_pair(&p, Duration::from_millis(200));
         let abort = AtomicBool::new(false);
-        let e = hb.passive(&p, 8, &abort).unwrap_err();
+        let e = hb.passive(&p, 8, &abort).unwrap_err().to_string();
         assert!(e.contains("no progress"), "{e}");
     }
 
@@ -951,7 +963,7 @@ mod tests {
         let p = params(TestKind::WriteLat, vec![8], 16);
         let (_dev, _a, _b, _ha, mut hb) = softnic_pair(&p, Duration::from_secs(3600));
         let abort = AtomicBool::new(true);
-        let e = hb.passive(&p, 8, &abort).unwrap_err();
+        let e = hb.passive(&p, 8, &abort).unwrap_err().to_string();
         assert!(e.contains("other side failed"), "{e}");
     }
 

@@ -18,6 +18,8 @@
 //! - `clock`: the TSC (calibrated) or the monotonic clock for latency samples.
 //! - `stats`, `report`, `svg`, `progress`: percentiles, the table and `--json`, the
 //!   `--histogram` SVG, the progress line.
+//! - `error`: `PerfError`, every failure with its cause (the verb and errno, the socket
+//!   error, the completion status) and what to try.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
@@ -30,6 +32,7 @@ mod cli;
 mod clock;
 mod control;
 mod engine;
+mod error;
 mod progress;
 mod report;
 mod run;

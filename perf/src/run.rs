@@ -10,6 +10,7 @@ use hotverbs::{LinkLayer, SOFTNIC};
 use crate::cli::{Amount, Args, Params, TestKind};
 use crate::control::{Control, Msg};
 use crate::engine::{Hot, Measured};
+use crate::error::PerfError;
 use crate::progress::{Counter, Goal, Progress};
 use crate::report::{self, Role, RunInfo, SizeResult};
 use crate::setup::{self, Device, SideRes};
@@ -63,13 +64,14 @@ impl<'a> Output<'a> {
         self.results.push(r);
     }
 
-    fn finish(self, p: &Params, info: &RunInfo) -> Result<Vec<SizeResult>, String> {
+    fn finish(self, p: &Params, info: &RunInfo) -> Result<Vec<SizeResult>, PerfError> {
         if self.args.json {
             let v = report::json(p, info, &self.results);
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-            );
+            let doc = serde_json::to_string_pretty(&v).map_err(|e| PerfError::Json {
+                what: "encode the --json document".into(),
+                source: e,
+            })?;
+            println!("{doc}");
         } else {
             print!("{}", report::footer());
         }
@@ -104,10 +106,11 @@ impl<'a> Output<'a> {
                 info.device,
                 info.role.name()
             );
-            let doc = svg::render(&title, &series, &markers)
-                .ok_or("no latency samples to draw for --histogram")?;
+            let doc = svg::render(&title, &series, &markers).ok_or_else(|| {
+                PerfError::Internal("no latency samples to draw for --histogram".into())
+            })?;
             std::fs::write(path, doc)
-                .map_err(|e| format!("write --histogram {}: {e}", path.display()))?;
+                .map_err(|e| PerfError::io(format!("write --histogram {}", path.display()), e))?;
             if !self.args.json {
                 println!(" latency histogram written to {}", path.display());
             }
@@ -144,14 +147,14 @@ fn passive_works(t: TestKind) -> bool {
 }
 
 /// Runs what `args` asks for.
-pub fn run(args: &Args) -> Result<(), String> {
+pub fn run(args: &Args) -> Result<(), PerfError> {
     let params = args.params()?;
     if args.histogram.is_some() && !params.test.is_latency() {
-        return Err(format!(
+        return Err(PerfError::Usage(format!(
             "--histogram draws latency distributions, and {} is a bandwidth test: use it with a \
              *_lat test",
             params.test
-        ));
+        )));
     }
     let timeout = Duration::from_secs_f64(args.timeout);
     let choice = setup::choose(args.device.as_deref());
@@ -164,9 +167,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         Role::Server
     };
     if role == Role::Server && args.histogram.is_some() {
-        return Err(
+        return Err(PerfError::Usage(
             "the client measures latency: pass --histogram to the client, not the server".into(),
-        );
+        ));
     }
     if role == Role::Client {
         // Connect first: an unreachable server is reported before anything else, and a
@@ -174,7 +177,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         let host = args.host.as_deref().unwrap_or("localhost");
         let mut ctl = Control::connect(host, args.port, timeout)?;
         let r = if softnic {
-            Err(format!(
+            Err(PerfError::Usage(format!(
                 "{} (device {}): softnic lives inside one process and cannot reach a server on \
                  {host}: name an RDMA device with -d, or run without a host for loopback on \
                  softnic",
@@ -184,13 +187,13 @@ pub fn run(args: &Args) -> Result<(), String> {
                     "the client needs an RDMA device"
                 },
                 choice.device
-            ))
+            )))
         } else {
             Device::open(&choice.device, args.ib_port, args.gid_index)
                 .and_then(|dev| measure(args, &params, &dev, timeout, &mut ctl))
         };
         if let Err(e) = &r {
-            ctl.fail(e);
+            ctl.fail(&e.to_string());
         }
         return r.map(drop);
     }
@@ -229,7 +232,7 @@ fn loopback(
     p: &Params,
     dev: &Device,
     timeout: Duration,
-) -> Result<Vec<SizeResult>, String> {
+) -> Result<Vec<SizeResult>, PerfError> {
     let a = SideRes::new(dev, p)?;
     let b = SideRes::new(dev, p)?;
     let (ea, eb) = (a.endpoint(dev, p), b.endpoint(dev, p));
@@ -274,10 +277,10 @@ fn loopback(
             }
             let pr = match h {
                 None => Ok(0),
-                Some(Err(e)) => Err(format!("spawn the passive thread: {e}")),
-                Some(Ok(h)) => h
-                    .join()
-                    .unwrap_or_else(|_| Err("the passive thread panicked".into())),
+                Some(Err(e)) => Err(PerfError::io("spawn the passive thread", e)),
+                Some(Ok(h)) => h.join().unwrap_or_else(|_| {
+                    Err(PerfError::Internal("the passive thread panicked".into()))
+                }),
             };
             (m, pr)
         });
@@ -286,10 +289,8 @@ fn loopback(
         let m = match (active, passive) {
             (Ok(m), Ok(_)) => m,
             (Err(a), Ok(_)) => return Err(a),
-            (Ok(_), Err(b)) => return Err(format!("passive side: {b}")),
-            (Err(a), Err(b)) if a.starts_with("stopped") => {
-                return Err(format!("passive side: {b}"))
-            }
+            (Ok(_), Err(b)) => return Err(PerfError::Passive(Box::new(b))),
+            (Err(PerfError::Aborted), Err(b)) => return Err(PerfError::Passive(Box::new(b))),
             (Err(a), Err(_)) => return Err(a),
         };
         ha.settle()?;
@@ -305,7 +306,7 @@ fn server(
     ours: &Params,
     dev: &Device,
     timeout: Duration,
-) -> Result<Vec<SizeResult>, String> {
+) -> Result<Vec<SizeResult>, PerfError> {
     if !args.json {
         println!(
             "************************************\n* Waiting for client to connect... *\n************************************"
@@ -316,7 +317,7 @@ fn server(
         // The kernel picked the port: the client (or the script starting it) needs it.
         let port = listener
             .local_addr()
-            .map_err(|e| format!("the port the kernel picked for -p 0: {e}"))?
+            .map_err(|e| PerfError::io("the port the kernel picked for -p 0", e))?
             .port();
         eprintln!("{LISTENING}{port}");
     }
@@ -327,7 +328,7 @@ fn server(
     )?;
     let r = serve(args, ours, dev, timeout, &mut ctl);
     if let Err(e) = &r {
-        ctl.fail(e);
+        ctl.fail(&e.to_string());
     }
     r
 }
@@ -347,7 +348,7 @@ fn serve(
     dev: &Device,
     timeout: Duration,
     ctl: &mut Control,
-) -> Result<Vec<SizeResult>, String> {
+) -> Result<Vec<SizeResult>, PerfError> {
     let p = ctl.welcome(ours)?;
     let res = SideRes::new(dev, &p)?;
     let theirs = ctl.exchange(&res.endpoint(dev, &p))?;
@@ -381,7 +382,7 @@ fn measure(
     dev: &Device,
     timeout: Duration,
     ctl: &mut Control,
-) -> Result<Vec<SizeResult>, String> {
+) -> Result<Vec<SizeResult>, PerfError> {
     ctl.hello(p)?;
     let res = SideRes::new(dev, p)?;
     let theirs = ctl.exchange(&res.endpoint(dev, p))?;
@@ -452,7 +453,7 @@ mod tests {
                 let p = sa.params()?;
                 let r = serve(&sa, &p, &dev, t, &mut ctl);
                 if let Err(e) = &r {
-                    ctl.fail(e);
+                    ctl.fail(&e.to_string());
                 }
                 r
             });
@@ -485,7 +486,9 @@ mod tests {
         let ca = args(&["send_lat", "-d", "softnic", "--json"]);
         let dev = Device::open(SOFTNIC, 1, None).unwrap();
         let mut ctl = Control::connect("127.0.0.1", port, t).unwrap();
-        let e = measure(&ca, &ca.params().unwrap(), &dev, t, &mut ctl).unwrap_err();
+        let e = measure(&ca, &ca.params().unwrap(), &dev, t, &mut ctl)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("refused") && e.contains("write_lat"), "{e}");
         assert!(srv.join().unwrap().is_err());
     }

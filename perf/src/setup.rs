@@ -11,6 +11,7 @@ use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
 use crate::cli::Params;
 use crate::engine::{self, Side};
+use crate::error::PerfError;
 
 /// Inline threshold of latency tests when `-I` is not given (perftest's order of size).
 pub const DEFAULT_INLINE_LAT: u32 = 220;
@@ -72,19 +73,21 @@ pub struct Device {
 
 impl Device {
     /// Opens `name` and queries the port.
-    pub fn open(name: &str, ib_port: u8, gid_index: Option<u8>) -> Result<Device, String> {
-        let ctx = Context::open(name).map_err(|e| e.to_string())?;
-        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    pub fn open(name: &str, ib_port: u8, gid_index: Option<u8>) -> Result<Device, PerfError> {
+        let ctx = Context::open(name)?;
+        let pd = ctx.alloc_pd()?;
         let port = ctx
             .port_info(Some(ib_port), gid_index.map(u32::from))
-            .map_err(|e| format!("{e} (device {name}, port {ib_port}: check -i and -x)"))?;
+            .map_err(|e| {
+                PerfError::verbs(e, format!("device {name}, port {ib_port}: check -i and -x"))
+            })?;
         if let (Some(g), true) = (gid_index, port.gid.is_zero()) {
-            return Err(format!(
+            return Err(PerfError::Usage(format!(
                 "GID index {g} of {name} port {ib_port} is empty: pick a populated one with -x \
                  (`show_gids` lists them; rxe's IPv4 GID is usually 1)"
-            ));
+            )));
         }
-        let attr = ctx.query_device().map_err(|e| e.to_string())?;
+        let attr = ctx.query_device()?;
         let rd_atomic = attr
             .max_qp_rd_atom()
             .min(attr.max_qp_init_rd_atom())
@@ -122,24 +125,25 @@ pub struct SideRes {
 
 impl SideRes {
     /// Creates the CQ, the QP and the buffer for `p`.
-    pub fn new(dev: &Device, p: &Params) -> Result<SideRes, String> {
+    pub fn new(dev: &Device, p: &Params) -> Result<SideRes, PerfError> {
         let depth = engine::send_depth(p);
         let rx = engine::recv_count(p);
-        let cq = dev
-            .ctx
-            .create_cq(depth + rx + 16, None)
-            .map_err(|e| e.to_string())?;
+        let cq = dev.ctx.create_cq(depth + rx + 16, None)?;
         let len = engine::buffer_len(p);
         let mr = dev
             .pd
             .alloc_mr(
-                usize::try_from(len).map_err(|_| "buffer too large for this machine")?,
+                usize::try_from(len).map_err(|_| {
+                    PerfError::Limit(format!(
+                        "a buffer of {len} bytes is too large for this machine"
+                    ))
+                })?,
                 AccessFlags::LOCAL_WRITE
                     | AccessFlags::REMOTE_WRITE
                     | AccessFlags::REMOTE_READ
                     | AccessFlags::REMOTE_ATOMIC,
             )
-            .map_err(|e| format!("{e} (registering {len} bytes)"))?;
+            .map_err(|e| PerfError::verbs(e, format!("registering {len} bytes")))?;
         let wanted = p.inline_size.unwrap_or(if p.test.is_latency() {
             DEFAULT_INLINE_LAT
         } else {
@@ -175,10 +179,12 @@ impl SideRes {
                         mr,
                     });
                 }
-                Err(e) => last = Some(format!("{e} (max_inline_data {inline})")),
+                Err(e) => last = Some(PerfError::verbs(e, format!("max_inline_data {inline}"))),
             }
         }
-        Err(last.unwrap_or_else(|| "ibv_create_qp failed".into()))
+        Err(last.unwrap_or_else(|| {
+            PerfError::Internal("ibv_create_qp was not tried: no inline size to try".into())
+        }))
     }
 
     /// The landing zone offered to the peer.
@@ -197,28 +203,31 @@ impl SideRes {
     }
 
     /// RESET -> INIT -> RTR -> RTS towards `remote`.
-    pub fn connect(&self, dev: &Device, remote: &Endpoint) -> Result<(), String> {
+    pub fn connect(&self, dev: &Device, remote: &Endpoint) -> Result<(), PerfError> {
         let opts = ConnectOptions {
             max_rd_atomic: dev.rd_atomic,
             max_dest_rd_atomic: dev.rd_atomic,
             ..ConnectOptions::default()
         };
-        self.qp
-            .connect(&dev.port, remote, &opts)
-            .map_err(|e| e.to_string())
+        Ok(self.qp.connect(&dev.port, remote, &opts)?)
     }
 
     /// The raw handles for the datapath, aimed at `remote`'s landing zone.
-    pub fn side(&self, remote: &Endpoint) -> Result<Side, String> {
-        let r = remote
-            .mr
-            .ok_or("the peer offered no memory window: is it hotverbs-perf?")?;
+    pub fn side(&self, remote: &Endpoint) -> Result<Side, PerfError> {
+        let r = remote.mr.ok_or_else(|| {
+            PerfError::Protocol("the peer offered no memory window: is it hotverbs-perf?".into())
+        })?;
         Ok(Side {
             qp: self.qp.as_raw(),
             cq: self.cq.as_raw(),
             mr: LocalBuf::new(
                 self.mr.addr(),
-                u32::try_from(self.mr.len()).map_err(|_| "buffer over 4 GiB")?,
+                u32::try_from(self.mr.len()).map_err(|_| {
+                    PerfError::Limit(format!(
+                        "a buffer of {} bytes is over 4 GiB, the most a datapath LocalBuf spans",
+                        self.mr.len()
+                    ))
+                })?,
                 self.mr.lkey(),
             ),
             remote: RemoteBuf::new(r.addr, r.len, r.rkey),

@@ -108,10 +108,26 @@ unsafe impl Send for Pair {}
 impl Pair {
     /// Opens the default softnic device and builds the pair.
     pub fn new(cfg: PairConfig) -> Pair {
-        // SAFETY: the verbs are called as their man pages describe, on objects created here
-        // and checked non-NULL.
+        let (ctx, _) = testing::open_listed_device();
+        Self::on(ctx, cfg)
+    }
+
+    /// Opens a new softnic device with behaviour `profile` (softnic's other settings at
+    /// their defaults) and builds the pair on it.
+    pub fn with_profile(cfg: PairConfig, profile: hotverbs_softnic::Profile) -> Pair {
+        let ctx = hotverbs_softnic::open_device(hotverbs_softnic::Config {
+            profile,
+            ..Default::default()
+        });
+        assert!(!ctx.is_null(), "hotverbs_softnic::open_device failed");
+        Self::on(ctx, cfg)
+    }
+
+    /// Builds the pair on the live softnic context `ctx`.
+    fn on(ctx: *mut ibv_context, cfg: PairConfig) -> Pair {
+        // SAFETY: the verbs are called as their man pages describe, on `ctx` (live, from
+        // softnic) and objects created here and checked non-NULL.
         unsafe {
-            let (ctx, _) = testing::open_listed_device();
             let pd = testing::alloc_pd(ctx);
             let pd2 = testing::alloc_pd(ctx);
             let gid = testing::query_gid(ctx, 1);

@@ -134,8 +134,7 @@ fn s01_post_send_before_rts() {
     let got = ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut rx_sink],
         "B.rq",
         &mut log,
@@ -268,8 +267,7 @@ fn s02_post_recv_by_state() {
     let got = ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -393,8 +391,7 @@ fn s03_sq_depth() {
     let got = ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -509,8 +506,7 @@ fn s04_rq_depth() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb), &mut Raw("C.raw")],
         "B.rq",
         &mut log,
@@ -612,8 +608,7 @@ fn s05_inline() {
     let got = ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb), &mut Raw("A.raw")],
         "B.rq",
         &mut log,
@@ -682,8 +677,7 @@ fn s06_num_sge_over_max() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb), &mut Raw("A.raw")],
         "B.rq",
         &mut log,
@@ -749,8 +743,7 @@ macro_rules! recover_standard {
         let got = ping(
             &$env,
             &mut $p,
-            "A.sq",
-            &mut $tx,
+            &mut Tx("A.sq", &mut $tx),
             &mut [
                 &mut Rx("A.rq", &mut $rxa),
                 &mut Rx("B.rq", &mut $rxb),
@@ -1082,8 +1075,8 @@ fn s10_read_and_atomic() {
     let mut log = Log::default();
     let dest = LocalBuf::new(loc.addr(), 8, loc.lkey());
     // By construction: misaligned atomics never reach the provider.
-    // SAFETY: refused before posting.
     assert_eq!(
+        // SAFETY: refused before posting.
         unsafe { tx.stage(Msg::fetch_add(dest, 4, 1)) },
         Err(SendError::AtomicMisaligned)
     );
@@ -1248,8 +1241,7 @@ fn s11_send_larger_than_recv() {
     let got = ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("A.rq", &mut rxa), &mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -1490,8 +1482,7 @@ fn s14_modify_to_err_with_outstanding() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("A.rq", &mut rxa), &mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -1720,22 +1711,30 @@ fn s15_cq_overflow() {
         }
     };
     if env.world == World::Rxe {
-        let mut rsink = Rx("B.rq", &mut rxr);
-        // The pair was reconnected by recover(); B's ring reposts.
-        // SAFETY: B went through RESET in recover().
-        unsafe { rsink.reset_ring() };
-        rsink.refill();
-        let got = ping(
+        // The pair was reconnected by recover(): B's ring (on the big CQ) posts again and
+        // the ring's next message goes through.
+        // SAFETY: B went through RESET in recover() and is connected again.
+        unsafe { rxr.reset() };
+        rxr.fill().unwrap();
+        tx.signal_next();
+        tx.send_now(Msg::send(Local::Inline(b"after"))).unwrap();
+        assert!(drained(
             &env,
             &mut pt,
-            "A.sq",
-            &mut tx,
-            &mut [&mut Raw("C.raw")],
-            "B.rq",
-            &mut log_t,
-            b"x",
-        );
-        let _ = got;
+            &mut [&mut Tx("A.sq", &mut tx), &mut Raw("C.raw")],
+            &mut log_t
+        ));
+        assert_eq!(log_t.statuses("A.sq").last(), Some(&Ok(())));
+        let mut pbig = big.poller::<16>().unwrap();
+        let mut l = Log::default();
+        assert!(pump(
+            &env,
+            &mut pbig,
+            &mut [&mut Rx("B.rq", &mut rxr), &mut Rx("D.rq", &mut rxd)],
+            &mut l,
+            |l, _| l.received("B.rq") == [b"after".to_vec()]
+        ));
+        assert!(tx.balanced_after());
     }
     env.report(
         "s15",
@@ -2210,8 +2209,7 @@ fn s19_create_limits() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -2314,8 +2312,7 @@ fn s20_modify_qp_transitions() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("B.rq", &mut rxb)],
         "B.rq",
         &mut log,
@@ -2389,8 +2386,7 @@ fn s21_teardown_and_odd_opcodes() {
     ping(
         &env,
         &mut p,
-        "A.sq",
-        &mut tx,
+        &mut Tx("A.sq", &mut tx),
         &mut [&mut Rx("D.rq", &mut rxd)],
         "D.rq",
         &mut log,
@@ -2512,8 +2508,7 @@ fn s22_transport_retry() {
     ping(
         &env,
         &mut p2,
-        "A.sq",
-        &mut tx2,
+        &mut Tx("A.sq", &mut tx2),
         &mut [&mut Rx("D.rq", &mut rxd)],
         "D.rq",
         &mut log2,

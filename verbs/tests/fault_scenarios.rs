@@ -121,7 +121,25 @@ fn s01_post_send_before_rts() {
         }
     }
     let mut rx_sink = Rx("B.rq", &mut rxb);
-    assert_eq!(quiet(&env, &mut p, &mut [&mut rx_sink], &mut log), 0);
+    let stalled = match env.world {
+        World::Spec => {
+            assert_eq!(quiet(&env, &mut p, &mut [&mut rx_sink], &mut log), 0);
+            None
+        }
+        World::Rxe => {
+            // Nothing ever completes it: the stall watch says so.
+            let (e, pr) = stall(
+                &env,
+                &mut p,
+                &mut [&mut Tx("A.sq", &mut tx), &mut rx_sink],
+                &mut log,
+                0,
+            );
+            assert_eq!(pr.outstanding, 1);
+            Some(e)
+        }
+    };
+    assert_eq!(log.live(), 0, "no completion for a refused post");
 
     // Recovery: RESET discards whatever the provider queued; the ring reset accounts for it.
     pair.a.reset().unwrap();
@@ -153,13 +171,16 @@ fn s01_post_send_before_rts() {
         format!(
             "send before RTS: SendError::Post(EINVAL, first_rejected {}), ring outstanding {}; \
              RESET + ring reset (accounted {dropped}) + connect: next message delivered, the \
-             refused one never",
+             refused one never{}",
             if pe.first_rejected == PostError::UNKNOWN {
                 "UNKNOWN".to_string()
             } else {
                 pe.first_rejected.to_string()
             },
-            env.pick(0, 1)
+            env.pick(0, 1),
+            stalled
+                .map(|e| format!("; stall watch: {} {}", e.verb(), e.errno_name()))
+                .unwrap_or_default()
         ),
     );
 }
@@ -245,8 +266,9 @@ fn s02_post_recv_by_state() {
                 log.count("B.rq")
             }
             World::Rxe => {
-                assert_eq!(quiet(&env, &mut p, &mut [&mut s], &mut log), 0);
-                assert_eq!(s.busy(), 4, "held in ERR");
+                // G9: held in ERR, no completion: the stall watch reports the ring.
+                let (_, pr) = stall(&env, &mut p, &mut [&mut s], &mut log, 0);
+                assert_eq!(pr.outstanding, 4, "held in ERR");
                 // ERR -> ERR flushes them.
                 pair.b.to_error().unwrap();
                 assert!(drained(&env, &mut p, &mut [&mut s], &mut log));
@@ -283,7 +305,9 @@ fn s02_post_recv_by_state() {
             env.pick("0", "UNKNOWN"),
             env.pick(
                 format!("flushed at once ({seen} WR_FLUSH_ERR)"),
-                "held (no completion) until ERR->ERR flushed 4".to_string()
+                "held (no completion; Watchdog ETIMEDOUT with 4 outstanding) until ERR->ERR \
+                 flushed 4"
+                    .to_string()
             )
         ),
     );
@@ -325,11 +349,10 @@ fn s03_sq_depth() {
         Err(SendError::WouldBlock),
         "back-pressure from the ring, before the provider's ENOMEM"
     );
-    assert_eq!(
-        quiet(&env, &mut p, &mut [&mut Tx("A.sq", &mut tx)], &mut log),
-        0
-    );
-    assert_eq!(tx.outstanding(), 4);
+    // A stalled peer: the stall watch reports the full ring.
+    let (_, pr) = stall(&env, &mut p, &mut [&mut Tx("A.sq", &mut tx)], &mut log, 0);
+    assert_eq!(pr.outstanding, 4);
+    assert_eq!(log.live(), 0);
 
     // The provider's own limit, raw posts on a second stalled pair.
     let pair2 = env.pair(shape);
@@ -401,7 +424,7 @@ fn s03_sq_depth() {
     env.report(
         "s03",
         format!(
-            "max_send_wr 4: query {}; ring: 5th message WouldBlock; raw posts: {accepted} \
+            "max_send_wr 4: query {}; ring: 5th message WouldBlock, stalled peer -> Watchdog ETIMEDOUT with 4 outstanding; raw posts: {accepted} \
              accepted then ibv_post_send ENOMEM, ERR flushed {flushed}; ring: 4 WR_FLUSH_ERR, \
              recovered",
             env.pick(4, 7)
@@ -1304,11 +1327,9 @@ fn s12_rnr() {
     log.clear();
     // rnr_retry 7: the send waits for the receive.
     tx.send_now(Msg::send(Local::Inline(b"waits"))).unwrap();
-    assert_eq!(
-        quiet(&env, &mut p, &mut [&mut Tx("A.sq", &mut tx)], &mut log),
-        0
-    );
-    assert_eq!(tx.outstanding(), 1, "held in the RNR loop");
+    let (_, pr) = stall(&env, &mut p, &mut [&mut Tx("A.sq", &mut tx)], &mut log, 0);
+    assert_eq!(pr.outstanding, 1, "held in the RNR loop");
+    assert_eq!(log.live(), 0);
     rxb.fill().unwrap();
     assert!(pump(
         &env,
@@ -1323,7 +1344,7 @@ fn s12_rnr() {
     env.report(
         "s12",
         "no receive, rnr_retry 0 -> RNR_RETRY_EXC_ERR, A ERR, B RTS; recovered with \
-         rnr_retry 7: the SEND waits (outstanding 1, no completion) and completes once B posts",
+         rnr_retry 7: the SEND waits (no completion, Watchdog ETIMEDOUT with 1 outstanding) and completes once B posts",
     );
 }
 
@@ -1439,7 +1460,9 @@ fn s14_modify_to_err_with_outstanding() {
     for i in 0..4u8 {
         tx.send_now(Msg::send(Local::Inline(&[i; 8]))).unwrap();
     }
-    assert_eq!(quiet(&env, &mut p, sinks!(tx, rxa, rxb), &mut log), 0);
+    let (_, pr) = stall(&env, &mut p, sinks!(tx, rxa, rxb), &mut log, 0);
+    assert_eq!(pr.outstanding, 4);
+    assert_eq!(log.live(), 0);
     pair.a.to_error().unwrap();
     assert!(drained(&env, &mut p, sinks!(tx, rxa, rxb), &mut log));
     assert_eq!(
@@ -1688,10 +1711,10 @@ fn s15_cq_overflow() {
             assert!(pump(&env, &mut pt, &mut sinks, &mut log_t, |l, _| l
                 .count("C.raw")
                 == cap as usize));
-            quiet(&env, &mut pt, &mut sinks, &mut log_t);
+            // The stall watch tells the stuck ring from a slow one.
+            let (_, pr) = stall(&env, &mut pt, &mut sinks, &mut log_t, 0);
             assert_eq!(
-                sinks[0].busy(),
-                1,
+                pr.outstanding, 1,
                 "the ring waits for a completion that was dropped"
             );
             // Recovery: ERR (nothing to flush: the WR completed), RESET, the ring reset
@@ -1706,7 +1729,7 @@ fn s15_cq_overflow() {
             );
             assert_eq!(r.unknown, 1, "the lost completion, accounted by the reset");
             "a ring sharing the CQ with an unreserved poster: its completion dropped, \
-             outstanding stays 1; RESET + ring reset account for it"
+             Watchdog ETIMEDOUT with 1 outstanding; RESET + ring reset account for it"
                 .to_string()
         }
     };
@@ -2473,11 +2496,15 @@ fn s22_transport_retry() {
             false
         }
         World::Rxe => {
-            assert_eq!(
-                quiet(&env, &mut p2, &mut [&mut Tx("A.sq", &mut tx2)], &mut log2),
-                0
+            let (_, pr) = stall(
+                &env,
+                &mut p2,
+                &mut [&mut Tx("A.sq", &mut tx2)],
+                &mut log2,
+                0,
             );
-            assert_eq!(tx2.outstanding(), 1, "held: retry_cnt 7 retries for ever");
+            assert_eq!(pr.outstanding, 1, "held: retry_cnt 7 retries for ever");
+            assert_eq!(log2.live(), 0);
             // The documented way out: modify to ERR flushes it.
             a.to_error().unwrap();
             expect_n(
@@ -2520,7 +2547,7 @@ fn s22_transport_retry() {
             "peer in INIT, retry_cnt 3 -> RETRY_EXC_ERR; destroyed peer, retry_cnt 7 -> {}; \
              recovered towards a live peer",
             if held {
-                "no completion (held, outstanding 1), modify(ERR) flushes it (WR_FLUSH_ERR)"
+                "no completion (Watchdog ETIMEDOUT with 1 outstanding), modify(ERR) flushes it (WR_FLUSH_ERR)"
             } else {
                 "RETRY_EXC_ERR"
             }

@@ -284,6 +284,8 @@ pub trait Sink {
     fn take(&mut self, c: &mut dp::Completion) -> Ev;
     /// Work the device holds: outstanding send WRs, posted receives.
     fn busy(&self) -> u64;
+    /// The ring's progress counters, for a [`Watchdog`].
+    fn progress(&self) -> Progress;
     /// The documented ring reset after the QP went through RESET; returns what it accounted
     /// for (send: WRs that never completed; receive: slots queued again).
     ///
@@ -322,6 +324,9 @@ impl<const N: usize> Sink for Tx<'_, N> {
     }
     fn busy(&self) -> u64 {
         self.1.outstanding()
+    }
+    fn progress(&self) -> Progress {
+        self.1.progress()
     }
     unsafe fn reset_ring(&mut self) -> u64 {
         // SAFETY: forwarded (the QP is in RESET).
@@ -365,6 +370,9 @@ impl<const N: usize> Sink for Rx<'_, N> {
     fn busy(&self) -> u64 {
         u64::from(self.1.posted())
     }
+    fn progress(&self) -> Progress {
+        self.1.progress()
+    }
     unsafe fn reset_ring(&mut self) -> u64 {
         // SAFETY: forwarded (the QP is in RESET).
         unsafe { self.1.reset() as u64 }
@@ -402,6 +410,9 @@ impl Sink for Raw {
     fn busy(&self) -> u64 {
         0
     }
+    fn progress(&self) -> Progress {
+        Progress::default()
+    }
     unsafe fn reset_ring(&mut self) -> u64 {
         0
     }
@@ -431,18 +442,70 @@ pub fn try_pump<const B: usize>(
         if Instant::now() >= deadline {
             return Ok(false);
         }
-        let cs = p.poll()?;
-        let got = cs.len();
-        for c in cs.iter_mut() {
-            let s = sinks
-                .iter_mut()
-                .find(|s| s.id() == c.ring())
-                .unwrap_or_else(|| panic!("a completion of no ring: {c:?}"));
-            log.0.push(s.take(c));
-        }
-        if got == 0 {
+        if poll_once(p, sinks, log)? == 0 {
             std::thread::yield_now();
         }
+    }
+}
+
+/// One `poll_cq`: each completion to its ring (by ring id: unique on the CQ), logged.
+pub fn poll_once<const B: usize>(
+    p: &mut dp::CqPoller<B>,
+    sinks: &mut [&mut dyn Sink],
+    log: &mut Log,
+) -> Result<usize, dp::PollError> {
+    let cs = p.poll()?;
+    let got = cs.len();
+    for c in cs.iter_mut() {
+        let s = sinks
+            .iter_mut()
+            .find(|s| s.id() == c.ring())
+            .unwrap_or_else(|| panic!("a completion of no ring: {c:?}"));
+        log.0.push(s.take(c));
+    }
+    Ok(got)
+}
+
+/// The stall watch on `sinks[which]` for a scenario whose outcome is "nothing happens":
+/// pumps completions (any would be logged) until a [`Watchdog`] (50 ms on softnic, which
+/// is synchronous; 300 ms on a real device, where what is watched never completes) reports
+/// the ring stuck, and returns its error and the ring's progress then. Fails the test if
+/// the ring goes idle or the watchdog does not fire within the deadline.
+pub fn stall<const B: usize>(
+    env: &Env,
+    p: &mut dp::CqPoller<B>,
+    sinks: &mut [&mut dyn Sink],
+    log: &mut Log,
+    which: usize,
+) -> (Error, Progress) {
+    let limit = if env.real {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_millis(50)
+    };
+    let mut dog = Watchdog::new(limit);
+    let deadline = Instant::now() + env.deadline();
+    loop {
+        poll_once(p, sinks, log).expect("ibv_poll_cq");
+        let pr = sinks[which].progress();
+        assert!(
+            pr.outstanding > 0,
+            "{}: idle, not stalled",
+            sinks[which].who()
+        );
+        if let Err(e) = dog.check(pr) {
+            assert_eq!(
+                (e.verb(), e.errno()),
+                ("ring progress", libc::ETIMEDOUT),
+                "{e}"
+            );
+            return (e, pr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watchdog never fired: {pr:?}"
+        );
+        std::thread::yield_now();
     }
 }
 

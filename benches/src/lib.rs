@@ -277,6 +277,44 @@ pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result
     Ok(sent)
 }
 
+/// Streaming, hotverbs, one latency-critical message at a time: `n` messages (a multiple
+/// of [`SIGNAL_EVERY`]), each posted alone by [`SendRing::send_now`] (stage and post: one
+/// doorbell per message), every completion reaped.
+#[inline(never)]
+pub fn hv_measured_stream_send_now(r: &mut RingStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    if n % SIGNAL_EVERY as u64 != 0 {
+        return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
+    }
+    let RingStream {
+        ring,
+        poller,
+        write,
+    } = r;
+    let mut sent = 0u64;
+    while sent < n {
+        let m = if *write {
+            Msg::write(Local::Inline(msg), 0)
+        } else {
+            Msg::send(Local::Inline(msg))
+        };
+        match ring.send_now(m) {
+            Ok(_) => sent += 1,
+            Err(SendError::WouldBlock) => {
+                for c in poller.poll().map_err(s)? {
+                    ring.on_completion(c).map_err(s)?;
+                }
+            }
+            Err(e) => return Err(s(e)),
+        }
+    }
+    while ring.outstanding() > 0 {
+        for c in poller.poll().map_err(s)? {
+            ring.on_completion(c).map_err(s)?;
+        }
+    }
+    Ok(sent)
+}
+
 /// Queues [`FILL`] successful completions on the counting device with one chained post
 /// (not measured: the poll workloads' setup).
 pub fn fill_counting_cq(dev: &CountingDevice, chain: &mut [ibv_send_wr]) -> Result<(), String> {
@@ -540,6 +578,10 @@ pub fn ratio_line(label: &str, naive_ns: f64, hotverbs_ns: f64) -> String {
 pub const WORKLOADS: &[(&str, &str)] = &[
     ("stream-naive-counting", "naive poster, counting device"),
     (
+        "stream-sendnow-counting",
+        "SendRing::send_now per message, counting device",
+    ),
+    (
         "stream-ring1-counting",
         "SendRing post list 1, counting device",
     ),
@@ -552,6 +594,10 @@ pub const WORKLOADS: &[(&str, &str)] = &[
         "SendRing post list 32, counting device",
     ),
     ("stream-naive-softnic", "naive poster, softnic"),
+    (
+        "stream-sendnow-softnic",
+        "SendRing::send_now per message, softnic",
+    ),
     ("stream-ring1-softnic", "SendRing post list 1, softnic"),
     ("stream-ring8-softnic", "SendRing post list 8, softnic"),
     ("stream-ring32-softnic", "SendRing post list 32, softnic"),
@@ -567,55 +613,125 @@ pub const WORKLOADS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The pairs `cargo xtask insn` tabulates: `(row, baseline, hotverbs, target ratio)`.
-pub const PAIRS: &[(&str, &str, &str, Option<f64>)] = &[
-    (
+/// One row of `cargo xtask insn`'s table: hotverbs beside the naive baseline.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    /// What the row measures.
+    pub name: &'static str,
+    /// The naive workload.
+    pub baseline: &'static str,
+    /// hotverbs' workload.
+    pub hotverbs: &'static str,
+    /// Largest acceptable hotverbs/naive ratio of the total instructions.
+    pub ratio: Option<f64>,
+    /// Most instructions of our own code (the device's excluded) per unit.
+    pub own: Option<f64>,
+    /// One unit of the workload's count: "msg", "completion" or "round trip".
+    pub unit: &'static str,
+}
+
+const fn row(
+    name: &'static str,
+    baseline: &'static str,
+    hotverbs: &'static str,
+    ratio: Option<f64>,
+    own: Option<f64>,
+    unit: &'static str,
+) -> Row {
+    Row {
+        name,
+        baseline,
+        hotverbs,
+        ratio,
+        own,
+        unit,
+    }
+}
+
+/// The rows `cargo xtask insn` tabulates (and gates on, where a target is set): our own code
+/// at most 20 instructions per message at post list 32 and 45 for a lone `send_now` (its post
+/// included), at most 10 per completion polled, on the counting device; the whole at post
+/// list 32 at most half the naive poster's.
+pub const ROWS: &[Row] = &[
+    row(
+        "stream, send_now, counting",
+        "stream-naive-counting",
+        "stream-sendnow-counting",
+        None,
+        Some(45.0),
+        "msg",
+    ),
+    row(
         "stream, batch 1, counting",
         "stream-naive-counting",
         "stream-ring1-counting",
         None,
+        None,
+        "msg",
     ),
-    (
+    row(
         "stream, batch 8, counting",
         "stream-naive-counting",
         "stream-ring8-counting",
         None,
+        None,
+        "msg",
     ),
-    (
+    row(
         "stream, batch 32, counting",
         "stream-naive-counting",
         "stream-ring32-counting",
         Some(0.5),
+        Some(20.0),
+        "msg",
     ),
-    (
+    row(
+        "stream, send_now, softnic",
+        "stream-naive-softnic",
+        "stream-sendnow-softnic",
+        None,
+        None,
+        "msg",
+    ),
+    row(
         "stream, batch 1, softnic",
         "stream-naive-softnic",
         "stream-ring1-softnic",
         None,
+        None,
+        "msg",
     ),
-    (
+    row(
         "stream, batch 8, softnic",
         "stream-naive-softnic",
         "stream-ring8-softnic",
         None,
+        None,
+        "msg",
     ),
-    (
+    row(
         "stream, batch 32, softnic",
         "stream-naive-softnic",
         "stream-ring32-softnic",
         None,
+        None,
+        "msg",
     ),
-    (
+    row(
         "poll per completion, counting",
         "poll-single-counting",
         "poll-batch-counting",
         None,
+        Some(10.0),
+        "completion",
     ),
-    (
+    row(
         "ping-pong round trip, softnic",
         "pingpong-naive-softnic",
         "pingpong-ring-softnic",
         None,
+        None,
+        "round trip",
     ),
 ];
 
@@ -637,12 +753,19 @@ pub fn run_workload(name: &str, n: u64) -> Result<u64, String> {
             }
         }
     };
+    let stream_now = |t: Target| -> Result<u64, String> {
+        let mut r = t.ring(SIGNAL_EVERY)?;
+        hv_measured_stream_send_now(&mut r, &MSG, warm)?;
+        hv_measured_stream_send_now(&mut r, &MSG, n)
+    };
     match name {
         "stream-naive-counting" => stream(Target::counting(), None),
+        "stream-sendnow-counting" => stream_now(Target::counting()),
         "stream-ring1-counting" => stream(Target::counting(), Some(1)),
         "stream-ring8-counting" => stream(Target::counting(), Some(8)),
         "stream-ring32-counting" => stream(Target::counting(), Some(32)),
         "stream-naive-softnic" => stream(Target::softnic()?, None),
+        "stream-sendnow-softnic" => stream_now(Target::softnic()?),
         "stream-ring1-softnic" => stream(Target::softnic()?, Some(1)),
         "stream-ring8-softnic" => stream(Target::softnic()?, Some(8)),
         "stream-ring32-softnic" => stream(Target::softnic()?, Some(32)),
@@ -753,9 +876,17 @@ mod tests {
 
     #[test]
     fn every_pair_names_known_workloads() {
-        for (_, b, h, _) in PAIRS {
-            assert!(WORKLOADS.iter().any(|w| w.0 == *b), "{b}");
-            assert!(WORKLOADS.iter().any(|w| w.0 == *h), "{h}");
+        for r in ROWS {
+            assert!(
+                WORKLOADS.iter().any(|w| w.0 == r.baseline),
+                "{}",
+                r.baseline
+            );
+            assert!(
+                WORKLOADS.iter().any(|w| w.0 == r.hotverbs),
+                "{}",
+                r.hotverbs
+            );
         }
         assert!(run_workload("nope", 1).is_err());
     }

@@ -17,8 +17,9 @@
 //!    behaviour profile (`HOTVERBS_SOFTNIC_PROFILE=rxe`), the fault-scenario suite
 //!    (`--release --test fault_scenarios`) in both profiles, and the soak under faults
 //!    (`--release --test soak`: 10 million messages per profile)
-//! 10. `insn`      callgrind instructions per message vs the naive baseline, gated on the
-//!    batch-32 target (`cargo xtask insn --gate`; deterministic, so a regression gate)
+//! 10. `insn`      callgrind instructions per message vs the naive baseline, our own code
+//!     and the device apart, gated on the own-code and ratio targets
+//!     (`cargo xtask insn --gate`; deterministic, so a regression gate)
 //! 11. `loom`     the loom models (`cargo xtask loom`)
 //! 12. `miri`     the soundness tests under miri, Stacked and Tree Borrows
 //!     (`cargo xtask miri`; installs the nightly toolchain with miri if missing)

@@ -1,18 +1,33 @@
-//! `cargo xtask insn [--gate] [--filter S] [--n1 N] [--n2 N]`: instructions per message under
-//! callgrind, hotverbs beside the baseline, as a table with ratios.
+//! `cargo xtask insn [--gate] [--filter S] [--n1 N] [--n2 N]`: instructions per message (or
+//! completion, or round trip) under callgrind, hotverbs beside the naive baseline, each split
+//! into our own code and the device's.
 //!
 //! The workloads live in `hotverbs-benches` (binary `insn-workload`, the same code the
-//! criterion benches time). `insn-workload --list` prints the pairs, one per line:
-//! `name<TAB>baseline<TAB>hotverbs<TAB>target` (target: the largest acceptable
-//! hotverbs/baseline ratio, or `-`). Each workload runs twice under
+//! criterion benches time). `insn-workload --list` prints the rows, one per line:
+//! `row<TAB>baseline<TAB>hotverbs<TAB>ratio target<TAB>own target<TAB>unit` (ratio target:
+//! the largest acceptable hotverbs/baseline ratio of the totals; own target: the most
+//! instructions of our own code per unit; `-` for none). Each workload runs twice under
 //! `valgrind --tool=callgrind --toggle-collect=*hv_measured_*` (only the workloads'
-//! `#[inline(never)] hv_measured_*` functions and their callees, provider code included,
-//! are counted), with N1 and N2 messages; instructions per message are
-//! `(total(N2) - total(N1)) / (N2 - N1)`, which also cancels per-call constants (warm-up,
-//! the final drain). Instruction counts are deterministic, so the table is usable as a regression
-//! gate: `--gate` exits non-zero when a pair misses its target.
+//! `#[inline(never)] hv_measured_*` functions and their callees, device code included, are
+//! counted), with N1 and N2 units; instructions per unit are
+//! `(I(N2) - I(N1)) / (N2 - N1)`, which also cancels per-call constants (warm-up, the final
+//! drain).
+//!
+//! **Own code and device.** The device is reached through its `ibv_context_ops` function
+//! pointers, so callgrind's per-function attribution separates it exactly: everything executed
+//! inside a device function (a function whose demangled name starts with
+//! `hotverbs_softnic::`, or a trait method of one of its types), including whatever it calls,
+//! is the device's; everything else inside `hv_measured_*` is ours (the workload loop, the
+//! datapath, the inline verbs dispatch). [`attribute`] reads the call graph of a callgrind
+//! output file (`fn=` / `cfn=` / `calls=` records): device instructions are the inclusive
+//! costs of the calls from our code into device functions. A non-device function that the
+//! device calls (a `std` lock, `memcpy`) and that calls back into the device is counted by
+//! the share of its own callers' costs that is ours, so a callback is never counted twice.
+//!
+//! Instruction counts are deterministic, so the table is a regression gate: `--gate` exits
+//! non-zero when a row misses a target.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -64,53 +79,212 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
-/// One pair of the table.
-struct Pair {
+/// One row of the table.
+#[derive(Debug)]
+struct Row {
     name: String,
     baseline: String,
     hotverbs: String,
-    target: Option<f64>,
+    /// Largest acceptable hotverbs/baseline ratio of the totals.
+    ratio: Option<f64>,
+    /// Most instructions of our own code per unit.
+    own: Option<f64>,
+    /// What one unit is ("msg", "completion", "round trip").
+    unit: String,
 }
 
-fn parse_list(text: &str) -> Result<Vec<Pair>, String> {
+fn parse_list(text: &str) -> Result<Vec<Row>, String> {
+    let target = |t: &str, l: &str| -> Result<Option<f64>, String> {
+        match t {
+            "-" => Ok(None),
+            t => t
+                .parse::<f64>()
+                .map(Some)
+                .map_err(|_| format!("bad target {t:?} in {l:?}")),
+        }
+    };
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
-            if f.len() != 4 {
+            if f.len() != 6 {
                 return Err(format!(
-                    "bad workload line {l:?} (want 4 tab-separated fields)"
+                    "bad workload line {l:?} (want 6 tab-separated fields: row, baseline, \
+                     hotverbs, ratio target, own target, unit)"
                 ));
             }
-            let target = match f[3] {
-                "-" => None,
-                t => Some(
-                    t.parse::<f64>()
-                        .map_err(|_| format!("bad target {t:?} in {l:?}"))?,
-                ),
-            };
-            Ok(Pair {
+            Ok(Row {
                 name: f[0].into(),
                 baseline: f[1].into(),
                 hotverbs: f[2].into(),
-                target,
+                ratio: target(f[3], l)?,
+                own: target(f[4], l)?,
+                unit: f[5].into(),
             })
         })
         .collect()
 }
 
-/// The `summary:` (or `totals:`) line of a callgrind output file: instructions executed.
-fn callgrind_total(out: &str) -> Option<u64> {
-    let mut total = None;
-    for l in out.lines() {
-        if let Some(v) = l
-            .strip_prefix("summary:")
-            .or_else(|| l.strip_prefix("totals:"))
-        {
-            total = v.split_whitespace().next().and_then(|n| n.parse().ok());
+/// Is `name` (demangled, as callgrind writes it) a function of the device?
+fn is_device(name: &str) -> bool {
+    name.starts_with("hotverbs_softnic::") || name.starts_with("<hotverbs_softnic::")
+}
+
+/// Instructions of one callgrind run: all of them, and the device's share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Split {
+    total: u64,
+    device: f64,
+}
+
+impl Split {
+    fn own(&self) -> f64 {
+        self.total as f64 - self.device
+    }
+}
+
+/// Reads a callgrind output file (`--dump-instr=no`, any `positions:`; the first event
+/// must be `Ir`) and splits its instructions into the device's (functions for which
+/// `device(name)` holds, inclusive of what they call) and the rest.
+///
+/// The file gives, per function, its self cost and one record per callee with the
+/// inclusive cost of those calls. Device cost is the sum of the call costs from non-device
+/// functions into device functions, each weighted by the share of its caller that runs
+/// outside the device: 1 for a function only our code calls (or no one: the roots), 0 for
+/// one only the device calls, the cost-weighted mean of its callers' shares otherwise.
+fn attribute(text: &str, device: impl Fn(&str) -> bool) -> Result<Split, String> {
+    let mut npos = 1usize;
+    let mut total: Option<u64> = None;
+    let mut names: HashMap<String, String> = HashMap::new();
+    // (caller, callee) -> inclusive Ir of those calls.
+    let mut edges: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut cur_fn: Option<String> = None;
+    let mut pending_call: Option<String> = None;
+    let mut sum_self: u64 = 0;
+    // Resolves `(id) name` / `(id)` name compression for functions.
+    let mut resolve = |spec: &str| -> Result<String, String> {
+        let spec = spec.trim();
+        if let Some(rest) = spec.strip_prefix('(') {
+            let close = rest
+                .find(')')
+                .ok_or_else(|| format!("bad compressed name {spec:?}"))?;
+            let id = &rest[..close];
+            let name = rest[close + 1..].trim();
+            if name.is_empty() {
+                names
+                    .get(id)
+                    .cloned()
+                    .ok_or_else(|| format!("undefined name id ({id})"))
+            } else {
+                names.insert(id.to_string(), name.to_string());
+                Ok(name.to_string())
+            }
+        } else {
+            Ok(spec.to_string())
+        }
+    };
+    for (no, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let first = line.as_bytes()[0];
+        if first.is_ascii_digit() || first == b'+' || first == b'-' || first == b'*' {
+            // A cost line: positions, then events (Ir first; missing = 0).
+            let mut tok = line.split_whitespace().skip(npos);
+            let ir: u64 = match tok.next() {
+                Some(t) => t
+                    .parse()
+                    .map_err(|_| format!("line {}: bad cost {t:?}", no + 1))?,
+                None => 0,
+            };
+            match pending_call.take() {
+                Some(callee) => {
+                    let caller = cur_fn
+                        .clone()
+                        .ok_or_else(|| format!("line {}: a call outside a function", no + 1))?;
+                    *edges.entry((caller, callee)).or_default() += ir;
+                }
+                None => sum_self += ir,
+            }
+            continue;
+        }
+        let Some((key, val)) = line.split_once(['=', ':']) else {
+            continue;
+        };
+        match key {
+            "positions" => npos = val.split_whitespace().count().max(1),
+            "events" if val.split_whitespace().next() != Some("Ir") => {
+                return Err(format!("first event is not Ir: {val:?}"));
+            }
+            "summary" | "totals" => {
+                let v = val.split_whitespace().next().and_then(|n| n.parse().ok());
+                if key == "summary" || total.is_none() {
+                    total = v;
+                }
+            }
+            "fn" => cur_fn = Some(resolve(val)?),
+            "cfn" | "cfnc" => pending_call = Some(resolve(val)?),
+            // `calls=` only announces the cost line that follows; the callee is `cfn`.
+            _ => {}
         }
     }
-    total
+    let total = total.unwrap_or(sum_self);
+    if edges.is_empty() && total == 0 {
+        return Ok(Split { total, device: 0.0 });
+    }
+    // Share of each non-device function that runs outside the device (fixed point over
+    // the call graph; cycles converge because shares only move towards their callers').
+    let mut callers: HashMap<&str, Vec<(&str, u64)>> = HashMap::new();
+    for ((from, to), c) in &edges {
+        if from != to {
+            callers
+                .entry(to.as_str())
+                .or_default()
+                .push((from.as_str(), *c));
+        }
+    }
+    let mut share: HashMap<&str, f64> = HashMap::new();
+    let share_of = |share: &HashMap<&str, f64>, f: &str| -> f64 {
+        if device(f) {
+            0.0
+        } else {
+            share.get(f).copied().unwrap_or(1.0)
+        }
+    };
+    for _ in 0..64 {
+        let mut changed = false;
+        for (f, cs) in &callers {
+            if device(f) {
+                continue;
+            }
+            let all: u64 = cs.iter().map(|c| c.1).sum();
+            let s = if all == 0 {
+                1.0
+            } else {
+                cs.iter()
+                    .map(|(c, w)| *w as f64 * share_of(&share, c))
+                    .sum::<f64>()
+                    / all as f64
+            };
+            if (share_of(&share, f) - s).abs() > 1e-12 {
+                changed = true;
+            }
+            share.insert(f, s);
+        }
+        if !changed {
+            break;
+        }
+    }
+    let device_ir: f64 = edges
+        .iter()
+        .filter(|((from, to), _)| !device(from) && device(to))
+        .map(|((from, _), c)| *c as f64 * share_of(&share, from))
+        .sum();
+    Ok(Split {
+        total,
+        device: device_ir,
+    })
 }
 
 /// Only the workloads' measured functions (and what they call) are counted: device setup,
@@ -124,11 +298,12 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
-fn instructions(bin: &Path, workload: &str, n: u64, scratch: &Path) -> Result<u64, String> {
+fn instructions(bin: &Path, workload: &str, n: u64, scratch: &Path) -> Result<Split, String> {
     let out = scratch.join(format!("callgrind.{workload}.{n}"));
     let mut cmd = Command::new("valgrind");
     cmd.arg("--tool=callgrind")
         .arg(format!("--toggle-collect={MEASURED}"))
+        .arg("--dump-instr=no")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(bin)
         .arg(workload)
@@ -152,11 +327,57 @@ fn instructions(bin: &Path, workload: &str, n: u64, scratch: &Path) -> Result<u6
     }
     let text = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let _ = std::fs::remove_file(&out);
-    callgrind_total(&text).ok_or_else(|| format!("no summary line in {}", out.display()))
+    attribute(&text, is_device).map_err(|e| format!("{}: {e}", out.display()))
 }
 
-fn per_message(t1: u64, t2: u64, n1: u64, n2: u64) -> f64 {
-    (t2 as f64 - t1 as f64) / (n2 - n1) as f64
+fn per_message(t1: f64, t2: f64, n1: u64, n2: u64) -> f64 {
+    (t2 - t1) / (n2 - n1) as f64
+}
+
+/// Instructions per unit of one workload: own code, device, total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PerUnit {
+    own: f64,
+    device: f64,
+    total: f64,
+}
+
+fn per_unit(s1: Split, s2: Split, n1: u64, n2: u64) -> PerUnit {
+    PerUnit {
+        own: per_message(s1.own(), s2.own(), n1, n2),
+        device: per_message(s1.device, s2.device, n1, n2),
+        total: per_message(s1.total as f64, s2.total as f64, n1, n2),
+    }
+}
+
+/// The verdicts of one row: `(ratio column, own column, misses)`.
+fn verdicts(row: &Row, base: PerUnit, hot: PerUnit) -> (String, String, Vec<String>) {
+    let ratio = if base.total > 0.0 {
+        hot.total / base.total
+    } else {
+        f64::NAN
+    };
+    let mut missed = Vec::new();
+    let r = match row.ratio {
+        Some(t) if ratio <= t => format!("<= {t:.2} PASS"),
+        Some(t) => {
+            missed.push(format!("{}: ratio {ratio:.2} > {t:.2}", row.name));
+            format!("<= {t:.2} MISS")
+        }
+        None => "-".to_string(),
+    };
+    let o = match row.own {
+        Some(t) if hot.own <= t => format!("<= {t:.0} PASS"),
+        Some(t) => {
+            missed.push(format!(
+                "{}: own {:.1} insn/{} > {t:.0}",
+                row.name, hot.own, row.unit
+            ));
+            format!("<= {t:.0} MISS")
+        }
+        None => "-".to_string(),
+    };
+    (r, o, missed)
 }
 
 /// Entry point of `cargo xtask insn`.
@@ -178,62 +399,75 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if !list.status.success() {
         return Err(format!("{} --list failed ({})", bin.display(), list.status));
     }
-    let mut pairs = parse_list(&String::from_utf8_lossy(&list.stdout))?;
+    let mut rows = parse_list(&String::from_utf8_lossy(&list.stdout))?;
     if let Some(f) = &o.filter {
-        pairs.retain(|p| p.name.contains(f.as_str()));
+        rows.retain(|p| p.name.contains(f.as_str()));
     }
-    if pairs.is_empty() {
+    if rows.is_empty() {
         return Err("no workload matches the filter".into());
     }
     let scratch = target_dir().join("insn");
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
 
-    let mut cache: BTreeMap<String, f64> = BTreeMap::new();
-    let mut measure = |w: &str| -> Result<f64, String> {
+    let mut cache: BTreeMap<String, PerUnit> = BTreeMap::new();
+    let mut measure = |w: &str| -> Result<PerUnit, String> {
         if let Some(v) = cache.get(w) {
             return Ok(*v);
         }
-        let t1 = instructions(&bin, w, o.n1, &scratch)?;
-        let t2 = instructions(&bin, w, o.n2, &scratch)?;
-        let v = per_message(t1, t2, o.n1, o.n2);
+        let s1 = instructions(&bin, w, o.n1, &scratch)?;
+        let s2 = instructions(&bin, w, o.n2, &scratch)?;
+        let v = per_unit(s1, s2, o.n1, o.n2);
         cache.insert(w.to_string(), v);
         Ok(v)
     };
-    let mut rows = Vec::new();
-    for p in &pairs {
-        let b = measure(&p.baseline)?;
-        let h = measure(&p.hotverbs)?;
-        rows.push((p, b, h));
+    let mut results = Vec::new();
+    for r in &rows {
+        let b = measure(&r.baseline)?;
+        let h = measure(&r.hotverbs)?;
+        results.push((r, b, h));
     }
 
     println!();
     println!(
-        "instructions per message (callgrind, {MEASURED} only, (I(N2) - I(N1)) / (N2 - N1), \
-         N1 = {}, N2 = {})",
+        "instructions per unit (callgrind, {MEASURED} only, (I(N2) - I(N1)) / (N2 - N1), \
+         N1 = {}, N2 = {}); own = our code, dev = the device's functions and what they call",
         o.n1, o.n2
     );
     println!(
-        "| {:<34} | {:>14} | {:>17} | {:>6} | {:>13} |",
-        "workload", "naive insn/msg", "hotverbs insn/msg", "ratio", "target"
+        "| {:<32} | {:>10} | {:>9} | {:>9} | {:>10} | {:>9} | {:>9} | {:>10} | {:>5} | {:>13} | {:>13} |",
+        "workload",
+        "unit",
+        "naive own",
+        "naive dev",
+        "naive all",
+        "hv own",
+        "hv dev",
+        "hv all",
+        "ratio",
+        "ratio target",
+        "own target"
     );
     println!(
-        "|{:-<36}|{:->16}|{:->19}|{:->8}|{:->15}|",
-        "", "", "", "", ""
+        "|{:-<34}|{:->12}|{:->11}|{:->11}|{:->12}|{:->11}|{:->11}|{:->12}|{:->7}|{:->15}|{:->15}|",
+        "", "", "", "", "", "", "", "", "", "", ""
     );
     let mut missed = Vec::new();
-    for (p, b, h) in &rows {
-        let ratio = if *b > 0.0 { h / b } else { f64::NAN };
-        let verdict = match p.target {
-            Some(t) if ratio <= t => format!("<= {t:.2} PASS"),
-            Some(t) => {
-                missed.push(format!("{}: {ratio:.2} > {t:.2}", p.name));
-                format!("<= {t:.2} MISS")
-            }
-            None => "-".to_string(),
-        };
+    for (r, b, h) in &results {
+        let (rv, ov, m) = verdicts(r, *b, *h);
+        missed.extend(m);
         println!(
-            "| {:<34} | {:>14.1} | {:>17.1} | {:>6.2} | {:>13} |",
-            p.name, b, h, ratio, verdict
+            "| {:<32} | {:>10} | {:>9.1} | {:>9.1} | {:>10.1} | {:>9.1} | {:>9.1} | {:>10.1} | {:>5.2} | {:>13} | {:>13} |",
+            r.name,
+            r.unit,
+            b.own,
+            b.device,
+            b.total,
+            h.own,
+            h.device,
+            h.total,
+            h.total / b.total,
+            rv,
+            ov
         );
     }
     println!();
@@ -254,27 +488,148 @@ pub fn run(args: &[String]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// A small callgrind file in the shape `--dump-instr=no` writes: name compression,
+    /// relative positions, inlined-file switches, a device that calls back into a `std`
+    /// function which calls the device again, and a `std` function both sides call.
+    const SYNTHETIC: &str = "\
+# callgrind format
+version: 1
+creator: callgrind-3.19.0
+positions: line
+events: Ir
+summary: 1000
+
+fl=(1) /work/benches/src/lib.rs
+fn=(1) hotverbs_benches::hv_measured_stream_ring
+10 100
++2 50
+fi=(2) /work/datapath/src/send.rs
+600 200
+cfi=(3) /work/softnic/src/counting.rs
+cfn=(2) hotverbs_softnic::counting::post_send
+calls=10 421
+* 400
+fe=(1)
+cfn=(3) core::ptr::copy_nonoverlapping
+calls=5 0
+-3 60
+cfn=(5) <hotverbs_softnic::fabric::Qp as core::ops::Drop>::drop
+calls=1 0
+0 20
+
+fl=(3)
+fn=(2)
+421 250
+cfn=(4) std::sync::Once::call_once
+calls=1 0
+0 120
+cfn=(3)
+calls=2 0
+0 30
+
+fn=(4)
+0 20
+cfn=(6) hotverbs_softnic::counting::init::{{closure}}
+calls=1 0
+0 100
+
+fn=(6)
+0 100
+
+fn=(3)
+0 90
+
+fn=(5)
+0 20
+totals: 1000
+";
+
     #[test]
-    fn parses_callgrind_summary() {
-        let out = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nsummary: 123456\n\nfn=main\n3 4\ntotals: 123456\n";
-        assert_eq!(callgrind_total(out), Some(123456));
-        assert_eq!(callgrind_total("events: Ir\n"), None);
+    fn attributes_synthetic_callgrind_file() {
+        let s = attribute(SYNTHETIC, is_device).unwrap();
+        assert_eq!(s.total, 1000);
+        // Device: post_send (inclusive 400, including the callback through call_once and
+        // its own copy) and the Drop impl (20), each counted once.
+        assert_eq!(s.device, 420.0);
+        assert_eq!(s.own(), 580.0);
     }
 
     #[test]
-    fn per_message_cancels_setup() {
-        // setup 1_000_000 + 42 per message
-        let t = |n: u64| 1_000_000 + 42 * n;
-        assert_eq!(per_message(t(1000), t(5000), 1000, 5000), 42.0);
+    fn a_function_only_the_device_calls_is_the_devices() {
+        // `helper` is called only by the device; its call back into the device must not
+        // count a second time.
+        let f = "events: Ir\nsummary: 100\nfn=(1) ours\n0 10\ncfn=(2) hotverbs_softnic::x\ncalls=1 0\n0 90\nfn=(2)\n0 40\ncfn=(3) helper\ncalls=1 0\n0 50\nfn=(3)\n0 10\ncfn=(4) hotverbs_softnic::y\ncalls=1 0\n0 40\nfn=(4)\n0 40\n";
+        let s = attribute(f, is_device).unwrap();
+        assert_eq!((s.total, s.device), (100, 90.0));
     }
 
     #[test]
-    fn list_format() {
-        let p = parse_list("stream b32\tnaive\tring32\t0.5\npoll\tsingle\tbatch\t-\n").unwrap();
-        assert_eq!(p.len(), 2);
-        assert_eq!(p[0].target, Some(0.5));
-        assert_eq!(p[1].target, None);
-        assert!(parse_list("a\tb\n").is_err());
+    fn shared_helpers_are_split_by_their_callers() {
+        // `lock` is called by us (cost 30) and by the device (cost 10); it calls the device
+        // (cost 8 in all): 3/4 of that is ours calling the device.
+        let f = "events: Ir\nsummary: 100\nfn=(1) ours\n0 52\ncfn=(2) lock\ncalls=3 0\n0 30\ncfn=(3) hotverbs_softnic::dev\ncalls=1 0\n0 18\nfn=(3)\n0 8\ncfn=(2)\ncalls=1 0\n0 10\nfn=(2)\n0 32\ncfn=(4) hotverbs_softnic::cb\ncalls=4 0\n0 8\nfn=(4)\n0 8\n";
+        let s = attribute(f, is_device).unwrap();
+        assert_eq!(s.total, 100);
+        assert!((s.device - (18.0 + 8.0 * 0.75)).abs() < 1e-9, "{s:?}");
+    }
+
+    #[test]
+    fn positions_and_missing_costs() {
+        // Two positions per cost line (`--dump-instr=yes`), an event list with Ir first,
+        // a cost line without costs.
+        let f = "positions: instr line\nevents: Ir Dr\nfn=(1) a\n0x10 5 7 1\n+4 +1 3\ncfn=(2) hotverbs_softnic::b\ncalls=1 0x20 9\n0x12 4 11 2\nfn=(2)\n0x20 9 11 0\n";
+        let s = attribute(f, is_device).unwrap();
+        // No summary line: the total is the sum of the self costs.
+        assert_eq!((s.total, s.device), (7 + 3 + 11, 11.0));
+        assert!(attribute("events: Dr Ir\n", is_device).is_err());
+    }
+
+    #[test]
+    fn device_names() {
+        assert!(is_device("hotverbs_softnic::counting::post_send"));
+        assert!(is_device(
+            "<hotverbs_softnic::fabric::Qp as core::ops::drop::Drop>::drop"
+        ));
+        assert!(!is_device("hotverbs_datapath::send::SendRing<128>::flush"));
+        assert!(!is_device(
+            "core::ptr::drop_in_place<hotverbs_softnic::fabric::Qp>"
+        ));
+    }
+
+    #[test]
+    fn per_unit_cancels_setup() {
+        // setup 1_000_000 + 42 per message, of which 12 the device's
+        let s = |n: u64| Split {
+            total: 1_000_000 + 42 * n,
+            device: 500.0 + 12.0 * n as f64,
+        };
+        let p = per_unit(s(1000), s(5000), 1000, 5000);
+        assert_eq!((p.own, p.device, p.total), (30.0, 12.0, 42.0));
+    }
+
+    #[test]
+    fn list_format_and_verdicts() {
+        let rows = parse_list(
+            "stream b32\tnaive\tring32\t0.5\t20\tmsg\npoll\tsingle\tbatch\t-\t-\tcompletion\n",
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].ratio, rows[0].own), (Some(0.5), Some(20.0)));
+        assert_eq!((rows[1].ratio, rows[1].own), (None, None));
+        assert_eq!(rows[1].unit, "completion");
+        assert!(parse_list("a\tb\tc\t0.5\n").is_err());
+        assert!(parse_list("a\tb\tc\tx\t-\tmsg\n").is_err());
+        let u = |own: f64, device: f64| PerUnit {
+            own,
+            device,
+            total: own + device,
+        };
+        let (_, _, m) = verdicts(&rows[0], u(100.0, 100.0), u(19.0, 20.0));
+        assert!(m.is_empty(), "{m:?}");
+        let (_, o, m) = verdicts(&rows[0], u(100.0, 100.0), u(21.0, 20.0));
+        assert_eq!((o.as_str(), m.len()), ("<= 20 MISS", 1));
+        let (r, _, m) = verdicts(&rows[0], u(20.0, 20.0), u(19.0, 20.0));
+        assert_eq!((r.as_str(), m.len()), ("<= 0.50 MISS", 1));
     }
 
     #[test]

@@ -1,21 +1,29 @@
 //! Runs one workload for a fixed count, for `cargo xtask insn` (under callgrind).
 //!
 //! ```text
-//! insn-workload --list          # the pairs: name<TAB>baseline<TAB>hotverbs<TAB>target
+//! insn-workload --list          # the rows: name<TAB>baseline<TAB>hotverbs<TAB>ratio target<TAB>own target<TAB>unit
 //! insn-workload <workload> <n>  # run it
 //! ```
 
 use std::process::ExitCode;
 
-use hotverbs_benches::{run_workload, PAIRS, WORKLOADS};
+use hotverbs_benches::{run_workload, ROWS, WORKLOADS};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [flag] if flag == "--list" => {
-            for (name, base, hot, target) in PAIRS {
-                let t = target.map_or("-".to_string(), |t| t.to_string());
-                println!("{name}\t{base}\t{hot}\t{t}");
+            let t = |v: Option<f64>| v.map_or("-".to_string(), |t| t.to_string());
+            for r in ROWS {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    r.name,
+                    r.baseline,
+                    r.hotverbs,
+                    t(r.ratio),
+                    t(r.own),
+                    r.unit
+                );
             }
             ExitCode::SUCCESS
         }

@@ -104,6 +104,7 @@ fn s01_post_send_before_rts() {
 
     let pe = post_error(tx.send_now(Msg::send(Local::Inline(b"early"))).unwrap_err());
     assert_eq!((pe.verb, pe.errno), ("ibv_post_send", libc::EINVAL), "{pe}");
+    assert!(pe.to_string().contains("EINVAL"), "{pe}");
     match env.world {
         World::Spec => {
             // The man page: bad_wr names the WR, nothing was queued, the ring dropped it.
@@ -829,9 +830,12 @@ fn s07_bad_lkey() {
         "{SPEC_OR_RXE}"
     );
     assert_eq!(tx.error(), Some(expect));
-    assert_eq!(
-        tx.send_now(Msg::send(Local::Inline(b"x"))),
-        Err(SendError::QpError(expect))
+    let refused = tx.send_now(Msg::send(Local::Inline(b"x"))).unwrap_err();
+    assert_eq!(refused, SendError::QpError(expect));
+    let msg = refused.to_string();
+    assert!(
+        msg.contains(expect.name()) && msg.contains("RESET"),
+        "the message names the status and the way out: {msg}"
     );
     assert_eq!(
         (state(&pair.a), state(&pair.b)),

@@ -848,12 +848,28 @@ fn s07_bad_lkey() {
     );
     let r = recover_standard!(env, pair, tx, rxa, rxb, p, log);
     assert_eq!(r.unknown, 0);
+
+    // The lkey of a deregistered MR (the address stays valid memory).
+    let gone = pair.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let dead = gone.lkey();
+    gone.destroy().unwrap();
+    log.clear();
+    let seq = send_buf(&mut tx, LocalBuf::new(src.addr(), 128, dead));
+    expect_n(&env, &mut p, sinks!(tx, rxa, rxb), &mut log, 3);
+    assert_eq!(
+        log.trace(&["A.sq", "B.rq"]),
+        [format!("A.sq:{seq}:{}", err_name(expect))],
+        "{SPEC_OR_RXE}"
+    );
+    let r2 = recover_standard!(env, pair, tx, rxa, rxb, p, log);
+    assert_eq!(r2.unknown, 0);
     let _ = &win;
     env.report(
         "s07",
         format!(
-            "send with a bad lkey: {} (SendError::QpError after), A ERR, A's 2 receives \
-             flushed, B RTS untouched; recovered ({} flushes drained)",
+            "send with a bad lkey (and with a deregistered MR's lkey): {} (SendError::QpError \
+             after), A ERR, A's 2 receives flushed, B RTS untouched; recovered ({} flushes \
+             drained)",
             err_name(expect),
             r.flushed
         ),
@@ -997,6 +1013,15 @@ fn s09_write_remote_protection() {
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
     let mut log = Log::default();
+    // By construction: a range outside the ring's window never reaches the provider.
+    assert_eq!(
+        tx.send_now(Msg::write(Local::Inline(&[0xee; 32]), 4096 - 16)),
+        Err(SendError::RemoteOutOfRange {
+            offset: 4096 - 16,
+            len: 32
+        })
+    );
+    assert_eq!(tx.posted_total(), 0);
     tx.send_now(Msg::write(Local::Inline(&[0xee; 32]), 0))
         .unwrap();
     expect_n(&env, &mut p, sinks!(tx, rxa, rxb), &mut log, 5);
@@ -1073,7 +1098,8 @@ fn s09_write_remote_protection() {
     assert_eq!(target2.read_vec(0, 32).unwrap(), [0xab; 32]);
     env.report(
         "s09",
-        "WRITE with a bad rkey -> REM_ACCESS_ERR, to a QP without REMOTE_WRITE -> \
+        "WRITE past the window refused by the ring (RemoteOutOfRange); WRITE with a bad rkey -> \
+         REM_ACCESS_ERR, to a QP without REMOTE_WRITE -> \
          REM_INV_REQ_ERR; both QPs ERR, all receives flushed, 0 bytes written; recovered, \
          the WRITE lands after",
     );
@@ -2144,13 +2170,53 @@ fn s18_ud() {
     expect_n(&env, &mut p, ud_sinks!(), &mut log, 2);
     assert_eq!(log.received("C.rq")[0][40..], [6u8; 20]);
     assert!(tx.balanced_after());
+
+    // A bad lkey on the UD sender: an error completion and the sender's QP in ERR.
+    log.clear();
+    let bad_lkey = env.pick(WcError::LocProt, WcError::LocQpOp);
+    tx.signal_next();
+    // SAFETY: the bad key is refused before anything is read; `src` outlives the QP.
+    let seq = unsafe {
+        tx.stage(Msg::send(Local::Buf(LocalBuf::new(
+            src.addr(),
+            100,
+            0x1234_5678,
+        ))))
+    }
+    .unwrap();
+    tx.flush().unwrap();
+    expect_n(&env, &mut p, ud_sinks!(), &mut log, 1);
+    assert_eq!(
+        log.trace(&["A.sq", "B.rq", "C.rq"]),
+        [format!("A.sq:{seq}:{}", err_name(bad_lkey))],
+        "{SPEC_OR_RXE}"
+    );
+    assert_eq!(state(&ua), QpState::Err);
+    assert_eq!(
+        tx.send_now(Msg::send(Local::Inline(b"x"))),
+        Err(SendError::QpError(bad_lkey))
+    );
+    ua.reset().unwrap();
+    // SAFETY: A is in RESET.
+    assert_eq!(
+        unsafe { tx.reset() },
+        0,
+        "the failed WR was retired by its completion"
+    );
+    ua.connect(&env.port, &ua.endpoint(&env.port), &opts)
+        .unwrap();
+    tx.send_now(Msg::send(Local::Inline(&[8u8; 20]))).unwrap();
+    expect_n(&env, &mut p, ud_sinks!(), &mut log, 2);
+    assert_eq!(log.received("C.rq")[0][40..], [8u8; 20]);
     env.report(
         "s18",
         format!(
             "UD: AH without GRH EINVAL, sgid 200 ENODATA; 60 B -> byte_len 100, src_qp; {} -> \
-             sender ok, nothing arrives; 60+40 B into 64 B: receiver {}, UD QP ERR, recovered",
+             sender ok, nothing arrives; 60+40 B into 64 B: receiver {}, UD QP ERR, recovered; \
+             bad lkey: sender {}, UD QP ERR, recovered",
             silent.join(" / "),
-            err_name(short)
+            err_name(short),
+            err_name(bad_lkey)
         ),
     );
 }

@@ -2197,8 +2197,8 @@ fn s18_ud() {
         Err(SendError::QpError(bad_lkey))
     );
     ua.reset().unwrap();
-    // SAFETY: A is in RESET.
     assert_eq!(
+        // SAFETY: A is in RESET.
         unsafe { tx.reset() },
         0,
         "the failed WR was retired by its completion"

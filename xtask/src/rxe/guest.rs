@@ -46,6 +46,8 @@ pub(super) struct Step {
     pub(super) expect: Option<&'static str>,
     /// A libtest binary: its summary lines count.
     pub(super) tests: bool,
+    /// The rxe_faults drift check: the normalised stdout must equal this (see `faults`).
+    pub(super) truth: Option<String>,
 }
 
 impl Step {
@@ -59,6 +61,7 @@ impl Step {
             required: true,
             expect: None,
             tests: false,
+            truth: None,
         }
     }
 

@@ -1,5 +1,5 @@
-//! `cargo xtask rxe [--filter S] [--keep] [--timeout SECS]`: the real-device suite on
-//! Soft-RoCE.
+//! `cargo xtask rxe [--filter S] [--keep] [--timeout SECS] [--bless-faults]`: the
+//! real-device suite on Soft-RoCE.
 //!
 //! The host kernel has no RDMA, so the harness boots Debian's own kernel (the package
 //! `linux-image-amd64` depends on; downloaded and unpacked, never installed) under QEMU TCG
@@ -8,10 +8,16 @@
 //!
 //! 1. sanity steps: `ibv_devices` must list rxe0; an `ibv_rc_pingpong` and an `ib_send_lat`
 //!    server/client pair on loopback;
-//! 2. every integration-test target named `real_device*` (convention: `tests/real_device.rs`),
-//!    built on the host and run with `HOTVERBS_RXE=1` so that a missing device fails instead
-//!    of skipping;
-//! 3. the host-built programs of [`HOST_PROGRAMS`] (the perf tool next to perftest) that
+//! 2. the drift check: `rxe_faults.c`, the program that measured the failure truth table
+//!    (`shared/rxe-vm/fault-truth.md`, scenarios S1..S22), compiled on the host from
+//!    `../shared/rxe-vm/` and run in the guest; its output, with timings, QP numbers, keys
+//!    and addresses normalised, must equal the committed `xtask/rxe/rxe_faults.truth`. Each
+//!    difference is named by scenario and line and fails the step (see `faults`);
+//! 3. every integration-test target named `real_device*` (convention: `tests/real_device.rs`)
+//!    or `fault_scenarios` (the truth table's scenarios replayed through hotverbs), built on
+//!    the host and run with `HOTVERBS_RXE=1` so that a missing device fails instead of
+//!    skipping;
+//! 4. the host-built programs of [`HOST_PROGRAMS`] (the perf tool next to perftest) that
 //!    have been built.
 //!
 //! The host writes the run as a shell script into a folder shared over 9p; the guest leaves
@@ -24,18 +30,20 @@
 //! - `runs/<id>/`: the share of one run (`run.sh`, `bin/`, `lib/`, `out/<step>/`,
 //!   `console.log`); kept on failure or with `--keep`
 //! - `console.log`: the last run's VM console
+//! - `rxe_faults`: the drift check's probe, compiled from the recipe's `rxe_faults.c`
 //!
 //! Guest side: `xtask/rxe/init` (the VM's /init) and `xtask/rxe/lib.sh` (the step helpers
 //! run.sh sources), both compiled in.
 //!
 //! Host side, one concern per file:
 //! - `prerequisites`: the host programs and files the harness needs, checked up front
-//! - `workspace`: the target directory, the real-device test targets and their binaries
+//! - `workspace`: the target directory, the device test targets and their binaries
 //! - `kernel`: Debian's current kernel package, downloaded and unpacked
 //! - `modules` (with `elf`): the kernel modules the guest loads, in dependency order
 //! - `initramfs`: the guest's root and its cpio image, rebuilt when its manifest changes
 //! - `guest`: the steps, the run script the guest executes, the folder shared with it
 //! - `host_programs`: host-built programs run on rxe (EDIT HERE to add one)
+//! - `faults`: the rxe_faults drift check: building the probe, normalising, comparing
 //! - `vm`: booting QEMU and following its console
 //! - `report`: the steps' records read back, judged and summarized
 //! - `json`: just enough JSON for cargo's messages
@@ -49,6 +57,7 @@ use std::time::{Duration, Instant};
 use crate::util;
 
 mod elf;
+mod faults;
 mod guest;
 mod host_programs;
 mod initramfs;
@@ -70,7 +79,7 @@ use report::{
     report_steps, Report,
 };
 use vm::boot;
-use workspace::{build_real_device_tests, workspace};
+use workspace::{build_device_tests, workspace};
 
 /// What the guest's init sets up (tests get them through the environment).
 const DEVICE: &str = "rxe0";
@@ -89,18 +98,27 @@ const REAP_WAIT: u32 = 60;
 const SERVER_GRACE: u32 = LISTEN_WAIT + REAP_WAIT;
 /// Seconds from QEMU start to the first step, generously (measured: about 10).
 const BOOT_ALLOWANCE: u32 = 90;
-/// Per-binary limit for real-device test binaries, in seconds.
+/// Per-binary limit for device test binaries, in seconds.
 const TEST_TIMEOUT: u32 = 300;
 
 const USAGE: &str = "\
-usage: cargo xtask rxe [--filter S] [--keep] [--timeout SECS]
+usage: cargo xtask rxe [--filter S] [--keep] [--timeout SECS] [--bless-faults]
 
-Boots Debian's kernel under QEMU, creates the Soft-RoCE device rxe0 and runs the sanity
-steps, every `real_device*` integration-test binary and the registered host programs in it.
+Boots Debian's kernel under QEMU, creates the Soft-RoCE device rxe0 and runs in it: the
+sanity steps; the rxe_faults drift check; every `real_device*` and `fault_scenarios`
+integration-test binary; the registered host programs.
 
-  --filter S      libtest filter passed to every real-device test binary
+The drift check compiles ../shared/rxe-vm/rxe_faults.c (the probe behind fault-truth.md;
+folder overridable with HOTVERBS_RXE_VM_DIR), runs it in the guest, normalises its output
+(timings, QP numbers, keys, addresses) and compares it with xtask/rxe/rxe_faults.truth:
+every difference is named by scenario and line (\"S15 line 7: truth '...', now '...'\")
+and fails the run.
+
+  --filter S      libtest filter passed to every device test binary
   --keep          keep the run's share folder (outputs, console log) even on success
-  --timeout SECS  wall-clock limit for the VM (default: boot allowance + step timeouts)";
+  --timeout SECS  wall-clock limit for the VM (default: boot allowance + step timeouts)
+  --bless-faults  do not compare: write this run's normalised rxe_faults output to
+                  xtask/rxe/rxe_faults.truth (when the probe exited 0)";
 
 /// Debian packages the harness needs on the host (`cargo xtask ci` installs them).
 pub fn packages() -> &'static [&'static str] {
@@ -119,6 +137,8 @@ pub fn packages() -> &'static [&'static str] {
         "ibverbs-utils",
         "rdmacm-utils",
         "perftest",
+        "gcc",
+        "libibverbs-dev",
     ]
 }
 
@@ -138,10 +158,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let kernel = kernel(&rxe_dir)?;
     let plan = initramfs_plan(&kernel, &host)?;
     let initrd = build_initramfs(&rxe_dir, &plan)?;
-    let tests = build_real_device_tests(&workspace.real_device_targets)?;
+    // Without a truth there is nothing to check against: fail before the VM, not after.
+    let truth = if opts.bless_faults {
+        None
+    } else {
+        Some(faults::read_truth()?)
+    };
+    let faults_exe = faults::build_faults(&rxe_dir)?;
+    let tests = build_device_tests(&workspace.device_test_targets)?;
     build_host_programs()?;
     println!(
-        "rxe: {} real-device test binar{}",
+        "rxe: {} device test binar{}",
         tests.len(),
         if tests.len() == 1 { "y" } else { "ies" }
     );
@@ -159,6 +186,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if perf.is_file() {
         test_env.push(("HOTVERBS_PERF_BIN".to_string(), share.ship(&perf, &plan)?));
     }
+    // Early, right after the sanity steps: the fewer objects rxe has seen in this boot,
+    // the less there is to normalise.
+    let faults_step = run.steps.len();
+    run.steps
+        .push(faults::step(share.ship(&faults_exe, &plan)?, truth));
     for test in &tests {
         let guest = share.ship(&test.path, &plan)?;
         let mut step = test.step(guest, opts.filter.as_deref());
@@ -193,6 +225,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let report = report_steps(&run.steps, &out);
     problems.extend(report.problems.iter().cloned());
+    if opts.bless_faults {
+        match bless_faults(&out.join(run.steps[faults_step].dir(faults_step))) {
+            Ok(note) => println!("rxe: {note}"),
+            Err(e) => problems.push(e),
+        }
+    }
     print_kernel_warnings(&out.join("dmesg"));
     run.print_summary(&report, &out, tests.len());
     println!(
@@ -297,10 +335,30 @@ impl Run {
             }
         }
         println!(
-            "rxe: {} real-device tests passed, {} failed, {} ignored in {binaries} binaries",
+            "rxe: {} device tests passed, {} failed, {} ignored in {binaries} binaries",
             report.tests.passed, report.tests.failed, report.tests.ignored,
         );
     }
+}
+
+/// `--bless-faults`: the drift step's normalised output becomes the truth file.
+fn bless_faults(record: &Path) -> Result<String, String> {
+    let rec = read_record(record);
+    if rec.rc != Some(0) {
+        return Err(format!(
+            "--bless-faults: {} did not exit 0 ({:?}); truth file left alone",
+            faults::STEP,
+            rec.rc
+        ));
+    }
+    let truth = faults::truth_file(&rec.stdout);
+    let path = faults::truth_path();
+    fs::write(&path, &truth).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!(
+        "wrote {} ({} lines) from this run's rxe_faults output",
+        rel(&path).display(),
+        truth.lines().count()
+    ))
 }
 
 /// Keeps the newest kept runs (failed or `--keep`) and removes older ones.
@@ -330,6 +388,7 @@ struct Options {
     filter: Option<String>,
     keep: bool,
     timeout: Option<Duration>,
+    bless_faults: bool,
     help: bool,
 }
 
@@ -357,6 +416,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 opts.timeout = Some(Duration::from_secs(secs));
             }
             "--keep" => opts.keep = true,
+            "--bless-faults" => opts.bless_faults = true,
             "-h" | "--help" => opts.help = true,
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -398,6 +458,8 @@ mod tests {
         let o = parse_args(&args(&["--filter", "qp::rc", "--keep", "--timeout=90"])).unwrap();
         assert_eq!(o.filter.as_deref(), Some("qp::rc"));
         assert!(o.keep);
+        assert!(!o.bless_faults);
+        assert!(parse_args(&args(&["--bless-faults"])).unwrap().bless_faults);
         assert_eq!(o.timeout, Some(Duration::from_secs(90)));
         assert_eq!(
             parse_args(&args(&["--filter=x"]))

@@ -20,6 +20,14 @@ const HOST_TOOLS: &[(&str, &str)] = &[
     ("apt-cache", "apt"),
     ("apt-get", "apt"),
     ("dpkg", "dpkg"),
+    // Compiles the drift check's probe, rxe_faults.c (see `faults`).
+    ("cc", "gcc"),
+];
+
+/// Host files the harness builds against, with their Debian package.
+const HOST_DEV_FILES: &[(&str, &str)] = &[
+    ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+    ("/usr/lib/x86_64-linux-gnu/libibverbs.so", "libibverbs-dev"),
 ];
 
 /// Programs copied into the guest's /usr/bin (with the libraries `ldd` lists for them).
@@ -74,6 +82,11 @@ pub(super) fn check_prerequisites() -> Result<HostFiles, String> {
     for &(tool, package) in HOST_TOOLS {
         if find_program(tool).is_none() {
             missing.push((format!("program {tool}"), package));
+        }
+    }
+    for &(file, package) in HOST_DEV_FILES {
+        if !Path::new(file).exists() {
+            missing.push((file.to_string(), package));
         }
     }
     match fs::read(BUSYBOX) {

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
+use super::faults;
 use super::guest::{sh_words, Step};
 use super::vm::VmEnd;
 use super::{rel, REAP_WAIT, SERVER_GRACE};
@@ -42,7 +43,7 @@ pub(super) fn guest_problems(
 /// What one program left in its record folder.
 #[derive(Debug, Default)]
 pub(super) struct Record {
-    rc: Option<i32>,
+    pub(super) rc: Option<i32>,
     /// A server that outlived its client and was killed.
     killed: bool,
     /// A client that was not run, and why (its server never listened).
@@ -173,7 +174,21 @@ pub(super) fn report_steps(steps: &[Step], out: &Path) -> Report {
             .server
             .as_ref()
             .map(|_| read_record(&dir.join("server")));
-        let verdict = verdict(step, &client, server.as_ref());
+        let mut verdict = verdict(step, &client, server.as_ref());
+        let mut drift = None;
+        let mut matched = None;
+        if let (Ok(()), Some(truth)) = (&verdict, &step.truth) {
+            let now = faults::normalise(&client.stdout);
+            // Beside the raw output, for a look or for accepting it as the new truth.
+            let _ = fs::write(dir.join("normalised"), &now);
+            let diffs = faults::differences(truth, &now);
+            if diffs.is_empty() {
+                matched = Some(faults::matched(&client.stdout, &now));
+            } else {
+                verdict = Err(faults::summary(&diffs));
+                drift = Some(diffs);
+            }
+        }
         let state = match (&verdict, step.required) {
             (Ok(()), _) => "ok".to_string(),
             (Err(e), true) => format!("FAILED ({e})"),
@@ -192,11 +207,27 @@ pub(super) fn report_steps(steps: &[Step], out: &Path) -> Report {
             println!("server$ {}", sh_words(server.iter().map(String::as_str)));
         }
         println!("$ {}", sh_words(step.cmd.iter().map(String::as_str)));
-        print_output("stdout", &client.stdout);
+        if step.truth.is_some() {
+            // Some 1800 lines: the drift below says what matters, the record keeps them all.
+            println!(
+                "---- stdout: {} lines in out/{}/stdout (normalised: out/{0}/normalised)",
+                client.stdout.lines().count(),
+                step.dir(i)
+            );
+        } else {
+            print_output("stdout", &client.stdout);
+        }
         print_output("stderr", &client.stderr);
         if let Some(server) = &server {
             print_output("server stdout", &server.stdout);
             print_output("server stderr", &server.stderr);
+        }
+        if let Some(diffs) = &drift {
+            print_output("drift", &faults::describe(diffs));
+        }
+        if let Some(line) = &matched {
+            println!("---- drift: none\n{line}");
+            report.summaries.push(format!("{}: {line}", step.name));
         }
         if step.tests {
             let (lines, counts) = test_summaries(&client.stdout);
@@ -225,6 +256,24 @@ pub(super) fn report_steps(steps: &[Step], out: &Path) -> Report {
         ));
         if let (Err(e), true) = (&verdict, step.required) {
             report.problems.push(format!("{}: {e}", step.name));
+        }
+        if let Some(diffs) = &drift {
+            // Named, so the final error says what drifted without scrolling back.
+            const SHOWN: usize = 30;
+            let named: Vec<&String> = diffs.iter().flat_map(|(_, d)| d).collect();
+            report.problems.extend(
+                named
+                    .iter()
+                    .take(SHOWN)
+                    .map(|d| format!("{}: {d}", step.name)),
+            );
+            if named.len() > SHOWN {
+                report.problems.push(format!(
+                    "{}: ... and {} more difference(s) (see its section above)",
+                    step.name,
+                    named.len() - SHOWN
+                ));
+            }
         }
     }
     report

@@ -1,4 +1,5 @@
-//! The workspace: target directory, real-device test targets, their binaries.
+//! The workspace: target directory, the device test targets (integration tests named
+//! `real_device*` or `fault_scenarios`), their binaries.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -9,8 +10,8 @@ use crate::util;
 
 pub(super) struct Workspace {
     pub(super) target_dir: PathBuf,
-    /// (package, target) of every integration test named `real_device*`.
-    pub(super) real_device_targets: Vec<(String, String)>,
+    /// (package, target) of every device test (see [`is_device_test`]).
+    pub(super) device_test_targets: Vec<(String, String)>,
 }
 
 pub(super) fn workspace() -> Result<Workspace, String> {
@@ -25,19 +26,27 @@ pub(super) fn workspace() -> Result<Workspace, String> {
         .into();
     Ok(Workspace {
         target_dir,
-        real_device_targets: real_device_targets(&meta),
+        device_test_targets: device_test_targets(&meta),
     })
 }
 
-/// The (package, target) pairs of integration tests named `real_device*`.
-fn real_device_targets(meta: &json::Value) -> Vec<(String, String)> {
+/// Whether an integration-test target of this name runs in the VM: `real_device*`
+/// (convention: `tests/real_device.rs`) and `fault_scenarios` (`tests/fault_scenarios.rs`,
+/// the failure scenarios of `rxe_faults.c` replayed through hotverbs). Both probe for a device
+/// through `HOTVERBS_DEVICE` and fail without one under `HOTVERBS_RXE=1`.
+fn is_device_test(name: &str) -> bool {
+    name.starts_with("real_device") || name == "fault_scenarios"
+}
+
+/// The (package, target) pairs of the device tests.
+fn device_test_targets(meta: &json::Value) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for package in meta.get("packages").map_or(&[][..], json::Value::items) {
         let Some(pname) = package.get("name").and_then(json::Value::as_str) else {
             continue;
         };
         for target in package.get("targets").map_or(&[][..], json::Value::items) {
-            if let Some(tname) = real_device_target(target) {
+            if let Some(tname) = device_test_target(target) {
                 found.push((pname.to_string(), tname.to_string()));
             }
         }
@@ -46,18 +55,18 @@ fn real_device_targets(meta: &json::Value) -> Vec<(String, String)> {
     found
 }
 
-/// The name of `target` (cargo's JSON for a build target) if it is a real-device test.
-fn real_device_target(target: &json::Value) -> Option<&str> {
+/// The name of `target` (cargo's JSON for a build target) if it is a device test.
+fn device_test_target(target: &json::Value) -> Option<&str> {
     let is_test = target
         .get("kind")
         .map_or(&[][..], json::Value::items)
         .iter()
         .any(|k| k.as_str() == Some("test"));
     let name = target.get("name")?.as_str()?;
-    (is_test && name.starts_with("real_device")).then_some(name)
+    (is_test && is_device_test(name)).then_some(name)
 }
 
-/// A built real-device test binary.
+/// A built device test binary.
 #[derive(Debug, PartialEq)]
 pub(super) struct TestBinary {
     pub(super) package: String,
@@ -84,11 +93,9 @@ impl TestBinary {
     }
 }
 
-/// Builds the real-device test targets (only those: an unrelated crate's tests need not
-/// build for this suite) and returns their executables.
-pub(super) fn build_real_device_tests(
-    targets: &[(String, String)],
-) -> Result<Vec<TestBinary>, String> {
+/// Builds the device test targets (only those: an unrelated crate's tests need not build
+/// for this suite) and returns their executables.
+pub(super) fn build_device_tests(targets: &[(String, String)]) -> Result<Vec<TestBinary>, String> {
     if targets.is_empty() {
         return Ok(Vec::new());
     }
@@ -107,7 +114,7 @@ pub(super) fn build_real_device_tests(
     let mut found = Vec::new();
     for line in text.lines().filter(|l| l.starts_with('{')) {
         let msg = json::parse(line).map_err(|e| format!("cargo's JSON: {e}: {line}"))?;
-        found.extend(real_device_executable(&msg));
+        found.extend(device_test_executable(&msg));
     }
     found.sort_by(|a, b| (&a.package, &a.target).cmp(&(&b.package, &b.target)));
     found.dedup_by(|a, b| a.path == b.path);
@@ -115,12 +122,12 @@ pub(super) fn build_real_device_tests(
 }
 
 /// The test binary a `compiler-artifact` message of `cargo --message-format=json` names,
-/// if it is a real-device test.
-fn real_device_executable(msg: &json::Value) -> Option<TestBinary> {
+/// if it is a device test.
+fn device_test_executable(msg: &json::Value) -> Option<TestBinary> {
     if msg.get("reason")?.as_str()? != "compiler-artifact" {
         return None;
     }
-    let target = real_device_target(msg.get("target")?)?;
+    let target = device_test_target(msg.get("target")?)?;
     Some(TestBinary {
         package: package_name(msg.get("package_id")?.as_str()?),
         target: target.to_string(),
@@ -146,11 +153,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cargo_json_finds_real_device_tests() {
+    fn cargo_json_finds_device_tests() {
         let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/verbs#hotverbs@0.1.0","manifest_path":"/w/verbs/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"real_device","src_path":"/w/verbs/tests/real_device.rs","edition":"2021","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"0","debug_assertions":true,"test":true},"features":[],"filenames":["/w/target/debug/deps/real_device-0123abcd"],"executable":"/w/target/debug/deps/real_device-0123abcd","fresh":false}"#;
         let msg = json::parse(line).unwrap();
         assert_eq!(
-            real_device_executable(&msg),
+            device_test_executable(&msg),
             Some(TestBinary {
                 package: "hotverbs".into(),
                 target: "real_device".into(),
@@ -158,9 +165,26 @@ mod tests {
             })
         );
         let lib = line.replace(r#""kind":["test"]"#, r#""kind":["lib"]"#);
-        assert_eq!(real_device_executable(&json::parse(&lib).unwrap()), None);
+        assert_eq!(device_test_executable(&json::parse(&lib).unwrap()), None);
         let other = line.replace(r#""name":"real_device""#, r#""name":"softnic""#);
-        assert_eq!(real_device_executable(&json::parse(&other).unwrap()), None);
+        assert_eq!(device_test_executable(&json::parse(&other).unwrap()), None);
+        let faults = line
+            .replace(r#""name":"real_device""#, r#""name":"fault_scenarios""#)
+            .replace("/real_device", "/fault_scenarios");
+        assert_eq!(
+            device_test_executable(&json::parse(&faults).unwrap()),
+            Some(TestBinary {
+                package: "hotverbs".into(),
+                target: "fault_scenarios".into(),
+                path: "/w/target/debug/deps/fault_scenarios-0123abcd".into(),
+            })
+        );
+        // A library, a binary or an example of that name is not a device test.
+        let faults_bin = faults.replace(r#""kind":["test"]"#, r#""kind":["bin"]"#);
+        assert_eq!(
+            device_test_executable(&json::parse(&faults_bin).unwrap()),
+            None
+        );
 
         let meta = json::parse(
             r#"{"packages":[{"name":"hotverbs","targets":[{"kind":["lib"],"name":"hotverbs"},{"kind":["test"],"name":"real_device_qp"}]},
@@ -169,7 +193,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            real_device_targets(&meta),
+            device_test_targets(&meta),
             [("hotverbs".to_string(), "real_device_qp".to_string())]
         );
         assert_eq!(
@@ -187,6 +211,50 @@ mod tests {
         );
         assert!(json::parse(r#"{"a":1"#).is_err());
         assert!(json::parse(r#"{"a":1} x"#).is_err());
+    }
+
+    #[test]
+    fn metadata_finds_fault_scenarios_beside_real_device_tests() {
+        // `cargo metadata --no-deps --format-version 1`, trimmed, once verbs/tests/
+        // fault_scenarios.rs exists: its target sits next to the real-device ones.
+        let meta = json::parse(
+            r#"{"packages":[
+                {"name":"hotverbs","id":"path+file:///w/verbs#hotverbs@0.1.0","targets":[
+                    {"kind":["lib"],"crate_types":["lib"],"name":"hotverbs","src_path":"/w/verbs/src/lib.rs","test":true},
+                    {"kind":["test"],"crate_types":["bin"],"name":"real_device","src_path":"/w/verbs/tests/real_device.rs","test":true},
+                    {"kind":["test"],"crate_types":["bin"],"name":"fault_scenarios","src_path":"/w/verbs/tests/fault_scenarios.rs","test":true},
+                    {"kind":["test"],"crate_types":["bin"],"name":"fault_scenarios_extra","src_path":"/w/verbs/tests/fault_scenarios_extra.rs","test":true},
+                    {"kind":["example"],"crate_types":["bin"],"name":"fault_scenarios","src_path":"/w/verbs/examples/fault_scenarios.rs","test":false}]},
+                {"name":"hotverbs-datapath","id":"path+file:///w/datapath#hotverbs-datapath@0.1.0","targets":[
+                    {"kind":["test"],"crate_types":["bin"],"name":"real_device","src_path":"/w/datapath/tests/real_device.rs","test":true},
+                    {"kind":["test"],"crate_types":["bin"],"name":"softnic","src_path":"/w/datapath/tests/softnic.rs","test":true}]},
+                {"name":"hotverbs-softnic","targets":[
+                    {"kind":["test"],"crate_types":["bin"],"name":"failures","src_path":"/w/softnic/tests/failures.rs","test":true}]}],
+               "workspace_members":[],"target_directory":"/w/target","version":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            device_test_targets(&meta),
+            [
+                ("hotverbs".to_string(), "fault_scenarios".to_string()),
+                ("hotverbs".to_string(), "real_device".to_string()),
+                ("hotverbs-datapath".to_string(), "real_device".to_string()),
+            ]
+        );
+        // Before the file exists: only the real-device tests.
+        let without = json::parse(
+            r#"{"packages":[{"name":"hotverbs","targets":[
+                    {"kind":["lib"],"name":"hotverbs"},
+                    {"kind":["test"],"name":"real_device"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            device_test_targets(&without),
+            [("hotverbs".to_string(), "real_device".to_string())]
+        );
+        assert!(is_device_test("real_device_cm"));
+        assert!(!is_device_test("fault_scenario"));
+        assert!(!is_device_test("my_real_device"));
     }
 
     #[test]

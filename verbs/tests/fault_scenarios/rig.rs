@@ -105,8 +105,16 @@ impl Env {
     }
 
     /// The line the closing table is built from.
+    ///
+    /// Inside the rxe VM (`HOTVERBS_RXE=1`) the line also goes straight to stderr, past
+    /// libtest's capture, so the harness's log carries the rxe column of the table.
     pub fn report(&self, scenario: &str, what: impl std::fmt::Display) {
-        println!("scenario {scenario}: {}: {what}", self.label);
+        let line = format!("scenario {scenario}: {}: {what}", self.label);
+        println!("{line}");
+        if rxe_required() {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
     }
 
     /// Connection options of the suite: MTU 1024 (rxe's), otherwise the defaults

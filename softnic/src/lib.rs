@@ -12,7 +12,10 @@
 //! - [`verbs_table`]: the table (`ibv_get_device_list` lists one device, `"softnic"`).
 //! - [`open_device`] + [`Config`]: an extra device with custom limits, usable through the
 //!   same table.
-//! - [`inject_qp_error`], [`sq_outstanding`], [`send_wrs_waiting`]: test hooks.
+//! - [`Profile`]: `Spec` (the man pages) or `Rxe` (rxe as measured); see "Profiles" below.
+//!   [`device_profile`] tells a test which one a context's device follows.
+//! - [`inject_qp_error`], [`inject_cq_overflow`], [`sq_outstanding`], [`rq_outstanding`],
+//!   [`srq_outstanding`], [`send_wrs_waiting`]: test hooks.
 //! - `fabric` (private): the process-wide object registry and the work-request engine
 //!   (one mutex; work executes synchronously inside `post_send`).
 //! - `mem` (private): the only module that touches application memory (registered,
@@ -43,8 +46,55 @@
 //! # Behaviour, and what each choice follows
 //! "man" = the libibverbs man page named; "rxe Sn/Gn" = the measured row of
 //! `shared/rxe-vm/fault-truth.md`; "IBA" = the InfiniBand spec as the RDMA Aware Networks
-//! Programming manual states it. Where rxe departs from the man pages, softnic follows the
-//! man page and the entry says so.
+//! Programming manual states it. Where rxe departs from the man pages, the `Spec` profile
+//! (the default) follows the man page and the entry says so; the `Rxe` profile follows rxe,
+//! as the table under "Profiles" lists. The sections below describe the `Spec` profile.
+//!
+//! ## Profiles
+//! [`Config::profile`] selects the behaviour where rxe departs from the man pages. The
+//! device `ibv_get_device_list` lists takes it from `HOTVERBS_SOFTNIC_PROFILE` (`spec` or
+//! `rxe`, any case; unset = `spec`; anything else = `spec` with a warning on stderr), so every
+//! test suite can run against both without a VM:
+//! `HOTVERBS_SOFTNIC_PROFILE=rxe cargo test`. A test that checks a departure asks
+//! [`device_profile`] and expects exactly that profile's row. The profile is cached in each
+//! QP and CQ; the Spec hot path pays one field read.
+//!
+//! | fault-truth row | Spec | Rxe |
+//! |---|---|---|
+//! | S1, G1: post_send in RESET/INIT/RTR | EINVAL, `*bad_wr` = the first WR, nothing queued, errno untouched | EINVAL with errno EINVAL and `*bad_wr` NULL; the chain is validated and queued anyway (an invalid WR is still returned in `*bad_wr` with its errno); the queued WRs run, first, at the next post_send in RTS; ->RESET discards them, ->ERR flushes them |
+//! | G2 | error and flush completions keep the WR's opcode (RECV for receives), byte_len 0, wc_flags 0 | opcode 0 (SEND), byte_len 0, wc_flags 0, receives included |
+//! | G4 | successful RC/UC receive: no IBV_WC_GRH, src_qp = the sender's QPN | IBV_WC_GRH set, src_qp 0 (measured on RC; UC takes rxe's same path) |
+//! | G7, S9, S10 | an error moving a QP to ERR raises QP_FATAL (requester, receiver) or QP_REQ_ERR / QP_ACCESS_ERR (responder); [`inject_qp_error`] raises QP_FATAL | no async event at all (QP_LAST_WQE_REACHED with an SRQ is kept in both: not measured) |
+//! | G9, S2 | post_recv in ERR: 0, flushed at once | 0, no completion until the next modify(ERR->ERR) flushes it; ->RESET discards it ([`rq_outstanding`] counts it meanwhile) |
+//! | G10 | query_qp: cur_qp_state = the state | cur_qp_state 0 (RESET) |
+//! | G11, S14, S22 | an RC request nobody answers (responder absent, destroyed, not in RTR/RTS, or it lost the message: S15) ends with RETRY_EXC_ERR at once, whatever retry_cnt and timeout | retry_cnt >= 7 (7 = infinite; rxe keeps 8 at 7 too) or timeout 0: the WR is held for ever — no completion, it and later WRs wait ([`send_wrs_waiting`]), retried when the responder comes to RTR, flushed when the QP goes to ERR, dropped at RESET; retry_cnt < 7: RETRY_EXC_ERR at once (no timers) |
+//! | G12, S3, S4, S19 | SQ, RQ and CQ sizes exactly as requested | rounded up to 2^k - 1: create_qp echoes the request, query_qp reports the rounded depths and they are what can be posted; `ibv_cq.cqe` and the CQ's capacity are rounded (create and resize: 4 -> 7, 16 -> 31, 1 -> 1) |
+//! | S3 | an SQ slot is released when a completion covering it is *polled* | released when the WR executes (the ACK), polled or not, signaled or not; only waiting WRs (RNR, held, queued before RTS) occupy the SQ. [`sq_outstanding`] reports the same quantity in both profiles: posted WRs not yet released by a polled completion |
+//! | S5, S19 | create_qp returns max_inline_data and max_send_sge as requested; IBV_SEND_INLINE is ignored on RDMA READ | WQE size = max(16 x max_send_sge, max_inline_data) (at most the device's max_inline_data): the returned and usable inline size is that, max_send_sge is raised to size / 16; READ with INLINE: more than the inline size -> EINVAL at post, else LOC_PROT_ERR at execution, nothing written, the QP goes to ERR |
+//! | S7 | a gather-side lkey naming no MR of the PD -> LOC_PROT_ERR | LOC_QP_OP_ERR (SGE bounds or access faults, and READ/atomic targets, stay LOC_PROT_ERR) |
+//! | S8 | receive buffer the responder cannot write: LOC_PROT_ERR at the receiver, REM_OP_ERR at the sender; an SGE of 2^31 bytes fails its MR bounds: LOC_PROT_ERR | receiver LOC_QP_OP_ERR, sender REM_OP_ERR; a message of 2^31 bytes or more -> LOC_QP_OP_ERR |
+//! | S11 | SEND longer than the receive: LOC_LEN_ERR at the receiver, REM_INV_REQ_ERR at the sender, both ERR, nothing written | LOC_QP_OP_ERR / REM_OP_ERR, both ERR, and the leading packets (sender's path MTU) that fit whole are written: 3000 B into 2048 B writes 2048 B, 64 B into 16 B writes nothing |
+//! | S18 | too-short UD receive: LOC_LEN_ERR, the UD QP goes to ERR | LOC_QP_OP_ERR, the UD QP goes to ERR |
+//! | S15 | CQ overflow: the completion is lost, the CQ enters the error state (`poll_cq` returns `-EOVERFLOW` until destroyed), one IBV_EVENT_CQ_ERR | the completion is silently dropped with one IBV_EVENT_CQ_ERR per drop, the CQ stays usable, `poll_cq` never errors; a *receive* completion lost this way moves the responder to ERR without acknowledging the message (RC requester: as an unanswered request, G11; UC/UD: success), and its flushes overflow too (one CQ_ERR each), so its remaining receives are lost |
+//! | S15 test hook | [`inject_cq_overflow`]: the next completion puts the CQ in the error state | the next n completions are dropped as above |
+//! | S17 | WRITE_WITH_IMM with no receive and rnr_retry < 7: RNR_RETRY_EXC_ERR, nothing written | RNR_RETRY_EXC_ERR, and every packet before the last (path MTU) was written: 3000 B writes 2048 B, 100 B nothing |
+//! | S21 | SEND_WITH_INV on RC: LOC_QP_OP_ERR at the sender, QP to ERR (no memory windows) | the sender succeeds; the responder consumes a receive, completes it with REM_INV_REQ_ERR and goes to ERR (softnic has no MWs or fast-registration MRs, so every rkey counts as bogus); no receive posted: RNR as a SEND |
+//!
+//! Rows where both profiles do the same (rxe's measured behaviour or the man page, which
+//! agree): G1's errno rule for rejected WRs, G3, G5, G6, G8, S4's and S6's EINVAL/ENOMEM,
+//! S9, S10 (status codes), S12 with rnr_retry 7, S13, S16, S18's drops and GRH, S19's
+//! limits, S20, S21's EBUSY and opcode errors.
+//!
+//! Not modelled, in either profile:
+//! - Timers: RNR waits (S12) and transport retries (S14, S21, S22) end at once when they are
+//!   exhausted, not after (retry_cnt + 1) x timeout; a held WR (G11) is held without
+//!   retransmissions.
+//! - SQD (S14's SQ_DRAINED during an RNR loop): the state is not modelled.
+//! - S10 "FAA with a bad local lkey: LOC_PROT_ERR *after* the remote operation executed":
+//!   softnic checks the local SGE first and the remote word is not touched.
+//! - S15: whether rxe writes the payload of the message whose receive completion was lost
+//!   was not measured; softnic writes it (the data lands before the completion).
+//! - S19 "send_cq = NULL crashes libibverbs": softnic answers EINVAL.
 //!
 //! ## Objects and limits
 //! - Device defaults are rxe's (`ibv_devinfo -v` on rxe0): max_qp_wr 1048576, max_sge 32,
@@ -436,8 +486,8 @@ pub fn open_device(config: Config) -> *mut ibv_context {
 }
 
 /// Moves `qp` to ERR as a fatal error would: its receives and waiting send WRs complete
-/// with `IBV_WC_WR_FLUSH_ERR` and `IBV_EVENT_QP_FATAL` is raised on its context. A QP
-/// already in ERR is left alone.
+/// with `IBV_WC_WR_FLUSH_ERR` and `IBV_EVENT_QP_FATAL` is raised on its context (Spec
+/// profile; the Rxe profile raises no event, rxe G7). A QP already in ERR is left alone.
 ///
 /// # Safety
 /// `qp` is a live QP created through [`verbs_table`].
@@ -512,7 +562,8 @@ pub unsafe fn inject_cq_overflow(cq: *mut ibv_cq, n: u32) {
     }
 }
 
-/// Number of send WRs of `qp` waiting to execute (RNR wait with `rnr_retry` 7).
+/// Number of send WRs of `qp` waiting to execute: RNR wait with `rnr_retry` 7, and in the
+/// Rxe profile WRs queued before RTS (rxe S1) or held by an endless transport retry (G11).
 ///
 /// # Safety
 /// `qp` is a live QP created through [`verbs_table`].

@@ -14,7 +14,8 @@ use hotverbs_ffi::*;
 use hotverbs_softnic::{testing, verbs_table};
 
 /// A raw softnic RC QP in the error state on `cq`: every receive posted to it completes at
-/// once with `IBV_WC_WR_FLUSH_ERR` — a completion, hence an event, on demand. Destroyed on
+/// once with `IBV_WC_WR_FLUSH_ERR` (on an Rxe-profile device, at the ERR -> ERR that
+/// `complete` then makes) — a completion, hence an event, on demand. Destroyed on
 /// drop (a QP keeps its CQ from being destroyed).
 struct Flusher(*mut ibv_qp);
 
@@ -56,6 +57,17 @@ impl Flusher {
         // SAFETY: a live QP; a valid single receive WR with no SGEs.
         let rc = unsafe { inline::ibv_post_recv(self.0, &mut wr, &mut bad) };
         assert_eq!(rc, 0);
+        // SAFETY: a live QP of a live softnic context.
+        let profile = unsafe { hotverbs_softnic::device_profile((*self.0).context) };
+        if profile == hotverbs_softnic::Profile::Rxe {
+            // rxe G9: a receive posted in ERR completes only at the next ERR -> ERR.
+            let mut attr = ibv_qp_attr {
+                qp_state: IBV_QPS_ERR,
+                ..Default::default()
+            };
+            // SAFETY: as above.
+            unsafe { testing::must_modify_qp(self.0, &mut attr, IBV_QP_STATE) };
+        }
     }
 }
 

@@ -244,22 +244,23 @@ pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
-    let RingStream {
-        ring,
-        poller,
-        write,
-    } = r;
-    let mut sent = 0u64;
-    while sent < n {
+    // One loop per opcode, as an application with a known message kind would write it.
+    if r.write {
+        stream_ring(r, Msg::write(Local::Inline(msg), 0), n)
+    } else {
+        stream_ring(r, Msg::send(Local::Inline(msg)), n)
+    }
+}
+
+#[inline(always)]
+fn stream_ring(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
+    let RingStream { ring, poller, .. } = r;
+    let mut left = n;
+    while left > 0 {
         let mut b = ring.batch();
-        while sent < n {
-            let m = if *write {
-                Msg::write(Local::Inline(msg), 0)
-            } else {
-                Msg::send(Local::Inline(msg))
-            };
+        while left > 0 {
             match b.push(m) {
-                Ok(_) => sent += 1,
+                Ok(_) => left -= 1,
                 Err(SendError::WouldBlock) => break,
                 Err(e) => return Err(s(e)),
             }
@@ -274,7 +275,7 @@ pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result
             ring.on_completion(c).map_err(s)?;
         }
     }
-    Ok(sent)
+    Ok(n)
 }
 
 /// Streaming, hotverbs, one latency-critical message at a time: `n` messages (a multiple
@@ -285,20 +286,20 @@ pub fn hv_measured_stream_send_now(r: &mut RingStream, msg: &[u8], n: u64) -> Re
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
-    let RingStream {
-        ring,
-        poller,
-        write,
-    } = r;
-    let mut sent = 0u64;
-    while sent < n {
-        let m = if *write {
-            Msg::write(Local::Inline(msg), 0)
-        } else {
-            Msg::send(Local::Inline(msg))
-        };
+    if r.write {
+        stream_send_now(r, Msg::write(Local::Inline(msg), 0), n)
+    } else {
+        stream_send_now(r, Msg::send(Local::Inline(msg)), n)
+    }
+}
+
+#[inline(always)]
+fn stream_send_now(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
+    let RingStream { ring, poller, .. } = r;
+    let mut left = n;
+    while left > 0 {
         match ring.send_now(m) {
-            Ok(_) => sent += 1,
+            Ok(_) => left -= 1,
             Err(SendError::WouldBlock) => {
                 for c in poller.poll().map_err(s)? {
                     ring.on_completion(c).map_err(s)?;
@@ -312,7 +313,7 @@ pub fn hv_measured_stream_send_now(r: &mut RingStream, msg: &[u8], n: u64) -> Re
             ring.on_completion(c).map_err(s)?;
         }
     }
-    Ok(sent)
+    Ok(n)
 }
 
 /// Queues [`FILL`] successful completions on the counting device with one chained post

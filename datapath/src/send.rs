@@ -54,6 +54,15 @@ pub enum Opcode {
 }
 
 impl Opcode {
+    /// SEND and WRITE variants carry their payload, so they may be sent inline.
+    #[inline(always)]
+    const fn may_inline(self) -> bool {
+        matches!(
+            self,
+            Self::Send | Self::SendImm | Self::Write | Self::WriteImm
+        )
+    }
+
     #[inline(always)]
     const fn raw(self) -> ibv_wr_opcode {
         match self {
@@ -254,22 +263,34 @@ impl SendConfig {
 }
 
 /// Counters and settings, kept apart from the WR arrays so the per-message path touches
-/// one cache line of counters plus the slot's WR and SGE. `repr(C)` with the fields every
-/// message reads or writes first (the first 64 bytes), then what RDMA messages and posts
-/// read; the cold error state lives in [`Cold`], after the arrays.
+/// one cache line of counters plus the slot's tag, WR and SGE. `repr(C)` with the fields every
+/// message reads or writes first, then what the slow path, posts and completions read; the
+/// cold error state lives in [`Cold`], after the arrays.
 #[derive(Debug)]
 #[repr(C)]
 struct State {
-    staged: u64,
+    /// The `wr_id` of the next staged WR: `id_bits | (staged & SEQ_MASK)`. The staged count
+    /// itself is `next_id - id_off` (see [`SendRing::staged_seq`]): per message the fast
+    /// path only increments this one counter.
+    next_id: u64,
+    /// `next_id - staged`, constant within one 2^55 epoch of sequence numbers (the last WR
+    /// of an epoch takes the slow path, which recomputes both).
+    id_off: u64,
+    /// The inline limit, as wide as a slice length (one compare per inline message).
+    max_inline: usize,
+    has_remote: bool,
+    /// A [`Batch`] is open (or was leaked with `mem::forget`).
+    batch_open: bool,
+    remote: RemoteBuf,
+    // --- the slow path (once per signal period / batch / ring-full), posts, completions.
+    posted: u64,
     retired: u64,
     /// `depth` normally, 0 while the QP is in error (one compare serves both checks).
     limit: u64,
     next_signal: u64,
-    posted: u64,
     id_bits: u64,
     signal_every: u64,
     batch: u64,
-    // --- second line: posts, completions and RDMA/atomic messages.
     qp: *mut ibv_qp,
     /// `qp->qp_num`: a completion of another QP is never this ring's.
     qp_num: u32,
@@ -281,12 +302,66 @@ struct State {
     /// [`SendCounters`]: crate::split::SendCounters
     /// [`SendRetirer`]: crate::split::SendRetirer
     split_key: u64,
-    remote: RemoteBuf,
-    max_inline: u32,
-    has_remote: bool,
-    /// A [`Batch`] is open (or was leaked with `mem::forget`).
-    batch_open: bool,
     depth: u64,
+    /// The slot tagged [`tag::EVENT`] (at most one is), and the tag it had before.
+    mark_slot: usize,
+    mark_saved: u8,
+    /// The last staging attempt found the ring full: the mark sits on the next slot, and
+    /// [`SendRing::batch`] moves it on if completions made room meanwhile.
+    blocked: bool,
+}
+
+/// Slot tags (see [`SendRing`]'s "Per-message cost"): what the slot's WR is formatted for.
+/// Values below 0x80 are formats ([`fmt_of`]); the others never match a message.
+mod tag {
+    /// Never formatted (a fresh ring).
+    pub const UNFORMATTED: u8 = 0xFE;
+    /// The slot's last WR was signaled: its `send_flags` must be rewritten.
+    pub const SIGNALED: u8 = 0xFD;
+    /// The next WR staged in this slot is an event: it is signaled, completes a batch, fills
+    /// the ring, ends a 2^55 epoch of sequence numbers or meets the error state.
+    pub const EVENT: u8 = 0xFF;
+}
+
+/// The ring settings the fast path reads (see [`SendRing::fast_params`]).
+#[derive(Clone, Copy, Debug)]
+struct FastParams {
+    max_inline: usize,
+    has_remote: bool,
+    remote_addr: u64,
+    remote_len: u64,
+}
+
+/// [`SendRing::slow_begin`]'s findings.
+const EV_SIGNAL: u32 = 1;
+const EV_FULL: u32 = 2;
+const EV_BLOCKED: u32 = 4;
+
+/// Local kinds of a format.
+const KIND_EMPTY: u8 = 0;
+const KIND_INLINE: u8 = 1 << 3;
+const KIND_BUF_INLINE: u8 = 2 << 3;
+const KIND_BUF: u8 = 3 << 3;
+
+/// The format of a message: opcode and local kind (empty, inline, registered memory sent
+/// inline, registered memory). Two messages of one format differ only in the per-message
+/// fields: `wr_id`, the SGE's address and length (and lkey), remote address, immediate and
+/// atomic operands. Everything else (`opcode`, `num_sge`, `send_flags` of an unsignaled WR,
+/// `rkey`) is the format's.
+#[inline(always)]
+fn fmt_of(msg: &Msg<'_>, max_inline: usize) -> u8 {
+    let kind = match msg.local {
+        Local::Empty => KIND_EMPTY,
+        Local::Inline(_) => KIND_INLINE,
+        Local::Buf(b) => {
+            if b.len as usize <= max_inline && msg.op.may_inline() {
+                KIND_BUF_INLINE
+            } else {
+                KIND_BUF
+            }
+        }
+    };
+    msg.op as u8 | kind
 }
 
 /// Error state, touched only when something went wrong.
@@ -319,8 +394,10 @@ struct Cold {
 #[repr(C, align(64))]
 pub struct SendRing<const N: usize> {
     st: State,
+    /// Per slot: the format its WR holds, or a reason why the next message staged there
+    /// must take the slow path (see [`tag`]). Bookkeeping only, never seen by the provider.
+    tags: [u8; N],
     wrs: UnsafeCell<[ibv_send_wr; N]>,
-    sges: UnsafeCell<[ibv_sge; N]>,
     cold: Cold,
     /// See the module's aliasing invariant.
     _pinned: PhantomPinned,
@@ -337,7 +414,7 @@ impl<const N: usize> core::fmt::Debug for SendRing<N> {
             .field("ring_id", &self.ring_id())
             .field("qp_num", &self.st.qp_num)
             .field("depth", &self.st.depth)
-            .field("staged", &self.st.staged)
+            .field("staged", &self.staged_seq())
             .field("posted", &self.st.posted)
             .field("retired", &self.st.retired)
             .field("error", &self.cold.error)
@@ -348,6 +425,13 @@ impl<const N: usize> core::fmt::Debug for SendRing<N> {
 impl<const N: usize> SendRing<N> {
     const MASK: usize = {
         assert!(N.is_power_of_two(), "SendRing<N>: N must be a power of two");
+        // The SGE fits the WR's bind_mw / tso union (see `sge_of`).
+        assert!(
+            core::mem::offset_of!(ibv_send_wr, __bindgen_anon_2) % core::mem::align_of::<ibv_sge>()
+                == 0
+                && core::mem::size_of::<ibv_sge>()
+                    <= core::mem::size_of::<ibv_send_wr__bindgen_ty_4>()
+        );
         N - 1
     };
 
@@ -432,9 +516,10 @@ impl<const N: usize> SendRing<N> {
         // UnsafeCell of them, and `st` is written as a whole before the reference is made.
         let ring = unsafe {
             addr_of_mut!((*p).wrs).write_bytes(0, 1);
-            addr_of_mut!((*p).sges).write_bytes(0, 1);
+            addr_of_mut!((*p).tags).write([tag::UNFORMATTED; N]);
             addr_of_mut!((*p).st).write(State {
-                staged: 0,
+                next_id: wr_id::encode(cfg.ring_id, 0),
+                id_off: wr_id::encode(cfg.ring_id, 0),
                 posted: 0,
                 retired: 0,
                 limit: depth,
@@ -443,7 +528,7 @@ impl<const N: usize> SendRing<N> {
                 depth,
                 signal_every: cfg.signal_every as u64,
                 batch: cfg.batch as u64,
-                max_inline: cfg.max_inline,
+                max_inline: cfg.max_inline as usize,
                 batch_open: false,
                 qp,
                 qp_num,
@@ -451,6 +536,9 @@ impl<const N: usize> SendRing<N> {
                 has_remote: cfg.remote.is_some(),
                 linked_at: 0,
                 split_key: 0,
+                mark_slot: 0,
+                mark_saved: tag::UNFORMATTED,
+                blocked: false,
             });
             addr_of_mut!((*p).cold).write(Cold {
                 error: None,
@@ -475,7 +563,65 @@ impl<const N: usize> SendRing<N> {
             }
         }
         ring.link();
+        ring.mark_event();
         Ok(ring)
+    }
+
+    /// The sequence number of the next staged WR (the count of WRs staged since creation).
+    #[inline(always)]
+    fn staged_seq(&self) -> u64 {
+        self.st.next_id.wrapping_sub(self.st.id_off)
+    }
+
+    /// Sets the staged count (and the `wr_id` of the next WR, starting a new epoch of
+    /// `id_off` if the count crossed a 2^55 boundary).
+    #[inline(always)]
+    fn set_staged(&mut self, staged: u64) {
+        let st = &mut self.st;
+        st.next_id = st.id_bits | (staged & wr_id::SEQ_MASK);
+        st.id_off = st.next_id.wrapping_sub(staged);
+    }
+
+    /// The sequence number of the next WR that must take the slow path: the next scheduled
+    /// signal, the WR that completes a batch, the one that fills the ring, the last of a
+    /// 2^55 epoch; the next WR itself when the ring is full or in the error state.
+    #[inline]
+    fn event_at(&self) -> u64 {
+        let st = &self.st;
+        let staged = self.staged_seq();
+        let cap = (st.retired + st.limit).saturating_sub(1);
+        let batch_end = st.posted + st.batch - 1;
+        let epoch_end = staged | wr_id::SEQ_MASK;
+        st.next_signal
+            .min(cap)
+            .min(batch_end)
+            .min(epoch_end)
+            .max(staged)
+    }
+
+    /// Tags the slot of the next event so the fast path leaves it to the slow path. Called
+    /// whenever the next event may have moved earlier (a mark that turned out early costs
+    /// one slow-path message, one that is late would be a bug): the event is always within
+    /// the next `N` sequence numbers (`limit <= N`), so its slot is unambiguous, and it is
+    /// never a staged WR's slot.
+    ///
+    /// One slot at a time carries the mark: moving it gives the previous slot back the tag
+    /// it had (its WR was not touched meanwhile: only the slow path writes WRs, and staging
+    /// into the marked slot consumes the mark).
+    #[inline]
+    fn mark_event(&mut self) {
+        let e = self.event_at() as usize & Self::MASK;
+        let old = self.st.mark_slot & Self::MASK;
+        if old != e {
+            if self.tags[old] == tag::EVENT {
+                self.tags[old] = self.st.mark_saved;
+            }
+            self.st.mark_saved = self.tags[e];
+            self.st.mark_slot = e;
+        } else if self.tags[e] != tag::EVENT {
+            self.st.mark_saved = self.tags[e];
+        }
+        self.tags[e] = tag::EVENT;
     }
 
     /// The WR array, for raw access only (see the module's aliasing invariant).
@@ -484,22 +630,28 @@ impl<const N: usize> SendRing<N> {
         self.wrs.get().cast()
     }
 
-    /// The SGE array, for raw access only.
+    /// The SGE of the WR at `wr`: it lives in the WR's own `bind_mw` / `tso` union, which
+    /// providers read only for `IBV_WR_BIND_MW` and `IBV_WR_TSO` (opcodes a ring never
+    /// sends), so one slot index addresses the WR and its SGE alike.
+    ///
+    /// # Safety
+    /// `wr` points into the WR array.
     #[inline(always)]
-    fn sges_ptr(&self) -> *mut ibv_sge {
-        self.sges.get().cast()
+    unsafe fn sge_of(wr: *mut ibv_send_wr) -> *mut ibv_sge {
+        // SAFETY: a place projection inside the WR (the caller's contract); no reference.
+        unsafe { addr_of_mut!((*wr).__bindgen_anon_2).cast() }
     }
 
     /// Sets `sg_list` and the ring `next` links (once, and again after a move).
     #[cold]
     fn link(&mut self) {
         let wrs = self.wrs_ptr();
-        let sges = self.sges_ptr();
         for i in 0..N {
-            // SAFETY: i and (i + 1) & MASK are < N, inside both arrays.
+            // SAFETY: i and (i + 1) & MASK are < N, inside the array.
             unsafe {
-                (*wrs.add(i)).sg_list = sges.add(i);
-                (*wrs.add(i)).next = wrs.add((i + 1) & Self::MASK);
+                let wr = wrs.add(i);
+                (*wr).sg_list = Self::sge_of(wr);
+                (*wr).next = wrs.add((i + 1) & Self::MASK);
             }
         }
         self.st.linked_at = wrs as usize;
@@ -526,140 +678,260 @@ impl<const N: usize> SendRing<N> {
         self.stage_inner(&msg)
     }
 
+    /// What the fast path reads besides the slot: a [`Batch`] keeps a copy (with its own
+    /// cursor) in registers for as long as it is open.
+    #[inline(always)]
+    fn fast_params(&self) -> FastParams {
+        FastParams {
+            max_inline: self.st.max_inline,
+            has_remote: self.st.has_remote,
+            remote_addr: self.st.remote.addr,
+            remote_len: self.st.remote.len,
+        }
+    }
+
+    /// Staging through the ring's own cursor (`stage`, `send_now`).
     #[inline(always)]
     fn stage_inner(&mut self, msg: &Msg<'_>) -> Result<u64, SendError> {
-        let st = &mut self.st;
-        if st.staged - st.retired >= st.limit {
-            return Err(self.blocked());
+        let id = self.st.next_id;
+        let p = self.fast_params();
+        if self.try_fast(id, &p, msg)? {
+            self.st.next_id = id + 1;
+            Ok(id.wrapping_sub(self.st.id_off))
+        } else {
+            self.stage_slow(msg)
         }
-        let seq = st.staged;
-        let i = seq as usize & Self::MASK;
-        // Raw pointers from `UnsafeCell::get`, never references: see the module's aliasing
-        // invariant. `&mut self` excludes every other access to the slot.
-        // SAFETY: i < N (masked): inside both arrays (in-bounds offsets also tell the
-        // optimiser these slots are not the counters it keeps in registers).
-        let (wr, sge) = unsafe {
-            (
-                self.wrs.get().cast::<ibv_send_wr>().add(i),
-                self.sges.get().cast::<ibv_sge>().add(i),
-            )
+    }
+
+    /// The fast path of staging, for the WR whose `wr_id` is `id` (the cursor; the ring's
+    /// `next_id` or a [`Batch`]'s copy of it): a message whose format the slot's WR already
+    /// has (its tag says so, and the tag is no event) writes only its per-message fields.
+    /// `Ok(true)`: staged (the caller advances the cursor); `Ok(false)`: the slow path must
+    /// stage it; `Err`: refused, nothing changed.
+    #[inline(always)]
+    fn try_fast(&mut self, id: u64, p: &FastParams, msg: &Msg<'_>) -> Result<bool, SendError> {
+        let i = id as usize & Self::MASK;
+        if self.tags[i] != fmt_of(msg, p.max_inline) {
+            return Ok(false);
+        }
+        // Validate before touching the WR (in the slow path's order).
+        if let Local::Inline(data) = msg.local {
+            if data.len() > p.max_inline {
+                return Err(self.inline_too_long(data.len()));
+            }
+        }
+        let remote = match msg.op {
+            Opcode::Send | Opcode::SendImm => 0,
+            _ => Self::check_remote(p, msg)?,
         };
-        let mut flags = 0;
-        let len: u64;
-        let num_sge;
-        match msg.local {
-            Local::Empty => {
-                num_sge = 0;
-                len = 0;
-            }
-            Local::Inline(data) => {
-                if data.len() > st.max_inline as usize {
-                    return Err(SendError::InlineTooLong {
-                        len: data.len(),
-                        max: st.max_inline,
-                    });
+        // SAFETY: i < N (masked); raw access only (the module's aliasing invariant); `&mut
+        // self` excludes every other access to the slot, which holds no staged WR (a
+        // matching tag is never an event, so the ring is not full).
+        unsafe { self.write_per_message(i, msg, remote, id) };
+        Ok(true)
+    }
+
+    /// Writes the per-message fields of slot `i`: `wr_id`, the SGE (address, length; lkey
+    /// of registered memory), the remote address, immediate and atomic operands.
+    ///
+    /// # Safety
+    /// `i < N`, and the slot holds no staged WR.
+    #[inline(always)]
+    unsafe fn write_per_message(&mut self, i: usize, msg: &Msg<'_>, remote: u64, id: u64) {
+        // Raw pointers from `UnsafeCell::get`, never references: see the module's aliasing
+        // invariant.
+        // SAFETY: i < N (the caller's contract): inside the array (in-bounds offsets also
+        // tell the optimiser these slots are not the counters it keeps in registers).
+        let (wr, sge) = unsafe {
+            let wr = self.wrs_ptr().add(i);
+            (wr, Self::sge_of(wr))
+        };
+        // SAFETY: inside the array; plain integer fields and Copy unions.
+        unsafe {
+            match msg.local {
+                Local::Empty => {}
+                Local::Inline(data) => {
+                    (*sge).addr = data.as_ptr() as u64;
+                    (*sge).length = data.len() as u32;
                 }
-                num_sge = 1;
-                // SAFETY: i < N, so sge is inside the SGE array; written through the raw
-                // pointer only.
-                unsafe {
-                    *sge = ibv_sge {
-                        addr: data.as_ptr() as u64,
-                        length: data.len() as u32,
-                        lkey: 0,
-                    }
-                };
-                flags = IBV_SEND_INLINE;
-                len = data.len() as u64;
-            }
-            Local::Buf(b) => {
-                num_sge = 1;
-                // SAFETY: as above.
-                unsafe {
+                Local::Buf(b) => {
                     *sge = ibv_sge {
                         addr: b.addr,
                         length: b.len,
                         lkey: b.lkey,
                     }
-                };
-                if b.len <= st.max_inline
-                    && matches!(
-                        msg.op,
-                        Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
-                    )
-                {
-                    flags = IBV_SEND_INLINE;
                 }
-                len = b.len as u64;
             }
+            match msg.op {
+                Opcode::Send => {}
+                Opcode::SendImm => (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be(),
+                Opcode::Write | Opcode::Read => (*wr).wr.rdma.remote_addr = remote,
+                Opcode::WriteImm => {
+                    (*wr).wr.rdma.remote_addr = remote;
+                    (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be();
+                }
+                Opcode::FetchAdd | Opcode::CmpSwap => {
+                    (*wr).wr.atomic.remote_addr = remote;
+                    (*wr).wr.atomic.compare_add = msg.compare_add;
+                    (*wr).wr.atomic.swap = msg.swap;
+                }
+            }
+            (*wr).wr_id = id;
         }
-        // Validate before touching the WR, so a refused message leaves the slot as it was.
-        let remote = match msg.op {
-            Opcode::Send | Opcode::SendImm => None,
-            Opcode::Write | Opcode::WriteImm | Opcode::Read => {
-                Some(Self::remote_addr(st, msg.remote_offset, len)?)
-            }
+    }
+
+    /// The remote address of an RDMA or atomic message, checked against the ring's remote
+    /// buffer (and 8-byte alignment for atomics).
+    #[inline(always)]
+    fn check_remote(p: &FastParams, msg: &Msg<'_>) -> Result<u64, SendError> {
+        let len = match msg.local {
+            Local::Empty => 0,
+            Local::Inline(d) => d.len() as u64,
+            Local::Buf(b) => b.len as u64,
+        };
+        match msg.op {
             Opcode::FetchAdd | Opcode::CmpSwap => {
                 if msg.remote_offset & 7 != 0 || len != 8 {
                     return Err(SendError::AtomicMisaligned);
                 }
-                let remote_addr = Self::remote_addr(st, msg.remote_offset, 8)?;
+                let remote_addr = Self::remote_addr(p, msg.remote_offset, 8)?;
                 if remote_addr & 7 != 0 {
                     return Err(SendError::AtomicMisaligned);
                 }
-                Some(remote_addr)
+                Ok(remote_addr)
             }
+            _ => Self::remote_addr(p, msg.remote_offset, len),
+        }
+    }
+
+    #[cold]
+    fn inline_too_long(&self, len: usize) -> SendError {
+        SendError::InlineTooLong {
+            len,
+            max: self.st.max_inline as u32,
+        }
+    }
+
+    /// The slow path of staging: events (the signal schedule, the end of a batch, a full
+    /// ring, the error state, an epoch boundary of `wr_id`s) and slots formatted for another
+    /// kind of message. Writes the whole WR, sets the slot's tag and marks the next event.
+    /// The message-specific part is inlined where the message is built (so it folds to a few
+    /// stores for a known kind of message); the ring's bookkeeping is in two outlined cold
+    /// functions, [`slow_begin`](Self::slow_begin) and [`slow_commit`](Self::slow_commit).
+    #[inline(always)]
+    fn stage_slow(&mut self, msg: &Msg<'_>) -> Result<u64, SendError> {
+        let ev = self.slow_begin();
+        if ev & EV_BLOCKED != 0 {
+            return Err(self.blocked());
+        }
+        let max_inline = self.st.max_inline;
+        if let Local::Inline(data) = msg.local {
+            if data.len() > max_inline {
+                return Err(self.inline_too_long(data.len()));
+            }
+        }
+        // Validate before touching the WR, so a refused message leaves the slot as it was.
+        let remote = match msg.op {
+            Opcode::Send | Opcode::SendImm => 0,
+            _ => Self::check_remote(&self.fast_params(), msg)?,
         };
-        let full = seq + 1 - st.retired == st.limit;
-        if seq == st.next_signal {
-            flags |= IBV_SEND_SIGNALED;
-            st.next_signal += st.signal_every;
-        } else if full {
-            // The WR that fills the ring is always signaled and posted at once: a full ring
-            // therefore always has a signaled WR in flight and drains by polling.
+        let fmt = fmt_of(msg, max_inline);
+        let mut flags = match fmt & !7 {
+            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
+            _ => 0,
+        };
+        if ev & (EV_SIGNAL | EV_FULL) != 0 {
             flags |= IBV_SEND_SIGNALED;
         }
-        // SAFETY: i < N, so wr is inside the WR array; written through the raw pointer only
-        // (plain integer fields and Copy unions).
+        let id = self.st.next_id;
+        let i = id as usize & Self::MASK;
+        // SAFETY: i < N (masked): inside the array; raw access only; the slot holds no
+        // staged WR (the ring is not full: slow_begin checked).
         unsafe {
-            (*wr).num_sge = num_sge;
+            let wr = self.wrs_ptr().add(i);
+            (*wr).num_sge = !matches!(msg.local, Local::Empty) as i32;
             (*wr).opcode = msg.op.raw();
-            match (msg.op, remote) {
-                (Opcode::SendImm, _) => (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be(),
-                (Opcode::FetchAdd | Opcode::CmpSwap, Some(remote_addr)) => {
-                    (*wr).wr.atomic = ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr,
-                        compare_add: msg.compare_add,
-                        swap: msg.swap,
-                        rkey: st.remote.rkey,
-                    }
-                }
-                (_, Some(remote_addr)) => {
-                    (*wr).wr.rdma = ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr,
-                        rkey: st.remote.rkey,
-                    };
-                    (*wr).__bindgen_anon_1.imm_data = msg.imm.to_be();
-                }
-                (_, None) => {}
-            }
             (*wr).send_flags = flags;
-            (*wr).wr_id = st.id_bits | (seq & wr_id::SEQ_MASK);
+            if let Local::Inline(_) = msg.local {
+                (*Self::sge_of(wr)).lkey = 0;
+            }
+            match msg.op {
+                Opcode::Write | Opcode::WriteImm | Opcode::Read => {
+                    (*wr).wr.rdma.rkey = self.st.remote.rkey;
+                }
+                Opcode::FetchAdd | Opcode::CmpSwap => {
+                    (*wr).wr.atomic.rkey = self.st.remote.rkey;
+                }
+                Opcode::Send | Opcode::SendImm => {}
+            }
+            self.write_per_message(i, msg, remote, id);
         }
-        st.staged = seq + 1;
-        if full || st.staged - st.posted >= st.batch {
-            self.flush_inner()?;
-        }
+        let seq = id.wrapping_sub(self.st.id_off);
+        self.slow_commit(ev, fmt)?;
         Ok(seq)
     }
 
+    /// First half of the slow path's bookkeeping: is there room (else mark the slot, remember
+    /// the ring is blocked and say so), and is the WR signaled (the schedule's turn, or it
+    /// fills the ring)? Commits nothing else, so a message refused afterwards changes nothing.
+    #[cold]
+    #[inline(never)]
+    fn slow_begin(&mut self) -> u32 {
+        let seq = self.staged_seq();
+        let st = &self.st;
+        if seq - st.retired >= st.limit {
+            // The mark stays on this slot: the next message comes back here.
+            self.mark_event();
+            self.st.blocked = true;
+            return EV_BLOCKED;
+        }
+        let mut ev = 0;
+        if seq == st.next_signal {
+            ev |= EV_SIGNAL;
+        }
+        if seq + 1 - st.retired == st.limit {
+            // The WR that fills the ring is always signaled and posted at once: a full ring
+            // therefore always has a signaled WR in flight and drains by polling.
+            ev |= EV_FULL;
+        }
+        ev
+    }
+
+    /// Second half: the WR at the cursor is written; tag its slot, advance the signal
+    /// schedule and the cursor, post if the batch is complete or the ring full, and mark the
+    /// next event.
+    #[cold]
+    #[inline(never)]
+    fn slow_commit(&mut self, ev: u32, fmt: u8) -> Result<(), SendError> {
+        let seq = self.staged_seq();
+        let i = seq as usize & Self::MASK;
+        let signaled = ev & (EV_SIGNAL | EV_FULL) != 0;
+        self.tags[i] = if signaled { tag::SIGNALED } else { fmt };
+        if i == self.st.mark_slot & Self::MASK {
+            // Staging into the marked slot consumed the mark.
+            self.st.mark_saved = self.tags[i];
+        }
+        if ev & EV_SIGNAL != 0 {
+            self.st.next_signal += self.st.signal_every;
+        }
+        self.set_staged(seq + 1);
+        if ev & EV_FULL != 0 || seq + 1 - self.st.posted >= self.st.batch {
+            let r = self.flush_inner();
+            self.mark_event();
+            r
+        } else {
+            self.mark_event();
+            Ok(())
+        }
+    }
+
     #[inline(always)]
-    fn remote_addr(st: &State, offset: u64, len: u64) -> Result<u64, SendError> {
-        if !st.has_remote {
+    fn remote_addr(p: &FastParams, offset: u64, len: u64) -> Result<u64, SendError> {
+        if !p.has_remote {
             return Err(SendError::NoRemote);
         }
         match offset.checked_add(len) {
-            Some(end) if end <= st.remote.len => Ok(st.remote.addr.wrapping_add(offset)),
+            Some(end) if end <= p.remote_len => Ok(p.remote_addr.wrapping_add(offset)),
             _ => Err(SendError::RemoteOutOfRange { offset, len }),
         }
     }
@@ -687,31 +959,42 @@ impl<const N: usize> SendRing<N> {
         self.flush_inner()
     }
 
+    /// Posts the staged chain. The next event only moves later (the batch restarts), so the
+    /// mark stays: at worst it sends one message through the slow path early.
     #[inline]
     fn flush_inner(&mut self) -> Result<(), SendError> {
-        let n = self.st.staged - self.st.posted;
-        if n == 0 {
+        let staged = self.staged_seq();
+        if staged == self.st.posted {
             return Ok(());
         }
+        self.post_chain(staged)
+    }
+
+    /// Posts `posted..staged` (non-empty) as one chain.
+    #[inline]
+    fn post_chain(&mut self, staged: u64) -> Result<(), SendError> {
         let wrs = self.wrs_ptr();
         if self.st.linked_at != wrs as usize {
             self.link();
         }
         let first = self.st.posted as usize & Self::MASK;
-        let last = (self.st.staged - 1) as usize & Self::MASK;
+        let last = (staged - 1) as usize & Self::MASK;
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: first/last are masked indices inside `wrs`; the chain first..=last is
-        // linked (checked above) and cut at `last`; every WR in it was formatted by
-        // stage_inner, with inline pointers kept valid by the stage/Batch contracts; the QP
-        // is live per `new`'s contract. The link is restored right after the call.
+        // linked (checked above) and cut at `last` (the only cut and restore of this flush);
+        // every WR in it was formatted by the staging paths, with inline pointers kept valid
+        // by the stage/Batch contracts; the QP is live per `new`'s contract. The link is
+        // restored right after the call.
         let rc = unsafe {
-            (*wrs.add(last)).next = ptr::null_mut();
+            let last_wr = wrs.add(last);
+            let next = (*last_wr).next;
+            (*last_wr).next = ptr::null_mut();
             let rc = ibv_post_send(self.st.qp, wrs.add(first), &mut bad);
-            (*wrs.add(last)).next = wrs.add((last + 1) & Self::MASK);
+            (*last_wr).next = next;
             rc
         };
         if rc == 0 {
-            self.st.posted = self.st.staged;
+            self.st.posted = staged;
             Ok(())
         } else {
             Err(SendError::Post(self.post_failed(rc, bad, first)))
@@ -720,7 +1003,7 @@ impl<const N: usize> SendRing<N> {
 
     #[cold]
     fn post_failed(&mut self, rc: i32, bad: *mut ibv_send_wr, first: usize) -> PostError {
-        let n = (self.st.staged - self.st.posted) as usize;
+        let n = (self.staged_seq() - self.st.posted) as usize;
         // Index of `bad` in the chain, if it points at a WR of the chain (wrapping: a
         // provider returning a pointer outside the chain must not panic here).
         let off = (bad as usize).wrapping_sub(self.wrs_ptr() as usize);
@@ -752,20 +1035,22 @@ impl<const N: usize> SendRing<N> {
             first_rejected: PostError::UNKNOWN,
             first_rejected_seq: self.st.posted,
         };
-        self.st.posted = self.st.staged;
+        self.st.posted = self.staged_seq();
         self.cold.unknown = Some(e);
         self.st.limit = 0;
+        self.mark_event();
         e
     }
 
     /// Drops staged WRs from `seq` on and rewinds the signal schedule.
     #[cold]
     fn unstage_to(&mut self, seq: u64) {
+        self.set_staged(seq);
         let st = &mut self.st;
-        st.staged = seq;
         while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
             st.next_signal -= st.signal_every;
         }
+        self.mark_event();
     }
 
     #[cold]
@@ -788,7 +1073,11 @@ impl<const N: usize> SendRing<N> {
             self.drop_leaked_batch();
         }
         let seq = self.stage_inner(&msg)?;
-        self.flush_inner()?;
+        // Something is staged (this message, unless the slow path already posted it).
+        let staged = self.staged_seq();
+        if staged != self.st.posted {
+            self.post_chain(staged)?;
+        }
         Ok(seq)
     }
 
@@ -800,7 +1089,14 @@ impl<const N: usize> SendRing<N> {
             self.drop_leaked_batch();
         }
         self.st.batch_open = true;
+        if self.st.blocked {
+            // Completions may have made room since: move the mark on (or leave it).
+            self.st.blocked = false;
+            self.mark_event();
+        }
         Batch {
+            next_id: self.st.next_id,
+            params: self.fast_params(),
             ring: self,
             _data: PhantomData,
         }
@@ -845,6 +1141,7 @@ impl<const N: usize> SendRing<N> {
             self.cold.error = Some(e);
         }
         self.st.limit = 0;
+        self.mark_event();
     }
 
     /// Retires everything before `retired` (split mode: the poller's published count).
@@ -926,17 +1223,19 @@ impl<const N: usize> SendRing<N> {
     /// only true if the device dropped those WRs. In split mode no retirer may be running
     /// (make new counters and a new retirer with [`split`](Self::split)).
     pub unsafe fn reset(&mut self) -> u64 {
+        let dropped = self.staged_seq() - self.st.retired;
+        let posted = self.st.posted;
+        self.set_staged(posted);
         let st = &mut self.st;
-        let dropped = st.staged - st.retired;
         st.batch_open = false;
         self.cold.deferred = None;
         self.cold.unknown = None;
-        st.staged = st.posted;
-        st.retired = st.posted;
+        st.retired = posted;
         self.cold.error = None;
         st.limit = st.depth;
         // Restart the signal schedule relative to the new position.
-        st.next_signal = st.posted + st.signal_every - 1;
+        st.next_signal = posted + st.signal_every - 1;
+        self.mark_event();
         dropped
     }
 
@@ -988,7 +1287,8 @@ impl<const N: usize> SendRing<N> {
     /// after `signal_next()` (or use [`flush_signaled`](Self::flush_signaled)).
     #[inline]
     pub fn signal_next(&mut self) {
-        self.st.next_signal = self.st.staged;
+        self.st.next_signal = self.staged_seq();
+        self.mark_event();
     }
 
     /// Marks the last staged WR signaled and posts the staged chain, so that every WR
@@ -1000,12 +1300,14 @@ impl<const N: usize> SendRing<N> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        if self.st.staged == self.st.posted {
+        let staged = self.staged_seq();
+        if staged == self.st.posted {
             return self.flush().map(|()| false);
         }
-        let last = (self.st.staged - 1) as usize & Self::MASK;
+        let last = (staged - 1) as usize & Self::MASK;
         // SAFETY: last < N: inside the array; raw access only (module invariant).
         unsafe { (*self.wrs_ptr().add(last)).send_flags |= IBV_SEND_SIGNALED };
+        self.tags[last] = tag::SIGNALED;
         // The schedule's next signal stays >= staged: runs only get shorter.
         self.flush().map(|()| true)
     }
@@ -1033,14 +1335,14 @@ impl<const N: usize> SendRing<N> {
     /// WRs staged and not yet posted.
     #[inline(always)]
     pub fn staged(&self) -> u64 {
-        self.st.staged - self.st.posted
+        self.staged_seq() - self.st.posted
     }
     /// Slots available to [`stage`](Self::stage) (0 in the error state).
     #[inline(always)]
     pub fn free(&self) -> u64 {
         self.st
             .limit
-            .saturating_sub(self.st.staged - self.st.retired)
+            .saturating_sub(self.staged_seq() - self.st.retired)
     }
     /// Total WRs posted since creation (the next posted sequence number).
     #[inline(always)]
@@ -1093,6 +1395,13 @@ impl<const N: usize> SendRing<N> {
 #[must_use = "a batch posts its messages on finish() or drop"]
 pub struct Batch<'r, 'd, const N: usize> {
     ring: &'r mut SendRing<N>,
+    /// The ring's cursor (`next_id`) while the batch is open: the fast path advances this
+    /// copy, which lives in a register of the caller's loop, and the ring's is brought up to
+    /// date before the slow path, on `finish` and on drop. (A leaked batch leaves the
+    /// ring's cursor behind: the ring drops the leaked batch's unposted WRs anyway.)
+    next_id: u64,
+    /// The ring settings the fast path reads, also kept in registers.
+    params: FastParams,
     _data: PhantomData<&'d [u8]>,
 }
 
@@ -1108,24 +1417,34 @@ impl<const N: usize> core::fmt::Debug for Batch<'_, '_, N> {
 impl<'d, const N: usize> Batch<'_, 'd, N> {
     /// Stages one inline or empty message (auto-flushing at the batch size or when the ring
     /// fills). Returns its sequence number.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, msg: Msg<'d>) -> Result<u64, SendError> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
-        self.ring.stage_inner(&msg)
+        let id = self.next_id;
+        if self.ring.try_fast(id, &self.params, &msg)? {
+            self.next_id = id + 1;
+            Ok(id.wrapping_sub(self.ring.st.id_off))
+        } else {
+            self.ring.st.next_id = id;
+            let r = self.ring.stage_slow(&msg);
+            self.next_id = self.ring.st.next_id;
+            r
+        }
     }
 
     /// Number of messages staged and not yet posted.
     #[inline(always)]
     pub fn staged(&self) -> u64 {
-        self.ring.staged()
+        self.next_id.wrapping_sub(self.ring.st.id_off) - self.ring.st.posted
     }
 
     /// Posts what is staged and closes the batch.
     #[inline]
     pub fn finish(self) -> Result<(), SendError> {
         let mut this = core::mem::ManuallyDrop::new(self);
+        this.ring.st.next_id = this.next_id;
         this.ring.st.batch_open = false;
         this.ring.flush_inner()
     }
@@ -1133,6 +1452,7 @@ impl<'d, const N: usize> Batch<'_, 'd, N> {
 
 impl<const N: usize> Drop for Batch<'_, '_, N> {
     fn drop(&mut self) {
+        self.ring.st.next_id = self.next_id;
         self.ring.st.batch_open = false;
         if let Err(SendError::Post(e)) = self.ring.flush_inner() {
             // Reported by the next SendRing::flush.

@@ -16,6 +16,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use hotverbs::exchange::{parse, parse_pingpong, Endpoint, PINGPONG_LEN, WIRE_LEN, WIRE_LEN_MR};
+use hotverbs_fuzz::display_with;
 use libfuzzer_sys::fuzz_target;
 
 /// The pingpong formatter under test (the planted bug lives here).
@@ -45,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
             let back = parse_pingpong(&text).expect("our pingpong text parses");
             assert_eq!(back, Endpoint { mr: None, ..ep });
         }
-        Err(e) => assert!(!e.to_string().is_empty()),
+        Err(e) => display_with(&e, |t| assert!(!t.is_empty())),
     }
     match parse_pingpong(data) {
         Ok(ep) => {
@@ -61,6 +62,6 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(parse_pingpong(&text).expect("re-parse"), ep);
             assert_eq!(parse(&ep.to_bytes()).expect("binary round trip"), ep);
         }
-        Err(e) => assert!(!e.to_string().is_empty()),
+        Err(e) => display_with(&e, |t| assert!(!t.is_empty())),
     }
 });

@@ -250,3 +250,45 @@ pub unsafe fn post_one_recv(qp: *mut ibv_qp, wr_id: u64, addr: u64, len: u32, lk
     // SAFETY: caller's contract; a one-WR chain with one SGE.
     unsafe { inline::ibv_post_recv(qp, &mut wr, &mut bad) }
 }
+
+std::thread_local! {
+    /// The text buffer of [`display_with`] / [`debug_with`], reused across inputs.
+    static TEXT: core::cell::RefCell<String> = const { core::cell::RefCell::new(String::new()) };
+}
+
+/// Formats `v` with `Display` into a buffer reused across inputs (no allocation per input
+/// once it has grown: allocations under AddressSanitizer are a large share of a fast
+/// target's time) and hands the text to `f`. Not reentrant: `f` must not call it again.
+pub fn display_with<R>(v: &dyn core::fmt::Display, f: impl FnOnce(&str) -> R) -> R {
+    TEXT.with_borrow_mut(|t| {
+        use core::fmt::Write;
+        t.clear();
+        write!(t, "{v}").expect("Display into a String");
+        f(t)
+    })
+}
+
+/// [`display_with`] for `Debug`.
+pub fn debug_with<R>(v: &dyn core::fmt::Debug, f: impl FnOnce(&str) -> R) -> R {
+    TEXT.with_borrow_mut(|t| {
+        use core::fmt::Write;
+        t.clear();
+        write!(t, "{v:?}").expect("Debug into a String");
+        f(t)
+    })
+}
+
+/// `n` in decimal, in `buf` (no allocation).
+pub fn decimal(n: u32, buf: &mut [u8; 10]) -> &str {
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    core::str::from_utf8(&buf[i..]).expect("ASCII digits")
+}

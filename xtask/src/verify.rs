@@ -60,7 +60,7 @@ fn have_cargo_fuzz() -> bool {
 }
 
 /// Wall-clock seconds of fuzzing in a CI run (`cargo xtask fuzz` without arguments), split
-/// over the targets by [`fuzz_weight`] and run [`FUZZ_LANES`] at a time.
+/// over the targets by [`fuzz_tuning`] and run [`FUZZ_LANES`] at a time.
 const FUZZ_CI_SECONDS: u32 = 150;
 /// Executions CI requires from one run, summed over the targets.
 const FUZZ_CI_MIN_EXECS: u64 = 10_000_000;
@@ -69,14 +69,36 @@ const FUZZ_LANES: usize = 2;
 /// No target gets less than this in a CI run.
 const FUZZ_MIN_SECONDS: u32 = 15;
 
-/// A target's share of the CI fuzzing time. The fast decoders get more (they carry the
-/// execution count); every stateful target keeps a share that reaches its deep states
-/// (each does tens of thousands of operation sequences per second of it).
-fn fuzz_weight(target: &str) -> u32 {
-    match target {
-        "exchange" | "completions" => 5,
-        "recv_ring" | "split" => 4,
-        _ => 3,
+/// How one target is run: its share of the CI fuzzing time, libFuzzer's `-max_len`, and
+/// its `ASAN_OPTIONS`.
+struct FuzzTuning {
+    /// Relative share of [`FUZZ_CI_SECONDS`] x [`FUZZ_LANES`].
+    weight: u32,
+    /// Input size cap (None: libFuzzer's default, 4096 bytes).
+    max_len: Option<u32>,
+    /// `ASAN_OPTIONS` (empty: AddressSanitizer's defaults).
+    asan: &'static str,
+}
+
+/// Per-target tuning (measured in `fuzz/README.md`, "Executions"). The two decoders are
+/// cheap per input and carry most of the execution count; they read at most 64 bytes and
+/// hold no raw pointers, so they run with a lighter AddressSanitizer (no stack-use-after-
+/// return detection, no allocation stacks in reports: about 1.4x the executions). The
+/// four stateful targets keep full AddressSanitizer (rings, providers and shims there
+/// hand raw pointers around) and a share that reaches their deep states; the two that
+/// decode operation lists are capped at 384 bytes (their 48 or 64 operations).
+fn fuzz_tuning(target: &str) -> FuzzTuning {
+    const LIGHT: &str = "detect_stack_use_after_return=0:malloc_context_size=0";
+    let (weight, max_len, asan) = match target {
+        "exchange" => (16, Some(64), LIGHT),
+        "completions" => (14, Some(64), LIGHT),
+        "recv_ring" | "split" => (9, Some(384), ""),
+        _ => (6, None, ""),
+    };
+    FuzzTuning {
+        weight,
+        max_len,
+        asan,
     }
 }
 
@@ -86,7 +108,7 @@ fn fuzz_weight(target: &str) -> u32 {
 /// into the repository; crashes to `fuzz/artifacts/<target>/`.
 ///
 /// Without arguments (what `cargo xtask ci` runs) the targets share
-/// [`FUZZ_CI_SECONDS`] of wall-clock time by [`fuzz_weight`] and the run fails below
+/// [`FUZZ_CI_SECONDS`] of wall-clock time by [`fuzz_tuning`] and the run fails below
 /// [`FUZZ_CI_MIN_EXECS`] executions in total. `--seconds N` gives every target N seconds
 /// instead (no floor unless `--min-execs` is given). Prints one line per target from
 /// libFuzzer's final stats (`-print_final_stats=1`) and a total.
@@ -163,7 +185,8 @@ pub fn fuzz(args: &[String]) -> Result<(), String> {
         .join("release");
     let plan: Vec<(String, u32)> = match seconds {
         Some(s) => targets.iter().map(|t| (t.clone(), s)).collect(),
-        None => fuzz_shares(&targets, if ci { FUZZ_CI_SECONDS } else { 20 }),
+        None if ci => fuzz_shares(&targets, FUZZ_CI_SECONDS),
+        None => targets.iter().map(|t| (t.clone(), 20)).collect(),
     };
     let lanes = fuzz_lanes(&plan);
     eprintln!(
@@ -254,11 +277,11 @@ struct FuzzRun {
 /// Seconds per target: `total * lanes` shared by weight, at least [`FUZZ_MIN_SECONDS`].
 fn fuzz_shares(targets: &[String], total: u32) -> Vec<(String, u32)> {
     let lanes = FUZZ_LANES.min(targets.len()) as u32;
-    let sum: u32 = targets.iter().map(|t| fuzz_weight(t)).sum();
+    let sum: u32 = targets.iter().map(|t| fuzz_tuning(t).weight).sum();
     targets
         .iter()
         .map(|t| {
-            let s = total * lanes * fuzz_weight(t) / sum.max(1);
+            let s = total * lanes * fuzz_tuning(t).weight / sum.max(1);
             (t.clone(), s.max(FUZZ_MIN_SECONDS))
         })
         .collect()
@@ -305,6 +328,13 @@ fn fuzz_one(
     let seeds = fuzz_dir.join("corpus").join(target);
     if seeds.is_dir() {
         cmd.arg(&seeds);
+    }
+    let tuning = fuzz_tuning(target);
+    if let Some(n) = tuning.max_len {
+        cmd.arg(format!("-max_len={n}"));
+    }
+    if !tuning.asan.is_empty() {
+        cmd.env("ASAN_OPTIONS", tuning.asan);
     }
     cmd.arg(format!("-artifact_prefix={}/", artifacts.display()))
         .arg(format!("-max_total_time={seconds}"))

@@ -1133,6 +1133,15 @@ fn s10_read_and_atomic() {
         unsafe { tx.stage(Msg::fetch_add(dest, 4, 1)) },
         Err(SendError::AtomicMisaligned)
     );
+    // S10's "FAA with a 16-byte local buffer succeeds with byte_len 16" (rxe) cannot
+    // happen either: an atomic's local buffer is exactly 8 bytes.
+    let long = LocalBuf::new(loc.addr(), 16, loc.lkey());
+    assert_eq!(
+        // SAFETY: refused before posting.
+        unsafe { tx.stage(Msg::fetch_add(long, 0, 1)) },
+        Err(SendError::AtomicMisaligned)
+    );
+    assert_eq!(tx.posted_total(), 0);
     let mut outcomes = Vec::new();
     for op in ["READ", "FETCH_ADD"] {
         let msg = match op {
@@ -1234,7 +1243,7 @@ fn s10_read_and_atomic() {
     env.report(
         "s10",
         format!(
-            "{}; FAA at +4 refused by the ring (AtomicMisaligned); FAA to a QP without \
+            "{}; FAA at +4 or with a 16 B local buffer refused by the ring (AtomicMisaligned); FAA to a QP without \
              REMOTE_ATOMIC -> REM_INV_REQ_ERR; both ERR; recovered: FAA 40+2 and READ correct",
             outcomes.join(", ")
         ),

@@ -1415,6 +1415,10 @@ fn s13_flush_semantics() {
     }
     tx.flush().unwrap();
     assert_eq!(tx.outstanding(), 5);
+    assert!(
+        !tx.is_retired(1),
+        "#1's buffer stays borrowed until a completion covers it"
+    );
     expect_n(&env, &mut p, sinks!(tx, rxa, rxb), &mut log, 7);
     assert_eq!(
         log.trace(&["A.sq", "A.rq"]),
@@ -1962,6 +1966,7 @@ fn s17_write_with_imm() {
         }
         .unwrap();
         tx.flush().unwrap();
+        assert!(!tx.is_retired(seq), "borrowed until its completion");
         expect_n(
             &env,
             &mut p,

@@ -209,10 +209,9 @@ pub(super) fn report_steps(steps: &[Step], out: &Path) -> Report {
         println!("$ {}", sh_words(step.cmd.iter().map(String::as_str)));
         if step.truth.is_some() {
             // Some 1800 lines: the drift below says what matters, the record keeps them all.
+            let (lines, dir) = (client.stdout.lines().count(), step.dir(i));
             println!(
-                "---- stdout: {} lines in out/{}/stdout (normalised: out/{0}/normalised)",
-                client.stdout.lines().count(),
-                step.dir(i)
+                "---- stdout: {lines} lines in out/{dir}/stdout (normalised: out/{dir}/normalised)"
             );
         } else {
             print_output("stdout", &client.stdout);

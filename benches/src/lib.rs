@@ -255,6 +255,7 @@ pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result
 #[inline(always)]
 fn stream_ring(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
     let RingStream { ring, poller, .. } = r;
+    let ring: &mut SendRing<RING_N> = ring;
     let mut left = n;
     while left > 0 {
         let mut b = ring.batch();
@@ -296,6 +297,7 @@ pub fn hv_measured_stream_send_now(r: &mut RingStream, msg: &[u8], n: u64) -> Re
 #[inline(always)]
 fn stream_send_now(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
     let RingStream { ring, poller, .. } = r;
+    let ring: &mut SendRing<RING_N> = ring;
     let mut left = n;
     while left > 0 {
         match ring.send_now(m) {

@@ -296,6 +296,12 @@ struct State {
     qp_num: u32,
     /// The address of `wrs` when the links were last written (0: never).
     linked_at: usize,
+    /// The WR whose `next` the last post cut (set to NULL), and the link it had: every
+    /// other WR links to its successor. The next post restores it before cutting its own.
+    cut_wr: *mut ibv_send_wr,
+    cut_next: *mut ibv_send_wr,
+    /// `posted` before the post in progress (a failed post goes back to it).
+    posting_from: u64,
     /// Split mode: the key shared with this ring's [`SendCounters`] and [`SendRetirer`]
     /// (0: not split). See [`SendRing::split`].
     ///
@@ -307,7 +313,7 @@ struct State {
     mark_slot: usize,
     mark_saved: u8,
     /// The last staging attempt found the ring full: the mark sits on the next slot, and
-    /// [`SendRing::batch`] moves it on if completions made room meanwhile.
+    /// the next retirement moves it on.
     blocked: bool,
 }
 
@@ -331,11 +337,6 @@ struct FastParams {
     remote_addr: u64,
     remote_len: u64,
 }
-
-/// [`SendRing::slow_begin`]'s findings.
-const EV_SIGNAL: u32 = 1;
-const EV_FULL: u32 = 2;
-const EV_BLOCKED: u32 = 4;
 
 /// Local kinds of a format.
 const KIND_EMPTY: u8 = 0;
@@ -535,6 +536,9 @@ impl<const N: usize> SendRing<N> {
                 remote: cfg.remote.unwrap_or_default(),
                 has_remote: cfg.remote.is_some(),
                 linked_at: 0,
+                cut_wr: ptr::null_mut(),
+                cut_next: ptr::null_mut(),
+                posting_from: 0,
                 split_key: 0,
                 mark_slot: 0,
                 mark_saved: tag::UNFORMATTED,
@@ -654,6 +658,10 @@ impl<const N: usize> SendRing<N> {
                 (*wr).next = wrs.add((i + 1) & Self::MASK);
             }
         }
+        // No link is cut: "restoring" the first one is a no-op.
+        self.st.cut_wr = wrs;
+        // SAFETY: 1 & MASK < N.
+        self.st.cut_next = unsafe { wrs.add(1 & Self::MASK) };
         self.st.linked_at = wrs as usize;
     }
 
@@ -670,7 +678,7 @@ impl<const N: usize> SendRing<N> {
     /// [`Local::Inline`]: the bytes stay valid until the WR is posted (the next flush,
     /// automatic or explicit, or `reset`). Safe alternatives: [`send_now`](Self::send_now)
     /// and [`batch`](Self::batch).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         if self.st.batch_open {
             self.drop_leaked_batch();
@@ -699,7 +707,7 @@ impl<const N: usize> SendRing<N> {
             self.st.next_id = id + 1;
             Ok(id.wrapping_sub(self.st.id_off))
         } else {
-            self.stage_slow(msg)
+            self.stage_slow(msg, false)
         }
     }
 
@@ -814,115 +822,123 @@ impl<const N: usize> SendRing<N> {
 
     /// The slow path of staging: events (the signal schedule, the end of a batch, a full
     /// ring, the error state, an epoch boundary of `wr_id`s) and slots formatted for another
-    /// kind of message. Writes the whole WR, sets the slot's tag and marks the next event.
-    /// The message-specific part is inlined where the message is built (so it folds to a few
-    /// stores for a known kind of message); the ring's bookkeeping is in two outlined cold
-    /// functions, [`slow_begin`](Self::slow_begin) and [`slow_commit`](Self::slow_commit).
+    /// kind of message. The message-specific part (validation, the per-message fields) is
+    /// inlined where the message is built, so it folds to a few instructions for a known kind
+    /// of message; the rest is one outlined cold call, [`slow_stage`](Self::slow_stage), which
+    /// writes the format, tags the slot, runs the signal schedule, posts when due and marks
+    /// the next event.
     #[inline(always)]
-    fn stage_slow(&mut self, msg: &Msg<'_>) -> Result<u64, SendError> {
-        let ev = self.slow_begin();
-        if ev & EV_BLOCKED != 0 {
-            return Err(self.blocked());
-        }
+    fn stage_slow(&mut self, msg: &Msg<'_>, post: bool) -> Result<u64, SendError> {
         let max_inline = self.st.max_inline;
         if let Local::Inline(data) = msg.local {
             if data.len() > max_inline {
-                return Err(self.inline_too_long(data.len()));
+                return Err(self.refused(self.inline_too_long(data.len())));
             }
         }
-        // Validate before touching the WR, so a refused message leaves the slot as it was.
         let remote = match msg.op {
             Opcode::Send | Opcode::SendImm => 0,
-            _ => Self::check_remote(&self.fast_params(), msg)?,
+            _ => match Self::check_remote(&self.fast_params(), msg) {
+                Ok(r) => r,
+                Err(e) => return Err(self.refused(e)),
+            },
         };
-        let fmt = fmt_of(msg, max_inline);
-        let mut flags = match fmt & !7 {
-            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
-            _ => 0,
-        };
-        if ev & (EV_SIGNAL | EV_FULL) != 0 {
-            flags |= IBV_SEND_SIGNALED;
-        }
         let id = self.st.next_id;
         let i = id as usize & Self::MASK;
-        // SAFETY: i < N (masked): inside the array; raw access only; the slot holds no
-        // staged WR (the ring is not full: slow_begin checked).
-        unsafe {
-            let wr = self.wrs_ptr().add(i);
-            (*wr).num_sge = !matches!(msg.local, Local::Empty) as i32;
-            (*wr).opcode = msg.op.raw();
-            (*wr).send_flags = flags;
-            if let Local::Inline(_) = msg.local {
-                (*Self::sge_of(wr)).lkey = 0;
-            }
-            match msg.op {
-                Opcode::Write | Opcode::WriteImm | Opcode::Read => {
-                    (*wr).wr.rdma.rkey = self.st.remote.rkey;
-                }
-                Opcode::FetchAdd | Opcode::CmpSwap => {
-                    (*wr).wr.atomic.rkey = self.st.remote.rkey;
-                }
-                Opcode::Send | Opcode::SendImm => {}
-            }
-            self.write_per_message(i, msg, remote, id);
-        }
-        let seq = id.wrapping_sub(self.st.id_off);
-        self.slow_commit(ev, fmt)?;
-        Ok(seq)
+        // The per-message fields go in before the capacity check: the slot at the cursor
+        // holds no staged WR (staged WRs are behind the cursor), and one the provider has
+        // been given may be rewritten once the post returned (module invariants). Its
+        // `send_flags`, which `signaled_in_flight` reads, are only written once there is
+        // room.
+        // SAFETY: i < N (masked); raw access only; as above.
+        unsafe { self.write_per_message(i, msg, remote, id) };
+        let fmt = fmt_of(msg, max_inline);
+        let num_sge = !matches!(msg.local, Local::Empty) as u32;
+        self.slow_stage(fmt, msg.op.raw() | num_sge << 16, post)
     }
 
-    /// First half of the slow path's bookkeeping: is there room (else mark the slot, remember
-    /// the ring is blocked and say so), and is the WR signaled (the schedule's turn, or it
-    /// fills the ring)? Commits nothing else, so a message refused afterwards changes nothing.
+    /// A message failed validation: the error it gets, unless the ring is full or in the
+    /// error state, which takes precedence (the order the checks had when they were all in
+    /// one place: room first).
     #[cold]
     #[inline(never)]
-    fn slow_begin(&mut self) -> u32 {
+    fn refused(&self, e: SendError) -> SendError {
+        if self.staged_seq() - self.st.retired >= self.st.limit {
+            self.blocked()
+        } else {
+            e
+        }
+    }
+
+    /// The outlined part of the slow path: the WR at the cursor has its per-message fields;
+    /// check for room (else mark the slot, remember the ring is blocked and say so), write
+    /// the format (`op_sge`: the raw opcode, `num_sge << 16`; `fmt`'s kind gives the inline
+    /// flag and lkey) and the signal flag (the schedule's turn, or the WR fills the ring),
+    /// tag the slot, advance the schedule and the cursor, post if the batch is complete, the
+    /// ring full or the caller posts anyway (`post`: [`send_now`](Self::send_now)), and mark
+    /// the next event (after the post, which moves the batch's end).
+    #[cold]
+    #[inline(never)]
+    fn slow_stage(&mut self, fmt: u8, op_sge: u32, post: bool) -> Result<u64, SendError> {
         let seq = self.staged_seq();
         let st = &self.st;
         if seq - st.retired >= st.limit {
             // The mark stays on this slot: the next message comes back here.
             self.mark_event();
             self.st.blocked = true;
-            return EV_BLOCKED;
+            return Err(self.blocked());
         }
-        let mut ev = 0;
-        if seq == st.next_signal {
-            ev |= EV_SIGNAL;
+        let full = seq + 1 - st.retired == st.limit;
+        let scheduled = seq == st.next_signal;
+        // The WR that fills the ring is always signaled and posted at once: a full ring
+        // therefore always has a signaled WR in flight and drains by polling.
+        let signaled = scheduled || full;
+        let kind = fmt & !7;
+        let mut flags = match kind {
+            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
+            _ => 0,
+        };
+        if signaled {
+            flags |= IBV_SEND_SIGNALED;
         }
-        if seq + 1 - st.retired == st.limit {
-            // The WR that fills the ring is always signaled and posted at once: a full ring
-            // therefore always has a signaled WR in flight and drains by polling.
-            ev |= EV_FULL;
-        }
-        ev
-    }
-
-    /// Second half: the WR at the cursor is written; tag its slot, advance the signal
-    /// schedule and the cursor, post if the batch is complete or the ring full, and mark the
-    /// next event.
-    #[cold]
-    #[inline(never)]
-    fn slow_commit(&mut self, ev: u32, fmt: u8) -> Result<(), SendError> {
-        let seq = self.staged_seq();
+        let op = op_sge & 0xFFFF;
         let i = seq as usize & Self::MASK;
-        let signaled = ev & (EV_SIGNAL | EV_FULL) != 0;
+        // SAFETY: i < N (masked): inside the array; raw access only; the slot holds no
+        // staged WR (room was checked).
+        unsafe {
+            let wr = self.wrs_ptr().add(i);
+            (*wr).num_sge = (op_sge >> 16) as i32;
+            (*wr).opcode = op;
+            (*wr).send_flags = flags;
+            if kind == KIND_INLINE {
+                (*Self::sge_of(wr)).lkey = 0;
+            }
+            match op {
+                IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_RDMA_READ => {
+                    (*wr).wr.rdma.rkey = self.st.remote.rkey;
+                }
+                IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP => {
+                    (*wr).wr.atomic.rkey = self.st.remote.rkey;
+                }
+                _ => {}
+            }
+        }
         self.tags[i] = if signaled { tag::SIGNALED } else { fmt };
         if i == self.st.mark_slot & Self::MASK {
             // Staging into the marked slot consumed the mark.
             self.st.mark_saved = self.tags[i];
         }
-        if ev & EV_SIGNAL != 0 {
+        if scheduled {
             self.st.next_signal += self.st.signal_every;
         }
         self.set_staged(seq + 1);
-        if ev & EV_FULL != 0 || seq + 1 - self.st.posted >= self.st.batch {
+        if post || full || seq + 1 - self.st.posted >= self.st.batch {
             let r = self.flush_inner();
             self.mark_event();
-            r
+            r?;
         } else {
             self.mark_event();
-            Ok(())
         }
+        Ok(seq)
     }
 
     #[inline(always)]
@@ -967,42 +983,48 @@ impl<const N: usize> SendRing<N> {
         if staged == self.st.posted {
             return Ok(());
         }
-        self.post_chain(staged)
+        self.post_chain(staged, (staged - 1) as usize & Self::MASK)
     }
 
-    /// Posts `posted..staged` (non-empty) as one chain.
-    #[inline]
-    fn post_chain(&mut self, staged: u64) -> Result<(), SendError> {
+    /// Posts `posted..staged` (non-empty) as one chain; `last` is the slot of `staged - 1`.
+    #[inline(always)]
+    fn post_chain(&mut self, staged: u64, last: usize) -> Result<(), SendError> {
         let wrs = self.wrs_ptr();
         if self.st.linked_at != wrs as usize {
             self.link();
         }
-        let first = self.st.posted as usize & Self::MASK;
-        let last = (staged - 1) as usize & Self::MASK;
+        let posted = self.st.posted;
+        let first = posted as usize & Self::MASK;
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // Counted as posted before the call (nothing reads the ring during it): nothing of
+        // the ring stays live across the call but the ring itself. A failed post puts the
+        // count back from `posting_from`.
+        self.st.posting_from = posted;
+        self.st.posted = staged;
         // SAFETY: first/last are masked indices inside `wrs`; the chain first..=last is
-        // linked (checked above) and cut at `last` (the only cut and restore of this flush);
-        // every WR in it was formatted by the staging paths, with inline pointers kept valid
-        // by the stage/Batch contracts; the QP is live per `new`'s contract. The link is
-        // restored right after the call.
+        // linked (checked above: the one link cut by the previous post is restored here) and
+        // cut at `last`, once per post; every WR in it was formatted by the staging paths,
+        // with inline pointers kept valid by the stage/Batch contracts; the QP is live per
+        // `new`'s contract. `cut_wr` / `cut_next` point into `wrs` (set by `link` and here).
         let rc = unsafe {
+            *addr_of_mut!((*self.st.cut_wr).next) = self.st.cut_next;
             let last_wr = wrs.add(last);
-            let next = (*last_wr).next;
+            self.st.cut_next = (*last_wr).next;
+            self.st.cut_wr = last_wr;
             (*last_wr).next = ptr::null_mut();
-            let rc = ibv_post_send(self.st.qp, wrs.add(first), &mut bad);
-            (*last_wr).next = next;
-            rc
+            ibv_post_send(self.st.qp, wrs.add(first), &mut bad)
         };
         if rc == 0 {
-            self.st.posted = staged;
             Ok(())
         } else {
-            Err(SendError::Post(self.post_failed(rc, bad, first)))
+            Err(SendError::Post(self.post_failed(rc, bad)))
         }
     }
 
     #[cold]
-    fn post_failed(&mut self, rc: i32, bad: *mut ibv_send_wr, first: usize) -> PostError {
+    fn post_failed(&mut self, rc: i32, bad: *mut ibv_send_wr) -> PostError {
+        self.st.posted = self.st.posting_from;
+        let first = self.st.posted as usize & Self::MASK;
         let n = (self.staged_seq() - self.st.posted) as usize;
         // Index of `bad` in the chain, if it points at a WR of the chain (wrapping: a
         // provider returning a pointer outside the chain must not panic here).
@@ -1064,7 +1086,7 @@ impl<const N: usize> SendRing<N> {
     /// Stages `msg` and posts it at once together with anything already staged: the path
     /// for one latency-critical message (a lone inline WR is what mlx5 BlueFlames).
     /// Safe: only inline or empty payloads ([`SendError::NotInline`] otherwise).
-    #[inline]
+    #[inline(always)]
     pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
@@ -1072,13 +1094,17 @@ impl<const N: usize> SendRing<N> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        let seq = self.stage_inner(&msg)?;
-        // Something is staged (this message, unless the slow path already posted it).
-        let staged = self.staged_seq();
-        if staged != self.st.posted {
-            self.post_chain(staged)?;
+        let id = self.st.next_id;
+        let p = self.fast_params();
+        if !self.try_fast(id, &p, &msg)? {
+            // Posts the chain too.
+            return self.stage_slow(&msg, true);
         }
-        Ok(seq)
+        self.st.next_id = id + 1;
+        let staged = (id + 1).wrapping_sub(self.st.id_off);
+        // The chain ends with this message's slot.
+        self.post_chain(staged, id as usize & Self::MASK)?;
+        Ok(staged - 1)
     }
 
     /// Opens a batch of inline messages whose bytes live for `'d`: pushed messages are
@@ -1089,11 +1115,6 @@ impl<const N: usize> SendRing<N> {
             self.drop_leaked_batch();
         }
         self.st.batch_open = true;
-        if self.st.blocked {
-            // Completions may have made room since: move the mark on (or leave it).
-            self.st.blocked = false;
-            self.mark_event();
-        }
         Batch {
             next_id: self.st.next_id,
             params: self.fast_params(),
@@ -1119,6 +1140,9 @@ impl<const N: usize> SendRing<N> {
             Some(s) => {
                 let n = s + 1 - st.retired;
                 st.retired = s + 1;
+                if st.blocked {
+                    self.unblock();
+                }
                 n
             }
             // Stale (e.g. a flush left in the CQ across a reset): ignored, whatever its
@@ -1132,6 +1156,14 @@ impl<const N: usize> SendRing<N> {
                 Err(e)
             }
         }
+    }
+
+    /// Room was made while the mark sat on the slot the ring was full at: move it on.
+    #[cold]
+    #[inline(never)]
+    fn unblock(&mut self) {
+        self.st.blocked = false;
+        self.mark_event();
     }
 
     #[cold]
@@ -1149,6 +1181,9 @@ impl<const N: usize> SendRing<N> {
     pub(crate) fn retire_to(&mut self, retired: u64) {
         if retired > self.st.retired && retired <= self.st.posted {
             self.st.retired = retired;
+            if self.st.blocked {
+                self.unblock();
+            }
         }
     }
 
@@ -1428,7 +1463,7 @@ impl<'d, const N: usize> Batch<'_, 'd, N> {
             Ok(id.wrapping_sub(self.ring.st.id_off))
         } else {
             self.ring.st.next_id = id;
-            let r = self.ring.stage_slow(&msg);
+            let r = self.ring.stage_slow(&msg, false);
             self.next_id = self.ring.st.next_id;
             r
         }

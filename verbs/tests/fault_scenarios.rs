@@ -18,8 +18,6 @@ use hotverbs::datapath as dp;
 use hotverbs::*;
 use rig::*;
 
-const SPEC_OR_RXE: &str = "World::Spec or World::Rxe";
-
 fn err_name(e: WcError) -> &'static str {
     e.name().trim_start_matches("IBV_WC_")
 }
@@ -827,7 +825,8 @@ fn s07_bad_lkey() {
             "A.rq:0:WR_FLUSH_ERR".into(),
             "A.rq:1:WR_FLUSH_ERR".into(),
         ],
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     assert_eq!(tx.error(), Some(expect));
     let refused = tx.send_now(Msg::send(Local::Inline(b"x"))).unwrap_err();
@@ -859,7 +858,8 @@ fn s07_bad_lkey() {
     assert_eq!(
         log.trace(&["A.sq", "B.rq"]),
         [format!("A.sq:{seq}:{}", err_name(expect))],
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     let r2 = recover_standard!(env, pair, tx, rxa, rxb, p, log);
     assert_eq!(r2.unknown, 0);
@@ -945,11 +945,17 @@ fn s08_sge_bounds_local_access() {
         2,
     );
     let (sender, receiver) = (log2.statuses("A.sq")[0], log2.statuses("B.raw")[0]);
-    assert_eq!(sender, Err(WcError::RemOp), "{SPEC_OR_RXE}");
+    assert_eq!(
+        sender,
+        Err(WcError::RemOp),
+        "the {:?} row of fault-truth.md",
+        env.world
+    );
     assert_eq!(
         receiver,
         Err(env.pick(WcError::LocProt, WcError::LocQpOp)),
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     assert_eq!(
         (state(&pair2.a), state(&pair2.b)),
@@ -1279,11 +1285,17 @@ fn s11_send_larger_than_recv() {
         env.pick(WcError::RemInvReq, WcError::RemOp),
         env.pick(WcError::LocLen, WcError::LocQpOp),
     );
-    assert_eq!(log.statuses("A.sq"), [Err(sender)], "{SPEC_OR_RXE}");
+    assert_eq!(
+        log.statuses("A.sq"),
+        [Err(sender)],
+        "the {:?} row of fault-truth.md",
+        env.world
+    );
     assert_eq!(
         log.statuses("B.rq"),
         [Err(receiver), Err(WcError::WrFlush)],
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     assert_eq!(log.statuses("A.rq"), vec![Err(WcError::WrFlush); 2]);
     assert!(log.received("B.rq").is_empty(), "no message handed out");
@@ -1430,7 +1442,8 @@ fn s13_flush_semantics() {
             "A.sq:3:WR_FLUSH_ERR".into(),
             "A.sq:4:WR_FLUSH_ERR".into(),
         ],
-        "G8: the failing WR, the RQ flushes, then the SQ flushes in order ({SPEC_OR_RXE})"
+        "G8: the failing WR, the RQ flushes, then the SQ flushes in order ({:?})",
+        env.world
     );
     assert_eq!(
         log.of("A.sq")[0].retired,
@@ -2196,7 +2209,8 @@ fn s18_ud() {
     assert_eq!(
         log.statuses("C.rq"),
         [Err(short), Err(WcError::WrFlush)],
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     assert_eq!(state(&uc), QpState::Err, "the UD QP goes to ERR (both)");
     // Recovery of C: RESET, ring reset, INIT..RTS, refill, then a datagram that fits.
@@ -2230,7 +2244,8 @@ fn s18_ud() {
     assert_eq!(
         log.trace(&["A.sq", "B.rq", "C.rq"]),
         [format!("A.sq:{seq}:{}", err_name(bad_lkey))],
-        "{SPEC_OR_RXE}"
+        "the {:?} row of fault-truth.md",
+        env.world
     );
     assert_eq!(state(&ua), QpState::Err);
     assert_eq!(

@@ -338,6 +338,9 @@ struct FastParams {
     remote_len: u64,
 }
 
+/// [`fmt_of`] an inline message too long for the QP: never a slot's tag.
+const FMT_TOO_LONG: u8 = 0x7F;
+
 /// Local kinds of a format.
 const KIND_EMPTY: u8 = 0;
 const KIND_INLINE: u8 = 1 << 3;
@@ -349,11 +352,21 @@ const KIND_BUF: u8 = 3 << 3;
 /// fields: `wr_id`, the SGE's address and length (and lkey), remote address, immediate and
 /// atomic operands. Everything else (`opcode`, `num_sge`, `send_flags` of an unsignaled WR,
 /// `rkey`) is the format's.
+///
+/// An inline payload longer than `max_inline` has no format ([`FMT_TOO_LONG`] matches no
+/// tag), so the fast path needs no length check of its own: the slow path refuses it. For a
+/// message built outside a loop the whole function is loop-invariant and the compiler
+/// hoists it.
 #[inline(always)]
 fn fmt_of(msg: &Msg<'_>, max_inline: usize) -> u8 {
     let kind = match msg.local {
         Local::Empty => KIND_EMPTY,
-        Local::Inline(_) => KIND_INLINE,
+        Local::Inline(data) => {
+            if data.len() > max_inline {
+                return FMT_TOO_LONG;
+            }
+            KIND_INLINE
+        }
         Local::Buf(b) => {
             if b.len as usize <= max_inline && msg.op.may_inline() {
                 KIND_BUF_INLINE
@@ -719,14 +732,9 @@ impl<const N: usize> SendRing<N> {
     #[inline(always)]
     fn try_fast(&mut self, id: u64, p: &FastParams, msg: &Msg<'_>) -> Result<bool, SendError> {
         let i = id as usize & Self::MASK;
+        // A too-long inline payload has no format: it takes the slow path, which refuses it.
         if self.tags[i] != fmt_of(msg, p.max_inline) {
             return Ok(false);
-        }
-        // Validate before touching the WR (in the slow path's order).
-        if let Local::Inline(data) = msg.local {
-            if data.len() > p.max_inline {
-                return Err(self.inline_too_long(data.len()));
-            }
         }
         let remote = match msg.op {
             Opcode::Send | Opcode::SendImm => 0,

@@ -1,5 +1,9 @@
 //! Every failure of issue #3: post errors with bad_wr, local/remote protection, length,
 //! RNR, flush accounting, CQ overflow, injected errors.
+//!
+//! These are the man-page (Spec profile) semantics, so every test runs on an explicitly
+//! opened Spec device, whatever `HOTVERBS_SOFTNIC_PROFILE` says; `tests/profiles.rs`
+//! checks each rxe departure side by side with its Spec equivalent.
 
 mod common;
 use common::*;
@@ -18,7 +22,7 @@ fn write_wr(p: &Pair, id: u64, s: &mut [ibv_sge], flags: u32) -> ibv_send_wr {
 /// rxe S1 queues anyway).
 #[test]
 fn post_send_before_rts() {
-    let dev = Dev::new();
+    let dev = Dev::spec();
     let cq = dev.cq(16);
     let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
     let buf = dev.buf(64, ALL_ACCESS);
@@ -48,7 +52,7 @@ fn post_send_before_rts() {
 /// post_recv: EINVAL in RESET; accepted in INIT and RTR (rxe S2).
 #[test]
 fn post_recv_by_state() {
-    let dev = Dev::new();
+    let dev = Dev::spec();
     let cq = dev.cq(16);
     let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
     let buf = dev.buf(64, ALL_ACCESS);
@@ -78,7 +82,7 @@ fn post_recv_by_state() {
 /// (rxe S3). Unsignaled WRs keep their slots until a later signaled completion.
 #[test]
 fn sq_full_and_slot_release() {
-    let p = Pair::with(IBV_QPT_RC, 4, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 4, 7);
     let mut s = [p.buf_a.sge(0, 8)];
     let mut wrs: Vec<ibv_send_wr> = (0..6).map(|i| write_wr(&p, i, &mut s, 0)).collect();
     assert_eq!(post_chain(p.a, &mut wrs), (libc::ENOMEM, Some(4)));
@@ -93,7 +97,7 @@ fn sq_full_and_slot_release() {
 
     // Start over with 3 unsignaled + 1 signaled: the slots stay taken until the signaled
     // CQE is polled (as libmlx5 reclaims SQ space in poll_cq), then all 4 are free.
-    let p = Pair::with(IBV_QPT_RC, 4, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 4, 7);
     let mut s = [p.buf_a.sge(0, 8)];
     let mut wrs: Vec<ibv_send_wr> = (0..4)
         .map(|i| write_wr(&p, i, &mut s, if i == 3 { SIG } else { 0 }))
@@ -136,7 +140,7 @@ fn sq_full_and_slot_release() {
 /// no flush names them (rxe S13/S14, mlx5); their slots stay taken until a reset.
 #[test]
 fn executed_unsignaled_are_not_flushed() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut s = [p.buf_a.sge(0, 8)];
     let mut wrs: Vec<ibv_send_wr> = (0..5)
         .map(|i| write_wr(&p, i, &mut s, if i == 1 { SIG } else { 0 }))
@@ -157,7 +161,7 @@ fn executed_unsignaled_are_not_flushed() {
 /// EINVAL.
 #[test]
 fn rq_full_and_sge_limits() {
-    let p = Pair::with(IBV_QPT_RC, 2, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 2, 7);
     let mut s = [p.buf_b.sge(0, 8)];
     assert_eq!(post_recv(p.b, 1, &mut s), 0);
     assert_eq!(post_recv(p.b, 2, &mut s), 0);
@@ -180,7 +184,7 @@ fn rq_full_and_sge_limits() {
 /// Inline above max_inline_data: EINVAL, bad_wr at that WR, QP stays RTS (rxe S5).
 #[test]
 fn inline_too_big() {
-    let p = Pair::new(IBV_QPT_RC); // max_inline_data 64
+    let p = Pair::spec(IBV_QPT_RC); // max_inline_data 64
     let mut data = [0u8; 65];
     let mut ok = [ibv_sge {
         addr: data.as_mut_ptr() as u64,
@@ -206,7 +210,7 @@ fn inline_too_big() {
 /// Atomics: misaligned remote address or a short local SGE -> EINVAL at post (rxe S10).
 #[test]
 fn atomic_post_checks() {
-    let p = Pair::new(IBV_QPT_RC);
+    let p = Pair::spec(IBV_QPT_RC);
     let mut s8 = [p.buf_a.sge(0, 8)];
     let mut s4 = [p.buf_a.sge(0, 4)];
     let mut wr = atomic(
@@ -229,6 +233,7 @@ fn atomic_post_checks() {
     // A device without atomics rejects them.
     let ctx = hotverbs_softnic::open_device(hotverbs_softnic::Config {
         atomics: false,
+        profile: hotverbs_softnic::Profile::Spec,
         ..Default::default()
     });
     let mut attr = ibv_device_attr::default();
@@ -259,7 +264,7 @@ fn atomic_post_checks() {
 #[test]
 fn local_protection() {
     for case in 0..4 {
-        let p = Pair::new(IBV_QPT_RC);
+        let p = Pair::spec(IBV_QPT_RC);
         let mut r = [p.buf_b.sge(0, 64)];
         assert_eq!(post_recv(p.b, 50, &mut r), 0);
         let mut s = match case {
@@ -295,7 +300,7 @@ fn local_protection() {
         assert!(drain(p.cq_b).is_empty());
     }
     // READ into an MR without LOCAL_WRITE.
-    let p = Pair::new(IBV_QPT_RC);
+    let p = Pair::spec(IBV_QPT_RC);
     let ro = p.dev.buf(64, IBV_ACCESS_REMOTE_READ);
     let mut s = [ro.sge(0, 8)];
     let mut wr = rdma(
@@ -312,7 +317,7 @@ fn local_protection() {
 #[test]
 fn remote_access() {
     for case in 0..6 {
-        let p = Pair::new(IBV_QPT_RC);
+        let p = Pair::spec(IBV_QPT_RC);
         let mut r = [p.buf_b.sge(0, 64)];
         assert_eq!(post_recv(p.b, 50, &mut r), 0);
         let lw = p.dev.buf(64, IBV_ACCESS_LOCAL_WRITE);
@@ -383,7 +388,7 @@ fn remote_access() {
         (IBV_WR_RDMA_READ, IBV_ACCESS_REMOTE_WRITE),
         (IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_ACCESS_REMOTE_READ),
     ] {
-        let dev = Dev::new();
+        let dev = Dev::spec();
         let cq = dev.cq(16);
         let a = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
         let b = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
@@ -412,7 +417,7 @@ fn remote_access() {
 /// nothing written; a receive buffer without LOCAL_WRITE: LOC_PROT_ERR / REM_OP_ERR.
 #[test]
 fn receive_too_small_and_unwritable() {
-    let mut p = Pair::new(IBV_QPT_RC);
+    let mut p = Pair::spec(IBV_QPT_RC);
     let mut r = [p.buf_b.sge(0, 16)];
     assert_eq!(post_recv(p.b, 1, &mut r), 0);
     assert_eq!(post_recv(p.b, 2, &mut r), 0);
@@ -428,7 +433,7 @@ fn receive_too_small_and_unwritable() {
     assert_eq!(p.buf_b.bytes(0, 16), vec![0u8; 16]);
     assert_eq!((state(p.a), state(p.b)), (IBV_QPS_ERR, IBV_QPS_ERR));
 
-    let p = Pair::new(IBV_QPT_RC);
+    let p = Pair::spec(IBV_QPT_RC);
     let ro = p.dev.buf(64, 0);
     let mut r = [ro.sge(0, 64)];
     assert_eq!(post_recv(p.b, 1, &mut r), 0);
@@ -443,7 +448,7 @@ fn receive_too_small_and_unwritable() {
 /// receive is posted (rxe S12).
 #[test]
 fn rnr_waits_with_retry_7() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut s = [p.buf_a.sge(0, 8)];
     let mut wrs = [
         send_wr(1, IBV_WR_SEND, &mut s, SIG),
@@ -470,7 +475,7 @@ fn rnr_waits_with_retry_7() {
 #[test]
 fn rnr_retry_exceeded() {
     for op in [IBV_WR_SEND, IBV_WR_RDMA_WRITE_WITH_IMM] {
-        let mut p = Pair::with(IBV_QPT_RC, 8, 3);
+        let mut p = Pair::spec_with(IBV_QPT_RC, 8, 3);
         let mut s = [p.buf_a.sge(0, 8)];
         p.buf_a.fill(0, &[1; 8]);
         let mut wr = rdma(send_wr(1, op, &mut s, 0), p.buf_b.addr(), p.buf_b.rkey());
@@ -486,7 +491,7 @@ fn rnr_retry_exceeded() {
 /// not; the unsignaled success #0 has no CQE but was delivered. Later posts are flushed.
 #[test]
 fn flush_accounting() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut r = [p.buf_a.sge(2048, 64)];
     assert_eq!(post_recv(p.a, 2000, &mut r), 0);
     assert_eq!(post_recv(p.a, 2001, &mut r), 0);
@@ -546,7 +551,7 @@ fn flush_accounting() {
 /// flushes receives first (rxe S14).
 #[test]
 fn flush_waiting_on_modify_err() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut s = [p.buf_a.sge(0, 8)];
     let mut wrs = [
         send_wr(141, IBV_WR_SEND, &mut s, SIG),
@@ -582,7 +587,7 @@ fn flush_waiting_on_modify_err() {
 #[test]
 fn waiter_fails_when_responder_dies() {
     for destroy in [false, true] {
-        let p = Pair::with(IBV_QPT_RC, 8, 7);
+        let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
         let mut s = [p.buf_a.sge(0, 8)];
         let mut wrs = [
             send_wr(1, IBV_WR_SEND, &mut s, 0),
@@ -612,7 +617,7 @@ fn waiter_fails_when_responder_dies() {
 #[test]
 fn responder_not_ready() {
     for qpt in [IBV_QPT_RC, IBV_QPT_UC] {
-        let dev = Dev::new();
+        let dev = Dev::spec();
         let cq = dev.cq(8);
         let a = dev.qp(qpt, cq, cq, cap(4));
         let b = dev.qp(qpt, cq, cq, cap(4));
@@ -634,7 +639,7 @@ fn responder_not_ready() {
 /// CQ overflow: the CQ goes to error, poll_cq returns a negative value, CQ_ERR is raised.
 #[test]
 fn cq_overflow() {
-    let dev = Dev::new();
+    let dev = Dev::spec();
     let cq = dev.cq(4);
     // SAFETY: cq was just created and is live.
     assert_eq!(unsafe { (*cq).cqe }, 4);
@@ -669,7 +674,7 @@ fn cq_overflow() {
 /// inject_qp_error: flushes outstanding work, raises QP_FATAL.
 #[test]
 fn injected_error() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut r = [p.buf_b.sge(0, 8)];
     assert_eq!(post_recv(p.b, 7, &mut r), 0);
     let mut s = [p.buf_b.sge(0, 8)];
@@ -706,7 +711,7 @@ fn injected_error() {
 /// (two-SGE) buffers held during post_send, not what the application wrote there after.
 #[test]
 fn inline_sends_waiting_in_rnr_keep_their_bytes() {
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut first = *b"abcdefgh";
     let mut second = *b"12345678";
     let mut s = [
@@ -757,7 +762,7 @@ fn inline_empty_sge_at_null_address() {
     let f = SIG | IBV_SEND_INLINE;
     // Immediate path: a zero-byte inline WRITE, and a zero-byte inline SEND to a posted
     // receive.
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut s = [null_sge()];
     let mut wr = write_wr(&p, 1, &mut s, f);
     assert_eq!(post(p.a, &mut wr), 0);
@@ -775,7 +780,7 @@ fn inline_empty_sge_at_null_address() {
 
     // Waiting path: no receive posted, so the SEND waits in RNR and the WRITE queues
     // behind it; both keep their (empty) payload and run once a receive arrives.
-    let p = Pair::with(IBV_QPT_RC, 8, 7);
+    let p = Pair::spec_with(IBV_QPT_RC, 8, 7);
     let mut s1 = [null_sge()];
     let mut s2 = [null_sge()];
     let mut wrs = [
@@ -814,7 +819,7 @@ fn inline_write_overlapping_its_source_writes_the_posted_bytes() {
     for qpt in [IBV_QPT_RC, IBV_QPT_UC] {
         for send in [false, true] {
             let what = format!("qpt {qpt} send {send}");
-            let mut p = Pair::with(qpt, 8, 7);
+            let mut p = Pair::spec_with(qpt, 8, 7);
             p.buf_b.fill(0, &pattern);
             let base = p.buf_b.addr();
             let sge = |length| ibv_sge {

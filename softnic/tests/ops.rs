@@ -40,9 +40,16 @@ fn send_and_send_imm_rc_uc() {
         assert_eq!(b[0].opcode, IBV_WC_RECV);
         assert_eq!(b[0].byte_len, 13);
         assert_eq!(b[0].qp_num, qpn(p.b));
-        assert_eq!(b[0].src_qp, qpn(p.a));
-        assert_eq!(b[0].wc_flags, 0, "no GRH flag on {qpt}");
-        assert_eq!(b[1].wc_flags, IBV_WC_WITH_IMM);
+        if p.dev.profile() == hotverbs_softnic::Profile::Rxe {
+            // rxe G4: GRH flag and src_qp 0 on connected QPs.
+            assert_eq!(b[0].src_qp, 0);
+            assert_eq!(b[0].wc_flags, IBV_WC_GRH, "GRH flag on {qpt} (rxe G4)");
+            assert_eq!(b[1].wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
+        } else {
+            assert_eq!(b[0].src_qp, qpn(p.a));
+            assert_eq!(b[0].wc_flags, 0, "no GRH flag on {qpt}");
+            assert_eq!(b[1].wc_flags, IBV_WC_WITH_IMM);
+        }
         assert_eq!(imm(&b[1]), 0xdead_beefu32.to_be());
         assert_eq!(p.buf_b.bytes(1024, 5), b"hello");
     }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use hotverbs_ffi::*;
 use hotverbs_softnic::counting::{CountingDevice, QP_NUM};
 use hotverbs_softnic::testing::{self, ConnectAttr};
-use hotverbs_softnic::verbs_table;
+use hotverbs_softnic::{verbs_table, Profile};
 
 /// A raw pointer that may cross to a scoped thread.
 struct Shared<T>(*mut T);
@@ -80,6 +80,14 @@ impl Events {
         unsafe {
             assert_eq!(inline::ibv_req_notify_cq(self.cq, 0), 0);
             assert_eq!(inline::ibv_post_recv(self.qp, &mut wr, &mut bad), 0);
+            if hotverbs_softnic::device_profile((*self.qp).context) == Profile::Rxe {
+                // rxe G9: a receive posted in ERR completes only at the next ERR -> ERR.
+                let mut attr = ibv_qp_attr {
+                    qp_state: IBV_QPS_ERR,
+                    ..Default::default()
+                };
+                testing::must_modify_qp(self.qp, &mut attr, IBV_QP_STATE);
+            }
         }
     }
 

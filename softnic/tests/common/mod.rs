@@ -52,6 +52,12 @@ impl Dev {
         Dev::with_ctx(ctx)
     }
 
+    /// A PD on a new Spec-profile device: for tests of the man-page behaviour, which
+    /// `tests/profiles.rs` checks side by side with rxe's.
+    pub fn spec() -> Dev {
+        Dev::with_profile(hotverbs_softnic::Profile::Spec)
+    }
+
     /// The profile of this device (`hotverbs_softnic::device_profile`).
     pub fn profile(&self) -> hotverbs_softnic::Profile {
         // SAFETY: self.ctx is live (module contract).
@@ -227,6 +233,16 @@ impl Pair {
 
     pub fn with(qpt: ibv_qp_type, depth: u32, rnr_retry: u8) -> Pair {
         Pair::on(Dev::new(), qpt, depth, rnr_retry)
+    }
+
+    /// [`Pair::with`] on a Spec-profile device ([`Dev::spec`]).
+    pub fn spec_with(qpt: ibv_qp_type, depth: u32, rnr_retry: u8) -> Pair {
+        Pair::on(Dev::spec(), qpt, depth, rnr_retry)
+    }
+
+    /// [`Pair::new`] on a Spec-profile device ([`Dev::spec`]).
+    pub fn spec(qpt: ibv_qp_type) -> Pair {
+        Pair::spec_with(qpt, 16, 7)
     }
 
     /// A pair on `dev` (e.g. [`Dev::with_profile`]).

@@ -219,6 +219,22 @@ impl<const B: usize> std::fmt::Debug for CqPoller<'_, B> {
 }
 
 impl Cq {
+    /// Completions the rings built on this CQ have reserved ([`Qp::send_ring`],
+    /// [`Qp::recv_ring`]): what is left of [`capacity`](Cq::capacity) is all that
+    /// completions of raw posts ([`Qp::post_send`], [`Qp::post_recv`], the datapath's raw
+    /// constructors) may use at any one time. Raw posts are not reserved: more of them
+    /// overflow the CQ, and rxe then drops completions silently (fault-truth S15), so a ring
+    /// on the same CQ may wait for one for ever — a [`Watchdog`](crate::Watchdog) on its
+    /// progress detects that.
+    pub fn reserved_by_rings(&self) -> u64 {
+        self.inner
+            .rings
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reserved
+    }
+
     /// The CQ's datapath poller (`B` completions per `ibv_poll_cq`), borrowing the CQ. One
     /// at a time: while it exists, a second poller and [`Cq::poll`] are refused (`EBUSY`).
     ///

@@ -1329,6 +1329,12 @@ impl Qp {
     /// QP has been reset or destroyed — except with [`SendWr::inline`] (SENDs and WRITEs
     /// only, checked), where the data is copied during the call. The same holds for the
     /// remote window on the peer's side. The AH of a UD WR is only read during the call.
+    ///
+    /// # CQ capacity
+    /// Completions of raw posts are not reserved on the CQ the way rings reserve theirs: keep
+    /// them within the CQ's [`capacity`](Cq::capacity) minus
+    /// [`reserved_by_rings`](Cq::reserved_by_rings). An overflow on rxe silently drops
+    /// completions, possibly a ring's (fault-truth S15).
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         self.check_send_wr(wr)?;
         let mut sges: Vec<ibv_sge> = wr.sges.iter().map(|&s| s.into()).collect();
@@ -1432,6 +1438,10 @@ impl Qp {
     /// The memory the SGEs describe must stay registered and valid, and must not be
     /// accessed by Rust code, until the receive's completion is polled or the QP is
     /// flushed/destroyed.
+    ///
+    /// # CQ capacity
+    /// As for [`post_send`](Self::post_send): raw receives' completions are not reserved
+    /// on the receive CQ; keep them within [`Cq::reserved_by_rings`]'s remainder.
     pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         // SAFETY: live QP; the WR and its SGE list are valid for the call (post_one_recv);
         // the memory's validity is the caller's contract.

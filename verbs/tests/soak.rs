@@ -24,6 +24,9 @@
 //! outstanding counts at every check point (send queues: posted and not released by a
 //! polled completion; receive queues: posted and not consumed).
 
+// softnic's test hooks (fault injection, queue occupancy) need the device itself.
+#![cfg(feature = "softnic")]
+
 use hotverbs::datapath::{CreditReturn, Credits, Progress, StallWatch};
 use hotverbs::*;
 use hotverbs_softnic::Profile;

@@ -92,7 +92,7 @@ pub(super) fn step(guest: String, truth: Option<String>) -> Step {
 /// The program's output with what varies between runs replaced by placeholders, one line per
 /// output line (trailing blanks trimmed, blank lines dropped).
 ///
-/// What varies, found by comparing the raw output of three boots (everything else was
+/// What varies, found by comparing the raw output of four boots (everything else was
 /// identical, line for line):
 /// - the kernel line: the harness boots Debian's *current* kernel, and a new release alone
 ///   is no drift (a behaviour change it brings shows up in the scenarios);

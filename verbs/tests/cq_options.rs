@@ -5,7 +5,8 @@
 //! acknowledged, so the CQs can be destroyed).
 //!
 //! The events come from softnic QPs in the error state (each receive posted completes at
-//! once with a flush), so nothing here needs a clock or a peer.
+//! once with a flush; on an Rxe-profile device at the ERR -> ERR that follows it), so
+//! nothing here needs a clock or a peer.
 
 use std::time::Duration;
 
@@ -28,6 +29,12 @@ fn flusher(pd: &Pd, cq: &Cq) -> Qp {
 fn complete(qp: &Qp) {
     // SAFETY: no SGEs: no memory is involved.
     unsafe { qp.post_recv(1, &[]).unwrap() };
+    // SAFETY: a live QP of a live softnic context.
+    let profile = unsafe { hotverbs_softnic::device_profile((*qp.as_raw()).context) };
+    if profile == hotverbs_softnic::Profile::Rxe {
+        // rxe G9: a receive posted in ERR completes only at the next ERR -> ERR.
+        qp.to_error().unwrap();
+    }
 }
 
 fn softnic_with_vectors(name: &str, n: u32) -> Context {

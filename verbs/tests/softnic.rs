@@ -14,6 +14,17 @@ fn ctx() -> Context {
     Context::open("softnic").expect("softnic always opens")
 }
 
+/// A softnic device with the man-page behaviour whatever `HOTVERBS_SOFTNIC_PROFILE` says:
+/// for tests of what hotverbs makes of a Spec-only event or status (softnic's own
+/// `tests/profiles.rs` checks rxe's side of each row).
+fn spec_ctx() -> Context {
+    Context::open_softnic_with(SoftnicConfig {
+        profile: hotverbs_softnic::Profile::Spec,
+        ..Default::default()
+    })
+    .expect("softnic always opens")
+}
+
 struct Pair {
     ctx: Context,
     pd: Pd,
@@ -24,7 +35,10 @@ struct Pair {
 }
 
 fn pair(ty: QpType) -> Pair {
-    let ctx = ctx();
+    pair_on(ctx(), ty)
+}
+
+fn pair_on(ctx: Context, ty: QpType) -> Pair {
     let pd = ctx.alloc_pd().unwrap();
     let cq_a = ctx.create_cq(64, None).unwrap();
     let cq_b = ctx.create_cq(64, None).unwrap();
@@ -905,7 +919,8 @@ fn read_with_bad_rkey_and_bad_lkey() {
 
 #[test]
 fn receive_too_small_is_loc_len_err() {
-    let p = pair(QpType::Rc);
+    // Spec: rxe reports LOC_QP_OP_ERR here (fault-truth S11).
+    let p = pair_on(spec_ctx(), QpType::Rc);
     let mr = p.pd.alloc_mr(128, AccessFlags::LOCAL_WRITE).unwrap();
     // SAFETY: buffers untouched until completions.
     unsafe {
@@ -1155,7 +1170,8 @@ fn completion_channel_events_through_the_fd() {
 
 #[test]
 fn injected_qp_error_raises_qp_fatal_and_flushes() {
-    let p = pair(QpType::Rc);
+    // Spec: rxe raises no async event when a QP goes to ERR (fault-truth G7).
+    let p = pair_on(spec_ctx(), QpType::Rc);
     let mr = p.pd.alloc_mr(128, AccessFlags::LOCAL_WRITE).unwrap();
     // SAFETY: buffers untouched until completions.
     unsafe { p.b.post_recv(77, &[mr.local(0, 64).unwrap()]).unwrap() };
@@ -1189,7 +1205,8 @@ fn injected_qp_error_raises_qp_fatal_and_flushes() {
 
 #[test]
 fn cq_overrun_raises_cq_err() {
-    let c = ctx();
+    // Spec: rxe drops the completion and the CQ stays usable (fault-truth S15).
+    let c = spec_ctx();
     let pd = c.alloc_pd().unwrap();
     let small = c.create_cq(2, None).unwrap();
     let big = c.create_cq(16, None).unwrap();

@@ -1133,6 +1133,16 @@ impl Fabric {
         wr: *mut ibv_recv_wr,
         bad: *mut *mut ibv_recv_wr,
     ) -> i32 {
+        let qp = self.qp(qi);
+        if qp.rxe && qp.state == IBV_QPS_RESET && qp.srq.is_none() {
+            // rxe S2: in RESET the kernel refuses the whole post: EINVAL with bad_wr NULL
+            // (errno untouched, G1), nothing queued.
+            if !bad.is_null() {
+                // SAFETY: writable (caller).
+                unsafe { *bad = core::ptr::null_mut() };
+            }
+            return libc::EINVAL;
+        }
         // SAFETY: forwarded (caller); each WR is a valid receive WR of the chain.
         let (rc, posted) = unsafe {
             self.push_recv_chain(wr, bad, |f, w| {

@@ -65,6 +65,7 @@
 //! | G2 | error and flush completions keep the WR's opcode (RECV for receives), byte_len 0, wc_flags 0 | opcode 0 (SEND), byte_len 0, wc_flags 0, receives included |
 //! | G4 | successful RC/UC receive: no IBV_WC_GRH, src_qp = the sender's QPN | IBV_WC_GRH set, src_qp 0 (measured on RC; UC takes rxe's same path) |
 //! | G7, S9, S10 | an error moving a QP to ERR raises QP_FATAL (requester, receiver) or QP_REQ_ERR / QP_ACCESS_ERR (responder); [`inject_qp_error`] raises QP_FATAL | no async event at all (QP_LAST_WQE_REACHED with an SRQ is kept in both: not measured) |
+//! | S2 | post_recv in RESET: EINVAL, `*bad_wr` = the first WR | EINVAL, `*bad_wr` NULL, errno untouched, nothing queued |
 //! | G9, S2 | post_recv in ERR: 0, flushed at once | 0, no completion until the next modify(ERR->ERR) flushes it; ->RESET discards it ([`rq_outstanding`] counts it meanwhile) |
 //! | G10 | query_qp: cur_qp_state = the state | cur_qp_state 0 (RESET) |
 //! | G11, S14, S22 | an RC request nobody answers (responder absent, destroyed, not in RTR/RTS, or it lost the message: S15) ends with RETRY_EXC_ERR at once, whatever retry_cnt and timeout | retry_cnt >= 7 (7 = infinite; rxe keeps 8 at 7 too) or timeout 0: the WR is held for ever — no completion, it and later WRs wait ([`send_wrs_waiting`]), retried when the responder comes to RTR, flushed when the QP goes to ERR, dropped at RESET; retry_cnt < 7: RETRY_EXC_ERR at once (no timers) |

@@ -131,6 +131,37 @@ fn s1_post_send_before_rts() {
     }
 }
 
+/// rxe S2: post_recv in RESET returns EINVAL with bad_wr NULL (Spec: the first WR) and
+/// queues nothing.
+#[test]
+fn s2_post_recv_in_reset() {
+    for p in PROFILES {
+        let dev = Dev::with_profile(p);
+        let cq = dev.cq(16);
+        let qp = dev.qp(IBV_QPT_RC, cq, cq, cap(4));
+        let buf = dev.buf(64, ALL_ACCESS);
+        let mut sge = [buf.sge(0, 8)];
+        let mut wr = ibv_recv_wr {
+            wr_id: 1,
+            next: null_mut(),
+            sg_list: sge.as_mut_ptr(),
+            num_sge: 1,
+        };
+        let mut bad = null_mut();
+        hotverbs_ffi::set_errno(0);
+        // SAFETY: a live QP; wr and its SGE are valid for the call.
+        let rc = unsafe { inline::ibv_post_recv(qp, &mut wr, &mut bad) };
+        assert_eq!((rc, errno()), (libc::EINVAL, 0));
+        let want = if p == Spec {
+            &mut wr as *mut _
+        } else {
+            null_mut()
+        };
+        assert_eq!(bad, want, "{p:?}");
+        assert_eq!(rq_outstanding(qp), 0);
+    }
+}
+
 /// rxe G9 / S2: post_recv in ERR returns 0; Spec flushes it at once, rxe holds it until
 /// modify(ERR->ERR) flushes it, and ->RESET discards it.
 #[test]

@@ -1269,6 +1269,7 @@ impl Fabric {
             }
         }
         // Local side: gather (or, for READ/atomics, scatter target needing LOCAL_WRITE).
+        let mut local_fault = false;
         let local_write = op == IBV_WR_RDMA_READ
             || op == IBV_WR_ATOMIC_CMP_AND_SWP
             || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -1289,12 +1290,18 @@ impl Fabric {
             };
             let sges = wr_sges.unwrap_or(&e.sges);
             if !self.resolve_sges(sges, pd, need, src) {
-                if rxe && !local_write && self.bad_lkey(sges, pd) {
+                if rxe && is_atomic_op(op) {
+                    // rxe S10: the remote atomic executes first; the bad local SGE fails
+                    // the WR afterwards (below).
+                    src.clear();
+                    local_fault = true;
+                } else if rxe && !local_write && self.bad_lkey(sges, pd) {
                     // rxe S7: a gather-side lkey that names no MR of the PD gives
                     // LOC_QP_OP_ERR (bounds and access faults stay LOC_PROT_ERR, S8).
                     return done(IBV_WC_LOC_QP_OP_ERR);
+                } else {
+                    return done(IBV_WC_LOC_PROT_ERR);
                 }
-                return done(IBV_WC_LOC_PROT_ERR);
             }
         }
         let total: usize = src.iter().map(|s| s.len).sum();
@@ -1475,6 +1482,11 @@ impl Fabric {
                 // `mut` and `as_mut_ptr`: mem reads sources with atomics, which need a
                 // pointer allowed to write (not one derived from `&[u8]`). softnic's own
                 // buffer: its own region (mem's module docs).
+                if local_fault {
+                    // rxe S10: LOC_PROT_ERR after the remote operation executed; the local
+                    // buffer is untouched.
+                    return done(IBV_WC_LOC_PROT_ERR);
+                }
                 let mut bytes = orig.to_ne_bytes();
                 let s = [Seg::own(bytes.as_mut_ptr(), 8)];
                 // SAFETY: src is the checked local SGE (>= 8 bytes); `s` is a live local.

@@ -74,6 +74,7 @@
 //! | S5, S19 | create_qp returns max_inline_data and max_send_sge as requested; IBV_SEND_INLINE is ignored on RDMA READ | WQE size = max(16 x max_send_sge, max_inline_data) (at most the device's max_inline_data): the returned and usable inline size is that, max_send_sge is raised to size / 16; READ with INLINE: more than the inline size -> EINVAL at post, else LOC_PROT_ERR at execution, nothing written, the QP goes to ERR |
 //! | S7 | a gather-side lkey naming no MR of the PD -> LOC_PROT_ERR | LOC_QP_OP_ERR (SGE bounds or access faults, and READ/atomic targets, stay LOC_PROT_ERR) |
 //! | S8 | receive buffer the responder cannot write: LOC_PROT_ERR at the receiver, REM_OP_ERR at the sender; an SGE of 2^31 bytes fails its MR bounds: LOC_PROT_ERR | receiver LOC_QP_OP_ERR, sender REM_OP_ERR; a message of 2^31 bytes or more -> LOC_QP_OP_ERR |
+//! | S10 | atomic whose local SGE fails (bad lkey, bounds, no LOCAL_WRITE): LOC_PROT_ERR, the remote word untouched | LOC_PROT_ERR *after* the remote operation executed (the remote word changed), local buffer untouched; requester ERR, responder RTS |
 //! | S11 | SEND longer than the receive: LOC_LEN_ERR at the receiver, REM_INV_REQ_ERR at the sender, both ERR, nothing written | LOC_QP_OP_ERR / REM_OP_ERR, both ERR, and the leading packets (sender's path MTU) that fit whole are written: 3000 B into 2048 B writes 2048 B, 64 B into 16 B writes nothing |
 //! | S18 | too-short UD receive: LOC_LEN_ERR, the UD QP goes to ERR | LOC_QP_OP_ERR, the UD QP goes to ERR |
 //! | S15 | CQ overflow: the completion is lost, the CQ enters the error state (`poll_cq` returns `-EOVERFLOW` until destroyed), one IBV_EVENT_CQ_ERR | the completion is silently dropped with one IBV_EVENT_CQ_ERR per drop, the CQ stays usable, `poll_cq` never errors; a *receive* completion lost this way moves the responder to ERR without acknowledging the message (RC requester: as an unanswered request, G11; UC/UD: success), and its flushes overflow too (one CQ_ERR each), so its remaining receives are lost |
@@ -91,8 +92,6 @@
 //!   exhausted, not after (retry_cnt + 1) x timeout; a held WR (G11) is held without
 //!   retransmissions.
 //! - SQD (S14's SQ_DRAINED during an RNR loop): the state is not modelled.
-//! - S10 "FAA with a bad local lkey: LOC_PROT_ERR *after* the remote operation executed":
-//!   softnic checks the local SGE first and the remote word is not touched.
 //! - S15: whether rxe writes the payload of the message whose receive completion was lost
 //!   was not measured; softnic writes it (the data lands before the completion).
 //! - S19 "send_cq = NULL crashes libibverbs": softnic answers EINVAL.

@@ -631,6 +631,34 @@ fn s7_bad_lkey() {
     }
 }
 
+/// rxe S10: a FETCH_ADD with a bad local lkey: rxe executes the remote add, then fails the
+/// WR with LOC_PROT_ERR; Spec fails it before touching the remote word.
+#[test]
+fn s10_atomic_with_bad_local_lkey() {
+    for p in PROFILES {
+        let mut x = pair(p, IBV_QPT_RC, 16, 7);
+        x.buf_b.fill(0, &5u64.to_ne_bytes());
+        let mut sge = [ibv_sge {
+            addr: x.buf_a.addr(),
+            length: 8,
+            lkey: 0x1234_5678,
+        }];
+        let mut wr = atomic(
+            send_wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, &mut sge, 0),
+            x.buf_b.addr(),
+            x.buf_b.rkey(),
+            3,
+            0,
+        );
+        assert_eq!(post(x.a, &mut wr), 0);
+        assert_eq!(ids(&drain(x.cq_a)), [(1, IBV_WC_LOC_PROT_ERR)]);
+        assert_eq!((state(x.a), state(x.b)), (IBV_QPS_ERR, IBV_QPS_RTS));
+        let remote = u64::from_ne_bytes(x.buf_b.bytes(0, 8).try_into().unwrap());
+        assert_eq!(remote, if p == Spec { 5 } else { 8 }, "{p:?}");
+        assert_eq!(x.buf_a.bytes(0, 8), [0; 8]);
+    }
+}
+
 /// rxe S8: a receive buffer without LOCAL_WRITE: sender REM_OP_ERR, receiver
 /// LOC_QP_OP_ERR (Spec: LOC_PROT_ERR), both ERR; an SGE of 0x80000000 bytes:
 /// LOC_QP_OP_ERR (Spec: LOC_PROT_ERR, outside the MR).

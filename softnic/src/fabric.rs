@@ -914,6 +914,7 @@ impl Fabric {
         bad: *mut *mut ibv_send_wr,
     ) -> i32 {
         let qp = self.qp(qi);
+        let rxe = qp.rxe;
         if qp.held_pre_rts && qp.state == IBV_QPS_RTS {
             // rxe S1: the WRs a post before RTS queued run at the next post in RTS.
             qp.held_pre_rts = false;
@@ -932,8 +933,7 @@ impl Fabric {
             }
             wr = w.next;
         }
-        let qp = self.qp(qi);
-        if qp.rxe && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR {
+        if rxe && !matches!(self.qp(qi).state, IBV_QPS_RTS | IBV_QPS_ERR) {
             // rxe S1/G1: the provider queued every WR, then the kernel doorbell refuses a
             // QP before RTS: EINVAL in the return value and errno, bad_wr NULL.
             if !bad.is_null() {

@@ -92,7 +92,7 @@ pub(super) fn step(guest: String, truth: Option<String>) -> Step {
 /// The program's output with what varies between runs replaced by placeholders, one line per
 /// output line (trailing blanks trimmed, blank lines dropped).
 ///
-/// What varies, found by comparing the raw output of four boots (everything else was
+/// What varies, found by comparing the raw output of six boots (everything else was
 /// identical, line for line):
 /// - the kernel line: the harness boots Debian's *current* kernel, and a new release alone
 ///   is no drift (a behaviour change it brings shows up in the scenarios);
@@ -104,10 +104,10 @@ pub(super) fn step(guest: String, truth: Option<String>) -> Step {
 ///   value becomes `Q1`, `Q2`, ... (`K1`, ... for keys) in order of first appearance within
 ///   its scenario, so "the completion came from the QP created second" still compares;
 /// - hardware counters that follow timing (see [`normalise_counters`]): the counters of
-///   retransmission timers are dropped (whether one fires at all varies), packet counts
-///   become `+n`, and so do RNR NAK counts of unbounded RNR loops. Event counts
-///   (`rdma_sends`, `rdma_recvs`, `retry_exceeded_err`, `retry_rnr_exceeded_err`) and the
-///   names of the counters that moved stay exact;
+///   retransmission timers and the packet counts are dropped (whether they move at all in
+///   a window varies), RNR NAK counts of unbounded RNR loops become `+n`. Event counts
+///   (`rdma_sends`, `rdma_recvs`, `retry_exceeded_err`, `retry_rnr_exceeded_err`) stay
+///   exact;
 /// - the IPv4 header inside the UD GRH dump (`[18a]`): its identification field counts
 ///   packets and its checksum follows it; both become `....`.
 ///
@@ -270,12 +270,15 @@ const TIMING_COUNTERS: &[&str] = &[
 /// `retry_rnr_exceeded_err`), as many as fit in the wait otherwise (`rnr_retry=7` retries
 /// until the peer posts a receive; seen: 116 vs 125 for a 1000 ms wait).
 const RNR_COUNTERS: &[&str] = &["send_rnr_err", "rcvd_rnr_err"];
-/// Packets, retransmitted ones included.
+/// Packets, retransmitted ones included. Whether any moved in a window follows timing too:
+/// a retransmission still in flight from the previous sub-case lands in the next one's
+/// window (seen: [22e]'s baseline with `sent_pkts=+2` in one boot of six, absent in five).
 const PACKET_COUNTERS: &[&str] = &["sent_pkts", "rcvd_pkts"];
 
-/// A `HW counters delta:` line without what follows timing: [`TIMING_COUNTERS`] go, packet
-/// counts become `+n`, and so do [`RNR_COUNTERS`] unless the RNR retries ran out. The names
-/// of what moved and the event counts (`rdma_sends`, `retry_exceeded_err`, ...) stay.
+/// A `HW counters delta:` line without what follows timing: [`TIMING_COUNTERS`] and
+/// [`PACKET_COUNTERS`] go, [`RNR_COUNTERS`] become `+n` unless the RNR retries ran out.
+/// The event counts (`rdma_sends`, `rdma_recvs`, `retry_exceeded_err`,
+/// `retry_rnr_exceeded_err`) stay exact.
 fn normalise_counters(line: &str) -> String {
     const LABEL: &str = "HW counters delta:";
     let Some(at) = line.find(LABEL) else {
@@ -288,11 +291,13 @@ fn normalise_counters(line: &str) -> String {
         .any(|w| name(w) == "retry_rnr_exceeded_err");
     let words: Vec<String> = counts
         .split_whitespace()
-        .filter(|w| !TIMING_COUNTERS.contains(&name(w).as_str()))
+        .filter(|w| {
+            let n = name(w);
+            !TIMING_COUNTERS.contains(&n.as_str()) && !PACKET_COUNTERS.contains(&n.as_str())
+        })
         .map(|w| {
             let n = name(w);
-            let varies = PACKET_COUNTERS.contains(&n.as_str())
-                || (RNR_COUNTERS.contains(&n.as_str()) && !bounded_rnr);
+            let varies = RNR_COUNTERS.contains(&n.as_str()) && !bounded_rnr;
             if varies && w.contains('=') {
                 format!("{n}=+n")
             } else {
@@ -301,7 +306,7 @@ fn normalise_counters(line: &str) -> String {
         })
         .collect();
     if words.is_empty() {
-        // Only timing counters moved.
+        // Only counters that follow timing moved.
         format!("{head} (none)")
     } else {
         format!("{head} {}", words.join(" "))
@@ -589,6 +594,7 @@ rxe_faults: kernel 6.1.0-56-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.192-2 (2026-
     HW counters delta: rdma_recvs=+1 completer_retry_err=+3 send_rnr_err=+116 rcvd_pkts=+234 sent_pkts=+234 rcvd_rnr_err=+116 rdma_sends=+1
     A qpn=174. B slot0 first 40 bytes (GRH area): 000000000000000000000000000000000000000045000098d5234000401100000a4d00010a4d0001
       after 500ms without polling:
+    HW counters delta: rdma_sends=+1
 ===== S12 end: exit 0, 7.4 s
 
 rxe_faults: total 66.9 s
@@ -618,6 +624,7 @@ rxe_faults: kernel 6.1.0-57-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.199-1 (2027-
     HW counters delta: rdma_recvs=+1 send_rnr_err=+125 rcvd_pkts=+252 sent_pkts=+252 rcvd_rnr_err=+125 rdma_sends=+1
     A qpn=14. B slot0 first 40 bytes (GRH area): 0000000000000000000000000000000000000000450000985e294000401100000a4d00010a4d0001
       after 500ms without polling:
+    HW counters delta: completer_retry_err=+1 sent_pkts=+2 rdma_sends=+1
 ===== S12 end: exit 0, 9.0 s
 
 rxe_faults: total 71.5 s
@@ -650,12 +657,9 @@ rxe_faults: total 71.5 s
         assert!(lines.contains(&"      after 500ms without polling:"));
         // Retransmission counts go, event counts stay; lines without retransmissions stay.
         assert!(lines.contains(
-            &"    HW counters delta: rdma_recvs=+1 send_rnr_err=+n rcvd_pkts=+n sent_pkts=+n \
-              rcvd_rnr_err=+n rdma_sends=+1"
+            &"    HW counters delta: rdma_recvs=+1 send_rnr_err=+n rcvd_rnr_err=+n rdma_sends=+1"
         ));
-        assert!(lines.contains(
-            &"    HW counters delta: rdma_recvs=+4 rcvd_pkts=+n sent_pkts=+n rdma_sends=+4"
-        ));
+        assert!(lines.contains(&"    HW counters delta: rdma_recvs=+4 rdma_sends=+4"));
         assert!(lines.contains(
             &"    A qpn=Q3. B slot0 first 40 bytes (GRH area): 0000000000000000000000000000000000000000\
               45000098....40004011....0a4d00010a4d0001"
@@ -688,14 +692,14 @@ rxe_faults: total 71.5 s
             ),
             "qpn=Q1 qp_num=Q2 src_qp=Q1 dest_qpn=9 lkey=K1 rkey=K1"
         );
-        // RNR NAKs bounded by rnr_retry stay exact; timer-driven counters go.
+        // RNR NAKs bounded by rnr_retry stay exact; timer-driven and packet counters go.
         assert_eq!(
             normalise_counters(
                 "    HW counters delta: completer_retry_err=+1 retry_rnr_exceeded_err=+1 \
                  send_rnr_err=+4 rcvd_pkts=+8 sent_pkts=+8 rcvd_rnr_err=+4 rdma_sends=+1"
             ),
-            "    HW counters delta: retry_rnr_exceeded_err=+1 send_rnr_err=+4 rcvd_pkts=+n \
-             sent_pkts=+n rcvd_rnr_err=+4 rdma_sends=+1"
+            "    HW counters delta: retry_rnr_exceeded_err=+1 send_rnr_err=+4 rcvd_rnr_err=+4 \
+             rdma_sends=+1"
         );
         assert_eq!(
             normalise_counters("    HW counters delta: completer_retry_err=+2"),
@@ -707,7 +711,7 @@ rxe_faults: total 71.5 s
         );
         assert_eq!(
             normalise_counters("    HW counters delta: retry_exceeded_err=+1 sent_pkts=+3"),
-            "    HW counters delta: retry_exceeded_err=+1 sent_pkts=+n"
+            "    HW counters delta: retry_exceeded_err=+1"
         );
         // A different outcome stays different.
         assert_ne!(

@@ -11,7 +11,7 @@
 //! 2. the drift check: `rxe_faults.c`, the program that measured the failure truth table
 //!    (`shared/rxe-vm/fault-truth.md`, scenarios S1..S22), compiled on the host from
 //!    `../shared/rxe-vm/` and run in the guest; its output, with timings, QP numbers, keys
-//!    and retransmission counts normalised, must equal the committed
+//!    and timing-driven counters normalised, must equal the committed
 //!    `xtask/rxe/rxe_faults.truth`. Each difference is named by scenario and line and fails
 //!    the step (see `faults`);
 //! 3. every integration-test target named `real_device*` (convention: `tests/real_device.rs`)
@@ -111,7 +111,7 @@ integration-test binary; the registered host programs.
 
 The drift check compiles ../shared/rxe-vm/rxe_faults.c (the probe behind fault-truth.md;
 folder overridable with HOTVERBS_RXE_VM_DIR), runs it in the guest, normalises its output
-(timings, QP numbers, keys, retransmission counts) and compares it with
+(timings, QP numbers, keys, timing-driven counters) and compares it with
 xtask/rxe/rxe_faults.truth: every difference is named by scenario, sub-case and line of that
 file (\"S15 [15a] line 1100: truth '...', now '...'\") and fails the run. A missing truth
 file or a failed compile fails before the VM boots.

@@ -1727,6 +1727,8 @@ fn s15_cq_overflow() {
         .a
         .send_ring::<4>(SendConfig::new(0, 4, 64).signal_every(1))
         .unwrap();
+    // What raw posts may use of this CQ is capacity - reserved_by_rings; `c` posts more.
+    assert_eq!(cq_t.reserved_by_rings(), 4);
     let src2 = pd2.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let one2 = [src2.local(0, 8).unwrap()];
     for i in 0..u64::from(cap) {

@@ -255,17 +255,19 @@ fn reservations_are_visible_to_raw_posters() {
     let s = setup(64);
     let (a, b) = connected(&s);
     assert_eq!(s.cq.reserved_by_rings(), 0);
-    let tx = a
-        .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
-        .unwrap();
-    let after_tx = s.cq.reserved_by_rings();
-    assert!(after_tx > 0 && after_tx <= 16, "{after_tx}");
     let region = s.pd.alloc_mr(16 * 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let rx = b
-        .recv_ring::<16>(&region, 0, RecvConfig::new(0, 64, 16))
-        .unwrap();
-    assert_eq!(s.cq.reserved_by_rings(), after_tx + 16);
-    drop((tx, rx));
+    let after_tx = {
+        let _tx = a
+            .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
+            .unwrap();
+        let after_tx = s.cq.reserved_by_rings();
+        assert!(after_tx > 0 && after_tx <= 16, "{after_tx}");
+        let _rx = b
+            .recv_ring::<16>(&region, 0, RecvConfig::new(0, 64, 16))
+            .unwrap();
+        assert_eq!(s.cq.reserved_by_rings(), after_tx + 16);
+        after_tx
+    };
     // Reservations live as long as the QPs (one ring per queue for the QP's life).
     assert_eq!(s.cq.reserved_by_rings(), after_tx + 16);
     drop((a, b));

@@ -1752,7 +1752,6 @@ fn s15_cq_overflow() {
     let ring_line = match env.world {
         World::Spec => {
             let r = try_pump(
-                &env,
                 &mut pt,
                 &mut [&mut Tx("A.sq", &mut tx), &mut Raw("C.raw")],
                 &mut log_t,

@@ -435,14 +435,12 @@ impl Sink for Raw {
 /// to its ring (by ring id: unique on the CQ) and logging it. A completion of no ring fails
 /// the test; a poll error is returned.
 pub fn try_pump<const B: usize>(
-    env: &Env,
     p: &mut dp::CqPoller<B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
     limit: Duration,
     mut until: impl FnMut(&Log, &[&mut dyn Sink]) -> bool,
 ) -> Result<bool, dp::PollError> {
-    let _ = env;
     let deadline = Instant::now() + limit;
     loop {
         if until(log, sinks) {
@@ -526,7 +524,7 @@ pub fn pump<const B: usize>(
     log: &mut Log,
     until: impl FnMut(&Log, &[&mut dyn Sink]) -> bool,
 ) -> bool {
-    try_pump(env, p, sinks, log, env.deadline(), until).expect("ibv_poll_cq")
+    try_pump(p, sinks, log, env.deadline(), until).expect("ibv_poll_cq")
 }
 
 /// Pumps until `n` more completions were logged; fails the test otherwise.
@@ -553,7 +551,7 @@ pub fn quiet<const B: usize>(
     log: &mut Log,
 ) -> usize {
     let before = log.live();
-    try_pump(env, p, sinks, log, env.quiet(), |_, _| false).expect("ibv_poll_cq");
+    try_pump(p, sinks, log, env.quiet(), |_, _| false).expect("ibv_poll_cq");
     log.live() - before
 }
 
@@ -583,7 +581,7 @@ pub fn drain_or_quiet<const B: usize>(
     let deadline = Instant::now() + env.deadline();
     loop {
         let before = log.0.len();
-        let done = try_pump(env, p, sinks, log, window, |_, s| {
+        let done = try_pump(p, sinks, log, window, |_, s| {
             s.iter().all(|s| s.busy() == 0)
         })
         .expect("ibv_poll_cq");

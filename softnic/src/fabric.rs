@@ -26,6 +26,12 @@ pub(crate) const GRH_LEN: usize = 40;
 pub(crate) const ACTIVE_MTU: usize = 1024;
 /// Number of GID table entries reported by the port.
 pub(crate) const GID_TBL_LEN: u32 = 16;
+/// `accept_send`'s answer for a WR the Rxe profile queued on a QP before RTS (rxe S1): not
+/// an errno, so the hot path tells it apart without a test of its own.
+const QUEUED_BEFORE_RTS: i32 = -1;
+/// The opcode an RDMA READ posted with IBV_SEND_INLINE gets in the Rxe profile (rxe S5: it
+/// fails at execution); no real opcode, so it takes the invalid-opcode path.
+const RXE_INLINE_READ: ibv_wr_opcode = 0x8000_0000 | IBV_WR_RDMA_READ;
 /// `poll_cq` return value after a CQ overflow (negative, as `ibv_poll_cq(3)` says for errors).
 pub(crate) const POLL_CQ_OVERFLOW: i32 = -libc::EOVERFLOW;
 
@@ -117,6 +123,9 @@ pub(crate) struct Cq {
     pub(crate) ctx: u32,
     pub(crate) ring: VecDeque<(ibv_wc, SqTag)>,
     pub(crate) cap: usize,
+    /// Completions accepted before an overflow: `cap`, or 0 while `inject_overflow` > 0
+    /// ([`Cq::set_limit`]).
+    pub(crate) limit: usize,
     pub(crate) overflowed: bool,
     /// The device follows the Rxe profile (cached at creation: a cheap field read).
     pub(crate) rxe: bool,
@@ -268,8 +277,6 @@ pub(crate) struct SendEntry {
     remote_qkey: u32,
     sges: Vec<ibv_sge>,
     inline: bool,
-    /// Rxe profile: an RDMA READ posted with IBV_SEND_INLINE (rxe S5: fails at execution).
-    inline_read: bool,
     data: Vec<u8>,
     /// Total bytes of the SGE list (the sender's successful `byte_len`, rxe G6).
     len: u32,
@@ -314,9 +321,24 @@ pub(crate) struct Qp {
     /// Rxe profile: WRs were queued by a post_send before RTS; they run at the next
     /// post_send in RTS (rxe S1).
     held_pre_rts: bool,
+    /// `wc_flags` of every successful receive: IBV_WC_GRH on UD, and on RC/UC in the Rxe
+    /// profile (rxe G4); 0 otherwise. Set by [`Qp::set_profile`].
+    recv_flags: u32,
+    /// ANDed into a receive's `src_qp`: 0 on RC/UC in the Rxe profile (rxe G4), all ones
+    /// otherwise.
+    src_qp_mask: u32,
 }
 
 impl Cq {
+    /// Recomputes `limit` after `cap` or `inject_overflow` changed.
+    pub(crate) fn set_limit(&mut self) {
+        self.limit = if self.inject_overflow > 0 {
+            0
+        } else {
+            self.cap
+        };
+    }
+
     /// Publishes the ring's fill level to lock-free pollers.
     pub(crate) fn publish(&self) {
         let v = if self.overflowed {
@@ -340,6 +362,14 @@ impl Qp {
 
     pub(crate) fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Caches the device's profile in the QP (at creation).
+    pub(crate) fn set_profile(&mut self, rxe: bool) {
+        self.rxe = rxe;
+        let ud = self.qpt == IBV_QPT_UD;
+        self.recv_flags = if ud || rxe { IBV_WC_GRH } else { 0 };
+        self.src_qp_mask = if rxe && !ud { 0 } else { u32::MAX };
     }
 
     /// Rxe profile, RC: a request the responder never answers is retried forever
@@ -486,6 +516,15 @@ pub(crate) fn make_pipe() -> Option<(i32, i32)> {
     Some((fds[0], fds[1]))
 }
 
+/// rxe G2: an error or flush completion carries opcode 0 (SEND), byte_len 0 and no flags,
+/// receives included.
+#[cold]
+fn rxe_error_wc(wc: &mut ibv_wc) {
+    wc.opcode = IBV_WC_SEND;
+    wc.byte_len = 0;
+    wc.wc_flags = 0;
+}
+
 fn is_atomic_op(op: ibv_wr_opcode) -> bool {
     op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD
 }
@@ -626,32 +665,17 @@ impl Fabric {
         self.push_cqe_tagged(cq, wc, solicited, SqTag::NONE)
     }
 
-    fn push_cqe_tagged(&mut self, cq: u32, mut wc: ibv_wc, solicited: bool, tag: SqTag) -> bool {
+    fn push_cqe_tagged(&mut self, cq: u32, wc: ibv_wc, solicited: bool, tag: SqTag) -> bool {
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
             return false;
         };
         if c.overflowed {
             return false;
         }
-        if c.ring.len() >= c.cap || c.inject_overflow != 0 {
-            c.inject_overflow = c.inject_overflow.saturating_sub(1);
-            let (ctx, ptr) = (c.ctx, c.ptr.0 as usize);
-            if !c.rxe {
-                // The man page: the CQ enters the error state.
-                c.overflowed = true;
-                c.publish();
-            }
-            // rxe S15: the completion is silently dropped, one CQ_ERR per drop, and the CQ
-            // stays usable.
-            self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
+        // `limit` is the capacity, or 0 while an injected overflow is pending: one compare.
+        if c.ring.len() >= c.limit {
+            self.overflow(cq);
             return false;
-        }
-        if wc.status != IBV_WC_SUCCESS && c.rxe {
-            // rxe G2: error and flush completions carry opcode 0 (SEND), byte_len 0 and
-            // no flags, receives included.
-            wc.opcode = IBV_WC_SEND;
-            wc.byte_len = 0;
-            wc.wc_flags = 0;
         }
         c.ring.push_back((wc, tag));
         c.publish();
@@ -667,6 +691,28 @@ impl Fabric {
             }
         }
         true
+    }
+
+    /// A completion that does not fit CQ `cq` (or an injected overflow).
+    #[cold]
+    #[inline(never)]
+    fn overflow(&mut self, cq: u32) {
+        let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
+            return;
+        };
+        if c.inject_overflow > 0 {
+            c.inject_overflow -= 1;
+            c.set_limit();
+        }
+        let (ctx, ptr) = (c.ctx, c.ptr.0 as usize);
+        if !c.rxe {
+            // The man page: the CQ enters the error state.
+            c.overflowed = true;
+            c.publish();
+        }
+        // rxe S15: the completion is silently dropped, one CQ_ERR per drop, and the CQ
+        // stays usable.
+        self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
     }
 
     pub(crate) fn poll(&mut self, cq: u32, n: i32, out: *mut ibv_wc) -> i32 {
@@ -736,7 +782,10 @@ impl Fabric {
         if status == IBV_WC_SUCCESS && !signaled {
             return;
         }
-        let wc = Self::send_wc(Qp::qpn(qi), e, status, e.len);
+        let mut wc = Self::send_wc(Qp::qpn(qi), e, status, e.len);
+        if status != IBV_WC_SUCCESS && qp.rxe {
+            rxe_error_wc(&mut wc);
+        }
         self.push_send_cqe(qi, e.seq, wc);
     }
 
@@ -751,6 +800,7 @@ impl Fabric {
         self.push_cqe_tagged(cq, wc, false, tag);
     }
 
+    #[inline(always)]
     fn recycle(&mut self, qi: usize, e: Box<SendEntry>) {
         self.qp(qi).spare.push(e);
     }
@@ -799,13 +849,16 @@ impl Fabric {
             let qp = self.qp(qi);
             let Some(r) = qp.rq.q.pop_front() else { break };
             let cq = qp.recv_cq;
-            let wc = ibv_wc {
+            let mut wc = ibv_wc {
                 wr_id: r.wr_id,
                 status: IBV_WC_WR_FLUSH_ERR,
                 opcode: IBV_WC_RECV,
                 qp_num: qpn,
                 ..Default::default()
             };
+            if qp.rxe {
+                rxe_error_wc(&mut wc);
+            }
             qp.rq.spare.push(r);
             self.push_cqe(cq, wc, false);
         }
@@ -913,18 +966,15 @@ impl Fabric {
         mut wr: *mut ibv_send_wr,
         bad: *mut *mut ibv_send_wr,
     ) -> i32 {
-        let qp = self.qp(qi);
-        let rxe = qp.rxe;
-        if qp.held_pre_rts && qp.state == IBV_QPS_RTS {
-            // rxe S1: the WRs a post before RTS queued run at the next post in RTS.
-            qp.held_pre_rts = false;
-            self.run_pending(qi);
-        }
         while !wr.is_null() {
             // SAFETY: a valid chain (caller).
             let w = unsafe { &*wr };
             // SAFETY: forwarded contract.
             if let Err(e) = unsafe { self.accept_send(qi, w) } {
+                if e == QUEUED_BEFORE_RTS {
+                    // SAFETY: forwarded contract; the rest of the chain.
+                    return unsafe { self.post_send_before_rts(qi, w.next, bad) };
+                }
                 if !bad.is_null() {
                     // SAFETY: writable (caller).
                     unsafe { *bad = wr };
@@ -933,22 +983,53 @@ impl Fabric {
             }
             wr = w.next;
         }
-        if rxe && !matches!(self.qp(qi).state, IBV_QPS_RTS | IBV_QPS_ERR) {
-            // rxe S1/G1: the provider queued every WR, then the kernel doorbell refuses a
-            // QP before RTS: EINVAL in the return value and errno, bad_wr NULL.
-            if !bad.is_null() {
-                // SAFETY: writable (caller).
-                unsafe { *bad = core::ptr::null_mut() };
-            }
-            crate::errno::set_errno(libc::EINVAL);
-            return libc::EINVAL;
-        }
         0
+    }
+
+    /// rxe S1/G1 (Rxe profile, QP in RESET/INIT/RTR, after the first WR was queued): the
+    /// provider validates and queues the rest of the chain, then the kernel doorbell refuses
+    /// a QP before RTS: EINVAL in the return value and in errno, `*bad_wr` NULL. A WR that
+    /// fails validation is returned in `*bad_wr` with its errno, as usual.
+    ///
+    /// # Safety
+    /// As [`Fabric::post_send`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn post_send_before_rts(
+        &mut self,
+        qi: usize,
+        mut wr: *mut ibv_send_wr,
+        bad: *mut *mut ibv_send_wr,
+    ) -> i32 {
+        while !wr.is_null() {
+            // SAFETY: a valid chain (caller).
+            let w = unsafe { &*wr };
+            // SAFETY: forwarded contract.
+            match unsafe { self.accept_send(qi, w) } {
+                Err(QUEUED_BEFORE_RTS) => {}
+                Err(e) => {
+                    if !bad.is_null() {
+                        // SAFETY: writable (caller).
+                        unsafe { *bad = wr };
+                    }
+                    return e;
+                }
+                Ok(()) => unreachable!("a QP before RTS queues every valid WR"),
+            }
+            wr = w.next;
+        }
+        if !bad.is_null() {
+            // SAFETY: writable (caller).
+            unsafe { *bad = core::ptr::null_mut() };
+        }
+        crate::errno::set_errno(libc::EINVAL);
+        libc::EINVAL
     }
 
     /// # Safety
     /// `w` is a valid WR; its `sg_list` holds `num_sge` entries; inline SGE addresses are
     /// readable.
+    #[inline(always)]
     unsafe fn accept_send(&mut self, qi: usize, w: &ibv_send_wr) -> Result<(), i32> {
         let qp = self.qp(qi);
         let (max_inline, atomics) = (qp.inline_limit, qp.atomics);
@@ -956,14 +1037,11 @@ impl Fabric {
             // (rxe S1 queues the WR anyway: see post_send.)
             return Err(libc::EINVAL);
         }
-        let used = if qp.rxe {
+        if qp.sq_posted - qp.sq_released >= qp.cap.max_send_wr as u64
             // rxe S3: a slot is free once the WR was acknowledged (executed), polled or
-            // not; only WRs still waiting occupy the SQ.
-            qp.pending.len() as u64
-        } else {
-            qp.sq_posted - qp.sq_released
-        };
-        if used >= qp.cap.max_send_wr as u64 {
+            // not; only WRs still waiting occupy the SQ (they are all unreleased).
+            && (!qp.rxe || qp.pending.len() >= qp.cap.max_send_wr as usize)
+        {
             return Err(libc::ENOMEM);
         }
         if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_send_sge {
@@ -981,12 +1059,19 @@ impl Fabric {
             op,
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
         );
-        let inline = w.send_flags & IBV_SEND_INLINE != 0 && carries_data;
-        // rxe S5: rxe applies IBV_SEND_INLINE to an RDMA READ too (size-checked at post,
-        // fails at execution).
-        let inline_read = qp.rxe && w.send_flags & IBV_SEND_INLINE != 0 && op == IBV_WR_RDMA_READ;
+        let inline_flag = w.send_flags & IBV_SEND_INLINE != 0;
+        let inline = inline_flag && carries_data;
         let total: u64 = sges.iter().map(|s| s.length as u64).sum();
-        if (inline || inline_read) && total > max_inline as u64 {
+        let mut stored_op = op;
+        if inline_flag && !inline && op == IBV_WR_RDMA_READ && qp.rxe {
+            // rxe S5: rxe applies IBV_SEND_INLINE to an RDMA READ too: size-checked here,
+            // it fails at execution (`RXE_INLINE_READ`).
+            if total > max_inline as u64 {
+                return Err(libc::EINVAL);
+            }
+            stored_op = RXE_INLINE_READ;
+        }
+        if inline && total > max_inline as u64 {
             return Err(libc::EINVAL);
         }
         // SAFETY: the union member matching the opcode is the one the application set.
@@ -1025,7 +1110,7 @@ impl Fabric {
         e.seq = qp.sq_posted;
         qp.sq_posted += 1;
         e.wr_id = w.wr_id;
-        e.opcode = op;
+        e.opcode = stored_op;
         e.flags = w.send_flags;
         e.signaled = w.send_flags & IBV_SEND_SIGNALED != 0;
         // SAFETY: plain 32-bit union; either member is the same bits.
@@ -1043,7 +1128,6 @@ impl Fabric {
         e.remote_qpn = rqpn;
         e.remote_qkey = rqkey;
         e.inline = inline;
-        e.inline_read = inline_read;
         e.len = total as u32;
         e.data.clear();
         if inline && qp.state != IBV_QPS_ERR {
@@ -1058,19 +1142,28 @@ impl Fabric {
                 unsafe { mem::read_inline(&mut e.data, s.addr as usize, s.length as usize) };
             }
         }
-        if qp.state == IBV_QPS_ERR {
-            // Posting to a QP in ERR: the WR completes at once with a flush (rxe G9).
-            self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
-            self.recycle(qi, e);
-        } else if qp.state != IBV_QPS_RTS {
-            // rxe S1 (only the Rxe profile gets here): queued before RTS, run by the next
-            // post_send in RTS.
-            Self::keep_sges(&mut e, sges);
-            qp.pending.push_back(e);
-            qp.held_pre_rts = true;
+        if qp.state != IBV_QPS_RTS {
+            if qp.state == IBV_QPS_ERR {
+                // Posting to a QP in ERR: the WR completes at once with a flush (rxe G9).
+                self.complete_send(qi, &e, IBV_WC_WR_FLUSH_ERR);
+                self.recycle(qi, e);
+            } else {
+                // rxe S1 (only the Rxe profile gets here): queued before RTS, run by the
+                // next post_send in RTS.
+                Self::keep_sges(&mut e, sges);
+                qp.pending.push_back(e);
+                qp.held_pre_rts = true;
+                return Err(QUEUED_BEFORE_RTS);
+            }
         } else if !qp.pending.is_empty() {
             Self::keep_sges(&mut e, sges);
             qp.pending.push_back(e);
+            if qp.held_pre_rts {
+                // rxe S1: the WRs a post before RTS queued run at the next post in RTS,
+                // before this one.
+                qp.held_pre_rts = false;
+                self.run_pending(qi);
+            }
         } else {
             // Executed now, inside post_send: the SGE list is read straight from the
             // application's WR (inline bytes were captured above); it is copied only if the
@@ -1222,31 +1315,28 @@ impl Fabric {
         src: &mut Vec<Seg>,
     ) -> (Outcome, Option<(usize, ErrCause)>) {
         let done = |s| (Outcome::Done(s), None);
-        let (qpt, pd, dest, rnr_retry, rxe) = {
+        let (qpt, pd, dest, rnr_retry) = {
             let qp = self.qp(qi);
-            (
-                qp.qpt,
-                qp.pd,
-                qp.attr.dest_qp_num,
-                qp.attr.rnr_retry,
-                qp.rxe,
-            )
+            (qp.qpt, qp.pd, qp.attr.dest_qp_num, qp.attr.rnr_retry)
         };
+        // The profile is read only on the paths that need it (none of them hot).
+        let rxe = |f: &mut Self| f.qp(qi).rxe;
         let op = e.opcode;
         let valid = match qpt {
-            // rxe S21: rxe executes SEND_WITH_INV on RC (softnic has no MWs or
-            // fast-registration MRs, so every rkey it names is bogus).
-            IBV_QPT_RC if rxe && op == IBV_WR_SEND_WITH_INV => true,
-            IBV_QPT_RC => matches!(
-                op,
-                IBV_WR_SEND
-                    | IBV_WR_SEND_WITH_IMM
-                    | IBV_WR_RDMA_WRITE
-                    | IBV_WR_RDMA_WRITE_WITH_IMM
-                    | IBV_WR_RDMA_READ
-                    | IBV_WR_ATOMIC_CMP_AND_SWP
-                    | IBV_WR_ATOMIC_FETCH_AND_ADD
-            ),
+            IBV_QPT_RC => {
+                matches!(
+                    op,
+                    IBV_WR_SEND
+                        | IBV_WR_SEND_WITH_IMM
+                        | IBV_WR_RDMA_WRITE
+                        | IBV_WR_RDMA_WRITE_WITH_IMM
+                        | IBV_WR_RDMA_READ
+                        | IBV_WR_ATOMIC_CMP_AND_SWP
+                        | IBV_WR_ATOMIC_FETCH_AND_ADD
+                ) || (op == IBV_WR_SEND_WITH_INV && rxe(self))
+                // rxe S21: rxe executes SEND_WITH_INV on RC (softnic has no MWs or
+                // fast-registration MRs, so every rkey it names is bogus).
+            }
             IBV_QPT_UC => matches!(
                 op,
                 IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
@@ -1255,18 +1345,13 @@ impl Fabric {
         };
         if !valid {
             // rxe S18/S21: an opcode the QP type does not support completes with
-            // LOC_QP_OP_ERR and moves the QP to ERR.
-            return done(IBV_WC_LOC_QP_OP_ERR);
-        }
-        if rxe {
-            if e.inline_read {
-                // rxe S5: an inline READ loses its SGE list: LOC_PROT_ERR, nothing written.
-                return done(IBV_WC_LOC_PROT_ERR);
-            }
-            if e.len >= 0x8000_0000 && !is_atomic_op(op) {
-                // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
-                return done(IBV_WC_LOC_QP_OP_ERR);
-            }
+            // LOC_QP_OP_ERR and moves the QP to ERR. rxe S5: an inline READ (marked at
+            // post) loses its SGE list: LOC_PROT_ERR, nothing written.
+            return done(if op == RXE_INLINE_READ {
+                IBV_WC_LOC_PROT_ERR
+            } else {
+                IBV_WC_LOC_QP_OP_ERR
+            });
         }
         // Local side: gather (or, for READ/atomics, scatter target needing LOCAL_WRITE).
         let mut local_fault = false;
@@ -1290,12 +1375,16 @@ impl Fabric {
             };
             let sges = wr_sges.unwrap_or(&e.sges);
             if !self.resolve_sges(sges, pd, need, src) {
-                if rxe && is_atomic_op(op) {
+                if e.len >= 0x8000_0000 && !is_atomic_op(op) && rxe(self) {
+                    // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
+                    return done(IBV_WC_LOC_QP_OP_ERR);
+                }
+                if is_atomic_op(op) && rxe(self) {
                     // rxe S10: the remote atomic executes first; the bad local SGE fails
                     // the WR afterwards (below).
                     src.clear();
                     local_fault = true;
-                } else if rxe && !local_write && self.bad_lkey(sges, pd) {
+                } else if !local_write && rxe(self) && self.bad_lkey(sges, pd) {
                     // rxe S7: a gather-side lkey that names no MR of the PD gives
                     // LOC_QP_OP_ERR (bounds and access faults stay LOC_PROT_ERR, S8).
                     return done(IBV_WC_LOC_QP_OP_ERR);
@@ -1402,7 +1491,7 @@ impl Fabric {
                         return done(IBV_WC_SUCCESS);
                     }
                     let out = rnr();
-                    if rxe && matches!(out.0, Outcome::Done(_)) && total > 0 {
+                    if matches!(out.0, Outcome::Done(_)) && total > 0 && rxe(self) {
                         // rxe S17: only the last packet (the one carrying the immediate)
                         // needs a receive: every packet before it was written.
                         let mtu = self.qp(qi).mtu();
@@ -1569,6 +1658,7 @@ impl Fabric {
         }
     }
 
+    #[inline(always)]
     fn take_recv(&mut self, pi: usize) -> Option<RecvEntry> {
         let qp = self.qp(pi);
         match qp.srq {
@@ -1587,6 +1677,7 @@ impl Fabric {
         }
     }
 
+    #[inline(always)]
     fn give_back_recv(&mut self, pi: usize, r: RecvEntry) {
         let qp = self.qp(pi);
         match qp.srq {
@@ -1616,9 +1707,9 @@ impl Fabric {
         let Some(r) = self.take_recv(pi) else {
             return (Delivery::NoRecv, 0);
         };
-        let (ppd, qpt, cq, rxe) = {
+        let (ppd, qpt, cq, rxe, recv_flags, src_qp_mask) = {
             let p = self.qp(pi);
-            (p.pd, p.qpt, p.recv_cq, p.rxe)
+            (p.pd, p.qpt, p.recv_cq, p.rxe, p.recv_flags, p.src_qp_mask)
         };
         let ud = qpt == IBV_QPT_UD;
         let mut status = IBV_WC_SUCCESS;
@@ -1635,23 +1726,8 @@ impl Fabric {
             } else {
                 let room: usize = dst.iter().map(|s| s.len).sum();
                 let hdr = if ud { GRH_LEN } else { 0 };
-                if len + hdr > room && rxe {
-                    // rxe S11/S18: LOC_QP_OP_ERR, and on RC/UC the packets that fit whole
-                    // (path MTU of the sender) were written before the one that did not.
-                    status = IBV_WC_LOC_QP_OP_ERR;
-                    if !ud {
-                        let mtu = self.qp_idx_by_qpn(src_qpn).map_or(ACTIVE_MTU, |s| {
-                            self.qps[s].as_ref().map_or(ACTIVE_MTU, |q| q.mtu())
-                        });
-                        let w = room / mtu * mtu;
-                        if w > 0 {
-                            // SAFETY: dst resolved with room >= w bytes; src holds len > w
-                            // bytes, checked by the caller.
-                            unsafe { mem::scatter(&dst, 0, src, 0, w) };
-                        }
-                    }
-                } else if len + hdr > room {
-                    status = IBV_WC_LOC_LEN_ERR;
+                if len + hdr > room {
+                    status = self.short_receive(rxe, ud, src_qpn, &dst, src, room);
                 } else {
                     if ud {
                         // `as_mut_ptr`: see the atomics' result bytes in execute_inner.
@@ -1673,7 +1749,8 @@ impl Fabric {
             status,
             opcode,
             qp_num: Qp::qpn(pi),
-            src_qp: src_qpn,
+            // rxe G4: src_qp 0 on RC/UC (the mask is 0 there in the Rxe profile).
+            src_qp: src_qpn & src_qp_mask,
             ..Default::default()
         };
         if status == IBV_WC_SUCCESS {
@@ -1682,27 +1759,52 @@ impl Fabric {
                 wc.__bindgen_anon_1.imm_data = i;
                 wc.wc_flags |= IBV_WC_WITH_IMM;
             }
-            if ud {
-                wc.wc_flags |= IBV_WC_GRH;
-            } else if rxe {
-                // rxe G4: a successful RC receive has IBV_WC_GRH and src_qp 0.
-                wc.wc_flags |= IBV_WC_GRH;
-                wc.src_qp = 0;
-            }
+            // IBV_WC_GRH on UD; rxe G4: on RC/UC too.
+            wc.wc_flags |= recv_flags;
+        } else if rxe {
+            rxe_error_wc(&mut wc);
         }
         self.give_back_recv(pi, r);
         let kept = self.push_cqe(cq, wc, solicited);
-        if status == IBV_WC_SUCCESS {
-            if !kept && rxe {
-                // rxe S15: a receive completion lost to a full CQ moves the responder to
-                // ERR (the caller does it; its flushes overflow too), and the message is
-                // not acknowledged.
-                return (Delivery::Overflow, status);
-            }
-            (Delivery::Ok, status)
-        } else {
-            (Delivery::RecvError, status)
+        match status {
+            IBV_WC_SUCCESS if kept || !rxe => (Delivery::Ok, status),
+            // rxe S15: a receive completion lost to a full CQ moves the responder to ERR
+            // (the caller does it; its flushes overflow too), and the message is not
+            // acknowledged.
+            IBV_WC_SUCCESS => (Delivery::Overflow, status),
+            _ => (Delivery::RecvError, status),
         }
+    }
+
+    /// A message longer than the receive buffer (`room` bytes in `dst`): LOC_LEN_ERR, nothing
+    /// written (man/IBA). rxe S11/S18: LOC_QP_OP_ERR, and on RC/UC the packets that fit
+    /// whole (path MTU of the sender) were written before the one that did not.
+    #[cold]
+    #[inline(never)]
+    fn short_receive(
+        &self,
+        rxe: bool,
+        ud: bool,
+        src_qpn: u32,
+        dst: &[Seg],
+        src: &[Seg],
+        room: usize,
+    ) -> ibv_wc_status {
+        if !rxe {
+            return IBV_WC_LOC_LEN_ERR;
+        }
+        if !ud {
+            let mtu = self.qp_idx_by_qpn(src_qpn).map_or(ACTIVE_MTU, |s| {
+                self.qps[s].as_ref().map_or(ACTIVE_MTU, |q| q.mtu())
+            });
+            let w = room / mtu * mtu;
+            if w > 0 {
+                // SAFETY: dst resolved with room >= w bytes; src holds more than room
+                // bytes, checked by the caller.
+                unsafe { mem::scatter(dst, 0, src, 0, w) };
+            }
+        }
+        IBV_WC_LOC_QP_OP_ERR
     }
 
     /// The 40-byte GRH area of a UD receive: as rxe writes it for RoCE v2 over IPv4, 20
@@ -1976,6 +2078,12 @@ impl Fabric {
             atomics: true,
             rxe: false,
             held_pre_rts: false,
+            recv_flags: if init.qp_type == IBV_QPT_UD {
+                IBV_WC_GRH
+            } else {
+                0
+            },
+            src_qp_mask: u32::MAX,
         }
     }
 

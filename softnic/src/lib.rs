@@ -559,6 +559,7 @@ pub unsafe fn inject_cq_overflow(cq: *mut ibv_cq, n: u32) {
     let i = unsafe { (*cq).handle } as usize;
     if let Some(Some(c)) = f.cqs.get_mut(i) {
         c.inject_overflow = n;
+        c.set_limit();
     }
 }
 

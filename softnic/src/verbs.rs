@@ -710,6 +710,7 @@ pub(crate) unsafe extern "C" fn create_cq(
             ctx: ci,
             ring: std::collections::VecDeque::with_capacity(cqe as usize),
             cap: cqe as usize,
+            limit: cqe as usize,
             overflowed: false,
             rxe,
             inject_overflow: 0,
@@ -749,6 +750,7 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
         cqe
     };
     c.cap = cqe as usize;
+    c.set_limit();
     // SAFETY: live CQ.
     unsafe { (*cq).cqe = cqe };
     0
@@ -998,7 +1000,7 @@ pub(crate) unsafe extern "C" fn create_qp(
     let mut qp = Fabric::new_qp_struct(ci, pi, scq, rcq, srq, ia, cap, p);
     qp.inline_limit = c.max_inline_data.min(cap.max_inline_data);
     qp.atomics = c.atomics;
-    qp.rxe = rxe;
+    qp.set_profile(rxe);
     f.add_qp(qp);
     f.provision_scratch(cap.max_send_sge.max(cap.max_recv_sge));
     for cq in [scq, rcq] {

@@ -1375,21 +1375,12 @@ impl Fabric {
             };
             let sges = wr_sges.unwrap_or(&e.sges);
             if !self.resolve_sges(sges, pd, need, src) {
-                if e.len >= 0x8000_0000 && !is_atomic_op(op) && rxe(self) {
-                    // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
-                    return done(IBV_WC_LOC_QP_OP_ERR);
-                }
-                if is_atomic_op(op) && rxe(self) {
-                    // rxe S10: the remote atomic executes first; the bad local SGE fails
-                    // the WR afterwards (below).
-                    src.clear();
-                    local_fault = true;
-                } else if !local_write && rxe(self) && self.bad_lkey(sges, pd) {
-                    // rxe S7: a gather-side lkey that names no MR of the PD gives
-                    // LOC_QP_OP_ERR (bounds and access faults stay LOC_PROT_ERR, S8).
-                    return done(IBV_WC_LOC_QP_OP_ERR);
-                } else {
-                    return done(IBV_WC_LOC_PROT_ERR);
+                match self.local_fault(qi, e, sges, pd) {
+                    Some(status) => return done(status),
+                    None => {
+                        src.clear();
+                        local_fault = true;
+                    }
                 }
             }
         }
@@ -1450,24 +1441,10 @@ impl Fabric {
                     (Delivery::Overflow, _) => self.lost_at(qi, peer, reliable),
                 }
             }
-            IBV_WR_SEND_WITH_INV => {
-                // rxe S21 (RC, Rxe profile only): the responder consumes a receive and
-                // completes it with REM_INV_REQ_ERR (the rkey to invalidate is bogus) and
-                // goes to ERR; the requester was acknowledged and succeeds.
-                let Some(r) = self.take_recv(peer) else {
-                    return rnr();
-                };
-                let wc = ibv_wc {
-                    wr_id: r.wr_id,
-                    status: IBV_WC_REM_INV_REQ_ERR,
-                    qp_num: Qp::qpn(peer),
-                    ..Default::default()
-                };
-                let cq = self.qp(peer).recv_cq;
-                self.give_back_recv(peer, r);
-                self.push_cqe(cq, wc, false);
-                (Outcome::Done(IBV_WC_SUCCESS), Some((peer, ErrCause::Fatal)))
-            }
+            IBV_WR_SEND_WITH_INV => match self.rxe_send_with_inv(peer) {
+                Some(out) => out,
+                None => rnr(),
+            },
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
                 if paccess & IBV_ACCESS_REMOTE_WRITE == 0 {
                     return self.remote_fail(reliable, peer, IBV_WC_REM_INV_REQ_ERR);
@@ -1491,15 +1468,10 @@ impl Fabric {
                         return done(IBV_WC_SUCCESS);
                     }
                     let out = rnr();
-                    if matches!(out.0, Outcome::Done(_)) && total > 0 && rxe(self) {
-                        // rxe S17: only the last packet (the one carrying the immediate)
-                        // needs a receive: every packet before it was written.
-                        let mtu = self.qp(qi).mtu();
-                        let w = (total - 1) / mtu * mtu;
-                        if w > 0 {
-                            // SAFETY: both sides resolved and bounds-checked above; w < total.
-                            unsafe { mem::scatter(&[dst], 0, src, 0, w) };
-                        }
+                    if matches!(out.0, Outcome::Done(_)) && total > 0 {
+                        // SAFETY: dst and src resolved and bounds-checked above, for
+                        // `total` bytes.
+                        unsafe { self.rxe_write_imm_prefix(qi, dst, src, total) };
                     }
                     return out;
                 }
@@ -1596,6 +1568,77 @@ impl Fabric {
             (Outcome::Rnr, None)
         } else {
             (Outcome::Done(IBV_WC_RETRY_EXC_ERR), None)
+        }
+    }
+
+    /// A gather/scatter list that did not resolve: the status the WR ends with, or `None`
+    /// when it goes on to fail later (rxe S10: an atomic executes remotely first).
+    #[cold]
+    #[inline(never)]
+    fn local_fault(
+        &mut self,
+        qi: usize,
+        e: &SendEntry,
+        sges: &[ibv_sge],
+        pd: u32,
+    ) -> Option<ibv_wc_status> {
+        let op = e.opcode;
+        if !self.qp(qi).rxe {
+            return Some(IBV_WC_LOC_PROT_ERR);
+        }
+        if is_atomic_op(op) {
+            // rxe S10: the remote atomic executes first; the bad local SGE fails the WR
+            // afterwards.
+            return None;
+        }
+        if e.len >= 0x8000_0000 {
+            // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
+            return Some(IBV_WC_LOC_QP_OP_ERR);
+        }
+        if op != IBV_WR_RDMA_READ && self.bad_lkey(sges, pd) {
+            // rxe S7: a gather-side lkey that names no MR of the PD gives LOC_QP_OP_ERR
+            // (bounds and access faults stay LOC_PROT_ERR, S8).
+            return Some(IBV_WC_LOC_QP_OP_ERR);
+        }
+        Some(IBV_WC_LOC_PROT_ERR)
+    }
+
+    /// rxe S21 (RC, Rxe profile only): SEND_WITH_INV. The responder consumes a receive,
+    /// completes it with REM_INV_REQ_ERR (the rkey to invalidate is bogus) and goes to ERR;
+    /// the requester was acknowledged and succeeds. `None`: no receive posted (RNR).
+    #[cold]
+    #[inline(never)]
+    fn rxe_send_with_inv(&mut self, peer: usize) -> Option<(Outcome, Option<(usize, ErrCause)>)> {
+        let r = self.take_recv(peer)?;
+        let wc = ibv_wc {
+            wr_id: r.wr_id,
+            status: IBV_WC_REM_INV_REQ_ERR,
+            qp_num: Qp::qpn(peer),
+            ..Default::default()
+        };
+        let cq = self.qp(peer).recv_cq;
+        self.give_back_recv(peer, r);
+        self.push_cqe(cq, wc, false);
+        Some((Outcome::Done(IBV_WC_SUCCESS), Some((peer, ErrCause::Fatal))))
+    }
+
+    /// rxe S17 (Rxe profile): a WRITE_WITH_IMM whose RNR retries ran out wrote every packet
+    /// before the last (the one carrying the immediate, which needs the receive).
+    ///
+    /// # Safety
+    /// `dst` and `src` are resolved and bounds-checked for `total` bytes.
+    #[cold]
+    #[inline(never)]
+    unsafe fn rxe_write_imm_prefix(&mut self, qi: usize, dst: Seg, src: &[Seg], total: usize) {
+        let qp = self.qp(qi);
+        if !qp.rxe {
+            return;
+        }
+        let mtu = qp.mtu();
+        let w = (total - 1) / mtu * mtu;
+        if w > 0 {
+            // SAFETY: both sides hold `total` > w bytes (caller).
+            unsafe { mem::scatter(&[dst], 0, src, 0, w) };
         }
     }
 

@@ -52,7 +52,9 @@ use std::sync::{Mutex, OnceLock};
 use arbitrary::Arbitrary;
 use hotverbs_datapath::*;
 use hotverbs_ffi::*;
+use hotverbs_fuzz::{Pair, PairConfig, ALL_ACCESS};
 use hotverbs_softnic::counting::CountingDevice;
+use hotverbs_softnic::Profile;
 use libfuzzer_sys::fuzz_target;
 
 const N: usize = 16;
@@ -72,6 +74,63 @@ fn region() -> u64 {
     }) as u64
 }
 
+/// `cap.max_recv_wr` of the softnic receiver QP (Rxe rounds it up to 15).
+const SOFT_RQ: u32 = 8;
+
+/// A softnic RC pair of one profile: the ring receives on A, B sends to it. Built once per
+/// process and profile (softnic never reuses QP numbers), reset at every input.
+struct SoftRig {
+    pair: Pair,
+    profile: Profile,
+    /// The registered region of A's ring and its lkey.
+    region: u64,
+    lkey: u32,
+}
+
+static SOFT_RIGS: [Mutex<Option<SoftRig>>; 2] = [Mutex::new(None), Mutex::new(None)];
+
+fn soft_rig(profile: Profile) -> SoftRig {
+    let pair = Pair::with_profile(
+        PairConfig {
+            sq_depth: 64,
+            rq_depth: SOFT_RQ,
+            max_sge: 1,
+            max_inline: MAX_SLOT,
+            cq_size: 4096,
+            rnr_retry_a: 7,
+            qp_type: IBV_QPT_RC,
+        },
+        profile,
+    );
+    let buf: &'static mut [u8] = Box::leak(vec![0u8; N * MAX_SLOT as usize].into_boxed_slice());
+    // SAFETY: the leaked buffer lives for the rest of the process.
+    let mr = unsafe { pair.reg(pair.pd, buf.as_mut_ptr(), buf.len(), ALL_ACCESS) };
+    // SAFETY: an MR returned non-NULL by ibv_reg_mr.
+    let lkey = unsafe { (*mr).lkey };
+    let ctx = pair.ctx;
+    // SAFETY: `ctx` is the rig's live softnic context (never closed); this thread is its
+    // only user while the rig is built, and its `ops` are plain function pointers.
+    unsafe {
+        let ops = &mut (*ctx).ops;
+        let r = ops.post_recv.expect("post_recv");
+        let orig = *ORIG_SOFTNIC.get_or_init(|| r);
+        assert!(orig as usize == r as usize);
+        ops.post_recv = Some(shim_softnic_post_recv);
+    }
+    SoftRig {
+        pair,
+        profile,
+        region: buf.as_ptr() as u64,
+        lkey,
+    }
+}
+
+/// The device under the ring: a counting device made for this input, or a softnic rig.
+enum Dev<'r> {
+    Counting(std::pin::Pin<Box<CountingDevice>>),
+    Soft(&'r mut SoftRig),
+}
+
 /// A `Received` of an earlier input's ring (another brand), for the `Foreign` checks.
 static STASH: Mutex<Option<Received>> = Mutex::new(None);
 
@@ -85,6 +144,22 @@ type PostSrqRecvFn =
 
 /// The counting device's own entries (the same for every device).
 static ORIG: OnceLock<(PostRecvFn, PostSrqRecvFn)> = OnceLock::new();
+/// softnic's `post_recv` (the same for every softnic context).
+static ORIG_SOFTNIC: OnceLock<PostRecvFn> = OnceLock::new();
+
+/// `ops.post_recv` of the shim in front of softnic.
+///
+/// # Safety
+/// As `ibv_post_recv(3)` on a softnic QP.
+unsafe extern "C" fn shim_softnic_post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let orig = *ORIG_SOFTNIC.get().expect("shim installed");
+    // SAFETY: forwarded contract.
+    unsafe { shim(wr, bad, |w, b| orig(qp, w, b)) }
+}
 
 /// One WR of a chain as the shim saw it.
 #[derive(Clone, Copy, Debug)]
@@ -247,10 +322,16 @@ struct Cqe {
     status: ibv_wc_status,
     byte_len: u32,
     imm: Option<u32>,
+    /// The byte softnic's sender filled the message with (0: no data).
+    stamp: u8,
 }
 
 struct Mirror {
+    /// None: the counting device; Some: softnic with this profile.
+    soft: Option<Profile>,
+    /// Receive queue (and SRQ) capacity.
     cap: usize,
+    cq_cap: usize,
     rq: VecDeque<u64>,
     srq: VecDeque<u64>,
     cq: VecDeque<Cqe>,
@@ -264,7 +345,7 @@ struct Mirror {
 impl Mirror {
     /// Queues a completion; false if the full CQ dropped it.
     fn push_cqe(&mut self, c: Cqe) -> bool {
-        if self.cq.len() < self.cap {
+        if self.cq.len() < self.cq_cap {
             self.cq.push_back(c);
             true
         } else {
@@ -279,6 +360,7 @@ impl Mirror {
             status: IBV_WC_WR_FLUSH_ERR,
             byte_len: 0,
             imm: None,
+            stamp: 0,
         });
         if fitted {
             Slot::Cq
@@ -291,25 +373,41 @@ impl Mirror {
     /// the index of the WR named in `*bad_wr`.
     fn post(&mut self, srq: bool, chain: &[SeenWr]) -> (Vec<Slot>, c_int, Option<usize>) {
         let mut fate = Vec::with_capacity(chain.len());
+        // softnic's Spec profile in ERR queues the chain (up to the capacity) and flushes
+        // what it queued after the post; the counting device flushes each WR at once.
+        let flush_after = self.qp_error && !srq && self.soft == Some(Profile::Spec);
+        let mut refused = None;
         for (j, w) in chain.iter().enumerate() {
             if srq {
                 // The SRQ does not depend on the QP's state.
                 if self.srq.len() == self.cap {
-                    return (fate, libc::ENOMEM, Some(j));
+                    refused = Some(j);
+                    break;
                 }
                 self.srq.push_back(w.wr_id);
                 fate.push(Slot::Device);
-            } else if self.qp_error {
-                // Flushed at once.
+            } else if self.qp_error && self.soft.is_none() {
                 let f = self.flush_cqe(w.wr_id);
                 fate.push(f);
             } else {
+                // Queued; in ERR on rxe (G9) it waits there until the next ERR->ERR or
+                // RESET (softnic's Rxe profile).
                 if self.rq.len() == self.cap {
-                    return (fate, libc::ENOMEM, Some(j));
+                    refused = Some(j);
+                    break;
                 }
                 self.rq.push_back(w.wr_id);
                 fate.push(Slot::Device);
             }
+        }
+        if flush_after {
+            for f in fate.iter_mut() {
+                let id = self.rq.pop_front().expect("queued above");
+                *f = self.flush_cqe(id);
+            }
+        }
+        if let Some(j) = refused {
+            return (fate, libc::ENOMEM, Some(j));
         }
         match self.unnamed.take() {
             Some(e) => (fate, e, None),
@@ -320,6 +418,10 @@ impl Mirror {
     /// The QP enters ERR: its own receives are flushed in order (the SRQ's stay); returns
     /// each flushed `wr_id` and where its completion went.
     fn enter_error(&mut self) -> Vec<(u64, Slot)> {
+        if self.soft.is_some() && self.qp_error {
+            // softnic leaves a QP already in ERR alone.
+            return Vec::new();
+        }
         self.qp_error = true;
         let mut out = Vec::new();
         while let Some(id) = self.rq.pop_front() {
@@ -330,7 +432,11 @@ impl Mirror {
     }
 
     /// `complete_recv`: the wr_id completed, if any.
-    fn complete(&mut self, byte_len: u32, imm: Option<u32>) -> Option<(u64, bool)> {
+    fn complete(&mut self, byte_len: u32, imm: Option<u32>, stamp: u8) -> Option<(u64, bool)> {
+        if self.soft.is_some() && self.qp_error {
+            // A responder in ERR takes no message.
+            return None;
+        }
         let q = if self.use_srq {
             &mut self.srq
         } else {
@@ -342,6 +448,7 @@ impl Mirror {
             status: IBV_WC_SUCCESS,
             byte_len,
             imm,
+            stamp,
         });
         Some((id, fitted))
     }
@@ -387,6 +494,8 @@ enum Op {
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    /// 0, 1: the counting device; 2: softnic Spec; 3: softnic Rxe.
+    device: u8,
     srq: bool,
     count: u8,
     slot_len: u8,
@@ -395,11 +504,18 @@ struct Input {
     ops: Vec<Op>,
 }
 
-struct Run {
+struct Run<'r> {
     // Declared (so dropped) before the device they use.
     ring: RecvRing<N>,
     poller: CqPoller<POLL_MAX>,
-    dev: std::pin::Pin<Box<CountingDevice>>,
+    dev: Dev<'r>,
+    /// The ring's registered region and its lkey.
+    region: u64,
+    lkey: u32,
+    /// The byte the data of each slot's last completion was filled with (softnic).
+    stamp: [u8; N],
+    /// The next message's fill byte.
+    next_stamp: u8,
     m: Mirror,
     srq: bool,
     count: u32,
@@ -423,7 +539,7 @@ fn tag_of(wr_id: u64) -> u64 {
     wr_id >> 32
 }
 
-impl Run {
+impl Run<'_> {
     fn count_of(&self, s: Slot) -> u32 {
         self.slots[..self.count as usize]
             .iter()
@@ -468,9 +584,9 @@ impl Run {
             assert_eq!(
                 w.sge,
                 (
-                    region() + slot as u64 * self.slot_len as u64,
+                    self.region + slot as u64 * self.slot_len as u64,
                     self.slot_len,
-                    LKEY
+                    self.lkey
                 ),
                 "SGE of slot {slot}"
             );
@@ -520,16 +636,30 @@ impl Run {
     }
 
     fn check(&self) {
-        let (dev, m) = (&self.dev, &self.m);
-        assert_eq!(
-            dev.posted_recvs(),
-            m.rq.len() + m.srq.len(),
-            "device receives"
-        );
-        assert_eq!(dev.posted_srq_recvs(), m.srq.len(), "device SRQ receives");
-        assert_eq!(dev.queued_cqes(), m.cq.len(), "device CQ fill");
-        assert_eq!(dev.cq_overflows(), m.overflows, "device CQ overflows");
-        assert_eq!(dev.qp_in_error(), m.qp_error, "device QP state");
+        let m = &self.m;
+        match &self.dev {
+            Dev::Counting(dev) => {
+                assert_eq!(
+                    dev.posted_recvs(),
+                    m.rq.len() + m.srq.len(),
+                    "device receives"
+                );
+                assert_eq!(dev.posted_srq_recvs(), m.srq.len(), "device SRQ receives");
+                assert_eq!(dev.queued_cqes(), m.cq.len(), "device CQ fill");
+                assert_eq!(dev.cq_overflows(), m.overflows, "device CQ overflows");
+                assert_eq!(dev.qp_in_error(), m.qp_error, "device QP state");
+            }
+            Dev::Soft(rig) => {
+                // SAFETY: the rig's live QP.
+                let rq = unsafe { hotverbs_softnic::rq_outstanding(rig.pair.a.qp) };
+                assert_eq!(rq as usize, m.rq.len(), "softnic RQ occupancy");
+                assert_eq!(
+                    rig.pair.a.state() == IBV_QPS_ERR,
+                    m.qp_error,
+                    "softnic QP state"
+                );
+            }
+        }
         let r = &self.ring;
         assert_eq!(r.count(), self.count);
         assert_eq!(r.held(), self.count_of(Slot::User), "held");
@@ -618,14 +748,21 @@ impl Run {
             let got = Cqe {
                 wr_id: wc.wr_id,
                 status: wc.status,
-                byte_len: wc.byte_len,
+                byte_len: if wc.status == IBV_WC_SUCCESS {
+                    wc.byte_len
+                } else {
+                    // Undefined for errors (ibv_poll_cq(3)).
+                    0
+                },
                 imm: c.imm(),
+                stamp: want.stamp,
             };
             assert_eq!(got, want, "completion order and contents");
             // A completion of a slot of the current tag: the device is done with it.
             let slot = (wc.wr_id & 0xFFFF_FFFF) as usize;
             if tag_of(wc.wr_id) == self.tag && slot < self.count as usize {
                 assert_eq!(self.slots[slot], Slot::Cq);
+                self.stamp[slot] = want.stamp;
             }
             self.inbox
                 .push(std::mem::replace(c, Completion::PLACEHOLDER));
@@ -645,9 +782,25 @@ impl Run {
         }
     }
 
+    /// The device completes the oldest receive (a message of `len` bytes arrives).
     fn complete(&mut self, len: u32, imm: Option<u32>) -> bool {
-        let ok = self.dev.complete_recv(len, imm);
-        let id = self.m.complete(len, imm);
+        let stamp = self.next_stamp;
+        self.next_stamp = self.next_stamp.wrapping_add(1).max(1);
+        let (len, stamp) = match self.dev {
+            Dev::Counting(_) => (len % 100, 0),
+            // A message longer than the slot would fail both sides (LOC_LEN_ERR).
+            Dev::Soft(_) => (len % (self.slot_len + 1), stamp),
+        };
+        let id = self.m.complete(len, imm, stamp);
+        let ok = match &mut self.dev {
+            Dev::Counting(dev) => dev.complete_recv(len, imm),
+            Dev::Soft(rig) => {
+                if id.is_some() {
+                    soft_send(rig, len, imm, stamp);
+                }
+                id.is_some()
+            }
+        };
         assert_eq!(ok, id.is_some(), "complete_recv");
         if let Some((id, fitted)) = id {
             let slot = (id & 0xFFFF_FFFF) as usize;
@@ -718,9 +871,14 @@ impl Run {
                     let d = self.ring.data(m).expect("data of a held slot");
                     assert_eq!(
                         d.as_ptr() as u64,
-                        region() + m.slot() as u64 * self.slot_len as u64,
+                        self.region + m.slot() as u64 * self.slot_len as u64,
                         "data() address"
                     );
+                    if matches!(self.dev, Dev::Soft(_)) {
+                        // softnic wrote the message there: this slot's own, untouched since.
+                        let want = self.stamp[m.slot() as usize];
+                        assert!(d.iter().all(|&b| b == want), "data() of slot {}", m.slot());
+                    }
                     assert_eq!(
                         d.len() as u32,
                         m.byte_len().min(self.slot_len),
@@ -729,7 +887,11 @@ impl Run {
                 }
             }
             Op::QpError => {
-                self.dev.set_qp_error();
+                match &self.dev {
+                    Dev::Counting(dev) => dev.set_qp_error(),
+                    // SAFETY: the rig's live QP.
+                    Dev::Soft(rig) => unsafe { hotverbs_softnic::inject_qp_error(rig.pair.a.qp) },
+                }
                 for (id, fate) in self.m.enter_error() {
                     if tag_of(id) == self.tag {
                         let slot = (id & 0xFFFF_FFFF) as usize;
@@ -744,7 +906,13 @@ impl Run {
                     // completed and was given to the ring.
                     self.deliver_all();
                 }
-                self.dev.reset_qp();
+                match &self.dev {
+                    Dev::Counting(dev) => dev.reset_qp(),
+                    Dev::Soft(rig) => {
+                        rig.pair.to_reset(rig.pair.a.qp);
+                        rig.pair.connect(rig.pair.a.qp, rig.pair.b.qpn(), 7);
+                    }
+                }
                 self.m.qp_error = false;
                 self.m.rq.clear();
                 self.reset_ring();
@@ -753,7 +921,8 @@ impl Run {
                 // reset()'s other contract on a QP: in ERR with every flush given.
                 if !self.srq && self.m.qp_error {
                     self.deliver_all();
-                    if self.count_of(Slot::Lost) == 0 {
+                    // (Receives rxe holds in ERR are still on the device: no reset then.)
+                    if self.count_of(Slot::Lost) + self.count_of(Slot::Device) == 0 {
                         self.reset_ring();
                     }
                 }
@@ -766,9 +935,9 @@ impl Run {
                 }
             }
             Op::Unnamed { einval } => {
-                if self.refuse.is_none() && self.m.unnamed.is_none() {
+                if let (Dev::Counting(dev), None, None) = (&self.dev, self.refuse, self.m.unnamed) {
                     let e = if einval { libc::EINVAL } else { libc::EAGAIN };
-                    self.dev.fail_next_post_unnamed(e);
+                    dev.fail_next_post_unnamed(e);
                     self.m.unnamed = Some(e);
                 }
             }
@@ -784,7 +953,7 @@ impl Run {
     }
 }
 
-impl Run {
+impl Run<'_> {
     /// `RecvRing::reset` after the device dropped (QP) or kept (SRQ) the ring's receives.
     fn reset_ring(&mut self) {
         let old_tag = self.tag;
@@ -871,44 +1040,145 @@ impl Run {
     }
 }
 
+/// softnic: B sends one message of `len` bytes of `stamp` (with `imm`) to A and its
+/// completion is polled (A has a receive posted: the caller's mirror says so).
+fn soft_send(rig: &SoftRig, len: u32, imm: Option<u32>, stamp: u8) {
+    let payload = [stamp; MAX_SLOT as usize];
+    let mut sge = ibv_sge {
+        addr: payload.as_ptr() as u64,
+        length: len,
+        lkey: 0,
+    };
+    let mut wr = ibv_send_wr {
+        wr_id: 7,
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: if imm.is_some() {
+            IBV_WR_SEND_WITH_IMM
+        } else {
+            IBV_WR_SEND
+        },
+        send_flags: IBV_SEND_INLINE | IBV_SEND_SIGNALED,
+        ..Default::default()
+    };
+    wr.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: B is the rig's live QP; a one-WR chain with one inline SGE of `len` <= 64
+    // bytes (B's max_inline_data), read during the call.
+    let rc = unsafe { hotverbs_ffi::inline::ibv_post_send(rig.pair.b.qp, &mut wr, &mut bad) };
+    assert_eq!(rc, 0, "post_send at B");
+    let wcs = rig.pair.b.poll_all();
+    assert!(
+        wcs.len() == 1 && wcs[0].status == IBV_WC_SUCCESS,
+        "B's send: {:?}",
+        wcs.iter().map(|w| w.status).collect::<Vec<_>>()
+    );
+}
+
+/// The receive queue capacity softnic gives a QP created with `SOFT_RQ` (rxe rounds up to
+/// 2^k - 1, S3/S4).
+fn soft_rq_cap(profile: Profile) -> usize {
+    if profile == Profile::Rxe {
+        ((SOFT_RQ + 1).next_power_of_two() - 1) as usize
+    } else {
+        SOFT_RQ as usize
+    }
+}
+
 fuzz_target!(|input: Input| {
     let count = (input.count as u32 % N as u32) + 1;
     let slot_len = [1, 8, 24, MAX_SLOT][input.slot_len as usize % 4];
-    let cap = (input.cap as usize % (N + 4)) + 1;
     let batch = (input.repost_batch as u32 % count) + 1;
-    let dev = CountingDevice::new(cap);
-    install_shim(&dev);
-    dev.use_srq(input.srq);
-    let target = if input.srq {
-        RecvTarget::Srq(dev.srq())
-    } else {
-        RecvTarget::Qp(dev.qp())
+    // Half the inputs on the counting device, a quarter on each softnic profile.
+    let profile = match input.device % 4 {
+        2 => Some(Profile::Spec),
+        3 => Some(Profile::Rxe),
+        _ => None,
     };
-    let region_buf = LocalBuf::new(region(), N as u32 * MAX_SLOT, LKEY);
+    let mut guard = profile.map(|p| {
+        SOFT_RIGS[(p == Profile::Rxe) as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    });
+    let (dev, target, cq, region, lkey, cap, cq_cap, srq) = match (profile, guard.as_mut()) {
+        (Some(p), Some(g)) => {
+            let rig = g.get_or_insert_with(|| soft_rig(p));
+            assert_eq!(rig.profile, p);
+            // A fresh start: both QPs through RESET (A's receives are dropped) to RTS, both
+            // CQs empty.
+            rig.pair.to_reset(rig.pair.a.qp);
+            rig.pair.to_reset(rig.pair.b.qp);
+            rig.pair.connect(rig.pair.a.qp, rig.pair.b.qpn(), 7);
+            rig.pair.connect(rig.pair.b.qp, rig.pair.a.qpn(), 7);
+            rig.pair.a.poll_all();
+            rig.pair.b.poll_all();
+            let (qp, cq, region, lkey) = (rig.pair.a.qp, rig.pair.a.cq, rig.region, rig.lkey);
+            (
+                Dev::Soft(rig),
+                RecvTarget::Qp(qp),
+                cq,
+                region,
+                lkey,
+                soft_rq_cap(p),
+                4096,
+                false,
+            )
+        }
+        _ => {
+            let cap = (input.cap as usize % (N + 4)) + 1;
+            let dev = CountingDevice::new(cap);
+            install_shim(&dev);
+            dev.use_srq(input.srq);
+            let target = if input.srq {
+                RecvTarget::Srq(dev.srq())
+            } else {
+                RecvTarget::Qp(dev.qp())
+            };
+            let cq = dev.cq();
+            (
+                Dev::Counting(dev),
+                target,
+                cq,
+                region(),
+                LKEY,
+                cap,
+                cap,
+                input.srq,
+            )
+        }
+    };
+    let region_buf = LocalBuf::new(region, N as u32 * MAX_SLOT, lkey);
     let cfg = RecvConfig::new(RING_ID, slot_len, count).repost_batch(batch);
-    // SAFETY: the device outlives the ring (dropped after it, below) and only this ring
-    // posts receives to it; the region is leaked memory only the ring reads and the
-    // counting device never writes.
+    // SAFETY: the device outlives the ring (the counting device is dropped after it, the
+    // softnic rig lives for the process) and only this ring posts receives to it; the region
+    // is leaked memory only the ring reads and only the device writes (softnic: registered
+    // in the rig's PD with LOCAL_WRITE; the counting device never writes).
     let ring = unsafe { RecvRing::<N>::new(target, region_buf, cfg) }.expect("valid config");
     // SAFETY: the device's CQ lives as long as the run; only this poller polls it.
-    let poller = unsafe { CqPoller::new(dev.cq()) };
+    let poller = unsafe { CqPoller::new(cq) };
     let tag = ring.slot_wr_id(0) >> 32;
     REC.with_borrow_mut(|r| *r = Rec::default());
     let mut run = Run {
         dev,
         ring,
         poller,
+        region,
+        lkey,
+        stamp: [0; N],
+        next_stamp: 1,
         m: Mirror {
+            soft: profile,
             cap,
+            cq_cap,
             rq: VecDeque::new(),
             srq: VecDeque::new(),
             cq: VecDeque::new(),
             overflows: 0,
             qp_error: false,
-            use_srq: input.srq,
+            use_srq: srq,
             unnamed: None,
         },
-        srq: input.srq,
+        srq,
         count,
         slot_len,
         batch,

@@ -1,4 +1,5 @@
-//! `RecvRing` on the counting test device (its QP receive queue or its SRQ), driven by
+//! `RecvRing` on the counting test device (its QP receive queue or its SRQ) or on a softnic
+//! RC QP of the profile the input picks (`Spec` or `Rxe`; B sends the messages), driven by
 //! arbitrary sequences of fill / repost / release / device completions (success, and flush
 //! after a QP error) / polls / delivery of polled completions in any order, again, or after
 //! a reset / `data()` / QP error / QP RESET + ring reset / ring reset in ERR / refused posts.
@@ -9,7 +10,12 @@
 //! and a mirror of the counting device (its documented behaviour: FIFO queues of `cap`
 //! entries, ENOMEM at the first WR that does not fit, flush on QP error, RESET drops the
 //! QP's receives and keeps the SRQ's, a CQ of `cap` entries that drops on overflow)
-//! predicts every verb result and every completion.
+//! predicts every verb result and every completion. For softnic the mirror follows the
+//! crate docs of the chosen profile where they differ for a receive queue: a receive posted
+//! in ERR is queued up to the capacity and flushed after the post (Spec) or held without a
+//! completion until the QP is reset (Rxe, G9), and the queue holds 8 (Spec) or 15 (Rxe:
+//! rounded to 2^k - 1) receives. Flush completions' opcode and `byte_len` are not checked
+//! (undefined by `ibv_poll_cq(3)`; rxe reports 0).
 //!
 //! Invariants checked after every step:
 //! - every posted receive is one of the ring's slots with the ring's current `wr_id` tag and

@@ -332,6 +332,10 @@ mod tag {
 /// The ring settings the fast path reads (see [`SendRing::fast_params`]).
 #[derive(Clone, Copy, Debug)]
 struct FastParams {
+    /// OR-ed into a message's format: [`FMT_POISON`] for a batch-1 ring's `push` / `stage`
+    /// (every WR is posted, which the slow path does), 0 otherwise. Loop-invariant, like the
+    /// format itself.
+    fmt_poison: u8,
     max_inline: usize,
     has_remote: bool,
     remote_addr: u64,
@@ -340,6 +344,10 @@ struct FastParams {
 
 /// [`fmt_of`] an inline message too long for the QP: never a slot's tag.
 const FMT_TOO_LONG: u8 = 0x7F;
+
+/// OR-ed into any format (below 0x20, or [`FMT_TOO_LONG`]), it gives a value no tag has
+/// (tags are formats or 0xFD..=0xFF).
+const FMT_POISON: u8 = 0x40;
 
 /// Local kinds of a format.
 const KIND_EMPTY: u8 = 0;
@@ -607,7 +615,13 @@ impl<const N: usize> SendRing<N> {
         let st = &self.st;
         let staged = self.staged_seq();
         let cap = (st.retired + st.limit).saturating_sub(1);
-        let batch_end = st.posted + st.batch - 1;
+        // With batch 1 a batch's end is no event: `send_now` posts anyway, and `push` /
+        // `stage` never match a tag (`fmt_poison`), so they take the slow path, which posts.
+        let batch_end = if st.batch == 1 {
+            u64::MAX
+        } else {
+            st.posted + st.batch - 1
+        };
         let epoch_end = staged | wr_id::SEQ_MASK;
         st.next_signal
             .min(cap)
@@ -704,6 +718,7 @@ impl<const N: usize> SendRing<N> {
     #[inline(always)]
     fn fast_params(&self) -> FastParams {
         FastParams {
+            fmt_poison: if self.st.batch == 1 { FMT_POISON } else { 0 },
             max_inline: self.st.max_inline,
             has_remote: self.st.has_remote,
             remote_addr: self.st.remote.addr,
@@ -733,7 +748,7 @@ impl<const N: usize> SendRing<N> {
     fn try_fast(&mut self, id: u64, p: &FastParams, msg: &Msg<'_>) -> Result<bool, SendError> {
         let i = id as usize & Self::MASK;
         // A too-long inline payload has no format: it takes the slow path, which refuses it.
-        if self.tags[i] != fmt_of(msg, p.max_inline) {
+        if self.tags[i] != fmt_of(msg, p.max_inline) | p.fmt_poison {
             return Ok(false);
         }
         let remote = match msg.op {
@@ -1103,7 +1118,11 @@ impl<const N: usize> SendRing<N> {
             self.drop_leaked_batch();
         }
         let id = self.st.next_id;
-        let p = self.fast_params();
+        let p = FastParams {
+            // Posted below in any case.
+            fmt_poison: 0,
+            ..self.fast_params()
+        };
         if !self.try_fast(id, &p, &msg)? {
             // Posts the chain too.
             return self.stage_slow(&msg, true);
@@ -1500,6 +1519,101 @@ impl<const N: usize> Drop for Batch<'_, '_, N> {
         if let Err(SendError::Post(e)) = self.ring.flush_inner() {
             // Reported by the next SendRing::flush.
             self.ring.cold.deferred = Some(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq::CqPoller;
+    use hotverbs_softnic::counting::CountingDevice;
+
+    /// Drains the CQ into the ring; returns the completions seen.
+    fn drain<const N: usize>(p: &mut CqPoller<8>, r: &mut SendRing<N>) -> usize {
+        let mut seen = 0;
+        loop {
+            let cs = p.poll().unwrap();
+            if cs.is_empty() {
+                return seen;
+            }
+            for c in cs {
+                r.on_completion(c).unwrap();
+                seen += 1;
+            }
+        }
+    }
+
+    /// A batch-1 ring posts every message at once, through `push`, `stage` and `send_now`
+    /// alike, and never stalls: its formats are poisoned for `push` / `stage` (whose slow path
+    /// posts), a poisoned format never matches the event mark, and the signal schedule keeps a
+    /// signaled WR in flight whenever the ring fills.
+    #[test]
+    fn batch_one_posts_every_message_and_drains() {
+        const N: usize = 16;
+        let dev = CountingDevice::new(256);
+        // SAFETY: the counting device's QP and CQ outlive the ring and poller; nothing else
+        // uses them.
+        let mut r: SendRing<N> = unsafe {
+            SendRing::new(
+                dev.qp(),
+                SendConfig::new(1, N as u32, 64).signal_every(4).batch(1),
+            )
+        }
+        .unwrap();
+        // SAFETY: as above.
+        let mut p: CqPoller<8> = unsafe { CqPoller::new(dev.cq()) };
+        let data = [7u8; 8];
+        let mut sent = 0u64;
+        for round in 0..(8 * N) {
+            let d0 = dev.doorbells();
+            let res = match round % 3 {
+                0 => {
+                    let mut b = r.batch();
+                    let res = b.push(Msg::send(Local::Inline(&data)));
+                    if res.is_ok() {
+                        assert_eq!(b.staged(), 0, "posted at once");
+                    }
+                    b.finish().unwrap();
+                    res
+                }
+                // SAFETY: inline bytes that outlive the post (which happens inside).
+                1 => unsafe { r.stage(Msg::send(Local::Inline(&data))) },
+                _ => r.send_now(Msg::send(Local::Inline(&data))),
+            };
+            match res {
+                Ok(seq) => {
+                    assert_eq!(seq, sent);
+                    sent += 1;
+                    assert_eq!(
+                        dev.doorbells(),
+                        d0 + 1,
+                        "round {round}: one post per message"
+                    );
+                    assert_eq!(r.staged(), 0);
+                }
+                Err(SendError::WouldBlock) => {
+                    assert!(r.signaled_in_flight());
+                    assert!(
+                        drain(&mut p, &mut r) > 0,
+                        "round {round}: a full ring drains"
+                    );
+                }
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        assert_eq!(dev.send_wrs(), sent);
+        assert!(sent > 4 * N as u64);
+    }
+
+    #[test]
+    fn poison_matches_no_tag() {
+        for fmt in (0..0x20).chain([FMT_TOO_LONG]) {
+            let v = fmt | FMT_POISON;
+            assert!(
+                v >= 0x20 && v != tag::EVENT && v != tag::SIGNALED && v != tag::UNFORMATTED,
+                "{fmt:#x}"
+            );
         }
     }
 }

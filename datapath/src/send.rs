@@ -1,18 +1,29 @@
 //! [`SendRing`]: preformatted send work requests, batching, selective signaling.
 //!
 //! # Invariants (this module owns raw pointers)
-//! - `wrs[i].sg_list == &sges[i]` and `wrs[i].next == &wrs[(i + 1) & (N - 1)]` whenever
-//!   `linked_at` is the address of `wrs`; [`SendRing::flush`] re-links (cold) if the ring
-//!   moved.
+//! - `wrs[i].sg_list` points at slot `i`'s SGE, which lives inside `wrs[i]` (its
+//!   `bind_mw`/`tso` union, unused by every opcode a ring sends), and
+//!   `wrs[i].next == &wrs[(i + 1) & (N - 1)]` for every `i` but the one WR the last post cut
+//!   (`cut_wr`, whose link is kept in `cut_next` and restored by the next post), whenever
+//!   `linked_at` is the address of `wrs`; every post re-links (cold) if the ring moved.
+//! - Tags: `tags[i]` is the format slot `i`'s WR holds (opcode, local kind, unsignaled
+//!   flags, lkey/rkey), or a value no message has: never formatted, last WR signaled, or the
+//!   event mark. At most one slot carries the mark, and it is on or before the slot of the
+//!   next WR that must take the slow path (the schedule's next signal, the end of a batch,
+//!   the WR that fills the ring, the next WR when the ring is full or in error, the end of a
+//!   2^55 epoch of `wr_id`s); whatever moves that event earlier re-marks. So the fast path
+//!   needs one compare per message, and a slot whose tag matches holds no staged WR.
 //! - Aliasing: the provider follows the preformatted `next`/`sg_list` pointers long after
 //!   they were written, so nothing may invalidate them in between (Rust's aliasing model,
-//!   checked by `cargo xtask miri` under Stacked and Tree Borrows). The WR and SGE arrays
-//!   therefore live in `UnsafeCell`s and are only ever accessed through raw pointers from
+//!   checked by `cargo xtask miri` under Stacked and Tree Borrows). The WR array (SGEs
+//!   included) therefore lives in an `UnsafeCell` and are only ever accessed through raw pointers from
 //!   `UnsafeCell::get` (never through a `&mut` to the arrays or their elements), and the
 //!   ring is `!Unpin` (`PhantomPinned`), so a `&mut SendRing` is not a unique borrow of the
 //!   arrays and calling a `&mut self` method does not invalidate the links either.
 //! - Sequence counters are free-running `u64`s with `retired <= posted <= staged` and
-//!   `staged - retired <= depth <= N`; slot of sequence `s` is `s & (N - 1)`.
+//!   `staged - retired <= depth <= N`; slot of sequence `s` is `s & (N - 1)`. `staged` is
+//!   kept as `next_id` (the next WR's `wr_id`) and `id_off` (see `staged_seq`); a [`Batch`]
+//!   holds its own copy of `next_id` while open.
 //! - A staged-but-unposted WR may hold an inline pointer into caller memory; such WRs are
 //!   posted or dropped before that memory's borrow ends (a [`Batch`] holds the borrow).
 //! - A provider reads an `ibv_send_wr` chain only during `ibv_post_send(3)`; so a slot may be
@@ -397,13 +408,24 @@ struct Cold {
 
 /// A ring of `N` preformatted `ibv_send_wr`s (N a power of two) for one QP's send queue.
 ///
-/// Per message only `wr_id`, opcode/flags, the SGE (or inline pointer) and the
-/// op-specific remote fields are written; the chain links and `sg_list` are set once.
-/// Staged WRs go to the NIC as one chain per [`flush`](Self::flush) (one doorbell); every
-/// `signal_every`-th WR is signaled and its completion retires it and all earlier WRs.
+/// Per message only `wr_id`, the SGE's address and length (lkey for registered memory) and
+/// the op-specific remote fields are written; opcode, flags, `num_sge`, lkey and rkey are
+/// the slot's format, written when a message of another format (or a signaled one) uses the
+/// slot; the chain links and `sg_list` are set once. Staged WRs go to the NIC as one chain
+/// per [`flush`](Self::flush) (one doorbell); every `signal_every`-th WR is signaled and its
+/// completion retires it and all earlier WRs.
+///
+/// # Per-message cost
+/// The fast path is a compare of the slot's tag with the message's format (for a message
+/// built outside the loop the format is hoisted), the per-message stores and one counter:
+/// about a dozen instructions in a [`Batch`], whose copy of the cursor stays in a register.
+/// Everything else (signals, the end of a batch, a full ring, errors, a slot formatted for
+/// another kind of message) is marked in the tags and handled out of line; the signal
+/// schedule and capacity are compared on 64-bit counters only there. `cargo xtask insn`
+/// measures it (the README's table).
 ///
 /// # Placement
-/// The ring is big (`N * 144` bytes) and self-referential, but it checks its links at
+/// The ring is big (`N * 129` bytes and change) and self-referential, but it checks its links at
 /// every post and re-links if it was moved, so it may live anywhere: a `static` (behind
 /// your own synchronisation), a stack frame of the thread that uses it, or a `Box`.
 /// [`SendRing::init_in`] formats it in place in any `MaybeUninit` storage (a

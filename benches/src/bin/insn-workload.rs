@@ -21,7 +21,11 @@ fn main() -> ExitCode {
                     r.baseline,
                     r.hotverbs,
                     t(r.ratio),
-                    t(r.own),
+                    if r.own_goal {
+                        format!("~{}", t(r.own))
+                    } else {
+                        t(r.own)
+                    },
                     r.unit
                 );
             }

@@ -59,21 +59,40 @@ fn have_cargo_fuzz() -> bool {
         .unwrap_or(false)
 }
 
-/// Wall-clock seconds of fuzzing in a CI run (`cargo xtask fuzz` without arguments), split
-/// over the targets by [`fuzz_tuning`] and run [`FUZZ_LANES`] at a time.
-const FUZZ_CI_SECONDS: u32 = 150;
-/// Executions CI requires from one run, summed over the targets.
+/// Executions CI requires from one run, summed over the targets. CI gives every target a
+/// fixed number of runs ([`FuzzTuning::ci_runs`], libFuzzer's `-runs`), not a time: the
+/// count is then reached on a busy machine too — it just takes longer — so the floor can
+/// never fail because of load.
 const FUZZ_CI_MIN_EXECS: u64 = 10_000_000;
 /// Targets fuzzed at once (one libFuzzer process each): the CI machine has two cores.
 const FUZZ_LANES: usize = 2;
-/// No target gets less than this in a CI run.
-const FUZZ_MIN_SECONDS: u32 = 15;
 
-/// How one target is run: its share of the CI fuzzing time, libFuzzer's `-max_len`, and
-/// whether it is built with AddressSanitizer.
+/// What one target gets: a time, or (CI) a number of executions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Budget {
+    Seconds(u32),
+    Runs(u64),
+}
+
+impl Budget {
+    /// Expected seconds on this 2-core machine (for balancing the lanes).
+    fn est_seconds(self, rate: u64) -> f64 {
+        match self {
+            Budget::Seconds(s) => f64::from(s),
+            Budget::Runs(n) => n as f64 / rate.max(1) as f64,
+        }
+    }
+}
+
+/// How one target is run: its executions in a CI run, its expected rate, libFuzzer's
+/// `-max_len`, and whether it is built with AddressSanitizer.
 struct FuzzTuning {
-    /// Relative share of [`FUZZ_CI_SECONDS`] x [`FUZZ_LANES`].
-    weight: u32,
+    /// Executions in a CI run (`-runs`). The sum over the targets is at least
+    /// [`FUZZ_CI_MIN_EXECS`] (a unit test checks it).
+    ci_runs: u64,
+    /// Executions per second measured with two targets at a time on the 2-core CI machine
+    /// under load (`fuzz/README.md`), for balancing the lanes only.
+    rate: u64,
     /// Input size cap (None: libFuzzer's default, 4096 bytes).
     max_len: Option<u32>,
     /// Built with `--sanitizer none` into `target/fuzz-plain` (else AddressSanitizer, into
@@ -87,16 +106,22 @@ struct FuzzTuning {
 /// checks stay on), which makes them four to five times faster, and they carry most of the
 /// execution count in a fraction of the time. The four stateful targets keep
 /// AddressSanitizer (rings, providers and shims there hand raw pointers around) and get
-/// most of the time; the two that decode operation lists are capped at 384 bytes (their 48
-/// or 64 operations).
+/// most of the time (about 40–60 s each); the two that decode operation lists are capped at
+/// 384 bytes (their 48 or 64 operations).
 fn fuzz_tuning(target: &str) -> FuzzTuning {
-    let (weight, max_len, plain) = match target {
-        "exchange" | "completions" => (7, Some(64), true),
-        "recv_ring" | "split" => (13, Some(384), false),
-        _ => (10, None, false),
+    let (ci_runs, rate, max_len, plain) = match target {
+        "exchange" => (7_300_000, 440_000, Some(64), true),
+        "completions" => (2_400_000, 160_000, Some(64), true),
+        "recv_ring" => (150_000, 2_500, Some(384), false),
+        "split" => (200_000, 4_500, Some(384), false),
+        "ring" => (150_000, 4_000, None, false),
+        "softnic_post" => (100_000, 2_300, None, false),
+        // A new target: a share like the stateful ones until it is measured.
+        _ => (100_000, 2_500, None, false),
     };
     FuzzTuning {
-        weight,
+        ci_runs,
+        rate,
         max_len,
         plain,
     }
@@ -107,10 +132,11 @@ fn fuzz_tuning(target: &str) -> FuzzTuning {
 /// `fuzz/corpus/<target>`. New corpus entries go to `target/fuzz-corpus/<target>`, never
 /// into the repository; crashes to `fuzz/artifacts/<target>/`.
 ///
-/// Without arguments (what `cargo xtask ci` runs) the targets share
-/// [`FUZZ_CI_SECONDS`] of wall-clock time by [`fuzz_tuning`] and the run fails below
-/// [`FUZZ_CI_MIN_EXECS`] executions in total. `--seconds N` gives every target N seconds
-/// instead (no floor unless `--min-execs` is given). Prints one line per target from
+/// Without arguments (what `cargo xtask ci` runs) every target runs its
+/// [`FuzzTuning::ci_runs`] executions (about 2 minutes in all on the idle 2-core machine,
+/// longer when it is busy) and the run fails below [`FUZZ_CI_MIN_EXECS`] executions in
+/// total. `--seconds N` gives every target N seconds instead (no floor unless
+/// `--min-execs` is given); named targets without `--seconds` get 20 s. Prints one line per target from
 /// libFuzzer's final stats (`-print_final_stats=1`) and a total.
 ///
 /// cargo-fuzz needs nightly flags: `RUSTC_BOOTSTRAP=1` lets stable accept them.
@@ -193,18 +219,27 @@ pub fn fuzz(args: &[String]) -> Result<(), String> {
         run_in(&mut build, &fuzz_dir)?;
     }
     let host = host_triple()?;
-    let plan: Vec<(String, u32)> = match seconds {
-        Some(s) => targets.iter().map(|t| (t.clone(), s)).collect(),
-        None if ci => fuzz_shares(&targets, FUZZ_CI_SECONDS),
-        None => targets.iter().map(|t| (t.clone(), 20)).collect(),
-    };
+    let plan: Vec<(String, Budget)> = targets
+        .iter()
+        .map(|t| {
+            let b = match seconds {
+                Some(s) => Budget::Seconds(s),
+                None if ci => Budget::Runs(fuzz_tuning(t).ci_runs),
+                None => Budget::Seconds(20),
+            };
+            (t.clone(), b)
+        })
+        .collect();
     let lanes = fuzz_lanes(&plan);
     eprintln!(
         "fuzz: {} targets, {} at a time: {}",
         plan.len(),
         lanes.len(),
         plan.iter()
-            .map(|(t, s)| format!("{t} {s} s"))
+            .map(|(t, b)| match b {
+                Budget::Seconds(s) => format!("{t} {s} s"),
+                Budget::Runs(n) => format!("{t} {n} runs"),
+            })
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -216,11 +251,11 @@ pub fn fuzz(args: &[String]) -> Result<(), String> {
                 let (host, fuzz_dir) = (&host, &fuzz_dir);
                 scope.spawn(move || {
                     lane.iter()
-                        .map(|(t, s)| {
+                        .map(|(t, b)| {
                             let bin_dir = fuzz_target_dir(fuzz_tuning(t).plain)
                                 .join(host)
                                 .join("release");
-                            fuzz_one(&bin_dir, fuzz_dir, t, *s)
+                            fuzz_one(&bin_dir, fuzz_dir, t, *b)
                         })
                         .collect::<Result<Vec<_>, String>>()
                 })
@@ -289,43 +324,35 @@ struct FuzzRun {
     secs: f64,
 }
 
-/// Seconds per target: `total * lanes` shared by weight, at least [`FUZZ_MIN_SECONDS`].
-fn fuzz_shares(targets: &[String], total: u32) -> Vec<(String, u32)> {
-    let lanes = FUZZ_LANES.min(targets.len()) as u32;
-    let sum: u32 = targets.iter().map(|t| fuzz_tuning(t).weight).sum();
-    targets
-        .iter()
-        .map(|t| {
-            let s = total * lanes * fuzz_tuning(t).weight / sum.max(1);
-            (t.clone(), s.max(FUZZ_MIN_SECONDS))
-        })
-        .collect()
-}
-
-/// Splits the plan into at most [`FUZZ_LANES`] lanes of about equal time (longest first,
-/// each to the lane with the least so far).
-fn fuzz_lanes(plan: &[(String, u32)]) -> Vec<Vec<(String, u32)>> {
+/// Splits the plan into at most [`FUZZ_LANES`] lanes of about equal expected time (longest
+/// first, each to the lane with the least so far).
+fn fuzz_lanes(plan: &[(String, Budget)]) -> Vec<Vec<(String, Budget)>> {
+    let est = |(t, b): &(String, Budget)| b.est_seconds(fuzz_tuning(t).rate);
     let mut sorted = plan.to_vec();
-    sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut lanes: Vec<Vec<(String, u32)>> = vec![Vec::new(); FUZZ_LANES.min(plan.len())];
+    sorted.sort_by(|a, b| est(b).total_cmp(&est(a)).then(a.0.cmp(&b.0)));
+    let mut lanes: Vec<Vec<(String, Budget)>> = vec![Vec::new(); FUZZ_LANES.min(plan.len())];
     for item in sorted {
         let lane = lanes
             .iter_mut()
-            .min_by_key(|l| l.iter().map(|(_, s)| s).sum::<u32>())
+            .min_by(|x, y| {
+                let sx: f64 = x.iter().map(est).sum();
+                let sy: f64 = y.iter().map(est).sum();
+                sx.total_cmp(&sy)
+            })
             .expect("at least one lane");
         lane.push(item);
     }
     lanes
 }
 
-/// Runs one built target for `seconds` (its libFuzzer output goes to
+/// Runs one built target for its budget (its libFuzzer output goes to
 /// `target/fuzz-logs/<target>.log`; on a failure its tail is printed) and reads the
 /// number of executions from its final stats.
 fn fuzz_one(
     bin_dir: &Path,
     fuzz_dir: &Path,
     target: &str,
-    seconds: u32,
+    budget: Budget,
 ) -> Result<FuzzRun, String> {
     let scratch = root().join("target/fuzz-corpus").join(target);
     let artifacts = fuzz_dir.join("artifacts").join(target);
@@ -349,7 +376,10 @@ fn fuzz_one(
         cmd.arg(format!("-max_len={n}"));
     }
     cmd.arg(format!("-artifact_prefix={}/", artifacts.display()))
-        .arg(format!("-max_total_time={seconds}"))
+        .arg(match budget {
+            Budget::Seconds(s) => format!("-max_total_time={s}"),
+            Budget::Runs(n) => format!("-runs={n}"),
+        })
         .arg("-print_final_stats=1")
         // `ring` and `softnic_post` model softnic's Spec profile on the default device;
         // targets that fuzz both profiles pick them per input.
@@ -427,5 +457,60 @@ fn run_in(cmd: &mut Command, dir: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("`{}` failed ({status})", crate::util::show(cmd)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz targets in `fuzz/fuzz_targets/`.
+    fn targets() -> Vec<String> {
+        let dir = root().join("fuzz/fuzz_targets");
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                Some(name.strip_suffix(".rs")?.to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn ci_runs_reach_the_floor_by_construction() {
+        let t = targets();
+        assert!(t.len() >= 6, "{t:?}");
+        let total: u64 = t.iter().map(|t| fuzz_tuning(t).ci_runs).sum();
+        assert!(total >= FUZZ_CI_MIN_EXECS, "{total} < {FUZZ_CI_MIN_EXECS}");
+    }
+
+    #[test]
+    fn lanes_are_balanced_by_expected_time() {
+        let plan: Vec<(String, Budget)> = targets()
+            .into_iter()
+            .map(|t| {
+                let n = fuzz_tuning(&t).ci_runs;
+                (t, Budget::Runs(n))
+            })
+            .collect();
+        let lanes = fuzz_lanes(&plan);
+        assert_eq!(lanes.len(), FUZZ_LANES);
+        assert_eq!(lanes.iter().map(Vec::len).sum::<usize>(), plan.len());
+        let secs: Vec<f64> = lanes
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|(t, b)| b.est_seconds(fuzz_tuning(t).rate))
+                    .sum()
+            })
+            .collect();
+        let (lo, hi) = (secs[0].min(secs[1]), secs[0].max(secs[1]));
+        assert!(hi - lo <= 0.5 * hi, "unbalanced lanes: {secs:?}");
+        assert!(
+            hi < 150.0,
+            "a CI fuzz lane should take ~2 minutes: {secs:?}"
+        );
     }
 }

@@ -2593,6 +2593,34 @@ fn s22_transport_retry() {
     assert_eq!(log.statuses("A.sq"), [Err(WcError::RetryExc)]);
     assert!(tx.balanced_after());
 
+    // The defaults to a destroyed peer: a named error within the documented worst case,
+    // (retry_cnt 6 + 1) x 4.096 us x 2^14 = 470 ms on a real device (at once on softnic).
+    // The elapsed time is reported, not asserted (timing is the device's).
+    let pair0 = env.pair(Shape::default());
+    let defaults = env.opts();
+    assert_eq!((defaults.timeout, defaults.retry_cnt), (14, 6));
+    env.connect2(&pair0.a, &pair0.b, &defaults, &defaults);
+    pair0.b.destroy().unwrap();
+    let mut tx0 = pair0
+        .a
+        .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
+        .unwrap();
+    let mut p0 = pair0.cq.poller::<8>().unwrap();
+    let mut log0 = Log::default();
+    let t0 = std::time::Instant::now();
+    tx0.send_now(Msg::send(Local::Inline(b"anyone?"))).unwrap();
+    expect_n(
+        &env,
+        &mut p0,
+        &mut [&mut Tx("A.sq", &mut tx0)],
+        &mut log0,
+        1,
+    );
+    let default_ms = t0.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(log0.statuses("A.sq"), [Err(WcError::RetryExc)]);
+    assert!(tx0.balanced_after());
+    drop((p0, tx0));
+
     // retry_cnt 7 to a destroyed peer: RETRY_EXC_ERR (spec) or held for ever (rxe G11).
     let pair2 = env.pair(Shape::default());
     let o7 = ConnectOptions {
@@ -2671,8 +2699,9 @@ fn s22_transport_retry() {
     env.report(
         "s22",
         format!(
-            "peer in INIT, retry_cnt 3 -> RETRY_EXC_ERR; destroyed peer, retry_cnt 7 -> {}; \
-             recovered towards a live peer",
+            "default options (timeout 14, retry_cnt 6) to a destroyed peer -> RETRY_EXC_ERR \
+             after {default_ms:.0} ms (documented worst case 470 ms); peer in INIT, retry_cnt 3 \
+             -> RETRY_EXC_ERR; destroyed peer, retry_cnt 7 -> {}; recovered towards a live peer",
             if held {
                 "no completion (Watchdog ETIMEDOUT with 1 outstanding), modify(ERR) flushes it (WR_FLUSH_ERR)"
             } else {

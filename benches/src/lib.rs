@@ -876,6 +876,8 @@ mod tests {
     fn softnic_workloads_run() {
         for w in [
             "stream-naive-softnic",
+            "stream-sendnow-softnic",
+            "stream-sendnow-counting",
             "stream-ring8-softnic",
             "pingpong-naive-softnic",
             "pingpong-ring-softnic",

@@ -257,7 +257,7 @@ fn replace_times(line: &str) -> String {
 }
 
 /// Counters a retransmission timer moves (an ACK timeout, and what a retransmitted request
-/// does at the responder): whether they move at all follows TCG's timing (seen: [12d]'s
+/// X
 /// `completer_retry_err=+1` in one boot, absent in the next).
 const TIMING_COUNTERS: &[&str] = &[
     "completer_retry_err",
@@ -272,7 +272,7 @@ const TIMING_COUNTERS: &[&str] = &[
 const RNR_COUNTERS: &[&str] = &["send_rnr_err", "rcvd_rnr_err"];
 /// Packets, retransmitted ones included. Whether any moved in a window follows timing too:
 /// a retransmission still in flight from the previous sub-case lands in the next one's
-/// window (seen: [22e]'s baseline with `sent_pkts=+2` in one boot of six, absent in five).
+/// window (seen: sub-case `[22e]`'s baseline with `sent_pkts=+2` in one boot of six, absent in five).
 const PACKET_COUNTERS: &[&str] = &["sent_pkts", "rcvd_pkts"];
 
 /// A `HW counters delta:` line without what follows timing: [`TIMING_COUNTERS`] and

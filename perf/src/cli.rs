@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::clock::ClockChoice;
 use crate::error::PerfError;
 
 /// The tests, named like perftest's binaries (`ib_send_lat` is `send_lat`).
@@ -175,9 +176,21 @@ pub struct Args {
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
 
-    /// Run both sides in this process (two QPs connected to each other).
+    /// Run both sides in this process (two QPs connected to each other, the passive side on
+    /// its own thread; both busy-poll). On a machine with no CPU to spare (rxe in a 2-vCPU
+    /// VM on a loaded host) any run, loopback, a server/client pair or perftest, can fall
+    /// into a regime where each message waits for the scheduler tick (p50 about 4 ms at HZ
+    /// 250 instead of 10 us) and flip back in the next run: there, compare repeated,
+    /// interleaved runs, never one run per tool.
     #[arg(long = "loopback", conflicts_with = "host")]
     pub loopback: bool,
+
+    /// The clock of the latency samples: the TSC when it is invariant (`auto`), always the
+    /// TSC (`tsc`, as perftest does: under QEMU TCG `clock_gettime` is an emulated HPET read
+    /// costing microseconds, which every sample carries), or `clock_gettime` (`mono`). The
+    /// header says which, and what one reading costs.
+    #[arg(long = "clock", value_enum, default_value_t = ClockChoice::Auto)]
+    pub clock: ClockChoice,
 
     /// Seconds to wait for the peer (connect, exchange, and any stalled completion).
     #[arg(long = "timeout", default_value_t = 10.0, value_parser = parse_duration_secs)]

@@ -5,7 +5,11 @@
 //! (`constant_tsc` and `nonstop_tsc` in /proc/cpuinfo) the loops read the TSC (about 18 ns
 //! there), as perftest does, calibrated once against the monotonic clock. Anywhere else, or
 //! when the calibration is not self-consistent (emulated TSCs under TCG can be), they use
-//! `Instant`. The header and `--json` say which.
+//! `Instant`. `--clock tsc` reads the TSC whatever the flags say, as perftest always does:
+//! under QEMU TCG the guest's clocksource is the emulated HPET (its TSC is "unstable"), and a
+//! `clock_gettime` there is a system call and an emulated device read of several
+//! microseconds, which every latency sample carries once. The header and `--json` say which
+//! clock was used and what one reading costs.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -14,6 +18,21 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     kind: Kind,
+    /// What one reading costs, measured at calibration (nanoseconds).
+    read_ns: f64,
+}
+
+/// Which clock the loops read (`--clock`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockChoice {
+    /// The TSC when it is invariant and calibrates consistently, else the monotonic clock.
+    #[default]
+    Auto,
+    /// The TSC, calibrated against the monotonic clock, even when the CPU does not claim an
+    /// invariant one (perftest's choice; readings taken on one thread stay comparable).
+    Tsc,
+    /// `clock_gettime(CLOCK_MONOTONIC)`.
+    Mono,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -24,10 +43,22 @@ enum Kind {
     Mono { base: Instant },
 }
 
-/// The process-wide clock (calibrated on first use, about 40 ms).
+static CLOCK: OnceLock<Clock> = OnceLock::new();
+
+/// The process-wide clock (calibrated on first use, about 40 ms): the one [`init`] chose,
+/// or [`ClockChoice::Auto`]'s.
 pub fn clock() -> &'static Clock {
-    static C: OnceLock<Clock> = OnceLock::new();
-    C.get_or_init(Clock::calibrate)
+    CLOCK.get_or_init(Clock::calibrate)
+}
+
+/// Chooses the process-wide clock; call before anything reads [`clock`] (later choices
+/// are ignored).
+pub fn init(choice: ClockChoice) -> &'static Clock {
+    CLOCK.get_or_init(|| match choice {
+        ClockChoice::Auto => Clock::calibrate(),
+        ClockChoice::Tsc => Clock::tsc(),
+        ClockChoice::Mono => Clock::mono(),
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -94,7 +125,39 @@ impl Clock {
             kind: Kind::Mono {
                 base: Instant::now(),
             },
+            read_ns: 0.0,
         }
+        .timed()
+    }
+
+    /// The TSC, calibrated (two 20 ms runs averaged) whatever the CPU flags say.
+    pub fn tsc() -> Clock {
+        let a = tsc_rate(Duration::from_millis(20));
+        let b = tsc_rate(Duration::from_millis(20));
+        Clock {
+            kind: Kind::Tsc {
+                ns_per_tick: 2.0 / (a + b),
+            },
+            read_ns: 0.0,
+        }
+        .timed()
+    }
+
+    /// With `read_ns` measured: the cheapest of a few runs of 64 readings.
+    fn timed(mut self) -> Clock {
+        const N: u32 = 64;
+        let mut best = f64::MAX;
+        for _ in 0..8 {
+            let t = Instant::now();
+            let mut sink = 0u64;
+            for _ in 0..N {
+                sink = sink.wrapping_add(self.now());
+            }
+            std::hint::black_box(sink);
+            best = best.min(t.elapsed().as_nanos() as f64 / f64::from(N));
+        }
+        self.read_ns = best;
+        self
     }
 
     /// The TSC when it is invariant and two 20 ms calibrations agree within 0.5%, else the
@@ -111,7 +174,9 @@ impl Clock {
                 kind: Kind::Tsc {
                     ns_per_tick: 2.0 / (a + b),
                 },
+                read_ns: 0.0,
             }
+            .timed()
         } else {
             Clock::mono()
         }
@@ -136,12 +201,14 @@ impl Clock {
         }
     }
 
-    /// What it is, for the header and `--json` (`"TSC 2595.9 MHz"`, `"clock_gettime"`).
+    /// What it is and what a reading costs, for the header and `--json`
+    /// (`"TSC 2595.9 MHz, 18 ns a read"`, `"clock_gettime (monotonic), 52 ns a read"`).
     pub fn describe(&self) -> String {
-        match self.kind {
+        let what = match self.kind {
             Kind::Tsc { ns_per_tick } => format!("TSC {:.1} MHz", 1e3 / ns_per_tick),
             Kind::Mono { .. } => "clock_gettime (monotonic)".to_string(),
-        }
+        };
+        format!("{what}, {:.0} ns a read", self.read_ns)
     }
 }
 
@@ -151,7 +218,7 @@ mod tests {
 
     #[test]
     fn both_clocks_measure_a_known_interval() {
-        for c in [Clock::mono(), Clock::calibrate()] {
+        for c in [Clock::mono(), Clock::calibrate(), Clock::tsc()] {
             // Bracket each reading with monotonic ones, so preemption cannot fake an error.
             let i0 = Instant::now();
             let t0 = c.now();

@@ -149,6 +149,7 @@ fn passive_works(t: TestKind) -> bool {
 /// Runs what `args` asks for.
 pub fn run(args: &Args) -> Result<(), PerfError> {
     let params = args.params()?;
+    crate::clock::init(args.clock);
     if args.histogram.is_some() && !params.test.is_latency() {
         return Err(PerfError::Usage(format!(
             "--histogram draws latency distributions, and {} is a bandwidth test: use it with a \

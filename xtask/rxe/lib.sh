@@ -78,3 +78,79 @@ reap() {
     fi
     wait "$SERVER"
 }
+
+# counters: the kernel counts behind the rxe tick diagnosis, one "name value" a line:
+# tasklet softirqs, ksoftirqd CPU time (all CPUs, in ticks), local timer interrupts,
+# context switches, and rxe0's own counters (hw_counters: completer_sched counts completer
+# work deferred to a tasklet). rdma_rxe of this kernel (6.1) runs its tasks inline in the
+# poster's system call unless it defers them to a tasklet; a tasklet raised from process
+# context is left to ksoftirqd, a normal thread that busy pollers must make room for.
+counters() {
+    local ks=0 d comm f
+    for d in /proc/[0-9]*; do
+        { read -r comm <"$d/comm"; } 2>/dev/null || continue
+        case $comm in
+        ksoftirqd/*) ks=$((ks + $(awk '{print $14 + $15}' "$d/stat" 2>/dev/null || echo 0))) ;;
+        esac
+    done
+    awk '/TASKLET:/ {for (i = 2; i <= NF; i++) s += $i} END {print "tasklet", s + 0}' /proc/softirqs
+    echo "ksoftirqd_ticks $ks"
+    awk '/LOC:/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) s += $i} END {print "timer_irqs", s + 0}' /proc/interrupts
+    awk '/^ctxt/ {print "ctxt", $2}' /proc/stat
+    for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
+        [ -f "$f" ] && echo "rxe.${f##*/} $(cat "$f")"
+    done
+}
+
+# placement: one sample of where the busy pollers run: "cpus/pollers", e.g. "1/2" when both
+# runnable pollers (perftest's ib_*, hotverbs-perf and its passive thread) share one CPU.
+placement() {
+    local f line n=0 cpus=" " comm state
+    for f in /proc/[0-9]*/task/*/stat; do
+        { read -r line <"$f"; } 2>/dev/null || continue
+        # shellcheck disable=SC2086 # split the stat line into fields
+        set -- $line
+        comm=$2 state=$3
+        case $comm in
+        "(hotverbs-perf)" | "(passive)" | "(ib_"*) ;;
+        *) continue ;;
+        esac
+        [ "$state" = R ] || continue
+        shift 38
+        n=$((n + 1))
+        case $cpus in
+        *" $1 "*) ;;
+        *) cpus="$cpus$1 " ;;
+        esac
+    done
+    set -- $cpus
+    echo "$#/$n"
+}
+
+# counted PROGRAM [ARGS...]: runs PROGRAM and prints on stderr how the counters of
+# `counters` moved meanwhile (those that moved; they are machine-wide: a pair's server
+# counts too; $HZ, when set, is quoted), and how often, sampled every 0.2 s, two runnable
+# pollers shared one CPU.
+counted() {
+    local pid rc samples=0 shared=0 p
+    counters >/tmp/counters.before
+    "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        usleep 200000
+        p=$(placement)
+        case $p in
+        1/2 | 1/3 | 2/3) shared=$((shared + 1)) ;;
+        esac
+        samples=$((samples + 1))
+    done
+    wait "$pid"
+    rc=$?
+    counters >/tmp/counters.after
+    awk -v hz="${HZ:-?}" -v placed="$shared of $samples" '
+        NR == FNR { before[$1] = $2; next }
+        { d = $2 - before[$1]; if (d != 0) out = out " " $1 " +" d }
+        END { print "kernel counters during the run (HZ " hz "):" out "; pollers sharing a CPU in " placed " samples" }
+    ' /tmp/counters.before /tmp/counters.after >&2
+    return "$rc"
+}

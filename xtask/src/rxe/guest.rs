@@ -24,8 +24,14 @@ pub(super) fn sanity_steps() -> Vec<Step> {
             expect: Some(DEVICE),
             ..Step::program("ibv_devices", vec!["ibv_devices".into()])
         },
-        Step::pair("rc_pingpong", "ibv_rc_pingpong -d {dev} -g {gid} -n 1000"),
-        Step::pair("send_lat", "ib_send_lat -d {dev} -x {gid} -F -n 1000"),
+        Step::pair(
+            "rc_pingpong",
+            &expand("ibv_rc_pingpong -d {dev} -g {gid} -n 1000"),
+        ),
+        Step::pair(
+            "send_lat",
+            &expand("ib_send_lat -d {dev} -x {gid} -F -n 1000"),
+        ),
     ]
 }
 
@@ -65,9 +71,10 @@ impl Step {
         }
     }
 
-    /// `template` as a server and, with the server's address appended, as its client.
-    pub(super) fn pair(name: &str, template: &str) -> Step {
-        let server = expand(template);
+    /// `server` (a command listening on [`PAIR_PORT`]) and, with the server's address
+    /// appended, its client.
+    pub(super) fn pair(name: &str, server: &[String]) -> Step {
+        let server = server.to_vec();
         let mut client = server.clone();
         client.push("127.0.0.1".into());
         Step {
@@ -102,7 +109,8 @@ impl Step {
     }
 }
 
-/// A command template split into words, with `{dev}`, `{gid}` and `{ip}` filled in.
+/// A command template split into words, with `{dev}`, `{gid}`, `{ip}` and `{port}` (the
+/// [`PAIR_PORT`] a pair's server listens on) filled in.
 pub(super) fn expand(template: &str) -> Vec<String> {
     template
         .split_whitespace()
@@ -110,6 +118,7 @@ pub(super) fn expand(template: &str) -> Vec<String> {
             w.replace("{dev}", DEVICE)
                 .replace("{gid}", GID_INDEX)
                 .replace("{ip}", GUEST_IP)
+                .replace("{port}", &PAIR_PORT.to_string())
         })
         .collect()
 }

@@ -14,6 +14,28 @@ pub(super) struct Kernel {
     pub(super) modules: PathBuf,
 }
 
+impl Kernel {
+    /// The kernel's tick rate (`CONFIG_HZ` of the package's `boot/config-*`), or "?". The
+    /// perf report quotes it: rxe work left to `ksoftirqd` waits up to one tick.
+    pub(super) fn hz(&self) -> String {
+        let name = self
+            .vmlinuz
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        let config = self
+            .vmlinuz
+            .with_file_name(name.replacen("vmlinuz-", "config-", 1));
+        fs::read_to_string(config)
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("CONFIG_HZ=").map(str::to_string))
+            })
+            .unwrap_or_else(|| "?".into())
+    }
+}
+
 pub(super) fn kernel(rxe_dir: &Path) -> Result<Kernel, String> {
     let kernels = rxe_dir.join("kernel");
     let package = match current_kernel_package().or_else(|e| {

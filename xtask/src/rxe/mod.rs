@@ -18,8 +18,10 @@
 //!    or `fault_scenarios` (the truth table's scenarios replayed through hotverbs), built on
 //!    the host and run with `HOTVERBS_RXE=1` so that a missing device fails instead of
 //!    skipping;
-//! 4. the host-built programs of [`HOST_PROGRAMS`] (the perf tool next to perftest) that
-//!    have been built.
+//! 4. the host-built programs of [`HOST_PROGRAMS`] that have been built: each row of the
+//!    perf tool and its perftest baseline both as a server and a client process over
+//!    127.0.0.1, [`REPEATS`] times interleaved, reported as medians and their ratio, with the
+//!    row's probes (see `host_programs`: the tick, the clock).
 //!
 //! The host writes the run as a shell script into a folder shared over 9p; the guest leaves
 //! every step's output, exit status and times there; the host prints them and decides.
@@ -71,13 +73,13 @@ mod vm;
 mod workspace;
 
 use guest::{default_timeout, sanity_steps, Share, Step};
-use host_programs::{build_host_programs, HOST_PROGRAMS};
+use host_programs::{build_host_programs, Tool, HOST_PROGRAMS, PROBES, REPEATS};
 use initramfs::{build_initramfs, initramfs_plan, Plan};
 use kernel::kernel;
 use prerequisites::check_prerequisites;
 use report::{
-    compare_perf, guest_problems, print_console_tail, print_kernel_warnings, read_record,
-    report_steps, Report,
+    compare_rows, guest_problems, print_console_tail, print_kernel_warnings, probe_lines,
+    read_record, report_steps, Report,
 };
 use vm::boot;
 use workspace::{build_device_tests, workspace};
@@ -199,7 +201,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         step.env.extend(test_env.iter().cloned());
         run.steps.push(step);
     }
-    run.add_host_programs(&workspace.target_dir, &mut share, &plan)?;
+    let hz = kernel.hz();
+    run.add_host_programs(&workspace.target_dir, &mut share, &plan, &hz)?;
     for note in &run.skipped {
         println!("rxe: skipping {note}");
     }
@@ -234,7 +237,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     print_kernel_warnings(&out.join("dmesg"));
-    run.print_summary(&report, &out, tests.len());
+    run.print_summary(&report, &out, tests.len(), &hz);
     println!(
         "rxe: total {:.1} s (prepare {:.1} s, VM {:.1} s)",
         started.elapsed().as_secs_f64(),
@@ -272,17 +275,28 @@ struct Run {
     steps: Vec<Step>,
     /// Notes on host programs that are not built, one per binary.
     skipped: Vec<String>,
-    /// (name, baseline step, program step) of each perf comparison.
-    comparisons: Vec<(&'static str, usize, usize)>,
+    /// Each perf row compared with perftest.
+    comparisons: Vec<Comparison>,
+    /// (name, row, steps) of each probe of the tick.
+    probes: Vec<(&'static str, &'static str, Vec<usize>)>,
+}
+
+/// The steps of one perf row.
+struct Comparison {
+    name: &'static str,
+    perftest: Vec<usize>,
+    hotverbs: Vec<usize>,
 }
 
 impl Run {
-    /// Adds the steps of every built program of [`HOST_PROGRAMS`].
+    /// Adds the steps of every built program of [`HOST_PROGRAMS`]: each row [`REPEATS`]
+    /// times, interleaved with its baseline, each repeat followed by the row's [`PROBES`].
     fn add_host_programs(
         &mut self,
         target_dir: &Path,
         share: &mut Share,
         plan: &Plan,
+        hz: &str,
     ) -> Result<(), String> {
         let mut not_built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for program in HOST_PROGRAMS {
@@ -295,11 +309,31 @@ impl Run {
                 continue;
             }
             let guest = share.ship(&path, plan)?;
-            if program.baseline.is_some() {
-                let at = self.steps.len();
-                self.comparisons.push((program.name, at, at + 1));
+            let mut row = Comparison {
+                name: program.name,
+                perftest: Vec::new(),
+                hotverbs: Vec::new(),
+            };
+            let probes: Vec<_> = PROBES.iter().filter(|p| p.row == program.name).collect();
+            let first_probe = self.probes.len();
+            self.probes
+                .extend(probes.iter().map(|p| (p.name, program.name, Vec::new())));
+            for rep in 1..=REPEATS {
+                for (tool, step) in program.steps(&guest, rep, hz) {
+                    match tool {
+                        Tool::Perftest => row.perftest.push(self.steps.len()),
+                        Tool::Hotverbs => row.hotverbs.push(self.steps.len()),
+                    }
+                    self.steps.push(step);
+                }
+                for (i, probe) in probes.iter().enumerate() {
+                    self.probes[first_probe + i].2.push(self.steps.len());
+                    self.steps.push(probe.step(&guest, rep, hz));
+                }
             }
-            self.steps.extend(program.steps(&guest));
+            if !row.perftest.is_empty() {
+                self.comparisons.push(row);
+            }
         }
         for (binary, names) in not_built {
             self.skipped.push(format!(
@@ -311,7 +345,7 @@ impl Run {
         Ok(())
     }
 
-    fn print_summary(&self, report: &Report, out: &Path, binaries: usize) {
+    fn print_summary(&self, report: &Report, out: &Path, binaries: usize, hz: &str) {
         println!("\n==== rxe: summary");
         for line in &report.lines {
             println!("  {line}");
@@ -322,17 +356,54 @@ impl Run {
         for line in &report.summaries {
             println!("  {line}");
         }
-        let compared: Vec<String> = self
+        let stdout = |i: usize| read_record(&out.join(self.steps[i].dir(i))).stdout;
+        let stdouts = |list: &[usize]| list.iter().map(|&i| stdout(i)).collect::<Vec<_>>();
+        let rows: Vec<(&str, Vec<String>, Vec<String>)> = self
             .comparisons
             .iter()
-            .flat_map(|&(name, baseline, program)| {
-                let stdout = |i: usize| read_record(&out.join(self.steps[i].dir(i))).stdout;
-                compare_perf(name, &stdout(baseline), &stdout(program))
-            })
+            .map(|c| (c.name, stdouts(&c.perftest), stdouts(&c.hotverbs)))
             .collect();
+        let compared = compare_rows(&rows);
         if !compared.is_empty() {
-            println!("rxe: hotverbs-perf vs perftest, same boot (ratio = hotverbs / perftest):");
+            println!(
+                "rxe: hotverbs-perf vs perftest, both as server + client processes, {REPEATS} \
+                 interleaved runs each in this boot; ratio of the medians, above 1 = hotverbs \
+                 slower (latency hotverbs / perftest, bandwidth and rate perftest / hotverbs):"
+            );
             for line in compared {
+                println!("  {line}");
+            }
+        }
+        // The probed row's two runs beside the --loopback probes, with their counters.
+        let both = |list: &[usize]| {
+            list.iter()
+                .map(|&i| {
+                    let r = read_record(&out.join(self.steps[i].dir(i)));
+                    format!("{}{}", r.stdout, r.stderr)
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut probes: Vec<(String, Vec<String>)> = Vec::new();
+        for c in &self.comparisons {
+            if !self.probes.iter().any(|p| p.1 == c.name) {
+                continue;
+            }
+            probes.push((format!("{} (perftest)", c.name), both(&c.perftest)));
+            probes.push((format!("{} (hotverbs)", c.name), both(&c.hotverbs)));
+            for (name, _, steps) in self.probes.iter().filter(|p| p.1 == c.name) {
+                probes.push((name.to_string(), both(steps)));
+            }
+        }
+        if !probes.is_empty() {
+            println!(
+                "rxe: probes (hotverbs-perf --loopback, --clock auto) beside their \
+                 rows, same boot; kernel CONFIG_HZ {hz}:"
+            );
+            let probes: Vec<(&str, Vec<String>)> = probes
+                .iter()
+                .map(|(n, r)| (n.as_str(), r.clone()))
+                .collect();
+            for line in probe_lines(&probes) {
                 println!("  {line}");
             }
         }

@@ -50,7 +50,7 @@ pub(super) struct Record {
     not_run: Option<String>,
     seconds: Option<f64>,
     pub(super) stdout: String,
-    stderr: String,
+    pub(super) stderr: String,
 }
 
 pub(super) fn read_record(dir: &Path) -> Record {
@@ -307,36 +307,125 @@ fn perf_row(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Columns compared between perftest and hotverbs-perf: (perftest prefix, ours).
-const COMPARED_COLUMNS: &[(&str, &str)] = &[
-    ("t_typical", "t_p50"),
-    ("t_avg", "t_avg"),
-    ("BW average", "BW average"),
+/// Figures compared between perftest and hotverbs-perf: (label, perftest column prefix,
+/// ours, whether higher is better). Latency: perftest's "t_typical" is its median.
+/// perftest's "MB/sec" is 2^20 bytes a second, like our MiB/s.
+const COMPARED_COLUMNS: &[(&str, &str, &str, bool)] = &[
+    ("p50 [usec]", "t_typical", "t_p50[", false),
+    ("p99 [usec]", "99% percentile", "t_p99[", false),
+    ("BW [MiB/s]", "BW average", "BW average", true),
+    ("rate [Mpps]", "MsgRate", "MsgRate", true),
 ];
 
-/// One line per column both reports have, with the ratio hotverbs / perftest.
-pub(super) fn compare_perf(name: &str, perftest: &str, hotverbs: &str) -> Vec<String> {
-    let (ours, theirs) = (perf_row(hotverbs), perf_row(perftest));
-    let find = |row: &BTreeMap<String, f64>, prefix: &str| {
-        row.iter()
-            .find(|(c, _)| c.starts_with(prefix))
-            .map(|(c, v)| (c.clone(), *v))
-    };
+/// The value of the first column of `row` starting with `prefix`, when it is a number
+/// (perftest prints `inf` when it could not read the CPU's frequency, as under TCG it
+/// sometimes cannot).
+fn column(row: &BTreeMap<String, f64>, prefix: &str) -> Option<f64> {
+    row.iter()
+        .find(|(c, _)| c.starts_with(prefix))
+        .map(|(_, v)| *v)
+        .filter(|v| v.is_finite())
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+pub(super) fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// A figure with at least three significant digits (message rates are around 0.01 Mpps).
+fn figure(x: f64) -> String {
+    if x != 0.0 && x.abs() < 1.0 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn figures(v: &[Option<f64>]) -> String {
+    v.iter()
+        .map(|x| x.map_or_else(|| "-".to_string(), figure))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One line per figure both tools report for a row, from every run of each: the figures in
+/// run order, their medians and the ratio of the medians, oriented so that above 1 means
+/// hotverbs-perf is slower (hotverbs / perftest for latency, perftest / hotverbs for
+/// bandwidth and message rate).
+pub(super) fn compare_row(name: &str, perftest: &[String], hotverbs: &[String]) -> Vec<String> {
+    let (theirs, ours): (Vec<_>, Vec<_>) = (
+        perftest.iter().map(|t| perf_row(t)).collect(),
+        hotverbs.iter().map(|t| perf_row(t)).collect(),
+    );
     COMPARED_COLUMNS
         .iter()
-        .filter_map(|(theirs_prefix, ours_prefix)| {
-            let (tc, tv) = find(&theirs, theirs_prefix)?;
-            let (oc, ov) = find(&ours, ours_prefix)?;
-            let ratio = if tv > 0.0 {
-                format!("{:.2}x", ov / tv)
+        .filter_map(|&(label, theirs_prefix, ours_prefix, higher_is_better)| {
+            let t: Vec<Option<f64>> = theirs.iter().map(|r| column(r, theirs_prefix)).collect();
+            let o: Vec<Option<f64>> = ours.iter().map(|r| column(r, ours_prefix)).collect();
+            let (tm, om) = (
+                median(&t.iter().flatten().copied().collect::<Vec<_>>())?,
+                median(&o.iter().flatten().copied().collect::<Vec<_>>())?,
+            );
+            let (slow, fast) = if higher_is_better { (tm, om) } else { (om, tm) };
+            let ratio = if fast > 0.0 {
+                format!("{:.2}", slow / fast)
             } else {
                 "-".into()
             };
             Some(format!(
-                "{name}: {oc} {ov:.2} vs perftest {tc} {tv:.2}: {ratio}"
+                "{name} {label}: hotverbs {} (median {}) vs perftest {} (median {}): ratio \
+                 {ratio}",
+                figures(&o),
+                figure(om),
+                figures(&t),
+                figure(tm)
             ))
         })
         .collect()
+}
+
+/// [`compare_row`] for every (name, perftest outputs, hotverbs outputs).
+pub(super) fn compare_rows(rows: &[(&str, Vec<String>, Vec<String>)]) -> Vec<String> {
+    rows.iter()
+        .flat_map(|(name, perftest, hotverbs)| compare_row(name, perftest, hotverbs))
+        .collect()
+}
+
+/// What `counted` (xtask/rxe/lib.sh) printed.
+const COUNTERS: &str = "kernel counters during the run";
+
+/// For each (name, outputs of its runs): the p50 of every run and its median, and the
+/// kernel counters each run printed.
+pub(super) fn probe_lines(probes: &[(&str, Vec<String>)]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (name, runs) in probes {
+        let p50: Vec<Option<f64>> = runs
+            .iter()
+            .map(|r| {
+                let row = perf_row(r);
+                column(&row, "t_p50[").or_else(|| column(&row, "t_typical"))
+            })
+            .collect();
+        let med = median(&p50.iter().flatten().copied().collect::<Vec<_>>());
+        lines.push(format!(
+            "{name}: p50 [usec] {} (median {})",
+            figures(&p50),
+            med.map_or_else(|| "-".into(), figure)
+        ));
+        for (i, run) in runs.iter().enumerate() {
+            if let Some(c) = run.lines().find(|l| l.starts_with(COUNTERS)) {
+                lines.push(format!("  #{}: {c}", i + 1));
+            }
+        }
+    }
+    lines
 }
 
 pub(super) fn print_console_tail(log: &Path, lines: usize) {
@@ -419,15 +508,49 @@ mod tests {
         assert_eq!(row.get("99.9% percentile[usec]"), Some(&336.18));
         let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      1000             120.50             118.25               0.001892\n";
         assert_eq!(perf_row(bw).get("BW average[MB/sec]"), Some(&118.25));
-        let ours = "#bytes #iterations t_min[usec] t_p50[usec] t_avg[usec]\n2 1000 10.0 8.1 9.61\n";
+        let ours = |p50: f64| {
+            format!("#bytes #iterations t_min[usec] t_p50[usec] t_p99[usec] t_p99.9[usec]\n2 1000 1.0 {p50} 20.0 90.0\n")
+        };
+        let runs = [ours(8.1), ours(8.0), ours(f64::INFINITY)];
+        let theirs = [
+            perftest.to_string(),
+            perftest.to_string(),
+            perftest.to_string(),
+        ];
         assert_eq!(
-            compare_perf("send_lat", perftest, ours),
+            compare_row("send_lat", &theirs, &runs),
             [
-                "send_lat: t_p50[usec] 8.10 vs perftest t_typical[usec] 16.15: 0.50x",
-                "send_lat: t_avg[usec] 9.61 vs perftest t_avg[usec] 19.22: 0.50x"
+                "send_lat p50 [usec]: hotverbs 8.10 8.00 - (median 8.05) vs perftest 16.15 \
+                 16.15 16.15 (median 16.15): ratio 0.50",
+                "send_lat p99 [usec]: hotverbs 20.00 20.00 20.00 (median 20.00) vs perftest 181.27 \
+                 181.27 181.27 (median 181.27): ratio 0.11"
             ]
         );
-        assert!(compare_perf("x", perftest, "no table here").is_empty());
+        // Bandwidth: perftest / hotverbs, so that above 1 still means hotverbs is slower.
+        let bw = |mib: f64, mpps: f64| {
+            format!(" #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n 64 1000 3.0 {mib} {mpps}\n")
+        };
+        let ours_bw = |mib: f64, mpps: f64| {
+            format!("#bytes #iterations BW average[MiB/sec] BW[Gb/sec] MsgRate[Mpps]\n64 1000 {mib} 0.1 {mpps}\n")
+        };
+        assert_eq!(
+            compare_row("bw", &[bw(2.0, 0.03)], &[ours_bw(1.0, 0.015)]),
+            [
+                "bw BW [MiB/s]: hotverbs 1.00 (median 1.00) vs perftest 2.00 (median 2.00): ratio 2.00",
+                "bw rate [Mpps]: hotverbs 0.0150 (median 0.0150) vs perftest 0.0300 (median 0.0300): ratio 2.00"
+            ]
+        );
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[]), None);
+        let probe = format!("{}{COUNTERS} (HZ 250): tasklet +5\n", ours(4000.0));
+        assert_eq!(
+            probe_lines(&[("lb", vec![probe])]),
+            [
+                "lb: p50 [usec] 4000.00 (median 4000.00)",
+                "  #1: kernel counters during the run (HZ 250): tasklet +5"
+            ]
+        );
+        assert!(compare_row("x", &theirs, &["no table here".into()]).is_empty());
     }
 
     #[test]

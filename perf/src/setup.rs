@@ -207,6 +207,8 @@ impl SideRes {
         let opts = ConnectOptions {
             max_rd_atomic: dev.rd_atomic,
             max_dest_rd_atomic: dev.rd_atomic,
+            // perftest's value (RNR waits for ever), to compare like with like.
+            rnr_retry: 7,
             ..ConnectOptions::default()
         };
         Ok(self.qp.connect(&dev.port, remote, &opts)?)

@@ -355,7 +355,7 @@ pub struct ConnParam {
     pub initiator_depth: u8,
     /// Transport retries (default 6: finite; rxe retries forever at 7).
     pub retry_count: u8,
-    /// RNR retries (7 = infinite).
+    /// RNR retries (7 = infinite; default 6, finite: see [`ConnectOptions`](crate::ConnectOptions)).
     pub rnr_retry_count: u8,
 }
 
@@ -366,7 +366,7 @@ impl Default for ConnParam {
             responder_resources: 1,
             initiator_depth: 1,
             retry_count: 6,
-            rnr_retry_count: 7,
+            rnr_retry_count: 6,
         }
     }
 }

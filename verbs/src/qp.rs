@@ -567,7 +567,7 @@ impl Default for RtrAttr {
 /// # Example
 /// ```
 /// let a = hotverbs::RtsAttr { sq_psn: 0x345, ..Default::default() };
-/// assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 6, 7)); // retry_cnt finite: rxe retries forever at 7
+/// assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 6, 6)); // both finite: 7 is "for ever"
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RtsAttr {
@@ -576,7 +576,7 @@ pub struct RtsAttr {
     /// Transport retries (max 7; the default 6 is finite everywhere: rxe treats 7 as
     /// "retry forever", so a dead peer would never complete).
     pub retry_cnt: u8,
-    /// RNR retries (7 = infinite).
+    /// RNR retries (7 = infinite; the default 6 is finite, see [`ConnectOptions`]).
     pub rnr_retry: u8,
     /// Our first send PSN.
     pub sq_psn: u32,
@@ -589,7 +589,7 @@ impl Default for RtsAttr {
         RtsAttr {
             timeout: 14,
             retry_cnt: 6,
-            rnr_retry: 7,
+            rnr_retry: 6,
             sq_psn: 0,
             max_rd_atomic: 1,
         }
@@ -597,29 +597,32 @@ impl Default for RtsAttr {
 }
 
 /// Options of [`Qp::connect`] (sensible defaults: MTU = the port's active MTU capped at
-/// 4096, timeout 14, retry_cnt 6, rnr_retry 7, min_rnr_timer 12, one outstanding
+/// 4096, timeout 14, retry_cnt 6, rnr_retry 6, min_rnr_timer 12, one outstanding
 /// read/atomic each way, all remote access allowed).
 ///
-/// # How long until a dead peer is reported
-/// `retry_cnt` is 6, not 7: rxe takes 7 as "retry for ever", so there a WR towards a peer
-/// that died would never complete. 6 is finite on every provider. With the local ACK
-/// timeout code `timeout` = t, each attempt waits 4.096 µs × 2^t for an ACK, and a WR
-/// towards a dead peer completes with `IBV_WC_RETRY_EXC_ERR` after about
-/// (retry_cnt + 1) × 4.096 µs × 2^t: with the defaults (t = 14: 67.1 ms per attempt)
-/// 7 × 67.1 ms ≈ 0.47 s. That is the spec's figure; hardware may round the timer up. (softnic
-/// reports a missing peer at once.)
+/// # How long until a dead or stuck peer is reported
+/// Both retry counts default to 6, not 7: 7 means "retry for ever" (rxe takes it so for
+/// `retry_cnt` too), so a WR could wait for ever. With the defaults no WR does:
+/// - **A dead peer** (no ACK at all): with the local ACK timeout code `timeout` = t, each
+///   attempt waits 4.096 µs × 2^t, and the WR completes with `IBV_WC_RETRY_EXC_ERR` after
+///   about (retry_cnt + 1) × 4.096 µs × 2^t: with the defaults (t = 14: 67.1 ms per
+///   attempt) 7 × 67.1 ms ≈ 0.47 s, plus the kernel's timer slack on rxe (509 ms measured
+///   in the TCG VM).
+/// - **A live peer with no receive posted** (RNR NAKs): the WR completes with
+///   `IBV_WC_RNR_RETRY_EXC_ERR` after about rnr_retry × the peer's `min_rnr_timer` (12:
+///   0.64 ms), so ≈ 3.8 ms with the defaults (rxe rounds each wait up to its timer tick).
+///   Flow control ([`hotverbs_datapath::credits`]) keeps a sender from causing RNR at all.
+///   Set `rnr_retry` 7 to wait for ever, as `ibv_rc_pingpong` and perftest (and
+///   `hotverbs-perf`, to compare like with like) do; a [`Watchdog`](crate::Watchdog) then
+///   tells the stuck ring from a slow one.
 ///
-/// `rnr_retry` stays 7, "retry for ever" in the IBA: a send waits until the live peer posts
-/// a receive, as `ibv_rc_pingpong` and perftest have it (and `hotverbs-perf` relies on). It
-/// does not make a dead peer hang — a dead peer sends no RNR NAKs, so `retry_cnt` applies.
-/// Set 0..=6 for a bounded wait on a peer that is alive but never posts a receive (each
-/// retry waits the peer's `min_rnr_timer`; softnic fails such a send at once with
-/// `IBV_WC_RNR_RETRY_EXC_ERR`).
+/// softnic has no timers: it reports a missing peer, and RNR with `rnr_retry` below 7, at
+/// once.
 ///
 /// # Example
 /// ```
 /// let o = hotverbs::ConnectOptions { mtu: Some(hotverbs::Mtu::Mtu1024), ..Default::default() };
-/// assert_eq!((o.timeout, o.retry_cnt, o.rnr_retry), (14, 6, 7));
+/// assert_eq!((o.timeout, o.retry_cnt, o.rnr_retry), (14, 6, 6));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
@@ -655,7 +658,7 @@ impl Default for ConnectOptions {
             mtu: None,
             timeout: 14,
             retry_cnt: 6,
-            rnr_retry: 7,
+            rnr_retry: 6,
             min_rnr_timer: 12,
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,

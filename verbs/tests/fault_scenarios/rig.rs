@@ -123,6 +123,9 @@ impl Env {
     pub fn opts(&self) -> ConnectOptions {
         ConnectOptions {
             mtu: Some(Mtu::Mtu1024),
+            // fault-truth's RC setup: RNR waits for ever (the library's default is 6, a
+            // bounded wait), so the scenarios that park a send in an RNR loop can.
+            rnr_retry: 7,
             ..ConnectOptions::default()
         }
     }

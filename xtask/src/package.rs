@@ -249,6 +249,7 @@ fn readme_examples(c: &Crate) -> Result<(), String> {
 /// Step 3 and 4: pack (and verify) every crate in one cargo run, then measure each
 /// `.crate`. Returns (crate, files, bytes unpacked, bytes of the `.crate`).
 fn pack_all() -> Result<Vec<(&'static Crate, usize, u64, u64)>, String> {
+    clear_stale_overlays()?;
     let mut cmd = cargo();
     cmd.args(["package", "--allow-dirty", "--locked"]);
     for c in CRATES {
@@ -306,6 +307,42 @@ fn pack_all() -> Result<Vec<(&'static Crate, usize, u64, u64)>, String> {
         sizes.push((c, files, bytes, crate_bytes));
     }
     Ok(sizes)
+}
+
+/// Removes earlier extractions of our own crates from cargo's overlay registries.
+///
+/// Verifying several packages in one run, cargo serves the freshly packed crates from a
+/// temporary local registry and unpacks them under `$CARGO_HOME/registry/src/-<hash>/`, the
+/// hash being that of the workspace path. It never unpacks a `name-version` that is already
+/// there, so a CI machine that keeps its cargo home and checks out at the same path verified
+/// `hotverbs` against the *previous* run's `hotverbs-datapath-0.1.0` (the version does not
+/// change between commits) and failed on an import added since. Only the overlay directories
+/// (named `-<hash>`, never a real registry's `index.crates.io-...`) and only our crate names
+/// are touched.
+fn clear_stale_overlays() -> Result<(), String> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry").join("src")) else {
+        return Ok(());
+    };
+    let Ok(dirs) = std::fs::read_dir(&src) else {
+        return Ok(());
+    };
+    for dir in dirs.flatten() {
+        if !dir.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for c in CRATES {
+            let stale = dir.path().join(format!("{}-{}", c.name, version(c)?));
+            if stale.exists() {
+                std::fs::remove_dir_all(&stale)
+                    .map_err(|e| format!("removing stale {}: {e}", stale.display()))?;
+                eprintln!("(removed a stale unpacked {})", stale.display());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The crate's version, from `cargo pkgid` (`path+file:///...#name@0.1.0`).

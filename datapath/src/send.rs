@@ -925,6 +925,16 @@ impl<const N: usize> SendRing<N> {
     #[inline(never)]
     fn slow_stage(&mut self, fmt: u8, op_sge: u32, post: bool) -> Result<u64, SendError> {
         let seq = self.staged_seq();
+        let i = seq as usize & Self::MASK;
+        if self.st.batch == 1 && self.tags[i] == fmt {
+            // A batch-1 ring's `push` / `stage`: their formats are poisoned, so every message
+            // comes here, but this one's slot has its format and is no event (an event tag
+            // never equals a format): stage it and post it alone, as `send_now`'s fast path
+            // does. The next event does not move (a batch-1 ring has no batch end).
+            self.st.next_id += 1;
+            self.post_chain(seq + 1, i)?;
+            return Ok(seq);
+        }
         let st = &self.st;
         if seq - st.retired >= st.limit {
             // The mark stays on this slot: the next message comes back here.

@@ -867,15 +867,15 @@ unsafe extern "C" fn create_cq_ex(
     {
         return fail(libc::EOPNOTSUPP);
     }
-    let td = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+    let parent = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
         if a.parent_domain.is_null() {
             return fail(libc::EINVAL);
         }
         // SAFETY: live PD (caller).
-        let i = unsafe { (*a.parent_domain).handle } as usize;
-        match f.pds.get(i) {
+        let i = unsafe { (*a.parent_domain).handle };
+        match f.pds.get(i as usize) {
             // Only a parent domain may be given (ibv_create_cq_ex(3)).
-            Some(Some(p)) if p.parent.is_some() => p.parent.flatten(),
+            Some(Some(p)) if p.parent.is_some() => Some(i),
             _ => return fail(libc::EINVAL),
         }
     } else {
@@ -902,7 +902,10 @@ unsafe extern "C" fn create_cq_ex(
     let i = unsafe { (*p).ibv.handle } as usize;
     let c = f.cqs[i].as_mut().expect("new CQ");
     c.stamps = a.wc_flags & WC_FLAGS_STAMPS != 0;
-    c.td = td;
+    c.parent_pd = parent;
+    if let Some(Some(p)) = parent.and_then(|p| f.pds.get_mut(p as usize)) {
+        p.users += 1;
+    }
     // SAFETY: as above.
     fill_cq_ops(unsafe { &mut (*p).ibv }, a.wc_flags);
     p.cast()

@@ -8,7 +8,11 @@ mod common;
 use common::*;
 
 use core::ptr::null_mut;
+use hotverbs_softnic::testing::CountingAlloc;
 use hotverbs_softnic::Profile;
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const PROFILES: [Profile; 2] = [Profile::Spec, Profile::Rxe];
 
@@ -1141,5 +1145,100 @@ fn ud_send_with_set_ud_addr() {
         assert!(ids.contains(&(4, IBV_WC_SUCCESS)), "{ids:?}");
         let recv = c.iter().find(|c| c.wr_id == 40).expect("UD receive");
         assert_eq!(recv.byte_len, 40 + 16, "GRH + payload");
+    }
+}
+
+/// Polls `cq` with start/next/end until `want` completions arrived, reading every requested
+/// field (timestamps too when `stamps`), without allocating; returns how many failed.
+fn poll_ex_n(cq: *mut ibv_cq_ex, want: usize, stamps: bool) -> usize {
+    let (mut got, mut failed, mut sum) = (0, 0, 0u64);
+    let mut attr = ibv_poll_cq_attr::default();
+    while got < want {
+        // SAFETY: a live extended CQ created with ALL_WC (and STAMPS when `stamps`),
+        // polled by this thread; readers only after a successful poll.
+        unsafe {
+            let mut r = inline::ibv_start_poll(cq, &mut attr);
+            let started = r == 0;
+            while r == 0 {
+                got += 1;
+                failed += ((*cq).status != IBV_WC_SUCCESS) as usize;
+                sum = sum
+                    .wrapping_add(inline::ibv_wc_read_byte_len(cq) as u64)
+                    .wrapping_add(inline::ibv_wc_read_qp_num(cq) as u64)
+                    .wrapping_add(inline::ibv_wc_read_opcode(cq) as u64);
+                if stamps {
+                    sum = sum.wrapping_add(inline::ibv_wc_read_completion_ts(cq));
+                }
+                r = inline::ibv_next_poll(cq);
+            }
+            if started {
+                inline::ibv_end_poll(cq);
+            }
+            assert_eq!(r, libc::ENOENT);
+        }
+    }
+    assert_ne!(sum, 0);
+    failed
+}
+
+/// The extended datapath allocates nothing from the first batch on: staging (SGE lists and
+/// inline bytes), `wr_complete`, execution and the extended poll all use storage
+/// provisioned at creation.
+#[test]
+fn extended_posting_and_polling_allocate_nothing() {
+    for profile in PROFILES {
+        let stamps = profile == Profile::Spec;
+        let wc = if stamps { ALL_WC | STAMPS } else { ALL_WC };
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 64, wc);
+        p.buf_a.fill(256, &[7u8; 128]);
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let (b, lb) = (p.b, p.buf_b.lkey());
+        let xa = p.xa;
+        const ROUNDS: u64 = 500;
+        let (allocs, failed) = CountingAlloc::count(|| {
+            let mut failed = 0;
+            for i in 0..ROUNDS {
+                for r in 0..2u64 {
+                    let mut rs = [ibv_sge {
+                        addr: ab + 1024 + r * 64,
+                        length: 64,
+                        lkey: lb,
+                    }];
+                    assert_eq!(post_recv(b, i * 2 + r, &mut rs), 0);
+                }
+                let msg = i.to_le_bytes();
+                let sges = [p.buf_a.sge(256, 32), p.buf_a.sge(300, 32)];
+                let r = batch(xa, |q| {
+                    // SAFETY: inside start .. complete; buffers registered / readable.
+                    unsafe {
+                        next(q, i, IBV_SEND_INLINE);
+                        inline::ibv_wr_send_imm(q, 5u32.to_be());
+                        inline::ibv_wr_set_inline_data(q, msg.as_ptr() as *mut _, 8);
+                        next(q, i, 0);
+                        inline::ibv_wr_rdma_write(q, rb, ab);
+                        inline::ibv_wr_set_sge_list(q, 2, sges.as_ptr());
+                        next(q, i, 0);
+                        inline::ibv_wr_rdma_read(q, rb, ab + 512);
+                        inline::ibv_wr_set_sge(q, la, aa + 512, 16);
+                        next(q, i, 0);
+                        inline::ibv_wr_atomic_fetch_add(q, rb, ab + 2048, 1);
+                        inline::ibv_wr_set_sge(q, la, aa + 2048, 8);
+                        next(q, i, SIG);
+                        inline::ibv_wr_rdma_write_imm(q, rb, ab + 64, 9u32.to_be());
+                        inline::ibv_wr_set_sge(q, la, aa, 8);
+                    }
+                });
+                assert_eq!(r, 0);
+                failed += poll_ex_n(p.cq_a, 1, stamps);
+                failed += poll_ex_n(p.cq_b, 2, stamps);
+            }
+            failed
+        });
+        assert_eq!(failed, 0, "{profile:?}");
+        assert_eq!(
+            allocs, 0,
+            "{profile:?}: allocations in the extended hot loop"
+        );
     }
 }

@@ -3,10 +3,12 @@
 //! context, QPs, SRQ and CQ, from the same state, and must return the same values, the
 //! same `bad_wr`, the same completions and the same `errno`.
 //!
-//! softnic's context is a legacy one (no `verbs_context`), so the setup inlines take the
-//! header's fallback to the exported symbols: here `csrc/equiv.c`'s stand-ins, which log
-//! the call and forward it to softnic's `verbs_table()` (see
-//! `record::forward_exports_to`), for the C header and for the Rust side alike.
+//! softnic's context is extended (a `verbs_context` around it, as libibverbs makes), so the
+//! setup inlines reach its extended ops directly; where the header falls back to an
+//! exported symbol (`ibv_query_port`, a PD-only `ibv_create_qp_ex`, ...) that is
+//! `csrc/equiv.c`'s stand-in, which logs the call and forwards it to softnic's
+//! `verbs_table()` (see `record::forward_exports_to`), for the C header and for the Rust
+//! side alike.
 
 use core::ffi::c_int;
 use core::mem::{size_of, zeroed, MaybeUninit};
@@ -557,4 +559,76 @@ fn softnic_setup_inlines_match_the_header() {
         }
     }
     record::forward_exports_to(None);
+}
+
+/// `ibv_alloc_td` / `ibv_dealloc_td`, `ibv_alloc_parent_domain` and
+/// `ibv_query_rt_values_ex` on softnic's extended context: the same answers through the
+/// header and through Rust (objects, errno, EOPNOTSUPP in the Rxe profile, where librxe has
+/// none of these ops).
+#[test]
+fn softnic_domains_and_rt_values_match_the_header() {
+    let nic = Nic::open();
+    let (ctx, pd) = (nic.ctx, nic.pd);
+    // SAFETY: a live softnic context.
+    let rxe = unsafe { hotverbs_softnic::device_profile(ctx) } == hotverbs_softnic::Profile::Rxe;
+
+    let td = compare("ibv_alloc_td + ibv_dealloc_td on softnic", &[], |side| {
+        // SAFETY: live context; a valid attr; the td is freed by the same side.
+        unsafe {
+            let mut a: ibv_td_init_attr = zeroed();
+            let td = match side {
+                Side::C => c::hv_c_alloc_td(ctx, &mut a),
+                Side::Rust => inline::ibv_alloc_td(ctx, &mut a),
+            };
+            if td.is_null() {
+                return None;
+            }
+            assert_eq!((*td).context, ctx);
+            Some(match side {
+                Side::C => c::hv_c_dealloc_td(td),
+                Side::Rust => inline::ibv_dealloc_td(td),
+            })
+        }
+    });
+    assert_eq!(td, if rxe { None } else { Some(0) });
+
+    let par = compare("ibv_alloc_parent_domain on softnic", &[], |side| {
+        // SAFETY: live context and PD; a valid attr; the domain is freed before returning.
+        unsafe {
+            let mut a: ibv_parent_domain_init_attr = zeroed();
+            a.pd = pd;
+            let p = match side {
+                Side::C => c::hv_c_alloc_parent_domain(ctx, &mut a),
+                Side::Rust => inline::ibv_alloc_parent_domain(ctx, &mut a),
+            };
+            if p.is_null() {
+                return None;
+            }
+            Some(((*p).context == ctx, nic.fns.ibv_dealloc_pd.unwrap()(p)))
+        }
+    });
+    assert_eq!(par, if rxe { None } else { Some((true, 0)) });
+
+    let rt = compare("ibv_query_rt_values_ex on softnic", &[], |side| {
+        // SAFETY: live context; a writable values struct.
+        unsafe {
+            let mut v: ibv_values_ex = zeroed();
+            v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+            let r = match side {
+                Side::C => c::hv_c_query_rt_values_ex(ctx, &mut v),
+                Side::Rust => inline::ibv_query_rt_values_ex(ctx, &mut v),
+            };
+            (
+                r,
+                v.comp_mask,
+                v.raw_clock.tv_sec,
+                r == 0 && v.raw_clock.tv_nsec > 0,
+            )
+        }
+    });
+    if rxe {
+        assert_eq!(rt.0, libc::EOPNOTSUPP);
+    } else {
+        assert_eq!(rt, (0, IBV_VALUES_MASK_RAW_CLOCK, 0, true));
+    }
 }

@@ -220,7 +220,10 @@ unsafe extern "C" fn alloc_parent_domain(
         return fail(libc::EOPNOTSUPP);
     }
     // SAFETY: live PD (caller).
-    let base = unsafe { (*a.pd).handle };
+    let (base, pd_ctx) = unsafe { ((*a.pd).handle, (*a.pd).context) };
+    if pd_ctx != ctx {
+        return fail(libc::EINVAL);
+    }
     match f.pds.get(base as usize) {
         Some(Some(p)) if p.parent.is_none() => {}
         // A parent domain cannot wrap another (mlx5: EINVAL), nor a dead PD.

@@ -311,6 +311,9 @@ pub(crate) struct Batch {
     max_sge: u32,
     max_inline: u32,
     rxe: bool,
+    /// Between `wr_start` and `wr_complete`/`wr_abort`: a second `wr_abort` (say, after a
+    /// refused `wr_complete`) must not release a lock it no longer holds.
+    open: bool,
 }
 
 /// A QP as softnic allocates it, laid out as libibverbs' `verbs_qp`: the `ibv_qp_ex`
@@ -565,6 +568,7 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     let b = unsafe { batch(qp) };
     b.n = 0;
     b.err = 0;
+    b.open = true;
 }
 
 /// Releases the builder lock taken by `wr_start`.
@@ -580,22 +584,35 @@ unsafe fn unlock(qp: *mut ibv_qp_ex) {
     }
 }
 
+/// `ibv_wr_abort`: discards the batch and ends it. Outside `wr_start` .. (e.g. after a
+/// `wr_complete` that failed, which already discarded the batch) it does nothing.
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
-    // SAFETY: inside wr_start .. (caller).
+    // SAFETY: a live extended QP; the batch is ours inside wr_start .., and `open` tells
+    // whether we are (the application does not race its own wr_* calls on one QP).
     let b = unsafe { batch(qp) };
+    if !b.open {
+        return;
+    }
     b.n = 0;
     b.err = 0;
+    b.open = false;
     // SAFETY: as above.
     unsafe { unlock(qp) };
 }
 
+/// `ibv_wr_complete`: posts the batch (all or nothing, see the crate docs) and ends it;
+/// EINVAL outside `wr_start` ...
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let _errno = ErrnoScope::enter();
-    // SAFETY: inside wr_start .. (caller).
+    // SAFETY: as in wr_abort.
     let b = unsafe { batch(qp) };
+    if !b.open {
+        return libc::EINVAL;
+    }
     let (n, err) = (b.n, b.err);
     b.n = 0;
     b.err = 0;
+    b.open = false;
     let ret = if err != 0 {
         err
     } else if n == 0 {

@@ -326,7 +326,9 @@
 //!   UD without an AH: EINVAL) returns that errno and posts none of it, as rxe's and mlx5's
 //!   rollback; otherwise the WRs go through the `ibv_post_send` engine in order, so every
 //!   behaviour above (errors, profiles, flushes, RNR, inline limits, selective signaling)
-//!   applies and their completions are those of posted WRs. `wr_abort` discards the batch.
+//!   applies and their completions are those of posted WRs. `wr_abort` discards the
+//!   batch; after a `wr_complete` (which ends the batch, posted or refused) `wr_abort` does
+//!   nothing and another `wr_complete` returns EINVAL.
 //!   `wr_start` .. `wr_complete`/`wr_abort` hold a per-QP builder lock (a spin lock, as
 //!   rxe's `sq.lock`), except on a QP created on a parent domain with a thread domain,
 //!   whose application promises a single thread (`ibv_alloc_td(3)`): no lock there. An

@@ -691,6 +691,13 @@ fn a_failed_wr_complete_posts_nothing() {
             assert_eq!(p.buf_b.bytes(0, 72), [0u8; 72], "{profile:?} {what}");
             assert_eq!(state(p.a), IBV_QPS_RTS, "{profile:?} {what}");
         }
+        // A refused batch is over: an abort after it changes nothing (the datapath aborts
+        // refused batches), a second complete is EINVAL.
+        // SAFETY: a live extended QP.
+        unsafe {
+            inline::ibv_wr_abort(p.xa);
+            assert_eq!(inline::ibv_wr_complete(p.xa), libc::EINVAL);
+        }
         // The QP is unharmed: the next batch goes through.
         let r = batch(p.xa, |q| {
             next(q, 3, SIG);

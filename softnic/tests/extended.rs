@@ -1310,3 +1310,40 @@ fn concurrent_batches_on_one_qp_stay_whole() {
         }
     }
 }
+
+/// CQ overflow on an extended CQ (S15): Spec — the CQ is in error, `start_poll` answers
+/// EOVERFLOW (as `ibv_poll_cq` answers -EOVERFLOW); Rxe — the completion is dropped and
+/// the CQ stays usable (ENOENT, then later completions as usual).
+#[test]
+fn overflow_on_an_extended_cq_follows_the_profile() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        p.buf_a.fill(0, b"12345678");
+        // SAFETY: a live softnic CQ.
+        unsafe { hotverbs_softnic::inject_cq_overflow(cq_of(p.cq_a), 1) };
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let write = |id: u64| {
+            batch(p.xa, |q| {
+                next(q, id, SIG);
+                // SAFETY: inside start .. complete.
+                unsafe {
+                    inline::ibv_wr_rdma_write(q, rb, ab);
+                    inline::ibv_wr_set_sge(q, la, aa, 8);
+                }
+            })
+        };
+        assert_eq!(write(1), 0);
+        let mut attr = ibv_poll_cq_attr::default();
+        // SAFETY: a live extended CQ polled by this thread.
+        let r = unsafe { inline::ibv_start_poll(p.cq_a, &mut attr) };
+        if profile == Profile::Rxe {
+            assert_eq!(r, libc::ENOENT);
+            assert_eq!(write(2), 0);
+            let c = drain_ex(p.cq_a);
+            assert_eq!((c.len(), c[0].wr_id), (1, 2));
+        } else {
+            assert_eq!(r, libc::EOVERFLOW);
+        }
+    }
+}

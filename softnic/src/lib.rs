@@ -106,6 +106,13 @@
 //! - S15: whether rxe writes the payload of the message whose receive completion was lost
 //!   was not measured; softnic writes it (the data lands before the completion).
 //! - S19 "send_cq = NULL crashes libibverbs": softnic answers EINVAL.
+//! - librxe bugs of rdma-core 44, fixed upstream: an extended CQ polled to `ibv_next_poll`
+//!   ENOENT then `ibv_end_poll` overruns its consumer index (fixed in rdma-core 55; the setup
+//!   layer's real-device tests pin it), and `wr_abort` after a failed `wr_complete` unlocks
+//!   twice. softnic's extended poll and batches behave as the man pages say in both profiles.
+//! - The rxe extended opcodes softnic cannot execute (SEND_WITH_INV, LOCAL_INV, BIND_MW,
+//!   FLUSH, ATOMIC_WRITE in `send_ops_flags`): EOPNOTSUPP at `create_qp_ex`, where rxe
+//!   accepts them.
 //!
 //! ## Objects and limits
 //! - Device defaults are rxe's (`ibv_devinfo -v` on rxe0): max_qp_wr 1048576, max_sge 32,

@@ -107,9 +107,10 @@
 //!   was not measured; softnic writes it (the data lands before the completion).
 //! - S19 "send_cq = NULL crashes libibverbs": softnic answers EINVAL.
 //! - librxe bugs of rdma-core 44, fixed upstream: an extended CQ polled to `ibv_next_poll`
-//!   ENOENT then `ibv_end_poll` overruns its consumer index (fixed in rdma-core 55; the setup
-//!   layer's real-device tests pin it), and `wr_abort` after a failed `wr_complete` unlocks
-//!   twice. softnic's extended poll and batches behave as the man pages say in both profiles.
+//!   ENOENT then `ibv_end_poll`, as the man page says, overruns its consumer index (fixed
+//!   in rdma-core 55, b78b414e0; the setup layer's real-device tests pin it) and unlocks the
+//!   CQ lock twice (fixed in 59, 5e7aa4102). softnic's extended poll behaves as the man page
+//!   says in both profiles.
 //! - The rxe extended opcodes softnic cannot execute (SEND_WITH_INV, LOCAL_INV, BIND_MW,
 //!   FLUSH, ATOMIC_WRITE in `send_ops_flags`): EOPNOTSUPP at `create_qp_ex`, where rxe
 //!   accepts them.

@@ -654,6 +654,9 @@ unsafe fn post_batch(qp: *mut ibv_qp_ex, b: &mut Batch, n: usize) -> c_int {
                 s.wr.sg_list = null_mut();
             }
         } else {
+            // ibv_wr_post(3) lists no IBV_SEND_INLINE among the `wr_flags`: data set by
+            // `wr_set_sge(_list)` is gathered from its SGEs (as mlx5 does), whatever the flag.
+            s.wr.send_flags &= !IBV_SEND_INLINE;
             s.wr.sg_list = s.sges.as_mut_ptr();
             s.wr.num_sge = s.sges.len() as c_int;
         }
@@ -796,6 +799,15 @@ unsafe fn set_inline(qp: *mut ibv_qp_ex, pieces: &[ibv_data_buf]) {
     let Some(s) = (unsafe { current(qp) }) else {
         return;
     };
+    // ibv_wr_post(3): inline data is "valid only for SEND and RDMA_WRITE".
+    if !matches!(
+        s.wr.opcode,
+        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+    ) {
+        // SAFETY: as above.
+        unsafe { batch(qp) }.err = libc::EINVAL;
+        return;
+    }
     let total: usize = pieces.iter().map(|p| p.length).sum();
     if total > max {
         // SAFETY: as above.

@@ -326,21 +326,24 @@
 //! - `ibv_wr_post(3)`: `qpx->wr_id` and `qpx->wr_flags` are read when an opcode builder is
 //!   called; the setters act on the WR built last (a setter before any opcode: EINVAL at
 //!   `wr_complete`); `wr_set_sge` with length 0 sets no SGE (as rxe and mlx5); inline data
-//!   is copied at the setter call. Builders stage the WRs in storage provisioned at
-//!   creation (one entry per SQ slot up to 4096, each with room for `max_send_sge` SGEs
-//!   and `max_inline_data` bytes): the batch allocates nothing. `wr_complete` posts the
-//!   batch all or nothing: a builder limit (above) or a WR `ibv_post_send` would refuse
-//!   (QP state, SQ room for the whole batch, SGE count, inline size, atomic alignment,
-//!   UD without an AH: EINVAL) returns that errno and posts none of it, as rxe's and mlx5's
-//!   rollback; otherwise the WRs go through the `ibv_post_send` engine in order, so every
-//!   behaviour above (errors, profiles, flushes, RNR, inline limits, selective signaling)
-//!   applies and their completions are those of posted WRs. `wr_abort` discards the
-//!   batch; after a `wr_complete` (which ends the batch, posted or refused) `wr_abort` does
-//!   nothing and another `wr_complete` returns EINVAL.
-//!   `wr_start` .. `wr_complete`/`wr_abort` hold a per-QP builder lock (a spin lock, as
-//!   rxe's `sq.lock`), except on a QP created on a parent domain with a thread domain,
-//!   whose application promises a single thread (`ibv_alloc_td(3)`): no lock there. An
-//!   inline WR travels as one SGE, so a QP created with `max_send_sge` 0 cannot post one
+//!   is copied at the setter call, and only on a SEND or RDMA_WRITE (the man page's "valid
+//!   only for"; other opcodes: EINVAL at `wr_complete`). IBV_SEND_INLINE is not one of the
+//!   man page's `wr_flags`: a WR whose data was set by `wr_set_sge(_list)` is gathered from
+//!   its SGEs whatever the flag says (as mlx5; rxe's behaviour there was not measured).
+//!   Builders stage the WRs in storage provisioned at creation (one entry per SQ slot up to
+//!   4096, each with room for `max_send_sge` SGEs and `max_inline_data` bytes): the batch
+//!   allocates nothing. `wr_complete` posts the batch all or nothing: a builder limit
+//!   (above) or a WR `ibv_post_send` would refuse (QP state, SQ room for the whole batch,
+//!   SGE count, inline size, atomic alignment, UD without an AH: EINVAL) returns that errno
+//!   and posts none of it, as rxe's and mlx5's rollback; otherwise the WRs go through the
+//!   `ibv_post_send` engine in order, so every behaviour above (errors, profiles, flushes,
+//!   RNR, inline limits, selective signaling) applies and their completions are those of
+//!   posted WRs. `wr_abort` discards the batch; after a `wr_complete` (which ends the
+//!   batch, posted or refused) `wr_abort` does nothing and another `wr_complete` returns
+//!   EINVAL. `wr_start` .. `wr_complete`/`wr_abort` hold a per-QP builder lock (a spin
+//!   lock, as rxe's `sq.lock`), except on a QP created on a parent domain with a thread
+//!   domain, whose application promises a single thread (`ibv_alloc_td(3)`): no lock there.
+//!   An inline WR travels as one SGE, so a QP created with `max_send_sge` 0 cannot post one
 //!   (EINVAL at `wr_complete`).
 //! - `ibv_create_cq_ex(3)`: `wc_flags` may hold BYTE_LEN, IMM, QP_NUM, SRC_QP, SLID, SL,
 //!   DLID_PATH_BITS, COMPLETION_TIMESTAMP and COMPLETION_TIMESTAMP_WALLCLOCK (Rxe: not the

@@ -1347,3 +1347,47 @@ fn overflow_on_an_extended_cq_follows_the_profile() {
         }
     }
 }
+
+/// `ibv_wr_post(3)`: inline setters are "valid only for SEND and RDMA_WRITE" (on a READ:
+/// EINVAL at `wr_complete`, nothing posted), and IBV_SEND_INLINE is no `wr_flags` flag: a
+/// WR whose data comes from `wr_set_sge` is gathered from the SGE even with the flag and
+/// more bytes than `max_inline_data` (64 here).
+#[test]
+fn inline_setters_and_the_inline_flag_per_the_man_page() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        let big: Vec<u8> = (0..200u8).collect();
+        p.buf_a.fill(0, &big);
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let mut word = 5u64.to_ne_bytes();
+        let r = batch(p.xa, |q| {
+            next(q, 1, SIG);
+            // SAFETY: inside start .. complete; `word` readable.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab);
+                inline::ibv_wr_set_sge(q, la, aa, 8);
+                inline::ibv_wr_rdma_read(q, rb, ab + 512);
+                inline::ibv_wr_set_inline_data(q, word.as_mut_ptr().cast(), 8);
+            }
+        });
+        assert_eq!(r, libc::EINVAL, "{profile:?}: inline data on a READ");
+        assert!(drain_ex(p.cq_a).is_empty());
+        assert_eq!(p.buf_b.bytes(0, 8), [0u8; 8]);
+        let r = batch(p.xa, |q| {
+            next(q, 2, SIG | IBV_SEND_INLINE);
+            // SAFETY: inside start .. complete.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab + 1024);
+                inline::ibv_wr_set_sge(q, la, aa, 200);
+            }
+        });
+        assert_eq!(
+            r, 0,
+            "{profile:?}: the flag does not make an SGE's data inline"
+        );
+        let c = drain_ex(p.cq_a);
+        assert_eq!((c[0].wr_id, c[0].status), (2, IBV_WC_SUCCESS));
+        assert_eq!(p.buf_b.bytes(1024, 200), big);
+    }
+}

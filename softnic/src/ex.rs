@@ -892,8 +892,9 @@ unsafe extern "C" fn create_cq_ex(
     if a.wc_flags & !supported != 0 {
         return fail(libc::EOPNOTSUPP);
     }
+    // libibverbs' ibv_cmd_create_cq_ex (what rxe calls): unknown attributes -> EOPNOTSUPP.
     if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
-        return fail(libc::EINVAL);
+        return fail(libc::EOPNOTSUPP);
     }
     if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
         && a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0

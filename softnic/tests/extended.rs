@@ -810,8 +810,8 @@ fn inline_data_and_the_rxe_inline_flag_quirk() {
 }
 
 /// What softnic refuses at creation, in both profiles (rxe's `check_qp_init_attr` and
-/// `RXE_SUP_WC_EX_FLAGS`): ops it cannot execute, create flags, unknown attributes and
-/// CQ fields -> EOPNOTSUPP; no PD, or a plain PD where a parent domain is required -> EINVAL.
+/// `RXE_SUP_WC_EX_FLAGS`, libibverbs' `ibv_cmd_create_cq_ex`): ops it cannot execute,
+/// create flags, unknown attributes and CQ fields -> EOPNOTSUPP; no PD, or a plain PD where a parent domain is required -> EINVAL.
 #[test]
 fn unsupported_extended_requests_are_refused() {
     for profile in PROFILES {
@@ -885,6 +885,14 @@ fn unsupported_extended_requests_are_refused() {
         }
         // A plain PD is not a parent domain.
         assert_eq!(cq_ex(dev.ctx, 16, 0, dev.pd), Err(libc::EINVAL));
+        let mut bad = ibv_cq_init_attr_ex {
+            cqe: 16,
+            comp_mask: 1 << 7,
+            ..Default::default()
+        };
+        // SAFETY: a live context; a valid attr.
+        assert!(unsafe { inline::ibv_create_cq_ex(dev.ctx, &mut bad) }.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP, "unknown comp_mask bit");
         let mut c = ibv_cq_init_attr_ex {
             cqe: 16,
             comp_mask: IBV_CQ_INIT_ATTR_MASK_FLAGS,

@@ -90,6 +90,13 @@ const MIRI_TESTS: &[MiriTest] = &[
         why: "items 6, 7, 8: CQ destroy vs events, counting-device provenance, softnic's copies",
     },
     MiriTest {
+        package: "hotverbs-softnic",
+        target: "extended",
+        tests: &["raw_memory_extended_path"],
+        models: Models::Both,
+        why: "the extended verbs (ibv_wr_*, ibv_start_poll) on raw-pointer memory",
+    },
+    MiriTest {
         package: "hotverbs",
         target: "cq_events",
         tests: &[

@@ -15,6 +15,10 @@ use crate::error::{record_drop_error, Error, Result};
 pub(crate) struct PdInner {
     pub(crate) ctx: Context,
     pub(crate) pd: *mut ibv_pd,
+    /// For a parent domain ([`crate::ParentDomain`]): the protection domain and thread
+    /// domain it was made from, released after the parent domain is deallocated (`Drop`
+    /// deallocates before the fields drop).
+    pub(crate) parent: Option<crate::td::ParentLinks>,
 }
 
 // SAFETY: a PD is only an identifier for verbs, all of which are thread-safe.
@@ -99,6 +103,7 @@ impl Context {
             inner: Arc::new(PdInner {
                 ctx: self.clone(),
                 pd,
+                parent: None,
             }),
         })
     }
@@ -124,7 +129,8 @@ impl Pd {
         let n = Arc::strong_count(&self.inner) - 1;
         let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
             Error::new("ibv_dealloc_pd", libc::EBUSY).with_hint(format!(
-                "{n} MRs, QPs, SRQs, AHs or Pd clones still use this PD: drop them first"
+                "{n} MRs, QPs, CQs, SRQs, AHs, parent domains or Pd clones still use this PD: \
+                 drop them first"
             ))
         })?;
         inner.dealloc()

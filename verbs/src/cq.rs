@@ -588,12 +588,15 @@ impl<'a> CqBuilder<'a> {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("the parent domain belongs to another device context"));
         }
+        // Set when the verb itself refused (not one of the checks before it).
+        let refused = std::cell::Cell::new(false);
         let made = ctx.create_cq_inner(VERB, self.cqe, self.channel, self.opts, |word, ch, v| {
             let mut attr = self.attr(self.wc_fields, word, ch, v as u32);
             // SAFETY: live context; attr is valid: ch null or a live channel, the parent
             // domain (if any) live and of this context, cq_context the event word.
             let cq_ex = unsafe { hotverbs_ffi::inline::ibv_create_cq_ex(ctx.as_raw(), &mut attr) };
             if cq_ex.is_null() {
+                refused.set(true);
                 Err(hotverbs_ffi::errno())
             } else {
                 Ok((hotverbs_ffi::inline::ibv_cq_ex_to_cq(cq_ex), cq_ex))
@@ -607,7 +610,10 @@ impl<'a> CqBuilder<'a> {
                     inner: Arc::new(inner),
                 })
             }
-            Err(e) if crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL => {
+            Err(e)
+                if refused.get()
+                    && (crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL) =>
+            {
                 match self.refused_fields() {
                     Some(hint) => Err(Error::new(VERB, e.errno()).with_hint(hint)),
                     None => Err(e),

@@ -519,12 +519,19 @@ impl<'a> QpBuilder<'a> {
             .ibv_qp_to_qp_ex
             .ok_or_else(|| Error::missing("ibv_qp_to_qp_ex"))?;
         let probe = self.clone();
+        // Set when the verb itself refused (not one of the checks before it).
+        let refused = std::cell::Cell::new(false);
         let made = self.build_with(VERB, QpDestroy::Verbs, |pd, init| {
-            QpBuilder::create_ex(&ctx, pd, init, ops)
+            let r = QpBuilder::create_ex(&ctx, pd, init, ops);
+            refused.set(r.is_err());
+            r
         });
         let mut qp = match made {
             Ok(qp) => qp,
-            Err(e) if crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL => {
+            Err(e)
+                if refused.get()
+                    && (crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL) =>
+            {
                 return Err(match probe.refused_ops(ops, e.errno()) {
                     Some(hint) => Error::new(VERB, e.errno()).with_hint(hint),
                     None => e,

@@ -1,4 +1,5 @@
-//! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`).
+//! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`); parent domains are `Pd`s too
+//! (`crate::td`).
 //!
 //! Invariants: a [`Pd`] is an `Arc<PdInner>`; every MR, QP, SRQ and AH made from it holds a
 //! clone, so `ibv_dealloc_pd` runs only after the last of them is destroyed (libibverbs
@@ -60,6 +61,10 @@ impl Drop for PdInner {
 /// Cheap to clone. MRs, QPs, SRQs and AHs keep it alive: it is deallocated after the last
 /// of them. [`Pd::destroy`] deallocates now and returns the verb's error.
 ///
+/// A [`ParentDomain`](crate::ParentDomain) is a `Pd` too (it dereferences to one): MRs and
+/// QPs made with it use its thread domain, and it keeps the protection domain it wraps
+/// alive. It shares that domain's protection scope: an MR of either serves a QP of either.
+///
 /// # Example
 /// ```
 /// use hotverbs::{AccessFlags, Context};
@@ -118,6 +123,16 @@ impl Pd {
     /// The raw `ibv_pd`, valid while this `Pd` (or any object made from it) lives.
     pub fn as_raw(&self) -> *mut ibv_pd {
         self.inner.pd
+    }
+
+    /// The protection domain this PD stands for: itself, or for a parent domain the
+    /// protection domain it wraps. Objects of a parent domain and of its protection domain
+    /// share one protection scope (keys, address handles).
+    pub(crate) fn protection_raw(&self) -> *mut ibv_pd {
+        match &self.inner.parent {
+            Some(p) => p.pd.as_raw(),
+            None => self.inner.pd,
+        }
     }
 
     /// `ibv_dealloc_pd(3)` now, returning its error.

@@ -269,7 +269,7 @@ bitflags::bitflags! {
 /// ```
 ///
 /// # References
-/// `ibv_create_qp(3)`
+/// `ibv_create_qp(3)`, `ibv_create_qp_ex(3)` (extended mode: [`QpBuilder::send_ops`])
 #[derive(Clone)]
 pub struct QpBuilder<'a> {
     pd: &'a Pd,
@@ -1672,7 +1672,9 @@ impl Qp {
             );
         }
         match (wr.kind, self.qp_type) {
-            (WrKind::Ud { ah, .. }, QpType::Ud) if ah.pd().as_raw() != self.pd.as_raw() => {
+            (WrKind::Ud { ah, .. }, QpType::Ud)
+                if ah.pd().protection_raw() != self.pd.protection_raw() =>
+            {
                 return bad("the address handle belongs to another PD than the QP")
             }
             (WrKind::Ud { .. }, QpType::Ud) => {}

@@ -659,30 +659,34 @@ impl<'a> CqBuilder<'a> {
         if refused.is_empty() {
             return None;
         }
-        let features: Vec<(String, bool)> = refused.iter().map(WcFields::feature).collect();
-        let plural = features.len() > 1 || features[0].1;
-        let names: Vec<String> = refused
-            .iter_names()
-            .map(|(n, _)| format!("WcFields::{n}"))
-            .collect();
-        let timestamps = WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK;
-        Some(format!(
-            "{} {} not supported by device {}: leave {} out{}",
-            features
-                .iter()
-                .map(|(f, _)| f.as_str())
-                .collect::<Vec<_>>()
-                .join(" and "),
-            if plural { "are" } else { "is" },
-            ctx.name(),
-            names.join(" | "),
-            if refused.intersects(timestamps) {
-                " (check Context::supports_completion_timestamps() first)"
-            } else {
-                ""
-            },
-        ))
+        Some(refused_fields_hint(refused, ctx.name()))
     }
+}
+
+/// The hint for completion fields `refused` (non-empty) by device `device`.
+fn refused_fields_hint(refused: WcFields, device: &str) -> String {
+    let features: Vec<(String, bool)> = refused.iter().map(WcFields::feature).collect();
+    let plural = features.len() > 1 || features.first().is_some_and(|f| f.1);
+    let names: Vec<String> = refused
+        .iter_names()
+        .map(|(n, _)| format!("WcFields::{n}"))
+        .collect();
+    let timestamps = WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK;
+    format!(
+        "{} {} not supported by device {device}: leave {} out{}",
+        features
+            .iter()
+            .map(|(f, _)| f.as_str())
+            .collect::<Vec<_>>()
+            .join(" and "),
+        if plural { "are" } else { "is" },
+        names.join(" | "),
+        if refused.intersects(timestamps) {
+            " (check Context::supports_completion_timestamps() first)"
+        } else {
+            ""
+        },
+    )
 }
 
 /// The channel's fd (`ibv_comp_channel.fd`), readable when an event is pending; open as
@@ -1533,5 +1537,52 @@ impl AsFd for AsyncEvents {
         // `ibv_close_device`, after the last clone of the context, one of which we hold for
         // at least the borrow of self.
         unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_fields_are_named_with_the_device() {
+        assert_eq!(
+            refused_fields_hint(WcFields::COMPLETION_TIMESTAMP, "rxe0"),
+            "completion timestamps are not supported by device rxe0: leave \
+             WcFields::COMPLETION_TIMESTAMP out (check \
+             Context::supports_completion_timestamps() first)"
+        );
+        assert_eq!(
+            refused_fields_hint(WcFields::FLOW_TAG, "softnic"),
+            "completion field FLOW_TAG is not supported by device softnic: leave \
+             WcFields::FLOW_TAG out"
+        );
+        let h = refused_fields_hint(
+            WcFields::CVLAN | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+            "mlx5_0",
+        );
+        assert_eq!(
+            h,
+            "completion field CVLAN and wall-clock completion timestamps are not supported \
+             by device mlx5_0: leave WcFields::CVLAN | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK \
+             out (check Context::supports_completion_timestamps() first)"
+        );
+    }
+
+    #[test]
+    fn wc_fields_mirror_the_header() {
+        assert_eq!(
+            WcFields::STANDARD,
+            WcFields::BYTE_LEN
+                | WcFields::IMM
+                | WcFields::QP_NUM
+                | WcFields::SRC_QP
+                | WcFields::SLID
+                | WcFields::SL
+                | WcFields::DLID_PATH_BITS
+        );
+        assert_eq!(WcFields::COMPLETION_TIMESTAMP_WALLCLOCK.bits(), 1 << 11);
+        // Iterating yields single fields only (STANDARD is a union, not a field).
+        assert_eq!(WcFields::STANDARD.iter().count(), 7);
     }
 }

@@ -602,16 +602,7 @@ impl<'a> QpBuilder<'a> {
         if refused.is_empty() || (refused == ops && errno == libc::EINVAL) {
             return None;
         }
-        let names: Vec<&str> = refused.iter_names().map(|(n, _)| n).collect();
-        Some(format!(
-            "send op{} {} {} not supported by device {} for {qp_type} QPs: leave {} out of \
-             the SendOps",
-            if names.len() > 1 { "s" } else { "" },
-            names.join(", "),
-            if names.len() > 1 { "are" } else { "is" },
-            ctx.name(),
-            if names.len() > 1 { "them" } else { "it" },
-        ))
+        Some(refused_ops_hint(refused, ctx.name(), &qp_type))
     }
 
     fn cap_hint(&self) -> Option<String> {
@@ -657,6 +648,21 @@ impl<'a> QpBuilder<'a> {
             Some(v.join("; "))
         }
     }
+}
+
+/// The hint for send operations `refused` (non-empty) by device `device` on QPs of
+/// `qp_type`.
+fn refused_ops_hint(refused: SendOps, device: &str, qp_type: &str) -> String {
+    let names: Vec<&str> = refused.iter_names().map(|(n, _)| n).collect();
+    let many = names.len() > 1;
+    format!(
+        "send op{} {} {} not supported by device {device} for {qp_type} QPs: leave {} out \
+         of the SendOps",
+        if many { "s" } else { "" },
+        names.join(", "),
+        if many { "are" } else { "is" },
+        if many { "them" } else { "it" },
+    )
 }
 
 /// A PSN from the process's random hasher keys (no extra dependency): 24 bits.
@@ -2008,5 +2014,37 @@ impl<'a> SendWr<'a> {
     /// The WR id.
     pub fn wr_id(&self) -> u64 {
         self.wr_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_ops_are_named_with_the_device_and_type() {
+        assert_eq!(
+            refused_ops_hint(SendOps::RDMA_WRITE_WITH_IMM, "softnic", "UD"),
+            "send op RDMA_WRITE_WITH_IMM is not supported by device softnic for UD QPs: \
+             leave it out of the SendOps"
+        );
+        assert_eq!(
+            refused_ops_hint(SendOps::RDMA_READ | SendOps::TSO, "rxe0", "RC"),
+            "send ops RDMA_READ, TSO are not supported by device rxe0 for RC QPs: leave \
+             them out of the SendOps"
+        );
+    }
+
+    #[test]
+    fn send_ops_mirror_the_header() {
+        assert_eq!(
+            SendOps::SEND.bits(),
+            u64::from(hotverbs_ffi::IBV_QP_EX_WITH_SEND)
+        );
+        assert_eq!(
+            SendOps::ATOMIC_WRITE.bits(),
+            u64::from(hotverbs_ffi::IBV_QP_EX_WITH_ATOMIC_WRITE)
+        );
+        assert_eq!(SendOps::all().iter().count(), 12);
     }
 }

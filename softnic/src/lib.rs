@@ -285,12 +285,14 @@
 
 pub mod counting;
 mod errno;
+mod ex;
 mod fabric;
 mod mem;
 mod strings;
 pub mod testing;
 mod verbs;
 
+pub use ex::HCA_CORE_CLOCK_KHZ;
 use hotverbs_ffi::{ibv_context, ibv_cq, ibv_qp, ibv_srq, IbvFns};
 
 /// Attributes of a softnic device; `Default` is close to rxe (`ibv_devinfo -v` on rxe0).
@@ -455,6 +457,7 @@ static TABLE: IbvFns = IbvFns {
     ibv_query_port: Some(verbs::query_port),
     ibv_query_qp: Some(verbs::query_qp),
     ibv_query_srq: Some(verbs::query_srq),
+    ibv_qp_to_qp_ex: Some(ex::qp_to_qp_ex),
     ibv_reg_dmabuf_mr: Some(verbs::reg_dmabuf_mr),
     ibv_reg_mr: Some(verbs::reg_mr),
     ibv_reg_mr_iova: Some(verbs::reg_mr_iova),

@@ -194,7 +194,7 @@ impl Context {
         let mut v: ibv_values_ex = unsafe { crate::zeroed() };
         v.comp_mask = hotverbs_ffi::IBV_VALUES_MASK_RAW_CLOCK;
         // SAFETY: live context; v is writable.
-        let ret = unsafe { crate::ext::ibv_query_rt_values_ex(self.as_raw(), &mut v) };
+        let ret = unsafe { hotverbs_ffi::inline::ibv_query_rt_values_ex(self.as_raw(), &mut v) };
         let no_clock = || {
             format!(
                 "device {} cannot report its raw clock: completion timestamps cannot be \

@@ -83,7 +83,6 @@ mod cq;
 mod device;
 mod error;
 pub mod exchange;
-mod ext;
 mod mr;
 mod pd;
 mod qp;

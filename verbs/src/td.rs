@@ -46,7 +46,7 @@ impl TdInner {
         }
         // SAFETY: td was allocated on this live context (we hold it) and no parent domain
         // made with it remains (each holds an Arc of us).
-        let ret = unsafe { crate::ext::ibv_dealloc_td(td) };
+        let ret = unsafe { hotverbs_ffi::inline::ibv_dealloc_td(td) };
         if ret != 0 {
             return Err(Error::from_ret("ibv_dealloc_td", ret));
         }
@@ -71,7 +71,11 @@ impl Drop for TdInner {
 ///
 /// # Example
 /// ```
-/// let ctx = hotverbs::Context::open("softnic")?;
+/// // softnic's Spec profile (in its Rxe profile, as on rxe, alloc_td is EOPNOTSUPP).
+/// let ctx = hotverbs::Context::open_softnic_with(hotverbs::SoftnicConfig {
+///     profile: hotverbs_softnic::Profile::Spec,
+///     ..Default::default()
+/// })?;
 /// let td = ctx.alloc_td()?;
 /// let pd = ctx.alloc_pd()?;
 /// let pdom = pd.alloc_parent_domain(Some(&td))?;
@@ -110,7 +114,7 @@ impl Context {
         // SAFETY: plain C data; all-zero is a valid init attr (comp_mask 0).
         let mut attr: hotverbs_ffi::ibv_td_init_attr = unsafe { crate::zeroed() };
         // SAFETY: live context; attr valid.
-        let td = unsafe { crate::ext::ibv_alloc_td(self.as_raw(), &mut attr) };
+        let td = unsafe { hotverbs_ffi::inline::ibv_alloc_td(self.as_raw(), &mut attr) };
         if td.is_null() {
             let e = hotverbs_ffi::errno();
             return Err(Error::new("ibv_alloc_td", e).or_hint(|| {
@@ -184,7 +188,10 @@ pub(crate) struct ParentLinks {
 /// # Example
 /// ```
 /// use hotverbs::{AccessFlags, Context, QpBuilder, QpType, SendOps};
-/// let ctx = Context::open("softnic")?;
+/// let ctx = Context::open_softnic_with(hotverbs::SoftnicConfig {
+///     profile: hotverbs_softnic::Profile::Spec, // rxe has no thread/parent domains
+///     ..Default::default()
+/// })?;
 /// let td = ctx.alloc_td()?;
 /// let pdom = ctx.alloc_pd()?.alloc_parent_domain(Some(&td))?;
 /// let cq = ctx.create_cq(16, None)?;
@@ -257,7 +264,7 @@ impl Pd {
         attr.td = td.map_or(std::ptr::null_mut(), ThreadDomain::as_raw);
         // SAFETY: live context; attr names a live PD and TD (or none) of this context.
         let raw: *mut ibv_pd =
-            unsafe { crate::ext::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) };
+            unsafe { hotverbs_ffi::inline::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) };
         if raw.is_null() {
             let e = hotverbs_ffi::errno();
             return Err(Error::new(VERB, e).or_hint(|| {

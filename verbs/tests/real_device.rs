@@ -804,7 +804,7 @@ fn poll_ex_on_device(cq: &Cq, n: usize) -> Vec<(u64, u32, u32, u32, u32)> {
 }
 
 #[test]
-fn extended_qp_and_cq_on_device() {
+fn extended_verbs_qp_and_cq_on_device() {
     use hotverbs::hotverbs_ffi::inline;
     let Some(ctx) = device() else { return };
     let pd = ctx.alloc_pd().unwrap();
@@ -886,7 +886,7 @@ fn extended_qp_and_cq_on_device() {
 }
 
 #[test]
-fn completion_timestamps_on_device_or_a_named_error() {
+fn extended_verbs_completion_timestamps_or_a_named_error() {
     let Some(ctx) = device() else { return };
     let attr = ctx.query_device().unwrap();
     println!(
@@ -921,7 +921,7 @@ fn completion_timestamps_on_device_or_a_named_error() {
 }
 
 #[test]
-fn thread_domains_rt_values_and_refused_ops_on_device() {
+fn extended_verbs_thread_domains_rt_values_and_refused_ops() {
     let Some(ctx) = device() else { return };
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();

@@ -26,9 +26,12 @@ pub struct RtValues {
 }
 
 impl RtValues {
-    /// The device's raw clock in cycles (`raw_clock`: providers put the cycle count in
+    /// The device's raw clock in cycles (`raw_clock`: mlx5 puts the cycle count in
     /// `tv_nsec` with `tv_sec` 0; a provider that splits it is read as
     /// `tv_sec * 10^9 + tv_nsec`, wrapping).
+    ///
+    /// # References
+    /// `ibv_query_rt_values_ex(3)`
     pub fn raw_clock(&self) -> u64 {
         self.raw_clock
     }
@@ -37,6 +40,9 @@ impl RtValues {
 /// One reading of the device's raw clock together with the host's `CLOCK_MONOTONIC`
 /// (the midpoint of readings taken just before and after the device query), from
 /// [`Context::clock_sample`]. Two of them make a [`TimestampClock`].
+///
+/// # References
+/// `ibv_query_rt_values_ex(3)`, `clock_gettime(2)`
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClockSample {
     /// The device's raw clock, in cycles ([`RtValues::raw_clock`]).
@@ -81,6 +87,9 @@ impl TimestampClock {
     /// From the device's declared frequency `hca_core_clock` (kHz) and counter mask
     /// (`completion_timestamp_mask`): nanoseconds of device time (raw 0 is 0 ns). `None`
     /// when either is 0 (the device has no timestamps, or declares no frequency).
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)`
     pub fn from_hca_core_clock(khz: u64, mask: u64) -> Option<TimestampClock> {
         if khz == 0 || mask == 0 {
             return None;
@@ -109,6 +118,9 @@ impl TimestampClock {
     /// assert_eq!(c.to_ns(1_000 + 4_000), 5_002_000);
     /// assert_eq!(c.to_ns(0), 4_999_500); // before the first sample
     /// ```
+    ///
+    /// # References
+    /// `ibv_query_rt_values_ex(3)`
     pub fn from_samples(a: ClockSample, b: ClockSample, mask: u64) -> Option<TimestampClock> {
         if mask == 0 || b.host_ns <= a.host_ns {
             return None;
@@ -128,6 +140,9 @@ impl TimestampClock {
 
     /// `cycles` of the device clock in nanoseconds (rounded down; saturates at
     /// `u64::MAX`).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)` (`ibv_wc_read_completion_ts`)
     pub fn cycles_to_ns(&self, cycles: u64) -> u64 {
         let ns = u128::from(cycles) * u128::from(self.ns) / u128::from(self.cycles);
         u64::try_from(ns).unwrap_or(u64::MAX)
@@ -135,6 +150,9 @@ impl TimestampClock {
 
     /// Nanoseconds from raw timestamp `earlier` to `later`, across at most one wrap of the
     /// counter.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)` (`ibv_wc_read_completion_ts`)
     pub fn delta_ns(&self, earlier: u64, later: u64) -> u64 {
         self.cycles_to_ns(later.wrapping_sub(earlier) & self.mask)
     }
@@ -144,6 +162,9 @@ impl TimestampClock {
     /// [`from_samples`](Self::from_samples)). A timestamp within half a counter period of
     /// the origin is placed before or after it accordingly (saturating at 0 and
     /// `u64::MAX`).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)` (`ibv_wc_read_completion_ts`)
     pub fn to_ns(&self, raw: u64) -> u64 {
         let ahead = raw.wrapping_sub(self.raw0) & self.mask;
         if ahead <= self.mask / 2 {
@@ -155,11 +176,17 @@ impl TimestampClock {
     }
 
     /// The counter mask (`completion_timestamp_mask`).
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)` (`completion_timestamp_mask`)
     pub fn mask(&self) -> u64 {
         self.mask
     }
 
     /// The rate as `(nanoseconds, cycles)`: `nanoseconds` pass in `cycles` device cycles.
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)` (`hca_core_clock`)
     pub fn rate(&self) -> (u64, u64) {
         (self.ns, self.cycles)
     }
@@ -197,8 +224,9 @@ impl Context {
         let ret = unsafe { hotverbs_ffi::inline::ibv_query_rt_values_ex(self.as_raw(), &mut v) };
         let no_clock = || {
             format!(
-                "device {} cannot report its raw clock: completion timestamps cannot be \
-                 related to host time (use Context::timestamp_clock's declared frequency)",
+                "device {} cannot report its raw clock (IBV_VALUES_MASK_RAW_CLOCK): convert \
+                 completion timestamps with Context::timestamp_clock (the declared \
+                 hca_core_clock) instead",
                 self.name()
             )
         };

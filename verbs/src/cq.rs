@@ -494,6 +494,9 @@ pub struct CqBuilder<'a> {
 impl<'a> CqBuilder<'a> {
     /// An extended CQ of `ctx` with room for at least `cqe` completions, carrying
     /// [`WcFields::STANDARD`], without channel, on vector 0.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
     pub fn new(ctx: &'a Context, cqe: u32) -> Self {
         CqBuilder {
             ctx,
@@ -507,12 +510,18 @@ impl<'a> CqBuilder<'a> {
     }
 
     /// Raise completion events on `channel` ([`Cq::req_notify`]).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`, `ibv_get_cq_event(3)`
     pub fn channel(mut self, channel: &'a CompChannel) -> Self {
         self.channel = Some(channel);
         self
     }
 
     /// Completion vector and user context ([`CqOptions`]).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
     pub fn options(mut self, opts: CqOptions) -> Self {
         self.opts = opts;
         self
@@ -520,6 +529,9 @@ impl<'a> CqBuilder<'a> {
 
     /// The completion fields to carry (`wc_flags`); default [`WcFields::STANDARD`].
     /// Ask only for what you read: each field costs the provider work per completion.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
     pub fn wc_fields(mut self, fields: WcFields) -> Self {
         self.wc_fields = fields;
         self
@@ -527,6 +539,9 @@ impl<'a> CqBuilder<'a> {
 
     /// Make the CQ in `pd` (`IBV_CQ_INIT_ATTR_MASK_PD`): with a thread domain, the
     /// provider may drop the CQ's lock; the CQ must then be polled by one thread at a time.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`, `ibv_alloc_parent_domain(3)`
     pub fn parent_domain(mut self, pd: &'a ParentDomain) -> Self {
         self.parent_domain = Some(pd);
         self
@@ -534,6 +549,9 @@ impl<'a> CqBuilder<'a> {
 
     /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a promise that one thread at a time uses the
     /// CQ, so the provider may skip its lock. Default false.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
     pub fn single_threaded(mut self, yes: bool) -> Self {
         self.single_threaded = yes;
         self

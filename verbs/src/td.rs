@@ -138,12 +138,18 @@ impl Context {
 
 impl ThreadDomain {
     /// The context it belongs to.
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }
 
     /// The raw `ibv_td`, valid while this `ThreadDomain` (or a parent domain made with it)
     /// lives.
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
     pub fn as_raw(&self) -> *mut ibv_td {
         self.inner.td
     }
@@ -171,7 +177,10 @@ impl ThreadDomain {
 /// What a parent domain holds besides its own handle: the objects it was made from, kept
 /// alive until it is deallocated.
 pub(crate) struct ParentLinks {
-    /// The protection domain it wraps.
+    /// The protection domain it wraps (`ibv_parent_domain_init_attr.pd`).
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
     pub(crate) pd: Pd,
     /// The thread domain, if any.
     pub(crate) td: Option<ThreadDomain>,
@@ -292,6 +301,9 @@ impl Pd {
     }
 
     /// Is this a parent domain (made by [`Pd::alloc_parent_domain`])?
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
     pub fn is_parent_domain(&self) -> bool {
         self.inner.parent.is_some()
     }
@@ -299,6 +311,9 @@ impl Pd {
 
 impl ParentDomain {
     /// The parent domain as a [`Pd`] (what `Deref` gives).
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
     pub fn as_pd(&self) -> &Pd {
         &self.pd
     }
@@ -311,7 +326,10 @@ impl ParentDomain {
         }
     }
 
-    /// The thread domain it was made with, if any.
+    /// The thread domain it was made with (`ibv_parent_domain_init_attr.td`), if any.
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`, `ibv_alloc_td(3)`
     pub fn thread_domain(&self) -> Option<&ThreadDomain> {
         self.pd.inner.parent.as_ref().and_then(|p| p.td.as_ref())
     }

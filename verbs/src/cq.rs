@@ -384,6 +384,7 @@ impl Context {
             cq_ex,
             wc_fields: WcFields::empty(),
             _parent_domain: None,
+            serial: None,
             events,
             comp_vector: opts.comp_vector,
             rings: crate::bridge::CqRings::default(),
@@ -538,7 +539,9 @@ impl<'a> CqBuilder<'a> {
     }
 
     /// Make the CQ in `pd` (`IBV_CQ_INIT_ATTR_MASK_PD`): with a thread domain, the
-    /// provider may drop the CQ's lock; the CQ must then be polled by one thread at a time.
+    /// provider may drop the CQ's lock. [`Cq::poll`] and [`Cq::req_notify`] then take a
+    /// lock of hotverbs' own; raw polling through [`Cq::as_raw`] / [`Cq::as_cq_ex`] must
+    /// come from one thread at a time (the datapath's poller is single-owner).
     ///
     /// # References
     /// `ibv_create_cq_ex(3)`, `ibv_alloc_parent_domain(3)`
@@ -548,7 +551,9 @@ impl<'a> CqBuilder<'a> {
     }
 
     /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a promise that one thread at a time uses the
-    /// CQ, so the provider may skip its lock. Default false.
+    /// CQ, so the provider may skip its lock. Default false. As with a thread domain,
+    /// [`Cq::poll`] and [`Cq::req_notify`] then serialise themselves; raw polling is the
+    /// caller's to keep single-threaded.
     ///
     /// # References
     /// `ibv_create_cq_ex(3)`
@@ -624,6 +629,11 @@ impl<'a> CqBuilder<'a> {
             Ok(mut inner) => {
                 inner.wc_fields = self.wc_fields;
                 inner._parent_domain = self.parent_domain.map(|p| p.as_pd().clone());
+                let lockless = self.single_threaded
+                    || self
+                        .parent_domain
+                        .is_some_and(|p| p.thread_domain().is_some());
+                inner.serial = lockless.then(|| std::sync::Mutex::new(()));
                 Ok(Cq {
                     inner: Arc::new(inner),
                 })
@@ -904,6 +914,10 @@ pub(crate) struct CqInner {
     wc_fields: WcFields,
     /// The parent domain it was made in (held so it outlives the CQ).
     _parent_domain: Option<Pd>,
+    /// For a CQ the provider may leave unlocked (a thread domain, or
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`): serialises [`Cq::poll`] and
+    /// [`Cq::req_notify`], which safe code may call from several threads at once.
+    serial: Option<std::sync::Mutex<()>>,
     /// The event word and user context (module invariants): from `Box::leak`, freed only
     /// after a successful destroy.
     events: NonNull<CqWord>,
@@ -1071,7 +1085,9 @@ impl Cq {
             ));
         }
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
-        // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc so the slice is n writable
+        let _serial = self.inner.serial.as_ref().map(|m| m.lock());
+        // SAFETY: live CQ (serialised above if the provider may not lock it); Wc is
+        // repr(transparent) over ibv_wc so the slice is n writable
         // ibv_wc entries.
         let ret =
             unsafe { hotverbs_ffi::inline::ibv_poll_cq(self.inner.cq, n, wcs.as_mut_ptr().cast()) };
@@ -1110,7 +1126,8 @@ impl Cq {
     /// `ibv_req_notify_cq(3)`: arm the CQ so the next completion (only solicited ones if
     /// `solicited_only`) raises an event on its channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        // SAFETY: live CQ.
+        let _serial = self.inner.serial.as_ref().map(|m| m.lock());
+        // SAFETY: live CQ (serialised above if the provider may not lock it).
         let ret = unsafe {
             hotverbs_ffi::inline::ibv_req_notify_cq(self.inner.cq, solicited_only as i32)
         };

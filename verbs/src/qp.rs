@@ -1586,6 +1586,9 @@ impl Qp {
     /// QP has been reset or destroyed — except with [`SendWr::inline`] (SENDs and WRITEs
     /// only, checked), where the data is copied during the call. The same holds for the
     /// remote window on the peer's side. The AH of a UD WR is only read during the call.
+    /// On a QP of a [`ParentDomain`](crate::ParentDomain) with a thread domain, the
+    /// provider may not lock the send queue: no other post to this QP (this call, a ring,
+    /// `ibv_wr_*` on [`as_qp_ex`](Self::as_qp_ex)) may run at the same time.
     ///
     /// # CQ capacity
     /// Completions of raw posts are not reserved on the CQ the way rings reserve theirs: keep
@@ -1696,7 +1699,9 @@ impl Qp {
     /// # Safety
     /// The memory the SGEs describe must stay registered and valid, and must not be
     /// accessed by Rust code, until the receive's completion is polled or the QP is
-    /// flushed/destroyed.
+    /// flushed/destroyed. On a QP of a [`ParentDomain`](crate::ParentDomain) with a thread
+    /// domain, no other receive post to this QP may run at the same time (the provider may
+    /// not lock it).
     ///
     /// # CQ capacity
     /// As for [`post_send`](Self::post_send): raw receives' completions are not reserved

@@ -69,6 +69,13 @@ impl Drop for TdInner {
 /// Cheap to clone. Parent domains made with it keep it alive; [`ThreadDomain::destroy`]
 /// deallocates now and returns the verb's error.
 ///
+/// Keeping the promise: the safe calls that reach the provider's hot locks serialise
+/// themselves on such objects ([`Cq::poll`](crate::Cq::poll) and
+/// [`Cq::req_notify`](crate::Cq::req_notify) of a CQ in the domain); posting
+/// ([`Qp::post_send`](crate::Qp::post_send), [`Qp::post_recv`](crate::Qp::post_recv), the
+/// datapath rings, `ibv_wr_*`) is already `unsafe` or single-owner, and their contracts
+/// say that posts to one such QP must not overlap.
+///
 /// # Example
 /// ```
 /// // softnic's Spec profile (in its Rxe profile, as on rxe, alloc_td is EOPNOTSUPP).

@@ -440,6 +440,12 @@ impl<'a> QpBuilder<'a> {
             return Err(Error::new(verb, libc::EINVAL)
                 .with_hint("the PD, CQs and SRQ must all belong to one device context (Context)"));
         }
+        if self.send_ops.is_some() && matches!(destroy, QpDestroy::RdmaCm { .. }) {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "rdma_create_qp makes plain QPs: extended mode (QpBuilder::send_ops) is only \
+                 available through QpBuilder::build",
+            ));
+        }
         let mut cap = self.cap;
         if self.srq.is_some() {
             cap.max_recv_wr = 0;
@@ -2038,6 +2044,28 @@ mod tests {
             "send ops RDMA_READ, TSO are not supported by device rxe0 for RC QPs: leave \
              them out of the SendOps"
         );
+    }
+
+    #[test]
+    fn extended_mode_is_refused_on_the_rdma_cm_path() {
+        unsafe extern "C" fn never(_: *mut hotverbs_ffi::rdma_cm_id) {
+            unreachable!("no QP is made")
+        }
+        let ctx = crate::Context::open_softnic().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4, None).unwrap();
+        let destroy = QpDestroy::RdmaCm {
+            id: std::ptr::null_mut(),
+            destroy_qp: never,
+        };
+        let e = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .send_ops(SendOps::SEND)
+            .build_with("rdma_create_qp", destroy, |_, _| {
+                unreachable!("refused before the verb")
+            })
+            .unwrap_err();
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
+        assert!(e.to_string().contains("QpBuilder::send_ops"), "{e}");
     }
 
     #[test]

@@ -220,7 +220,10 @@ unsafe extern "C" fn alloc_parent_domain(
         return fail(libc::EOPNOTSUPP);
     }
     // SAFETY: live PD (caller).
-    let base = unsafe { (*a.pd).handle };
+    let (base, pd_ctx) = unsafe { ((*a.pd).handle, (*a.pd).context) };
+    if pd_ctx != ctx {
+        return fail(libc::EINVAL);
+    }
     match f.pds.get(base as usize) {
         Some(Some(p)) if p.parent.is_none() => {}
         // A parent domain cannot wrap another (mlx5: EINVAL), nor a dead PD.
@@ -308,6 +311,9 @@ pub(crate) struct Batch {
     max_sge: u32,
     max_inline: u32,
     rxe: bool,
+    /// Between `wr_start` and `wr_complete`/`wr_abort`: a second `wr_abort` (say, after a
+    /// refused `wr_complete`) must not release a lock it no longer holds.
+    open: bool,
 }
 
 /// A QP as softnic allocates it, laid out as libibverbs' `verbs_qp`: the `ibv_qp_ex`
@@ -562,6 +568,7 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     let b = unsafe { batch(qp) };
     b.n = 0;
     b.err = 0;
+    b.open = true;
 }
 
 /// Releases the builder lock taken by `wr_start`.
@@ -577,22 +584,35 @@ unsafe fn unlock(qp: *mut ibv_qp_ex) {
     }
 }
 
+/// `ibv_wr_abort`: discards the batch and ends it. Outside `wr_start` .. (e.g. after a
+/// `wr_complete` that failed, which already discarded the batch) it does nothing.
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
-    // SAFETY: inside wr_start .. (caller).
+    // SAFETY: a live extended QP; the batch is ours inside wr_start .., and `open` tells
+    // whether we are (the application does not race its own wr_* calls on one QP).
     let b = unsafe { batch(qp) };
+    if !b.open {
+        return;
+    }
     b.n = 0;
     b.err = 0;
+    b.open = false;
     // SAFETY: as above.
     unsafe { unlock(qp) };
 }
 
+/// `ibv_wr_complete`: posts the batch (all or nothing, see the crate docs) and ends it;
+/// EINVAL outside `wr_start` ...
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let _errno = ErrnoScope::enter();
-    // SAFETY: inside wr_start .. (caller).
+    // SAFETY: as in wr_abort.
     let b = unsafe { batch(qp) };
+    if !b.open {
+        return libc::EINVAL;
+    }
     let (n, err) = (b.n, b.err);
     b.n = 0;
     b.err = 0;
+    b.open = false;
     let ret = if err != 0 {
         err
     } else if n == 0 {
@@ -634,6 +654,9 @@ unsafe fn post_batch(qp: *mut ibv_qp_ex, b: &mut Batch, n: usize) -> c_int {
                 s.wr.sg_list = null_mut();
             }
         } else {
+            // ibv_wr_post(3) lists no IBV_SEND_INLINE among the `wr_flags`: data set by
+            // `wr_set_sge(_list)` is gathered from its SGEs (as mlx5 does), whatever the flag.
+            s.wr.send_flags &= !IBV_SEND_INLINE;
             s.wr.sg_list = s.sges.as_mut_ptr();
             s.wr.num_sge = s.sges.len() as c_int;
         }
@@ -776,6 +799,15 @@ unsafe fn set_inline(qp: *mut ibv_qp_ex, pieces: &[ibv_data_buf]) {
     let Some(s) = (unsafe { current(qp) }) else {
         return;
     };
+    // ibv_wr_post(3): inline data is "valid only for SEND and RDMA_WRITE".
+    if !matches!(
+        s.wr.opcode,
+        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+    ) {
+        // SAFETY: as above.
+        unsafe { batch(qp) }.err = libc::EINVAL;
+        return;
+    }
     let total: usize = pieces.iter().map(|p| p.length).sum();
     if total > max {
         // SAFETY: as above.
@@ -867,15 +899,15 @@ unsafe extern "C" fn create_cq_ex(
     {
         return fail(libc::EOPNOTSUPP);
     }
-    let td = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+    let parent = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
         if a.parent_domain.is_null() {
             return fail(libc::EINVAL);
         }
         // SAFETY: live PD (caller).
-        let i = unsafe { (*a.parent_domain).handle } as usize;
-        match f.pds.get(i) {
+        let i = unsafe { (*a.parent_domain).handle };
+        match f.pds.get(i as usize) {
             // Only a parent domain may be given (ibv_create_cq_ex(3)).
-            Some(Some(p)) if p.parent.is_some() => p.parent.flatten(),
+            Some(Some(p)) if p.parent.is_some() => Some(i),
             _ => return fail(libc::EINVAL),
         }
     } else {
@@ -902,7 +934,10 @@ unsafe extern "C" fn create_cq_ex(
     let i = unsafe { (*p).ibv.handle } as usize;
     let c = f.cqs[i].as_mut().expect("new CQ");
     c.stamps = a.wc_flags & WC_FLAGS_STAMPS != 0;
-    c.td = td;
+    c.parent_pd = parent;
+    if let Some(Some(p)) = parent.and_then(|p| f.pds.get_mut(p as usize)) {
+        p.users += 1;
+    }
     // SAFETY: as above.
     fill_cq_ops(unsafe { &mut (*p).ibv }, a.wc_flags);
     p.cast()

@@ -161,8 +161,9 @@ pub(crate) struct Cq {
     /// An extended CQ created with a completion timestamp flag: every completion records
     /// the clocks when it is generated (no clock is read for other CQs).
     pub(crate) stamps: bool,
-    /// The thread domain of the parent domain the CQ was created with, if any.
-    pub(crate) td: Option<u32>,
+    /// The parent domain the CQ was created with (`IBV_CQ_INIT_ATTR_MASK_PD`), which it
+    /// keeps busy until destroyed.
+    pub(crate) parent_pd: Option<u32>,
     /// `Some(solicited_only)` while armed by `req_notify_cq`.
     pub(crate) armed: Option<bool>,
     pub(crate) channel: Option<u32>,

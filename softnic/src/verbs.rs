@@ -764,7 +764,7 @@ pub(crate) unsafe fn new_cq(
             rxe,
             inject_overflow: 0,
             stamps: false,
-            td: None,
+            parent_pd: None,
             armed: None,
             channel: ch,
             users: 0,
@@ -843,6 +843,9 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         f = fabric::wait_for_acks(f);
     }
     let c = f.cqs[i].take().expect("cq");
+    if let Some(Some(p)) = c.parent_pd.and_then(|p| f.pds.get_mut(p as usize)) {
+        p.users -= 1;
+    }
     if let Some(ch) = c.channel {
         if let Some(Some(ch)) = f.channels.get_mut(ch as usize) {
             ch.users -= 1;

@@ -8,7 +8,11 @@ mod common;
 use common::*;
 
 use core::ptr::null_mut;
+use hotverbs_softnic::testing::CountingAlloc;
 use hotverbs_softnic::Profile;
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const PROFILES: [Profile; 2] = [Profile::Spec, Profile::Rxe];
 
@@ -496,4 +500,894 @@ fn rxe_has_no_completion_timestamps() {
     let cq = cq_ex(dev.ctx, 16, ALL_WC, null_mut()).expect("create_cq_ex");
     // SAFETY: a live CQ, never used again.
     assert_eq!(unsafe { fns().ibv_destroy_cq.unwrap()(cq_of(cq)) }, 0);
+}
+
+fn sq_outstanding(qp: *mut ibv_qp) -> u32 {
+    // SAFETY: a live softnic QP.
+    unsafe { hotverbs_softnic::sq_outstanding(qp) }
+}
+
+/// The usable send queue depth (rxe rounds it up: query_qp reports it).
+fn send_depth(qp: *mut ibv_qp) -> u32 {
+    let mut attr = ibv_qp_attr::default();
+    let mut init = ibv_qp_init_attr::default();
+    // SAFETY: a live QP; writable out-structs.
+    let r = unsafe { fns().ibv_query_qp.unwrap()(qp, &mut attr, IBV_QP_CAP as i32, &mut init) };
+    assert_eq!(r, 0);
+    attr.cap.max_send_wr
+}
+
+/// One `wr_complete` posts a whole batch: every WR executes, in order, through the same
+/// engine as `ibv_post_send` (selective signaling included).
+#[test]
+fn a_batch_of_many_wrs_posts_them_all_in_order() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 64, ALL_WC);
+        for i in 0..48u8 {
+            p.buf_a.fill(i as usize, &[i + 1]);
+        }
+        for i in 0..16 {
+            p.recv(2000 + i, 1024 + 16 * i as usize, 16);
+        }
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let r = batch(p.xa, |q| {
+            for i in 0..48u64 {
+                // Every 8th WR signaled; SENDs for i % 3 == 0 (16 of them), WRITEs else.
+                next(q, i, if i % 8 == 7 { SIG } else { 0 });
+                // SAFETY: inside start .. complete; registered buffers.
+                unsafe {
+                    if i % 3 == 0 {
+                        inline::ibv_wr_send(q);
+                    } else {
+                        inline::ibv_wr_rdma_write(q, rb, ab + 512 + i);
+                    }
+                    inline::ibv_wr_set_sge(q, la, aa + i, 1);
+                }
+            }
+        });
+        assert_eq!(r, 0, "{profile:?}");
+        let a = drain_ex(p.cq_a);
+        let ids: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
+        let want: Vec<_> = (0..48u64)
+            .filter(|i| i % 8 == 7)
+            .map(|i| (i, IBV_WC_SUCCESS))
+            .collect();
+        assert_eq!(ids, want, "{profile:?}");
+        let b = drain_ex(p.cq_b);
+        assert_eq!(b.len(), 16);
+        for (k, c) in b.iter().enumerate() {
+            assert_eq!((c.wr_id, c.byte_len), (2000 + k as u64, 1));
+            assert_eq!(p.buf_b.get(1024 + 16 * k), (3 * k) as u8 + 1);
+        }
+        for i in (0..48usize).filter(|i| i % 3 != 0) {
+            assert_eq!(p.buf_b.get(512 + i), i as u8 + 1, "WRITE {i}");
+        }
+        assert_eq!(sq_outstanding(p.a), 0);
+    }
+}
+
+/// `wr_abort` discards the staged WRs; the QP's next batch (and legacy posts) work.
+#[test]
+fn wr_abort_discards_the_batch() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 16, ALL_WC);
+        p.buf_a.fill(0, b"abcdefgh");
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        // SAFETY: a live extended QP; builders inside start .. abort.
+        unsafe {
+            inline::ibv_wr_start(p.xa);
+            for i in 0..3 {
+                next(p.xa, i, SIG);
+                inline::ibv_wr_rdma_write(p.xa, rb, ab + 8 * i);
+                inline::ibv_wr_set_sge(p.xa, la, aa, 8);
+            }
+            inline::ibv_wr_abort(p.xa);
+        }
+        assert!(drain_ex(p.cq_a).is_empty());
+        assert_eq!(sq_outstanding(p.a), 0);
+        assert_eq!(p.buf_b.bytes(0, 24), [0u8; 24]);
+        let r = batch(p.xa, |q| {
+            next(q, 9, SIG);
+            // SAFETY: inside start .. complete.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab + 100);
+                inline::ibv_wr_set_sge(q, la, aa, 8);
+            }
+        });
+        assert_eq!(r, 0);
+        let a = drain_ex(p.cq_a);
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].wr_id, a[0].status), (9, IBV_WC_SUCCESS));
+        assert_eq!(p.buf_b.bytes(100, 8), b"abcdefgh");
+        assert_eq!(p.buf_b.bytes(0, 24), [0u8; 24]);
+    }
+}
+
+/// A step that adds WRs to a batch.
+type Builder<'a> = Box<dyn Fn(*mut ibv_qp_ex) + 'a>;
+
+/// A `wr_complete` that fails posts none of the batch: builder limits (SGE count, inline
+/// size, more WRs than the queue holds: ENOMEM as mlx5 in Spec, ENOSPC as rxe in Rxe), and
+/// WRs the engine refuses (misaligned atomic: EINVAL). The valid WR before the bad one
+/// never executes.
+#[test]
+fn a_failed_wr_complete_posts_nothing() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        p.buf_a.fill(0, b"payload!");
+        let limit = if profile == Profile::Rxe {
+            libc::ENOSPC
+        } else {
+            libc::ENOMEM
+        };
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let depth = send_depth(p.a) as u64;
+        let big = vec![7u8; 1000];
+        let sges: Vec<ibv_sge> = (0..8).map(|i| p.buf_a.sge(i, 1)).collect();
+        let cases: [(&str, i32, Builder); 4] = [
+            (
+                "too many SGEs",
+                limit,
+                Box::new(|q| {
+                    // SAFETY: inside start .. complete; sges holds 8 entries.
+                    unsafe { inline::ibv_wr_set_sge_list(q, 8, sges.as_ptr()) }
+                }),
+            ),
+            (
+                "inline too large",
+                limit,
+                Box::new(|q| {
+                    // SAFETY: inside start .. complete; `big` is readable.
+                    unsafe { inline::ibv_wr_set_inline_data(q, big.as_ptr() as *mut _, 1000) }
+                }),
+            ),
+            (
+                "more WRs than the queue",
+                limit,
+                Box::new(|q| {
+                    for i in 0..depth {
+                        next(q, 100 + i, SIG);
+                        // SAFETY: inside start .. complete.
+                        unsafe {
+                            inline::ibv_wr_rdma_write(q, rb, ab + 64);
+                            inline::ibv_wr_set_sge(q, la, aa, 8);
+                        }
+                    }
+                }),
+            ),
+            (
+                "misaligned atomic",
+                libc::EINVAL,
+                Box::new(|q| {
+                    next(q, 50, SIG);
+                    // SAFETY: inside start .. complete.
+                    unsafe {
+                        inline::ibv_wr_atomic_fetch_add(q, rb, ab + 513, 1);
+                        inline::ibv_wr_set_sge(q, la, aa + 256, 8);
+                    }
+                }),
+            ),
+        ];
+        for (what, errno, bad) in &cases {
+            let r = batch(p.xa, |q| {
+                // A valid WRITE first: it must not execute either.
+                next(q, 1, SIG);
+                // SAFETY: inside start .. complete.
+                unsafe {
+                    inline::ibv_wr_rdma_write(q, rb, ab);
+                    inline::ibv_wr_set_sge(q, la, aa, 8);
+                }
+                next(q, 2, SIG);
+                // SAFETY: as above.
+                unsafe { inline::ibv_wr_rdma_write(q, rb, ab + 8) };
+                bad(q);
+            });
+            assert_eq!(r, *errno, "{profile:?} {what}");
+            assert!(drain_ex(p.cq_a).is_empty(), "{profile:?} {what}");
+            assert_eq!(sq_outstanding(p.a), 0, "{profile:?} {what}");
+            assert_eq!(p.buf_b.bytes(0, 72), [0u8; 72], "{profile:?} {what}");
+            assert_eq!(state(p.a), IBV_QPS_RTS, "{profile:?} {what}");
+        }
+        // A refused batch is over: an abort after it changes nothing (the datapath aborts
+        // refused batches), a second complete is EINVAL.
+        // SAFETY: a live extended QP.
+        unsafe {
+            inline::ibv_wr_abort(p.xa);
+            assert_eq!(inline::ibv_wr_complete(p.xa), libc::EINVAL);
+        }
+        // The QP is unharmed: the next batch goes through.
+        let r = batch(p.xa, |q| {
+            next(q, 3, SIG);
+            // SAFETY: inside start .. complete.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab);
+                inline::ibv_wr_set_sge(q, la, aa, 8);
+            }
+        });
+        assert_eq!(r, 0);
+        assert_eq!(drain_ex(p.cq_a).len(), 1);
+        assert_eq!(p.buf_b.bytes(0, 8), b"payload!");
+    }
+}
+
+/// Before RTS: Spec refuses the batch (EINVAL, nothing posted); rxe's doorbell answers
+/// EINVAL but the WRs stay queued and run at the next post in RTS (rxe S1).
+#[test]
+fn wr_complete_before_rts_follows_the_profile() {
+    for profile in PROFILES {
+        let dev = Dev::with_profile(profile);
+        let cq = cq_ex(dev.ctx, 64, ALL_WC, null_mut()).expect("cq");
+        let mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let a = qp_ex(dev.ctx, dev.pd, IBV_QPT_RC, cq_of(cq), 8, mask, RC_OPS).expect("a");
+        let buf = dev.buf(64, ALL_ACCESS);
+        let (lkey, addr) = (buf.lkey(), buf.addr());
+        let r = batch(to_ex(a), |q| {
+            next(q, 1, SIG);
+            // SAFETY: inside start .. complete.
+            unsafe {
+                inline::ibv_wr_send(q);
+                inline::ibv_wr_set_sge(q, lkey, addr, 4);
+            }
+        });
+        assert_eq!(r, libc::EINVAL, "{profile:?}");
+        // SAFETY: a live QP.
+        let waiting = unsafe { hotverbs_softnic::send_wrs_waiting(a) };
+        if profile == Profile::Rxe {
+            assert_eq!(waiting, 1);
+        } else {
+            assert_eq!((waiting, sq_outstanding(a)), (0, 0));
+        }
+    }
+}
+
+/// Inline data is copied at the builder call (the buffer may be reused at once). Spec:
+/// `wr_set_inline_data(_list)` inlines whatever `wr_flags` says. Rxe: only with
+/// IBV_SEND_INLINE in `wr_flags`; without it the WR fails with LOC_QP_OP_ERR and the QP
+/// goes to ERR (rxe README, "Facts about rxe").
+#[test]
+fn inline_data_and_the_rxe_inline_flag_quirk() {
+    for profile in PROFILES {
+        for flag in [IBV_SEND_INLINE, 0] {
+            let mut p = ExPair::new(profile, IBV_QPT_RC, 16, ALL_WC);
+            p.recv(77, 1024, 64);
+            let rb = p.buf_b.rkey();
+            let ab = p.buf_b.addr();
+            let r = batch(p.xa, |q| {
+                let mut src = *b"inline-one";
+                next(q, 1, SIG | flag);
+                // SAFETY: inside start .. complete; src readable for its length.
+                unsafe {
+                    inline::ibv_wr_rdma_write(q, rb, ab + 200);
+                    inline::ibv_wr_set_inline_data(q, src.as_mut_ptr().cast(), src.len());
+                }
+                src.copy_from_slice(b"OVERWRITE!");
+                let mut x = *b"list-";
+                let mut y = *b"two";
+                let list = [
+                    ibv_data_buf {
+                        addr: x.as_mut_ptr().cast(),
+                        length: 5,
+                    },
+                    ibv_data_buf {
+                        addr: y.as_mut_ptr().cast(),
+                        length: 3,
+                    },
+                ];
+                next(q, 2, SIG | flag);
+                // SAFETY: as above; the list and its buffers are readable.
+                unsafe {
+                    inline::ibv_wr_send(q);
+                    inline::ibv_wr_set_inline_data_list(q, 2, list.as_ptr());
+                }
+                x.fill(0);
+                y.fill(0);
+            });
+            assert_eq!(r, 0, "{profile:?} flag={flag}");
+            let a = drain_ex(p.cq_a);
+            if profile == Profile::Rxe && flag == 0 {
+                assert_eq!(a[0].wr_id, 1);
+                assert_eq!(a[0].status, IBV_WC_LOC_QP_OP_ERR, "{a:?}");
+                assert_eq!(a[1].status, IBV_WC_WR_FLUSH_ERR, "{a:?}");
+                assert_eq!(state(p.a), IBV_QPS_ERR);
+                assert_eq!(p.buf_b.bytes(200, 10), [0u8; 10]);
+            } else {
+                let ids: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
+                assert_eq!(
+                    ids,
+                    [(1, IBV_WC_SUCCESS), (2, IBV_WC_SUCCESS)],
+                    "{profile:?}"
+                );
+                assert_eq!(p.buf_b.bytes(200, 10), b"inline-one");
+                let b = drain_ex(p.cq_b);
+                assert_eq!((b[0].wr_id, b[0].byte_len), (77, 8));
+                assert_eq!(p.buf_b.bytes(1024, 8), b"list-two");
+            }
+        }
+    }
+}
+
+/// What softnic refuses at creation, in both profiles (rxe's `check_qp_init_attr` and
+/// `RXE_SUP_WC_EX_FLAGS`): ops it cannot execute, create flags, unknown attributes and
+/// CQ fields -> EOPNOTSUPP; no PD, or a plain PD where a parent domain is required -> EINVAL.
+#[test]
+fn unsupported_extended_requests_are_refused() {
+    for profile in PROFILES {
+        let dev = Dev::with_profile(profile);
+        let cq = dev.cq(16);
+        let pdm = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let cases: [(ibv_qp_type, u32, u64, i32); 7] = [
+            (IBV_QPT_RC, pdm, IBV_QP_EX_WITH_TSO as u64, libc::EOPNOTSUPP),
+            (
+                IBV_QPT_RC,
+                pdm,
+                IBV_QP_EX_WITH_LOCAL_INV as u64,
+                libc::EOPNOTSUPP,
+            ),
+            (
+                IBV_QPT_UC,
+                pdm,
+                IBV_QP_EX_WITH_RDMA_READ as u64,
+                libc::EOPNOTSUPP,
+            ),
+            (
+                IBV_QPT_UD,
+                pdm,
+                IBV_QP_EX_WITH_RDMA_WRITE as u64,
+                libc::EOPNOTSUPP,
+            ),
+            (IBV_QPT_RC, pdm | IBV_QP_INIT_ATTR_XRCD, 0, libc::EOPNOTSUPP),
+            (
+                IBV_QPT_RC,
+                IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                RC_OPS,
+                libc::EINVAL,
+            ),
+            (IBV_QPT_RC, pdm, 1 << 40, libc::EOPNOTSUPP),
+        ];
+        for (qpt, mask, ops, errno) in cases {
+            let pd = if mask & IBV_QP_INIT_ATTR_PD != 0 {
+                dev.pd
+            } else {
+                null_mut()
+            };
+            assert_eq!(
+                qp_ex(dev.ctx, pd, qpt, cq, 4, mask, ops),
+                Err(errno),
+                "{profile:?} qpt={qpt} mask={mask:#x} ops={ops:#x}"
+            );
+        }
+        let mut a = ibv_qp_init_attr_ex {
+            send_cq: cq,
+            recv_cq: cq,
+            cap: cap(4),
+            qp_type: IBV_QPT_RC,
+            comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+            pd: dev.pd,
+            create_flags: IBV_QP_CREATE_SCATTER_FCS,
+            ..Default::default()
+        };
+        // SAFETY: live objects; a valid attr.
+        assert!(unsafe { inline::ibv_create_qp_ex(fns(), dev.ctx, &mut a) }.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+
+        for flag in [
+            IBV_WC_EX_WITH_CVLAN,
+            IBV_WC_EX_WITH_FLOW_TAG,
+            IBV_WC_EX_WITH_TM_INFO,
+        ] {
+            assert_eq!(
+                cq_ex(dev.ctx, 16, flag as u64, null_mut()),
+                Err(libc::EOPNOTSUPP)
+            );
+        }
+        // A plain PD is not a parent domain.
+        assert_eq!(cq_ex(dev.ctx, 16, 0, dev.pd), Err(libc::EINVAL));
+        let mut c = ibv_cq_init_attr_ex {
+            cqe: 16,
+            comp_mask: IBV_CQ_INIT_ATTR_MASK_FLAGS,
+            flags: IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN,
+            ..Default::default()
+        };
+        // SAFETY: a live context; a valid attr.
+        assert!(unsafe { inline::ibv_create_cq_ex(dev.ctx, &mut c) }.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        c.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+        // SAFETY: as above.
+        let ok = unsafe { inline::ibv_create_cq_ex(dev.ctx, &mut c) };
+        assert!(!ok.is_null(), "SINGLE_THREADED is accepted");
+    }
+}
+
+/// An extended CQ fills exactly the readers of the requested `wc_flags` (opcode,
+/// vendor_err and wc_flags always) and reports the same completion `ibv_poll_cq` would.
+#[test]
+fn cq_readers_follow_wc_flags() {
+    for profile in PROFILES {
+        let dev = Dev::with_profile(profile);
+        for flags in [0u64, IBV_WC_EX_WITH_BYTE_LEN as u64, ALL_WC] {
+            let cq = cq_ex(dev.ctx, 8, flags, null_mut()).expect("cq");
+            // SAFETY: a live CQ: read its function table.
+            let x = unsafe { &*cq };
+            assert!(x.start_poll.is_some() && x.next_poll.is_some() && x.end_poll.is_some());
+            assert!(x.read_opcode.is_some() && x.read_vendor_err.is_some());
+            assert!(x.read_wc_flags.is_some());
+            let has = |f: u32| flags & f as u64 != 0;
+            assert_eq!(x.read_byte_len.is_some(), has(IBV_WC_EX_WITH_BYTE_LEN));
+            assert_eq!(x.read_imm_data.is_some(), has(IBV_WC_EX_WITH_IMM));
+            assert_eq!(x.read_qp_num.is_some(), has(IBV_WC_EX_WITH_QP_NUM));
+            assert_eq!(x.read_src_qp.is_some(), has(IBV_WC_EX_WITH_SRC_QP));
+            assert_eq!(x.read_slid.is_some(), has(IBV_WC_EX_WITH_SLID));
+            assert_eq!(x.read_sl.is_some(), has(IBV_WC_EX_WITH_SL));
+            assert_eq!(
+                x.read_dlid_path_bits.is_some(),
+                has(IBV_WC_EX_WITH_DLID_PATH_BITS)
+            );
+            assert!(x.read_completion_ts.is_none() && x.read_completion_wallclock_ns.is_none());
+            assert!(x.read_cvlan.is_none() && x.read_flow_tag.is_none());
+            assert!(x.read_tm_info.is_none());
+        }
+        // The values: a SEND's receive completion read both ways.
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        p.recv(5, 0, 32);
+        p.recv(6, 32, 32);
+        let (la, aa) = (p.buf_a.lkey(), p.buf_a.addr());
+        for id in [1, 2] {
+            let r = batch(p.xa, |q| {
+                next(q, id, SIG);
+                // SAFETY: inside start .. complete.
+                unsafe {
+                    inline::ibv_wr_send_imm(q, 0xABCDu32.to_be());
+                    inline::ibv_wr_set_sge(q, la, aa, 12);
+                }
+            });
+            assert_eq!(r, 0);
+        }
+        let legacy = {
+            let mut wc = [ibv_wc::default(); 1];
+            assert_eq!(poll(cq_of(p.cq_b), &mut wc), 1);
+            wc[0]
+        };
+        let mut attr = ibv_poll_cq_attr::default();
+        // SAFETY: a live extended CQ, polled by this thread.
+        unsafe {
+            assert_eq!(inline::ibv_start_poll(p.cq_b, &mut attr), 0);
+            let c = p.cq_b;
+            assert_eq!(((*c).wr_id, (*c).status), (6, IBV_WC_SUCCESS));
+            assert_eq!(inline::ibv_wc_read_opcode(c), legacy.opcode);
+            assert_eq!(inline::ibv_wc_read_byte_len(c), legacy.byte_len);
+            assert_eq!(inline::ibv_wc_read_imm_data(c), imm(&legacy));
+            assert_eq!(inline::ibv_wc_read_qp_num(c), legacy.qp_num);
+            assert_eq!(inline::ibv_wc_read_src_qp(c), legacy.src_qp);
+            assert_eq!(inline::ibv_wc_read_wc_flags(c), legacy.wc_flags);
+            assert_eq!(inline::ibv_wc_read_slid(c), legacy.slid as u32);
+            assert_eq!(inline::ibv_wc_read_sl(c), legacy.sl);
+            assert_eq!(inline::ibv_wc_read_dlid_path_bits(c), legacy.dlid_path_bits);
+            assert_eq!(inline::ibv_wc_read_vendor_err(c), 0);
+            assert_eq!(legacy.wr_id, 5);
+            assert_eq!(inline::ibv_next_poll(c), libc::ENOENT);
+            inline::ibv_end_poll(c);
+            assert_eq!(inline::ibv_start_poll(c, &mut attr), libc::ENOENT);
+        }
+    }
+}
+
+fn alloc_td(ctx: *mut ibv_context) -> Result<*mut ibv_td, i32> {
+    let mut a = ibv_td_init_attr::default();
+    // SAFETY: a live context; a valid attr.
+    let td = unsafe { inline::ibv_alloc_td(ctx, &mut a) };
+    if td.is_null() {
+        Err(errno())
+    } else {
+        Ok(td)
+    }
+}
+
+fn parent_domain(
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    td: *mut ibv_td,
+) -> Result<*mut ibv_pd, i32> {
+    let mut a = ibv_parent_domain_init_attr {
+        pd,
+        td,
+        ..Default::default()
+    };
+    // SAFETY: live objects; a valid attr.
+    let p = unsafe { inline::ibv_alloc_parent_domain(ctx, &mut a) };
+    if p.is_null() {
+        Err(errno())
+    } else {
+        Ok(p)
+    }
+}
+
+/// Thread and parent domains (Spec): a parent domain is a PD for MRs, QPs (create_qp_ex
+/// with IBV_QP_INIT_ATTR_PD) and extended CQs, shares its PD's protection domain (an MR
+/// registered through it serves a QP of the plain PD and vice versa), keeps its PD and
+/// thread domain busy (EBUSY) until `ibv_dealloc_pd`, and is itself busy while used.
+#[test]
+fn thread_and_parent_domain_lifecycle() {
+    let dev = Dev::with_profile(Profile::Spec);
+    let td = alloc_td(dev.ctx).expect("alloc_td");
+    let mut bad = ibv_td_init_attr { comp_mask: 1 };
+    // SAFETY: a live context; a valid attr.
+    assert!(unsafe { inline::ibv_alloc_td(dev.ctx, &mut bad) }.is_null());
+    assert_eq!(errno(), libc::EINVAL);
+    let par = parent_domain(dev.ctx, dev.pd, td).expect("alloc_parent_domain");
+    // SAFETY: a live PD.
+    assert_eq!(unsafe { (*par).context }, dev.ctx);
+    assert_eq!(
+        parent_domain(dev.ctx, par, null_mut()),
+        Err(libc::EINVAL),
+        "no nesting"
+    );
+    assert_eq!(parent_domain(dev.ctx, null_mut(), td), Err(libc::EINVAL));
+    // SAFETY: live objects.
+    unsafe {
+        assert_eq!(inline::ibv_dealloc_td(td), libc::EBUSY);
+        assert_eq!(fns().ibv_dealloc_pd.unwrap()(dev.pd), libc::EBUSY);
+    }
+
+    let cq = cq_ex(dev.ctx, 32, ALL_WC, par).expect("cq on the parent domain");
+    let mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    let a = qp_ex(dev.ctx, par, IBV_QPT_RC, cq_of(cq), 8, mask, RC_OPS).expect("qp on parent");
+    let b = qp_ex(dev.ctx, dev.pd, IBV_QPT_RC, cq_of(cq), 8, mask, RC_OPS).expect("qp on pd");
+    connect(a, dev.ctx, qpn(b), ALL_ACCESS, 7);
+    connect(b, dev.ctx, qpn(a), ALL_ACCESS, 7);
+    // SAFETY: a live QP.
+    assert_eq!(unsafe { (*a).pd }, par);
+    let mut src = vec![0u8; 64].into_boxed_slice();
+    src[..6].copy_from_slice(b"via pd");
+    // SAFETY: `src` outlives the registration (deregistered below).
+    let mr = unsafe { hotverbs_softnic::testing::reg_mr(par, src.as_mut_ptr(), 64, ALL_ACCESS) };
+    let dst = dev.buf(64, ALL_ACCESS);
+    // a (parent domain) gathers from an MR of the parent domain and writes an MR of the PD.
+    // SAFETY: a live MR.
+    let (lkey, addr) = unsafe { ((*mr).lkey, (*mr).addr as u64) };
+    let (rkey, raddr) = (dst.rkey(), dst.addr());
+    let r = batch(to_ex(a), |q| {
+        next(q, 1, SIG);
+        // SAFETY: inside start .. complete.
+        unsafe {
+            inline::ibv_wr_rdma_write(q, rkey, raddr);
+            inline::ibv_wr_set_sge(q, lkey, addr, 6);
+        }
+    });
+    assert_eq!(r, 0);
+    let c = drain_ex(cq);
+    assert_eq!((c[0].wr_id, c[0].status), (1, IBV_WC_SUCCESS));
+    assert_eq!(dst.bytes(0, 6), b"via pd");
+    // b (plain PD) reads the parent domain's MR: same protection domain.
+    let r = batch(to_ex(b), |q| {
+        next(q, 2, SIG);
+        // SAFETY: inside start .. complete.
+        unsafe {
+            inline::ibv_wr_rdma_read(q, lkey, addr);
+            inline::ibv_wr_set_sge(q, dst.lkey(), raddr + 32, 6);
+        }
+    });
+    assert_eq!(r, 0);
+    assert_eq!(drain_ex(cq)[0].status, IBV_WC_SUCCESS);
+    assert_eq!(dst.bytes(32, 6), b"via pd");
+
+    // SAFETY: live objects, each destroyed once, users first.
+    unsafe {
+        let f = fns();
+        assert_eq!(
+            f.ibv_dealloc_pd.unwrap()(par),
+            libc::EBUSY,
+            "QP, MR, CQ use it"
+        );
+        assert_eq!(f.ibv_destroy_qp.unwrap()(a), 0);
+        assert_eq!(f.ibv_dereg_mr.unwrap()(mr), 0);
+        assert_eq!(
+            f.ibv_dealloc_pd.unwrap()(par),
+            libc::EBUSY,
+            "the CQ uses it"
+        );
+        assert_eq!(f.ibv_destroy_qp.unwrap()(b), 0);
+        assert_eq!(f.ibv_destroy_cq.unwrap()(cq_of(cq)), 0);
+        assert_eq!(f.ibv_dealloc_pd.unwrap()(par), 0);
+        assert_eq!(inline::ibv_dealloc_td(td), 0);
+        assert_eq!(f.ibv_dereg_mr.unwrap()(dst.mr), 0);
+        assert_eq!(f.ibv_dealloc_pd.unwrap()(dev.pd), 0);
+    }
+}
+
+/// Rxe: librxe has no alloc_td / alloc_parent_domain, so libibverbs' dummy ops answer
+/// EOPNOTSUPP (NULL + errno), and ibv_dealloc_td EOPNOTSUPP.
+#[test]
+fn rxe_has_no_thread_or_parent_domains() {
+    let dev = Dev::with_profile(Profile::Rxe);
+    assert_eq!(alloc_td(dev.ctx).err(), Some(libc::EOPNOTSUPP));
+    assert_eq!(
+        parent_domain(dev.ctx, dev.pd, null_mut()).err(),
+        Some(libc::EOPNOTSUPP)
+    );
+}
+
+/// A UD extended QP: `wr_set_ud_addr` addresses each SEND.
+#[test]
+fn ud_send_with_set_ud_addr() {
+    for profile in PROFILES {
+        let dev = Dev::with_profile(profile);
+        let cq = cq_ex(dev.ctx, 32, ALL_WC, null_mut()).expect("cq");
+        let mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let ops = IBV_QP_EX_WITH_SEND as u64;
+        let a = qp_ex(dev.ctx, dev.pd, IBV_QPT_UD, cq_of(cq), 8, mask, ops).expect("a");
+        let b = qp_ex(dev.ctx, dev.pd, IBV_QPT_UD, cq_of(cq), 8, mask, ops).expect("b");
+        for q in [a, b] {
+            connect(q, dev.ctx, 0, 0, 7);
+        }
+        let buf = dev.buf(256, ALL_ACCESS);
+        let mut s = [buf.sge(64, 128)];
+        assert_eq!(post_recv(b, 40, &mut s), 0);
+        let mut ah_attr = ibv_ah_attr {
+            is_global: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        ah_attr.grh.dgid = gid(dev.ctx, 1);
+        ah_attr.grh.sgid_index = 1;
+        ah_attr.grh.hop_limit = 1;
+        // SAFETY: a live PD; a valid attr.
+        let ah = unsafe { fns().ibv_create_ah.unwrap()(dev.pd, &mut ah_attr) };
+        assert!(!ah.is_null());
+        let (lkey, addr, dqpn) = (buf.lkey(), buf.addr(), qpn(b));
+        let r = batch(to_ex(a), |q| {
+            next(q, 4, SIG);
+            // SAFETY: inside start .. complete; ah live.
+            unsafe {
+                inline::ibv_wr_send(q);
+                inline::ibv_wr_set_ud_addr(q, ah, dqpn, 0x1111);
+                inline::ibv_wr_set_sge(q, lkey, addr, 16);
+            }
+        });
+        assert_eq!(r, 0, "{profile:?}");
+        let c = drain_ex(cq);
+        let ids: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert!(ids.contains(&(4, IBV_WC_SUCCESS)), "{ids:?}");
+        let recv = c.iter().find(|c| c.wr_id == 40).expect("UD receive");
+        assert_eq!(recv.byte_len, 40 + 16, "GRH + payload");
+    }
+}
+
+/// Polls `cq` with start/next/end until `want` completions arrived, reading every requested
+/// field (timestamps too when `stamps`), without allocating; returns how many failed.
+fn poll_ex_n(cq: *mut ibv_cq_ex, want: usize, stamps: bool) -> usize {
+    let (mut got, mut failed, mut sum) = (0, 0, 0u64);
+    let mut attr = ibv_poll_cq_attr::default();
+    while got < want {
+        // SAFETY: a live extended CQ created with ALL_WC (and STAMPS when `stamps`),
+        // polled by this thread; readers only after a successful poll.
+        unsafe {
+            let mut r = inline::ibv_start_poll(cq, &mut attr);
+            let started = r == 0;
+            while r == 0 {
+                got += 1;
+                failed += ((*cq).status != IBV_WC_SUCCESS) as usize;
+                sum = sum
+                    .wrapping_add(inline::ibv_wc_read_byte_len(cq) as u64)
+                    .wrapping_add(inline::ibv_wc_read_qp_num(cq) as u64)
+                    .wrapping_add(inline::ibv_wc_read_opcode(cq) as u64);
+                if stamps {
+                    sum = sum.wrapping_add(inline::ibv_wc_read_completion_ts(cq));
+                }
+                r = inline::ibv_next_poll(cq);
+            }
+            if started {
+                inline::ibv_end_poll(cq);
+            }
+            assert_eq!(r, libc::ENOENT);
+        }
+    }
+    assert_ne!(sum, 0);
+    failed
+}
+
+/// The extended datapath allocates nothing from the first batch on: staging (SGE lists and
+/// inline bytes), `wr_complete`, execution and the extended poll all use storage
+/// provisioned at creation.
+#[test]
+fn extended_posting_and_polling_allocate_nothing() {
+    for profile in PROFILES {
+        let stamps = profile == Profile::Spec;
+        let wc = if stamps { ALL_WC | STAMPS } else { ALL_WC };
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 64, wc);
+        p.buf_a.fill(256, &[7u8; 128]);
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let (b, lb) = (p.b, p.buf_b.lkey());
+        let xa = p.xa;
+        const ROUNDS: u64 = 500;
+        let (allocs, failed) = CountingAlloc::count(|| {
+            let mut failed = 0;
+            for i in 0..ROUNDS {
+                for r in 0..2u64 {
+                    let mut rs = [ibv_sge {
+                        addr: ab + 1024 + r * 64,
+                        length: 64,
+                        lkey: lb,
+                    }];
+                    assert_eq!(post_recv(b, i * 2 + r, &mut rs), 0);
+                }
+                let msg = i.to_le_bytes();
+                let sges = [p.buf_a.sge(256, 32), p.buf_a.sge(300, 32)];
+                let r = batch(xa, |q| {
+                    // SAFETY: inside start .. complete; buffers registered / readable.
+                    unsafe {
+                        next(q, i, IBV_SEND_INLINE);
+                        inline::ibv_wr_send_imm(q, 5u32.to_be());
+                        inline::ibv_wr_set_inline_data(q, msg.as_ptr() as *mut _, 8);
+                        next(q, i, 0);
+                        inline::ibv_wr_rdma_write(q, rb, ab);
+                        inline::ibv_wr_set_sge_list(q, 2, sges.as_ptr());
+                        next(q, i, 0);
+                        inline::ibv_wr_rdma_read(q, rb, ab + 512);
+                        inline::ibv_wr_set_sge(q, la, aa + 512, 16);
+                        next(q, i, 0);
+                        inline::ibv_wr_atomic_fetch_add(q, rb, ab + 2048, 1);
+                        inline::ibv_wr_set_sge(q, la, aa + 2048, 8);
+                        next(q, i, SIG);
+                        inline::ibv_wr_rdma_write_imm(q, rb, ab + 64, 9u32.to_be());
+                        inline::ibv_wr_set_sge(q, la, aa, 8);
+                    }
+                });
+                assert_eq!(r, 0);
+                failed += poll_ex_n(p.cq_a, 1, stamps);
+                failed += poll_ex_n(p.cq_b, 2, stamps);
+            }
+            failed
+        });
+        assert_eq!(failed, 0, "{profile:?}");
+        assert_eq!(
+            allocs, 0,
+            "{profile:?}: allocations in the extended hot loop"
+        );
+    }
+}
+
+/// A raw QP pointer handed to another thread (softnic's verbs are thread-safe; the builder
+/// lock serialises batches on one QP).
+#[derive(Clone, Copy)]
+struct SendQp(*mut ibv_qp_ex);
+// SAFETY: the QP outlives the threads (joined before the test ends) and every access goes
+// through softnic's thread-safe entry points.
+unsafe impl Send for SendQp {}
+
+/// Two threads building batches on one QP: the builder lock (`wr_start` .. `wr_complete`)
+/// keeps each batch whole, so each thread's two WRs complete back to back.
+#[test]
+fn concurrent_batches_on_one_qp_stay_whole() {
+    for profile in PROFILES {
+        let dev = Dev::with_profile(profile);
+        let cq = cq_ex(dev.ctx, 2048, ALL_WC, null_mut()).expect("cq");
+        let mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let a = qp_ex(dev.ctx, dev.pd, IBV_QPT_RC, cq_of(cq), 1024, mask, RC_OPS).expect("a");
+        let b = qp_ex(dev.ctx, dev.pd, IBV_QPT_RC, cq_of(cq), 1024, mask, RC_OPS).expect("b");
+        connect(a, dev.ctx, qpn(b), ALL_ACCESS, 7);
+        connect(b, dev.ctx, qpn(a), ALL_ACCESS, 7);
+        let buf = dev.buf(256, ALL_ACCESS);
+        let (lkey, rkey, addr) = (buf.lkey(), buf.rkey(), buf.addr());
+        let qx = SendQp(to_ex(a));
+        const BATCHES: u64 = 200;
+        let threads: Vec<_> = (0..2u64)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let qx = qx;
+                    for i in 0..BATCHES {
+                        let r = batch(qx.0, |q| {
+                            for k in 0..2 {
+                                next(q, (t << 32) | (i << 1) | k, SIG);
+                                // SAFETY: inside start .. complete; registered buffer.
+                                unsafe {
+                                    inline::ibv_wr_rdma_write(q, rkey, addr + 128 + 8 * t);
+                                    inline::ibv_wr_set_sge(q, lkey, addr + 8 * t, 8);
+                                }
+                            }
+                        });
+                        assert_eq!(r, 0);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("builder thread");
+        }
+        let c = drain_ex(cq);
+        assert_eq!(c.len(), 2 * 2 * BATCHES as usize, "{profile:?}");
+        for pair in c.chunks(2) {
+            assert_eq!(pair[0].status, IBV_WC_SUCCESS);
+            assert_eq!(pair[0].wr_id & 1, 0, "{pair:?}");
+            assert_eq!(
+                pair[1].wr_id,
+                pair[0].wr_id + 1,
+                "a batch was split: {pair:?}"
+            );
+        }
+    }
+}
+
+/// CQ overflow on an extended CQ (S15): Spec — the CQ is in error, `start_poll` answers
+/// EOVERFLOW (as `ibv_poll_cq` answers -EOVERFLOW); Rxe — the completion is dropped and
+/// the CQ stays usable (ENOENT, then later completions as usual).
+#[test]
+fn overflow_on_an_extended_cq_follows_the_profile() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        p.buf_a.fill(0, b"12345678");
+        // SAFETY: a live softnic CQ.
+        unsafe { hotverbs_softnic::inject_cq_overflow(cq_of(p.cq_a), 1) };
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let write = |id: u64| {
+            batch(p.xa, |q| {
+                next(q, id, SIG);
+                // SAFETY: inside start .. complete.
+                unsafe {
+                    inline::ibv_wr_rdma_write(q, rb, ab);
+                    inline::ibv_wr_set_sge(q, la, aa, 8);
+                }
+            })
+        };
+        assert_eq!(write(1), 0);
+        let mut attr = ibv_poll_cq_attr::default();
+        // SAFETY: a live extended CQ polled by this thread.
+        let r = unsafe { inline::ibv_start_poll(p.cq_a, &mut attr) };
+        if profile == Profile::Rxe {
+            assert_eq!(r, libc::ENOENT);
+            assert_eq!(write(2), 0);
+            let c = drain_ex(p.cq_a);
+            assert_eq!((c.len(), c[0].wr_id), (1, 2));
+        } else {
+            assert_eq!(r, libc::EOVERFLOW);
+        }
+    }
+}
+
+/// `ibv_wr_post(3)`: inline setters are "valid only for SEND and RDMA_WRITE" (on a READ:
+/// EINVAL at `wr_complete`, nothing posted), and IBV_SEND_INLINE is no `wr_flags` flag: a
+/// WR whose data comes from `wr_set_sge` is gathered from the SGE even with the flag and
+/// more bytes than `max_inline_data` (64 here).
+#[test]
+fn inline_setters_and_the_inline_flag_per_the_man_page() {
+    for profile in PROFILES {
+        let mut p = ExPair::new(profile, IBV_QPT_RC, 8, ALL_WC);
+        let big: Vec<u8> = (0..200u8).collect();
+        p.buf_a.fill(0, &big);
+        let (la, rb) = (p.buf_a.lkey(), p.buf_b.rkey());
+        let (aa, ab) = (p.buf_a.addr(), p.buf_b.addr());
+        let mut word = 5u64.to_ne_bytes();
+        let r = batch(p.xa, |q| {
+            next(q, 1, SIG);
+            // SAFETY: inside start .. complete; `word` readable.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab);
+                inline::ibv_wr_set_sge(q, la, aa, 8);
+                inline::ibv_wr_rdma_read(q, rb, ab + 512);
+                inline::ibv_wr_set_inline_data(q, word.as_mut_ptr().cast(), 8);
+            }
+        });
+        assert_eq!(r, libc::EINVAL, "{profile:?}: inline data on a READ");
+        assert!(drain_ex(p.cq_a).is_empty());
+        assert_eq!(p.buf_b.bytes(0, 8), [0u8; 8]);
+        let r = batch(p.xa, |q| {
+            next(q, 2, SIG | IBV_SEND_INLINE);
+            // SAFETY: inside start .. complete.
+            unsafe {
+                inline::ibv_wr_rdma_write(q, rb, ab + 1024);
+                inline::ibv_wr_set_sge(q, la, aa, 200);
+            }
+        });
+        assert_eq!(
+            r, 0,
+            "{profile:?}: the flag does not make an SGE's data inline"
+        );
+        let c = drain_ex(p.cq_a);
+        assert_eq!((c[0].wr_id, c[0].status), (2, IBV_WC_SUCCESS));
+        assert_eq!(p.buf_b.bytes(1024, 200), big);
+    }
 }

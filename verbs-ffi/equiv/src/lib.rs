@@ -23,7 +23,8 @@
 //! - `tests/layout.rs`: `sizeof` / `_Alignof` / `offsetof` of the C compiler against the
 //!   generated types.
 //! - `tests/softnic.rs`: the same C-vs-Rust comparison on softnic's real objects (the
-//!   exported-symbol stand-ins forward to its table, [`record::forward_exports_to`]).
+//!   exported-symbol stand-ins forward to its table, [`record::forward_exports_to`]),
+//!   including its extended context, `ibv_qp_ex` batches and `ibv_cq_ex` polls.
 //!
 //! This crate needs libibverbs-dev headers to build, so it is `publish = false` and
 //! nothing depends on it; libibverbs itself is never linked or loaded.

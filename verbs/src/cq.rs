@@ -691,6 +691,40 @@ impl<'a> CqBuilder<'a> {
     }
 }
 
+/// `vendor_id` of Soft-RoCE (rxe) devices.
+const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
+impl Context {
+    /// May an extended CQ of this device be drained several completions per
+    /// `ibv_start_poll`, calling `ibv_next_poll` until it answers ENOENT and then
+    /// `ibv_end_poll` as `ibv_create_cq_ex(3)` says?
+    ///
+    /// False on rxe (`vendor_id` 0xffffff): librxe up to rdma-core 54 (Debian bookworm ships
+    /// 44) stores the consumer index past the last completion when `ibv_next_poll` answers
+    /// ENOENT, and `ibv_end_poll` advances it once more: the CQ then reads stale slots and
+    /// the kernel sees it full (fixed in rdma-core 55, "rxe: fix completion queue consumer
+    /// index overrun"; the spinlock it also unlocked twice, in 59). There, read one
+    /// completion per `ibv_start_poll` / `ibv_end_poll` and never call `ibv_next_poll`.
+    /// True for every other device (softnic included).
+    ///
+    /// # Example
+    /// ```
+    /// let ctx = hotverbs::Context::open("softnic")?;
+    /// assert!(ctx.ex_cq_batch_poll_safe()?);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)` (`ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll`),
+    /// `ibv_query_device(3)` (`vendor_id`)
+    pub fn ex_cq_batch_poll_safe(&self) -> Result<bool> {
+        if self.kind() == crate::DeviceKind::Softnic {
+            return Ok(true);
+        }
+        Ok(self.query_device()?.vendor_id() != RXE_VENDOR_ID)
+    }
+}
+
 /// The hint for completion fields `refused` (non-empty) by device `device`.
 fn refused_fields_hint(refused: WcFields, device: &str) -> String {
     let features: Vec<(String, bool)> = refused.iter().map(WcFields::feature).collect();

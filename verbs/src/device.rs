@@ -858,6 +858,21 @@ impl DeviceAttr {
     pub fn hca_core_clock_khz(&self) -> u64 {
         self.raw.hca_core_clock
     }
+    /// The vendor's IEEE OUI (`vendor_id`): 0x02c9 Mellanox/NVIDIA, 0xffffff Soft-RoCE
+    /// (rxe).
+    ///
+    /// # References
+    /// `ibv_query_device(3)`
+    pub fn vendor_id(&self) -> u32 {
+        self.raw.orig_attr.vendor_id
+    }
+    /// The vendor's part id (`vendor_part_id`), e.g. 4123 for a ConnectX-6; 0 on rxe.
+    ///
+    /// # References
+    /// `ibv_query_device(3)`
+    pub fn vendor_part_id(&self) -> u32 {
+        self.raw.orig_attr.vendor_part_id
+    }
     /// Are completion timestamps available (non-zero
     /// [`completion_timestamp_mask`](Self::completion_timestamp_mask))?
     ///

@@ -15,7 +15,8 @@
 //! - [`Cq`], [`CompChannel`], [`Wc`]: completion queues, event channels (fd for epoll),
 //!   [`AsyncEvent`]s; [`CqBuilder`] for extended CQs (`ibv_create_cq_ex`) carrying the
 //!   [`WcFields`] asked for, completion timestamps included ([`TimestampClock`],
-//!   [`Context::rt_values`], [`Context::supports_completion_timestamps`]).
+//!   [`Context::rt_values`], [`Context::supports_completion_timestamps`]); whether its
+//!   completions may be drained in batches: [`Context::ex_cq_batch_poll_safe`] (not on rxe).
 //! - [`QpBuilder`], [`Qp`]: RC/UC/UD QPs; typed transitions [`Qp::to_init`],
 //!   [`Qp::to_rtr`], [`Qp::to_rts`], [`Qp::to_error`], [`Qp::reset`], [`Qp::query`],
 //!   and [`Qp::connect`] for all of RESET->INIT->RTR->RTS; [`QpBuilder::send_ops`] for

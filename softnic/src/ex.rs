@@ -426,8 +426,9 @@ unsafe extern "C" fn create_qp_ex(
     q.comp_mask |= VERBS_QP_EX;
     q.lockless = td_of(&f, a.pd).is_some();
     if let Some(ops) = ops {
-        // SAFETY: the QP is live; its handle is its fabric index.
-        let fq = f.qps[unsafe { (*qp).handle } as usize]
+        // The QP's handle is its fabric index (read through `q`, which is the only access
+        // to the allocation while it lives).
+        let fq = f.qps[q.ex.qp_base.handle as usize]
             .as_ref()
             .expect("new QP");
         let b = q.batch.get_mut();
@@ -891,8 +892,9 @@ unsafe extern "C" fn create_cq_ex(
     if a.wc_flags & !supported != 0 {
         return fail(libc::EOPNOTSUPP);
     }
+    // libibverbs' ibv_cmd_create_cq_ex (what rxe calls): unknown attributes -> EOPNOTSUPP.
     if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
-        return fail(libc::EINVAL);
+        return fail(libc::EOPNOTSUPP);
     }
     if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
         && a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0

@@ -350,13 +350,14 @@
 //!   two timestamps); CVLAN, FLOW_TAG, TM_INFO or unknown bits -> EOPNOTSUPP. `comp_mask`
 //!   may hold FLAGS (only IBV_CREATE_CQ_ATTR_SINGLE_THREADED; others EOPNOTSUPP) and PD
 //!   (`parent_domain` must be a parent domain: EINVAL otherwise; it stays busy until the CQ
-//!   is destroyed); other bits -> EINVAL. `cqe`, channel and `comp_vector` as
-//!   `ibv_create_cq`. The `ibv_cq_ex` has `start_poll`, `next_poll`, `end_poll`,
-//!   `read_opcode`, `read_vendor_err`, `read_wc_flags` and exactly the readers of the
-//!   requested flags. `start_poll`/`next_poll` return 0 with `cq->wr_id`/`cq->status` set,
-//!   ENOENT when empty (no lock taken then, as `poll_cq`), EOVERFLOW after an overflow
-//!   (Spec, S15); they release SQ slots as `poll_cq` does. The CQ is also a plain `ibv_cq`
-//!   (`ibv_cq_ex_to_cq`): `ibv_poll_cq`, notification, resize and QPs all work on it.
+//!   is destroyed); other bits -> EOPNOTSUPP (libibverbs' `ibv_cmd_create_cq_ex`). `cqe`,
+//!   channel and `comp_vector` as `ibv_create_cq`. The `ibv_cq_ex` has `start_poll`,
+//!   `next_poll`, `end_poll`, `read_opcode`, `read_vendor_err`, `read_wc_flags` and exactly
+//!   the readers of the requested flags. `start_poll`/`next_poll` return 0 with
+//!   `cq->wr_id`/`cq->status` set, ENOENT when empty (no lock taken then, as `poll_cq`),
+//!   EOVERFLOW after an overflow (Spec, S15); they release SQ slots as `poll_cq` does. The
+//!   CQ is also a plain `ibv_cq` (`ibv_cq_ex_to_cq`): `ibv_poll_cq`, notification, resize
+//!   and QPs all work on it.
 //! - Completion timestamps (Spec): taken when the completion is generated, and only on a
 //!   CQ that asked for one. Raw values count HCA cycles of a free-running clock:
 //!   `CLOCK_MONOTONIC` at [`HCA_CORE_CLOCK_KHZ`] (156.25 MHz), so

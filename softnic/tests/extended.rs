@@ -810,8 +810,8 @@ fn inline_data_and_the_rxe_inline_flag_quirk() {
 }
 
 /// What softnic refuses at creation, in both profiles (rxe's `check_qp_init_attr` and
-/// `RXE_SUP_WC_EX_FLAGS`): ops it cannot execute, create flags, unknown attributes and
-/// CQ fields -> EOPNOTSUPP; no PD, or a plain PD where a parent domain is required -> EINVAL.
+/// `RXE_SUP_WC_EX_FLAGS`, libibverbs' `ibv_cmd_create_cq_ex`): ops it cannot execute,
+/// create flags, unknown attributes and CQ fields -> EOPNOTSUPP; no PD, or a plain PD where a parent domain is required -> EINVAL.
 #[test]
 fn unsupported_extended_requests_are_refused() {
     for profile in PROFILES {
@@ -885,6 +885,14 @@ fn unsupported_extended_requests_are_refused() {
         }
         // A plain PD is not a parent domain.
         assert_eq!(cq_ex(dev.ctx, 16, 0, dev.pd), Err(libc::EINVAL));
+        let mut bad = ibv_cq_init_attr_ex {
+            cqe: 16,
+            comp_mask: 1 << 7,
+            ..Default::default()
+        };
+        // SAFETY: a live context; a valid attr.
+        assert!(unsafe { inline::ibv_create_cq_ex(dev.ctx, &mut bad) }.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP, "unknown comp_mask bit");
         let mut c = ibv_cq_init_attr_ex {
             cqe: 16,
             comp_mask: IBV_CQ_INIT_ATTR_MASK_FLAGS,
@@ -1389,5 +1397,123 @@ fn inline_setters_and_the_inline_flag_per_the_man_page() {
         let c = drain_ex(p.cq_a);
         assert_eq!((c[0].wr_id, c[0].status), (2, IBV_WC_SUCCESS));
         assert_eq!(p.buf_b.bytes(1024, 200), big);
+    }
+}
+
+/// Memory the device reads and writes behind the compiler's back, touched by the test only
+/// through raw pointers (never a reference), so miri's aliasing models see exactly the
+/// accesses the verbs make.
+struct RawMem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl RawMem {
+    fn new(len: usize) -> RawMem {
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        RawMem { ptr, len }
+    }
+
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: in bounds of our allocation; no reference to it exists.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.len);
+        // SAFETY: in bounds; the device's writes happened before the completion we polled.
+        (0..len)
+            .map(|i| unsafe { self.ptr.add(off + i).read_volatile() })
+            .collect()
+    }
+}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` as a boxed slice of `len` bytes; deregistered first
+        // by the test (or the registration outlives only the process's end).
+        drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+/// The extended path end to end (create_qp_ex, a batch of WRITE + inline SEND_WITH_IMM +
+/// FETCH_ADD, an abort, a refused batch, the extended poll with timestamps, a parent
+/// domain with a thread domain), on memory touched only through raw pointers: the test
+/// the miri step can run (`cargo +nightly miri test -p hotverbs-softnic --test extended
+/// -- raw_memory_extended_path`).
+#[test]
+fn raw_memory_extended_path() {
+    let dev = Dev::with_profile(Profile::Spec);
+    let td = alloc_td(dev.ctx).expect("td");
+    let par = parent_domain(dev.ctx, dev.pd, td).expect("parent domain");
+    let cq = cq_ex(dev.ctx, 32, ALL_WC | STAMPS, par).expect("cq");
+    let mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    let a = qp_ex(dev.ctx, par, IBV_QPT_RC, cq_of(cq), 8, mask, RC_OPS).expect("a");
+    let b = qp_ex(dev.ctx, dev.pd, IBV_QPT_RC, cq_of(cq), 8, mask, RC_OPS).expect("b");
+    connect(a, dev.ctx, qpn(b), ALL_ACCESS, 7);
+    connect(b, dev.ctx, qpn(a), ALL_ACCESS, 7);
+    let mem = RawMem::new(256);
+    mem.write(0, b"raw-data");
+    mem.write(128, &40u64.to_ne_bytes());
+    // SAFETY: `mem` outlives the registration (deregistered below, before it drops).
+    let mr = unsafe { hotverbs_softnic::testing::reg_mr(par, mem.ptr, 256, ALL_ACCESS) };
+    // SAFETY: a live MR.
+    let (key, base) = unsafe { ((*mr).lkey, mem.ptr as u64) };
+    let mut rs = [ibv_sge {
+        addr: base + 192,
+        length: 32,
+        lkey: key,
+    }];
+    assert_eq!(post_recv(b, 70, &mut rs), 0);
+    let x = to_ex(a);
+    // An aborted batch, then a refused one (inline data on a READ), then the real one.
+    // SAFETY: a live extended QP; builders inside start .. abort.
+    unsafe {
+        inline::ibv_wr_start(x);
+        inline::ibv_wr_rdma_write(x, key, base + 64);
+        inline::ibv_wr_set_sge(x, key, base, 8);
+        inline::ibv_wr_abort(x);
+    }
+    let note = *b"hi";
+    let r = batch(x, |q| {
+        // SAFETY: inside start .. complete; `note` readable.
+        unsafe {
+            inline::ibv_wr_rdma_read(q, key, base);
+            inline::ibv_wr_set_inline_data(q, note.as_ptr() as *mut _, 2);
+        }
+    });
+    assert_eq!(r, libc::EINVAL);
+    let r = batch(x, |q| {
+        // SAFETY: inside start .. complete; registered memory; `note` readable.
+        unsafe {
+            next(q, 1, 0);
+            inline::ibv_wr_rdma_write(q, key, base + 64);
+            inline::ibv_wr_set_sge(q, key, base, 8);
+            next(q, 2, 0);
+            inline::ibv_wr_send_imm(q, 3u32.to_be());
+            inline::ibv_wr_set_inline_data(q, note.as_ptr() as *mut _, 2);
+            next(q, 3, SIG);
+            inline::ibv_wr_atomic_fetch_add(q, key, base + 128, 2);
+            inline::ibv_wr_set_sge(q, key, base + 136, 8);
+        }
+    });
+    assert_eq!(r, 0);
+    let c = drain_ex(cq);
+    let ids: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(ids, [(70, IBV_WC_SUCCESS), (3, IBV_WC_SUCCESS)]);
+    assert_eq!(mem.read(64, 8), b"raw-data");
+    assert_eq!(mem.read(192, 2), b"hi");
+    assert_eq!(mem.read(128, 8), 42u64.to_ne_bytes());
+    assert_eq!(mem.read(136, 8), 40u64.to_ne_bytes());
+    // SAFETY: live objects, destroyed once, users first.
+    unsafe {
+        let f = fns();
+        assert_eq!(f.ibv_destroy_qp.unwrap()(a), 0);
+        assert_eq!(f.ibv_destroy_qp.unwrap()(b), 0);
+        assert_eq!(f.ibv_dereg_mr.unwrap()(mr), 0);
+        assert_eq!(f.ibv_destroy_cq.unwrap()(cq_of(cq)), 0);
+        assert_eq!(f.ibv_dealloc_pd.unwrap()(par), 0);
+        assert_eq!(inline::ibv_dealloc_td(td), 0);
     }
 }

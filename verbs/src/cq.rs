@@ -41,10 +41,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hotverbs_ffi::{ibv_comp_channel, ibv_cq, ibv_wc};
+use hotverbs_ffi::{ibv_comp_channel, ibv_cq, ibv_cq_ex, ibv_wc};
 
 use crate::device::Context;
 use crate::error::{record_drop_error, Error, Result};
+use crate::pd::Pd;
+use crate::td::ParentDomain;
 
 /// Set in a CQ's event word when its destruction starts (module invariants); the low bits
 /// count events taken and not yet acknowledged.
@@ -298,9 +300,48 @@ impl Context {
             .fns()
             .ibv_create_cq
             .ok_or_else(|| Error::missing("ibv_create_cq"))?;
+        self.create_cq_inner(
+            "ibv_create_cq",
+            cqe,
+            channel,
+            opts,
+            |cq_context, ch, vector| {
+                let n = i32::try_from(cqe).unwrap_or(i32::MAX);
+                // SAFETY: live context; ch null or a live channel of this context; cq_context
+                // points to the event word, which outlives the CQ; vector is one of the
+                // context's (all checked by create_cq_inner).
+                let cq = unsafe { f(self.as_raw(), n, cq_context, ch, vector) };
+                if cq.is_null() {
+                    Err(hotverbs_ffi::errno())
+                } else {
+                    Ok((cq, std::ptr::null_mut()))
+                }
+            },
+        )
+        .map(|inner| Cq {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The common part of [`create_cq_with`](Self::create_cq_with) and
+    /// [`CqBuilder::build`]: checks the channel and vector, makes the event word, calls
+    /// `create(cq_context, channel, comp_vector)` (returning the `ibv_cq`, the `ibv_cq_ex`
+    /// or null, or the errno) and wraps the result.
+    fn create_cq_inner(
+        &self,
+        verb: &'static str,
+        cqe: u32,
+        channel: Option<&CompChannel>,
+        opts: CqOptions,
+        create: impl FnOnce(
+            *mut std::ffi::c_void,
+            *mut ibv_comp_channel,
+            i32,
+        ) -> std::result::Result<(*mut ibv_cq, *mut ibv_cq_ex), i32>,
+    ) -> Result<CqInner> {
         if let Some(c) = channel {
             if c.inner.ctx.as_raw() != self.as_raw() {
-                return Err(Error::new("ibv_create_cq", libc::EINVAL)
+                return Err(Error::new(verb, libc::EINVAL)
                     .with_hint("the completion channel belongs to another device context"));
             }
         }
@@ -308,7 +349,7 @@ impl Context {
         let comp_vector = match i32::try_from(opts.comp_vector) {
             Ok(v) if opts.comp_vector == 0 || opts.comp_vector < vectors => v,
             _ => {
-                return Err(Error::new("ibv_create_cq", libc::EINVAL).with_hint(format!(
+                return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
                     "comp_vector {} is not a completion vector of {}: it has {vectors} \
                          (num_comp_vectors), pick one of 0..{}",
                     opts.comp_vector,
@@ -323,33 +364,391 @@ impl Context {
             user_context: opts.user_context,
         })));
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
-        let n = i32::try_from(cqe).unwrap_or(i32::MAX);
-        // SAFETY: live context; ch null or a live channel of this context; cq_context
-        // points to the event word, which outlives the CQ (freed after a successful destroy);
-        // comp_vector is one of the context's.
-        let cq = unsafe { f(self.as_raw(), n, events.as_ptr().cast(), ch, comp_vector) };
-        if cq.is_null() {
-            // SAFETY: no CQ was made, so nothing else has the word: freed once, here.
-            drop(unsafe { Box::from_raw(events.as_ptr()) });
-            let e = Error::from_errno("ibv_create_cq");
-            let ctx = self.clone();
-            return Err(e.or_hint(|| {
-                let max = ctx.query_device().ok()?.max_cqe();
-                (cqe as i64 > max as i64 || cqe == 0)
-                    .then(|| format!("cqe {cqe} outside 1..=max_cqe {max}"))
-            }));
-        }
-        Ok(Cq {
-            inner: Arc::new(CqInner {
-                ctx: self.clone(),
-                _channel: channel.map(|c| c.inner.clone()),
-                cq,
-                events,
-                comp_vector: opts.comp_vector,
-                rings: crate::bridge::CqRings::default(),
-            }),
+        let (cq, cq_ex) = match create(events.as_ptr().cast(), ch, comp_vector) {
+            Ok(made) => made,
+            Err(errno) => {
+                // SAFETY: no CQ was made, so nothing else has the word: freed once, here.
+                drop(unsafe { Box::from_raw(events.as_ptr()) });
+                let ctx = self.clone();
+                return Err(Error::from_ret(verb, errno).or_hint(|| {
+                    let max = ctx.query_device().ok()?.max_cqe();
+                    (cqe as i64 > max as i64 || cqe == 0)
+                        .then(|| format!("cqe {cqe} outside 1..=max_cqe {max}"))
+                }));
+            }
+        };
+        Ok(CqInner {
+            ctx: self.clone(),
+            _channel: channel.map(|c| c.inner.clone()),
+            cq,
+            cq_ex,
+            wc_fields: WcFields::empty(),
+            _parent_domain: None,
+            serial: None,
+            events,
+            comp_vector: opts.comp_vector,
+            rings: crate::bridge::CqRings::default(),
         })
     }
+}
+
+bitflags::bitflags! {
+    /// The fields an extended CQ's completions carry (`wc_flags` of
+    /// `ibv_create_cq_ex`, `IBV_WC_EX_WITH_*`): only these `ibv_wc_read_*` readers may be
+    /// called on it. wr_id, status, opcode and vendor_err are always there.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::WcFields;
+    /// assert!(WcFields::STANDARD.contains(WcFields::BYTE_LEN | WcFields::IMM));
+    /// assert!(!WcFields::STANDARD.contains(WcFields::COMPLETION_TIMESTAMP));
+    /// assert_eq!(WcFields::COMPLETION_TIMESTAMP.bits(), 1 << 7);
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct WcFields: u64 {
+        /// `ibv_wc_read_byte_len` (`IBV_WC_EX_WITH_BYTE_LEN`).
+        const BYTE_LEN = hotverbs_ffi::IBV_WC_EX_WITH_BYTE_LEN as u64;
+        /// `ibv_wc_read_imm_data` / `ibv_wc_read_invalidated_rkey` (`IBV_WC_EX_WITH_IMM`).
+        const IMM = hotverbs_ffi::IBV_WC_EX_WITH_IMM as u64;
+        /// `ibv_wc_read_qp_num` (`IBV_WC_EX_WITH_QP_NUM`).
+        const QP_NUM = hotverbs_ffi::IBV_WC_EX_WITH_QP_NUM as u64;
+        /// `ibv_wc_read_src_qp` (`IBV_WC_EX_WITH_SRC_QP`).
+        const SRC_QP = hotverbs_ffi::IBV_WC_EX_WITH_SRC_QP as u64;
+        /// `ibv_wc_read_slid` (`IBV_WC_EX_WITH_SLID`).
+        const SLID = hotverbs_ffi::IBV_WC_EX_WITH_SLID as u64;
+        /// `ibv_wc_read_sl` (`IBV_WC_EX_WITH_SL`).
+        const SL = hotverbs_ffi::IBV_WC_EX_WITH_SL as u64;
+        /// `ibv_wc_read_dlid_path_bits` (`IBV_WC_EX_WITH_DLID_PATH_BITS`).
+        const DLID_PATH_BITS = hotverbs_ffi::IBV_WC_EX_WITH_DLID_PATH_BITS as u64;
+        /// `ibv_wc_read_completion_ts`: the device clock when the completion was made
+        /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`); see [`crate::TimestampClock`] and
+        /// [`Context::supports_completion_timestamps`].
+        const COMPLETION_TIMESTAMP = hotverbs_ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64;
+        /// `ibv_wc_read_cvlan` (`IBV_WC_EX_WITH_CVLAN`).
+        const CVLAN = hotverbs_ffi::IBV_WC_EX_WITH_CVLAN as u64;
+        /// `ibv_wc_read_flow_tag` (`IBV_WC_EX_WITH_FLOW_TAG`).
+        const FLOW_TAG = hotverbs_ffi::IBV_WC_EX_WITH_FLOW_TAG as u64;
+        /// `ibv_wc_read_tm_info` (`IBV_WC_EX_WITH_TM_INFO`).
+        const TM_INFO = hotverbs_ffi::IBV_WC_EX_WITH_TM_INFO as u64;
+        /// `ibv_wc_read_completion_wallclock_ns`: the completion time in wall-clock ns
+        /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`).
+        const COMPLETION_TIMESTAMP_WALLCLOCK =
+            hotverbs_ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK as u64;
+        /// `IBV_WC_STANDARD_FLAGS`: byte_len, imm, qp_num, src_qp, slid, sl and
+        /// dlid_path_bits — what an `ibv_wc` of `ibv_poll_cq` has, and the default of
+        /// [`CqBuilder`].
+        const STANDARD = hotverbs_ffi::IBV_WC_STANDARD_FLAGS as u64;
+    }
+}
+
+impl WcFields {
+    /// What a single field is called in an error message, and whether that name is plural.
+    fn feature(self) -> (String, bool) {
+        if self == WcFields::COMPLETION_TIMESTAMP {
+            return ("completion timestamps".into(), true);
+        }
+        if self == WcFields::COMPLETION_TIMESTAMP_WALLCLOCK {
+            return ("wall-clock completion timestamps".into(), true);
+        }
+        let names: Vec<&str> = self.iter_names().map(|(n, _)| n).collect();
+        (format!("completion field {}", names.join(" | ")), false)
+    }
+}
+
+/// A builder for an extended CQ (`ibv_create_cq_ex`): the completion fields it carries
+/// ([`WcFields`], read with `ibv_start_poll` / `ibv_next_poll` / `ibv_wc_read_*` on
+/// [`Cq::as_cq_ex`]), an optional parent domain (its thread domain lets the provider skip
+/// the CQ's lock), and the same channel, vector and user context as
+/// [`Context::create_cq_with`]. The resulting [`Cq`] is a full `Cq`: [`Cq::poll`],
+/// [`Cq::req_notify`], channels and the datapath bridge all work on it as on any CQ.
+///
+/// # Example
+/// ```
+/// use hotverbs::{Context, CqBuilder, WcFields};
+/// let ctx = Context::open("softnic")?;
+/// let cq = CqBuilder::new(&ctx, 64)
+///     .wc_fields(WcFields::BYTE_LEN | WcFields::QP_NUM)
+///     .build()?;
+/// assert!(cq.as_cq_ex().is_some());
+/// assert_eq!(cq.wc_fields(), WcFields::BYTE_LEN | WcFields::QP_NUM);
+/// let mut wcs = [hotverbs::Wc::default(); 4];
+/// assert_eq!(cq.poll(&mut wcs)?, 0); // ibv_poll_cq works on it too
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_create_cq_ex(3)`, `ibv_alloc_parent_domain(3)`
+#[derive(Clone, Debug)]
+pub struct CqBuilder<'a> {
+    ctx: &'a Context,
+    cqe: u32,
+    channel: Option<&'a CompChannel>,
+    opts: CqOptions,
+    wc_fields: WcFields,
+    parent_domain: Option<&'a ParentDomain>,
+    single_threaded: bool,
+}
+
+impl<'a> CqBuilder<'a> {
+    /// An extended CQ of `ctx` with room for at least `cqe` completions, carrying
+    /// [`WcFields::STANDARD`], without channel, on vector 0.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn new(ctx: &'a Context, cqe: u32) -> Self {
+        CqBuilder {
+            ctx,
+            cqe,
+            channel: None,
+            opts: CqOptions::default(),
+            wc_fields: WcFields::STANDARD,
+            parent_domain: None,
+            single_threaded: false,
+        }
+    }
+
+    /// Raise completion events on `channel` ([`Cq::req_notify`]).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`, `ibv_get_cq_event(3)`
+    pub fn channel(mut self, channel: &'a CompChannel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+
+    /// Completion vector and user context ([`CqOptions`]).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn options(mut self, opts: CqOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// The completion fields to carry (`wc_flags`); default [`WcFields::STANDARD`].
+    /// Ask only for what you read: each field costs the provider work per completion.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn wc_fields(mut self, fields: WcFields) -> Self {
+        self.wc_fields = fields;
+        self
+    }
+
+    /// Make the CQ in `pd` (`IBV_CQ_INIT_ATTR_MASK_PD`): with a thread domain, the
+    /// provider may drop the CQ's lock. [`Cq::poll`] and [`Cq::req_notify`] then take a
+    /// lock of hotverbs' own; raw polling through [`Cq::as_raw`] / [`Cq::as_cq_ex`] must
+    /// come from one thread at a time (the datapath's poller is single-owner).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`, `ibv_alloc_parent_domain(3)`
+    pub fn parent_domain(mut self, pd: &'a ParentDomain) -> Self {
+        self.parent_domain = Some(pd);
+        self
+    }
+
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a promise that one thread at a time uses the
+    /// CQ, so the provider may skip its lock. Default false. As with a thread domain,
+    /// [`Cq::poll`] and [`Cq::req_notify`] then serialise themselves; raw polling is the
+    /// caller's to keep single-threaded.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn single_threaded(mut self, yes: bool) -> Self {
+        self.single_threaded = yes;
+        self
+    }
+
+    /// The `ibv_cq_init_attr_ex` of this builder, with `wc_flags` `fields` and the given
+    /// context word, channel and vector.
+    fn attr(
+        &self,
+        fields: WcFields,
+        cq_context: *mut std::ffi::c_void,
+        channel: *mut ibv_comp_channel,
+        comp_vector: u32,
+    ) -> hotverbs_ffi::ibv_cq_init_attr_ex {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut attr: hotverbs_ffi::ibv_cq_init_attr_ex = unsafe { crate::zeroed() };
+        attr.cqe = self.cqe;
+        attr.cq_context = cq_context;
+        attr.channel = channel;
+        attr.comp_vector = comp_vector;
+        attr.wc_flags = fields.bits();
+        if self.single_threaded {
+            attr.comp_mask |= hotverbs_ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS;
+            attr.flags |= hotverbs_ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+        }
+        if let Some(pd) = self.parent_domain {
+            attr.comp_mask |= hotverbs_ffi::IBV_CQ_INIT_ATTR_MASK_PD;
+            attr.parent_domain = pd.as_raw();
+        }
+        attr
+    }
+
+    /// `ibv_create_cq_ex(3)`.
+    ///
+    /// # Errors
+    /// `ibv_create_cq_ex: EOPNOTSUPP` (or the device's errno) when the device refuses a
+    /// requested field, naming it and the device: `completion timestamps are not supported
+    /// by device rxe0` (check [`Context::supports_completion_timestamps`] first); when it
+    /// has no extended CQs at all, the hint says so. `EINVAL` when the channel or parent
+    /// domain belongs to another context, for a bad `comp_vector`, or a `cqe` above the
+    /// device's `max_cqe`.
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn build(self) -> Result<Cq> {
+        const VERB: &str = "ibv_create_cq_ex";
+        let ctx = self.ctx;
+        if self
+            .parent_domain
+            .is_some_and(|p| p.context().as_raw() != ctx.as_raw())
+        {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the parent domain belongs to another device context"));
+        }
+        // Set when the verb itself refused (not one of the checks before it).
+        let refused = std::cell::Cell::new(false);
+        let made = ctx.create_cq_inner(VERB, self.cqe, self.channel, self.opts, |word, ch, v| {
+            let mut attr = self.attr(self.wc_fields, word, ch, v as u32);
+            // SAFETY: live context; attr is valid: ch null or a live channel, the parent
+            // domain (if any) live and of this context, cq_context the event word.
+            let cq_ex = unsafe { hotverbs_ffi::inline::ibv_create_cq_ex(ctx.as_raw(), &mut attr) };
+            if cq_ex.is_null() {
+                refused.set(true);
+                Err(hotverbs_ffi::errno())
+            } else {
+                Ok((hotverbs_ffi::inline::ibv_cq_ex_to_cq(cq_ex), cq_ex))
+            }
+        });
+        match made {
+            Ok(mut inner) => {
+                inner.wc_fields = self.wc_fields;
+                inner._parent_domain = self.parent_domain.map(|p| p.as_pd().clone());
+                let lockless = self.single_threaded
+                    || self
+                        .parent_domain
+                        .is_some_and(|p| p.thread_domain().is_some());
+                inner.serial = lockless.then(|| std::sync::Mutex::new(()));
+                Ok(Cq {
+                    inner: Arc::new(inner),
+                })
+            }
+            Err(e)
+                if refused.get()
+                    && (crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL) =>
+            {
+                match self.refused_fields() {
+                    Some(hint) => Err(Error::new(VERB, e.errno()).with_hint(hint)),
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// After a refusal: which requested fields does the device refuse on their own? Tries
+    /// a bare extended CQ per field (destroyed at once) and names the refused ones and the
+    /// device; `None` when each works alone (the combination, a flag or the parent domain
+    /// was refused: the verb's own error stands).
+    fn refused_fields(&self) -> Option<String> {
+        let ctx = self.ctx;
+        let destroy = ctx.fns().ibv_destroy_cq?;
+        let try_fields = |fields: WcFields| -> bool {
+            // SAFETY: plain C data; all-zero is valid.
+            let mut attr: hotverbs_ffi::ibv_cq_init_attr_ex = unsafe { crate::zeroed() };
+            attr.cqe = self.cqe.clamp(1, 64);
+            attr.wc_flags = fields.bits();
+            // SAFETY: live context; attr valid (no channel, no context word, no PD).
+            let cq = unsafe { hotverbs_ffi::inline::ibv_create_cq_ex(ctx.as_raw(), &mut attr) };
+            if cq.is_null() {
+                return false;
+            }
+            // SAFETY: the probe CQ was just made on this context and nothing else uses it.
+            unsafe { destroy(hotverbs_ffi::inline::ibv_cq_ex_to_cq(cq)) };
+            true
+        };
+        if !try_fields(WcFields::empty()) && !try_fields(WcFields::STANDARD) {
+            return Some(format!(
+                "extended CQs (ibv_create_cq_ex) are not supported by device {}: use \
+                 Context::create_cq",
+                ctx.name()
+            ));
+        }
+        let refused = self
+            .wc_fields
+            .iter()
+            .filter(|&f| !try_fields(f))
+            .fold(WcFields::empty(), |a, f| a | f);
+        if refused.is_empty() {
+            return None;
+        }
+        Some(refused_fields_hint(refused, ctx.name()))
+    }
+}
+
+/// `vendor_id` of Soft-RoCE (rxe) devices.
+const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
+impl Context {
+    /// May an extended CQ of this device be drained several completions per
+    /// `ibv_start_poll`, calling `ibv_next_poll` until it answers ENOENT and then
+    /// `ibv_end_poll` as `ibv_create_cq_ex(3)` says?
+    ///
+    /// False on rxe (`vendor_id` 0xffffff): librxe up to rdma-core 54 (Debian bookworm ships
+    /// 44) stores the consumer index past the last completion when `ibv_next_poll` answers
+    /// ENOENT, and `ibv_end_poll` advances it once more: the CQ then reads stale slots and
+    /// the kernel sees it full (fixed in rdma-core 55, "rxe: fix completion queue consumer
+    /// index overrun"; the spinlock it also unlocked twice, in 59). There, read one
+    /// completion per `ibv_start_poll` / `ibv_end_poll` and never call `ibv_next_poll`.
+    /// True for every other device (softnic included).
+    ///
+    /// # Example
+    /// ```
+    /// let ctx = hotverbs::Context::open("softnic")?;
+    /// assert!(ctx.ex_cq_batch_poll_safe()?);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)` (`ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll`),
+    /// `ibv_query_device(3)` (`vendor_id`)
+    pub fn ex_cq_batch_poll_safe(&self) -> Result<bool> {
+        if self.kind() == crate::DeviceKind::Softnic {
+            return Ok(true);
+        }
+        Ok(self.query_device()?.vendor_id() != RXE_VENDOR_ID)
+    }
+}
+
+/// The hint for completion fields `refused` (non-empty) by device `device`.
+fn refused_fields_hint(refused: WcFields, device: &str) -> String {
+    let features: Vec<(String, bool)> = refused.iter().map(WcFields::feature).collect();
+    let plural = features.len() > 1 || features.first().is_some_and(|f| f.1);
+    let names: Vec<String> = refused
+        .iter_names()
+        .map(|(n, _)| format!("WcFields::{n}"))
+        .collect();
+    let timestamps = WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK;
+    format!(
+        "{} {} not supported by device {device}: leave {} out{}",
+        features
+            .iter()
+            .map(|(f, _)| f.as_str())
+            .collect::<Vec<_>>()
+            .join(" and "),
+        if plural { "are" } else { "is" },
+        names.join(" | "),
+        if refused.intersects(timestamps) {
+            " (check Context::supports_completion_timestamps() first)"
+        } else {
+            ""
+        },
+    )
 }
 
 /// The channel's fd (`ibv_comp_channel.fd`), readable when an event is pending; open as
@@ -542,6 +941,17 @@ pub(crate) struct CqInner {
     /// Held so the channel outlives the CQ (libibverbs: EBUSY otherwise).
     _channel: Option<Arc<ChanInner>>,
     cq: *mut ibv_cq,
+    /// The same CQ as an `ibv_cq_ex` when made by `ibv_create_cq_ex`, else null.
+    cq_ex: *mut ibv_cq_ex,
+    /// The fields its extended completions carry ([`CqBuilder::wc_fields`]); empty for a
+    /// CQ from `ibv_create_cq`.
+    wc_fields: WcFields,
+    /// The parent domain it was made in (held so it outlives the CQ).
+    _parent_domain: Option<Pd>,
+    /// For a CQ the provider may leave unlocked (a thread domain, or
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`): serialises [`Cq::poll`] and
+    /// [`Cq::req_notify`], which safe code may call from several threads at once.
+    serial: Option<std::sync::Mutex<()>>,
     /// The event word and user context (module invariants): from `Box::leak`, freed only
     /// after a successful destroy.
     events: NonNull<CqWord>,
@@ -660,6 +1070,30 @@ impl Cq {
         &self.inner.ctx
     }
 
+    /// The raw `ibv_cq_ex` of a CQ made by [`CqBuilder`] (`ibv_create_cq_ex`), for
+    /// `ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll` and the `ibv_wc_read_*` readers
+    /// of its [`wc_fields`](Self::wc_fields); `None` for a CQ from `ibv_create_cq`.
+    /// [`as_raw`](Self::as_raw) is the same CQ as an `ibv_cq` (`ibv_cq_ex_to_cq`).
+    ///
+    /// Same validity and single-poller contract as [`as_raw`](Self::as_raw); reading a
+    /// field that was not requested is undefined (providers leave its reader NULL).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn as_cq_ex(&self) -> Option<*mut ibv_cq_ex> {
+        (!self.inner.cq_ex.is_null()).then_some(self.inner.cq_ex)
+    }
+
+    /// The completion fields of an extended CQ ([`CqBuilder::wc_fields`]); empty for a CQ
+    /// from `ibv_create_cq` (whose `ibv_wc`s of [`poll`](Self::poll) have every standard
+    /// field).
+    ///
+    /// # References
+    /// `ibv_create_cq_ex(3)`
+    pub fn wc_fields(&self) -> WcFields {
+        self.inner.wc_fields
+    }
+
     /// Actual number of entries (`cq->cqe`; at least what was asked).
     pub fn capacity(&self) -> u32 {
         // SAFETY: live CQ.
@@ -685,7 +1119,9 @@ impl Cq {
             ));
         }
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
-        // SAFETY: live CQ; Wc is repr(transparent) over ibv_wc so the slice is n writable
+        let _serial = self.inner.serial.as_ref().map(|m| m.lock());
+        // SAFETY: live CQ (serialised above if the provider may not lock it); Wc is
+        // repr(transparent) over ibv_wc so the slice is n writable
         // ibv_wc entries.
         let ret =
             unsafe { hotverbs_ffi::inline::ibv_poll_cq(self.inner.cq, n, wcs.as_mut_ptr().cast()) };
@@ -724,7 +1160,8 @@ impl Cq {
     /// `ibv_req_notify_cq(3)`: arm the CQ so the next completion (only solicited ones if
     /// `solicited_only`) raises an event on its channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        // SAFETY: live CQ.
+        let _serial = self.inner.serial.as_ref().map(|m| m.lock());
+        // SAFETY: live CQ (serialised above if the provider may not lock it).
         let ret = unsafe {
             hotverbs_ffi::inline::ibv_req_notify_cq(self.inner.cq, solicited_only as i32)
         };
@@ -1169,5 +1606,52 @@ impl AsFd for AsyncEvents {
         // `ibv_close_device`, after the last clone of the context, one of which we hold for
         // at least the borrow of self.
         unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_fields_are_named_with_the_device() {
+        assert_eq!(
+            refused_fields_hint(WcFields::COMPLETION_TIMESTAMP, "rxe0"),
+            "completion timestamps are not supported by device rxe0: leave \
+             WcFields::COMPLETION_TIMESTAMP out (check \
+             Context::supports_completion_timestamps() first)"
+        );
+        assert_eq!(
+            refused_fields_hint(WcFields::FLOW_TAG, "softnic"),
+            "completion field FLOW_TAG is not supported by device softnic: leave \
+             WcFields::FLOW_TAG out"
+        );
+        let h = refused_fields_hint(
+            WcFields::CVLAN | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+            "mlx5_0",
+        );
+        assert_eq!(
+            h,
+            "completion field CVLAN and wall-clock completion timestamps are not supported \
+             by device mlx5_0: leave WcFields::CVLAN | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK \
+             out (check Context::supports_completion_timestamps() first)"
+        );
+    }
+
+    #[test]
+    fn wc_fields_mirror_the_header() {
+        assert_eq!(
+            WcFields::STANDARD,
+            WcFields::BYTE_LEN
+                | WcFields::IMM
+                | WcFields::QP_NUM
+                | WcFields::SRC_QP
+                | WcFields::SLID
+                | WcFields::SL
+                | WcFields::DLID_PATH_BITS
+        );
+        assert_eq!(WcFields::COMPLETION_TIMESTAMP_WALLCLOCK.bits(), 1 << 11);
+        // Iterating yields single fields only (STANDARD is a union, not a field).
+        assert_eq!(WcFields::STANDARD.iter().count(), 7);
     }
 }

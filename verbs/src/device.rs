@@ -840,6 +840,47 @@ impl DeviceAttr {
     pub fn device_cap_flags_ex(&self) -> u64 {
         self.raw.device_cap_flags_ex
     }
+    /// The width of the device's completion timestamps (`completion_timestamp_mask`: the
+    /// counter wraps after it); 0 when the device has no completion timestamps (rxe), and
+    /// without the extended query.
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)`
+    pub fn completion_timestamp_mask(&self) -> u64 {
+        self.raw.completion_timestamp_mask
+    }
+    /// The frequency of the device clock that stamps completions (`hca_core_clock`), in
+    /// kHz; 0 when the device does not declare one. [`crate::TimestampClock`] turns
+    /// timestamps into nanoseconds with it.
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)`
+    pub fn hca_core_clock_khz(&self) -> u64 {
+        self.raw.hca_core_clock
+    }
+    /// The vendor's IEEE OUI (`vendor_id`): 0x02c9 Mellanox/NVIDIA, 0xffffff Soft-RoCE
+    /// (rxe).
+    ///
+    /// # References
+    /// `ibv_query_device(3)`
+    pub fn vendor_id(&self) -> u32 {
+        self.raw.orig_attr.vendor_id
+    }
+    /// The vendor's part id (`vendor_part_id`), e.g. 4123 for a ConnectX-6; 0 on rxe.
+    ///
+    /// # References
+    /// `ibv_query_device(3)`
+    pub fn vendor_part_id(&self) -> u32 {
+        self.raw.orig_attr.vendor_part_id
+    }
+    /// Are completion timestamps available (non-zero
+    /// [`completion_timestamp_mask`](Self::completion_timestamp_mask))?
+    ///
+    /// # References
+    /// `ibv_query_device_ex(3)`, `ibv_create_cq_ex(3)`
+    pub fn supports_completion_timestamps(&self) -> bool {
+        self.raw.completion_timestamp_mask != 0
+    }
 }
 
 impl fmt::Debug for DeviceAttr {
@@ -851,6 +892,11 @@ impl fmt::Debug for DeviceAttr {
             .field("max_qp_wr", &self.max_qp_wr())
             .field("max_sge", &self.max_sge())
             .field("max_cqe", &self.max_cqe())
+            .field(
+                "completion_timestamp_mask",
+                &format_args!("{:#x}", self.completion_timestamp_mask()),
+            )
+            .field("hca_core_clock_khz", &self.hca_core_clock_khz())
             .finish_non_exhaustive()
     }
 }

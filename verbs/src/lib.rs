@@ -13,10 +13,16 @@
 //! - [`Pd`], [`Mr`]: protection domains and memory regions (over borrowed caller memory
 //!   or owned page-aligned/huge-page buffers), with [`Sge`] and [`RemoteMr`] descriptors.
 //! - [`Cq`], [`CompChannel`], [`Wc`]: completion queues, event channels (fd for epoll),
-//!   [`AsyncEvent`]s.
+//!   [`AsyncEvent`]s; [`CqBuilder`] for extended CQs (`ibv_create_cq_ex`) carrying the
+//!   [`WcFields`] asked for, completion timestamps included ([`TimestampClock`],
+//!   [`Context::rt_values`], [`Context::supports_completion_timestamps`]); whether its
+//!   completions may be drained in batches: [`Context::ex_cq_batch_poll_safe`] (not on rxe).
 //! - [`QpBuilder`], [`Qp`]: RC/UC/UD QPs; typed transitions [`Qp::to_init`],
 //!   [`Qp::to_rtr`], [`Qp::to_rts`], [`Qp::to_error`], [`Qp::reset`], [`Qp::query`],
-//!   and [`Qp::connect`] for all of RESET->INIT->RTR->RTS.
+//!   and [`Qp::connect`] for all of RESET->INIT->RTR->RTS; [`QpBuilder::send_ops`] for
+//!   extended QPs (`ibv_create_qp_ex`, posted through `ibv_wr_*` on [`Qp::as_qp_ex`]).
+//! - [`ThreadDomain`], [`ParentDomain`]: `ibv_alloc_td` / `ibv_alloc_parent_domain`, so a
+//!   single-threaded QP or CQ can skip the provider's locks.
 //! - [`Srq`], [`Ah`]: shared receive queues, address handles (also from a received
 //!   [`Wc`]), multicast with [`Qp::attach_mcast`].
 //! - [`exchange`]: endpoint exchange over TCP in our format and `ibv_rc_pingpong`'s.
@@ -72,6 +78,7 @@
 
 mod ah;
 mod bridge;
+mod clock;
 pub mod cm;
 mod cq;
 mod device;
@@ -81,14 +88,16 @@ mod mr;
 mod pd;
 mod qp;
 mod srq;
+mod td;
 pub mod testing;
 mod watchdog;
 
 pub use ah::{Ah, AhAttr};
 pub use bridge::{CqPoller, RecvRing, SendRing};
+pub use clock::{ClockSample, RtValues, TimestampClock};
 pub use cq::{
-    async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqEvent, CqOptions,
-    Wc,
+    async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqBuilder, CqEvent,
+    CqOptions, Wc, WcFields,
 };
 pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
@@ -112,9 +121,10 @@ pub use mr::{AccessFlags, Mr, OwnedBuf, RemoteMr, Sge};
 pub use pd::Pd;
 pub use qp::{
     ConnectOptions, Grh, InitAttr, Qp, QpAttr, QpBuilder, QpCaps, QpState, QpType, RtrAttr,
-    RtsAttr, SendWr, DEFAULT_QKEY,
+    RtsAttr, SendOps, SendWr, DEFAULT_QKEY,
 };
 pub use srq::{Srq, SrqAttr};
+pub use td::{ParentDomain, ThreadDomain};
 pub use watchdog::Watchdog;
 
 /// An all-zero value of a C struct.

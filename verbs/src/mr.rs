@@ -787,7 +787,8 @@ impl<'a> Mr<'a> {
             return Err(Error::new(what, libc::EINVAL)
                 .with_hint("receives write the MR: register it with LOCAL_WRITE"));
         }
-        if self.pd.as_raw() != pd.as_raw() {
+        // A parent domain shares its protection domain's scope.
+        if self.pd.protection_raw() != pd.protection_raw() {
             return Err(Error::new(what, libc::EINVAL)
                 .with_hint("the MR is registered in another PD than the queue's"));
         }

@@ -1,4 +1,5 @@
-//! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`).
+//! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`); parent domains are `Pd`s too
+//! (`crate::td`).
 //!
 //! Invariants: a [`Pd`] is an `Arc<PdInner>`; every MR, QP, SRQ and AH made from it holds a
 //! clone, so `ibv_dealloc_pd` runs only after the last of them is destroyed (libibverbs
@@ -15,6 +16,10 @@ use crate::error::{record_drop_error, Error, Result};
 pub(crate) struct PdInner {
     pub(crate) ctx: Context,
     pub(crate) pd: *mut ibv_pd,
+    /// For a parent domain ([`crate::ParentDomain`]): the protection domain and thread
+    /// domain it was made from, released after the parent domain is deallocated (`Drop`
+    /// deallocates before the fields drop).
+    pub(crate) parent: Option<crate::td::ParentLinks>,
 }
 
 // SAFETY: a PD is only an identifier for verbs, all of which are thread-safe.
@@ -55,6 +60,10 @@ impl Drop for PdInner {
 ///
 /// Cheap to clone. MRs, QPs, SRQs and AHs keep it alive: it is deallocated after the last
 /// of them. [`Pd::destroy`] deallocates now and returns the verb's error.
+///
+/// A [`ParentDomain`](crate::ParentDomain) is a `Pd` too (it dereferences to one): MRs and
+/// QPs made with it use its thread domain, and it keeps the protection domain it wraps
+/// alive. It shares that domain's protection scope: an MR of either serves a QP of either.
 ///
 /// # Example
 /// ```
@@ -99,6 +108,7 @@ impl Context {
             inner: Arc::new(PdInner {
                 ctx: self.clone(),
                 pd,
+                parent: None,
             }),
         })
     }
@@ -115,6 +125,16 @@ impl Pd {
         self.inner.pd
     }
 
+    /// The protection domain this PD stands for: itself, or for a parent domain the
+    /// protection domain it wraps. Objects of a parent domain and of its protection domain
+    /// share one protection scope (keys, address handles).
+    pub(crate) fn protection_raw(&self) -> *mut ibv_pd {
+        match &self.inner.parent {
+            Some(p) => p.pd.as_raw(),
+            None => self.inner.pd,
+        }
+    }
+
     /// `ibv_dealloc_pd(3)` now, returning its error.
     ///
     /// # Errors
@@ -124,7 +144,8 @@ impl Pd {
         let n = Arc::strong_count(&self.inner) - 1;
         let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
             Error::new("ibv_dealloc_pd", libc::EBUSY).with_hint(format!(
-                "{n} MRs, QPs, SRQs, AHs or Pd clones still use this PD: drop them first"
+                "{n} MRs, QPs, CQs, SRQs, AHs, parent domains or Pd clones still use this PD: \
+                 drop them first"
             ))
         })?;
         inner.dealloc()

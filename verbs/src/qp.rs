@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
-use hotverbs_ffi::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge};
+use hotverbs_ffi::{
+    ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge,
+};
 
 use crate::ah::{Ah, AhAttr};
 use crate::cq::Cq;
@@ -202,6 +204,50 @@ fn transition_verb(from: QpState, to: QpState) -> &'static str {
     TRANSITIONS[from as usize][to as usize]
 }
 
+bitflags::bitflags! {
+    /// The operations an extended QP may post (`send_ops_flags` of `ibv_create_qp_ex`,
+    /// `IBV_QP_EX_WITH_*`): only these `ibv_wr_*` builders may be called on its
+    /// [`Qp::as_qp_ex`] (providers fill only the requested ones).
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::SendOps;
+    /// let ops = SendOps::SEND | SendOps::RDMA_WRITE;
+    /// assert_eq!(ops.bits(), (hotverbs_ffi::IBV_QP_EX_WITH_SEND
+    ///     | hotverbs_ffi::IBV_QP_EX_WITH_RDMA_WRITE) as u64);
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_qp_ex(3)`, `ibv_wr_post(3)`
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct SendOps: u64 {
+        /// `ibv_wr_rdma_write` (`IBV_QP_EX_WITH_RDMA_WRITE`).
+        const RDMA_WRITE = hotverbs_ffi::IBV_QP_EX_WITH_RDMA_WRITE as u64;
+        /// `ibv_wr_rdma_write_imm` (`IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM`).
+        const RDMA_WRITE_WITH_IMM = hotverbs_ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM as u64;
+        /// `ibv_wr_send` (`IBV_QP_EX_WITH_SEND`).
+        const SEND = hotverbs_ffi::IBV_QP_EX_WITH_SEND as u64;
+        /// `ibv_wr_send_imm` (`IBV_QP_EX_WITH_SEND_WITH_IMM`).
+        const SEND_WITH_IMM = hotverbs_ffi::IBV_QP_EX_WITH_SEND_WITH_IMM as u64;
+        /// `ibv_wr_rdma_read` (`IBV_QP_EX_WITH_RDMA_READ`).
+        const RDMA_READ = hotverbs_ffi::IBV_QP_EX_WITH_RDMA_READ as u64;
+        /// `ibv_wr_atomic_cmp_swp` (`IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP`).
+        const ATOMIC_CMP_AND_SWP = hotverbs_ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP as u64;
+        /// `ibv_wr_atomic_fetch_add` (`IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`).
+        const ATOMIC_FETCH_AND_ADD = hotverbs_ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as u64;
+        /// `ibv_wr_local_inv` (`IBV_QP_EX_WITH_LOCAL_INV`).
+        const LOCAL_INV = hotverbs_ffi::IBV_QP_EX_WITH_LOCAL_INV as u64;
+        /// `ibv_wr_bind_mw` (`IBV_QP_EX_WITH_BIND_MW`).
+        const BIND_MW = hotverbs_ffi::IBV_QP_EX_WITH_BIND_MW as u64;
+        /// `ibv_wr_send_inv` (`IBV_QP_EX_WITH_SEND_WITH_INV`).
+        const SEND_WITH_INV = hotverbs_ffi::IBV_QP_EX_WITH_SEND_WITH_INV as u64;
+        /// `ibv_wr_send_tso` (`IBV_QP_EX_WITH_TSO`).
+        const TSO = hotverbs_ffi::IBV_QP_EX_WITH_TSO as u64;
+        /// `ibv_wr_atomic_write` (`IBV_QP_EX_WITH_ATOMIC_WRITE`).
+        const ATOMIC_WRITE = hotverbs_ffi::IBV_QP_EX_WITH_ATOMIC_WRITE as u64;
+    }
+}
+
 /// Builds a QP: `QpBuilder::new(&pd, &send_cq, &recv_cq, QpType::Rc)` then setters, then
 /// [`build`](Self::build). Defaults: 16 send and 16 receive WRs, 1 SGE each, no inline
 /// data, `sq_sig_all = false` (selective signaling), no SRQ.
@@ -223,7 +269,7 @@ fn transition_verb(from: QpState, to: QpState) -> &'static str {
 /// ```
 ///
 /// # References
-/// `ibv_create_qp(3)`
+/// `ibv_create_qp(3)`, `ibv_create_qp_ex(3)` (extended mode: [`QpBuilder::send_ops`])
 #[derive(Clone)]
 pub struct QpBuilder<'a> {
     pd: &'a Pd,
@@ -233,6 +279,8 @@ pub struct QpBuilder<'a> {
     cap: hotverbs_ffi::ibv_qp_cap,
     sq_sig_all: bool,
     srq: Option<&'a Srq>,
+    /// Extended mode: the ops of `ibv_create_qp_ex`.
+    send_ops: Option<SendOps>,
 }
 
 impl fmt::Debug for QpBuilder<'_> {
@@ -246,6 +294,7 @@ impl fmt::Debug for QpBuilder<'_> {
             .field("max_inline_data", &self.cap.max_inline_data)
             .field("sq_sig_all", &self.sq_sig_all)
             .field("srq", &self.srq.is_some())
+            .field("send_ops", &self.send_ops)
             .finish()
     }
 }
@@ -268,6 +317,7 @@ impl<'a> QpBuilder<'a> {
             },
             sq_sig_all: false,
             srq: None,
+            send_ops: None,
         }
     }
     /// Send queue depth.
@@ -307,11 +357,47 @@ impl<'a> QpBuilder<'a> {
         self
     }
 
-    /// `ibv_create_qp(3)`. The QP starts in RESET.
+    /// Extended mode: create the QP with `ibv_create_qp_ex(3)` (`comp_mask` PD |
+    /// SEND_OPS_FLAGS) so it can post through `ibv_wr_start` / `ibv_wr_*` /
+    /// `ibv_wr_complete` on [`Qp::as_qp_ex`], with exactly the operations in `ops`. The
+    /// `ibv_post_send` path ([`Qp::post_send`], the legacy rings) keeps working. With a
+    /// [`ParentDomain`](crate::ParentDomain) as the PD, the QP uses its thread domain.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{Context, QpBuilder, QpType, SendOps};
+    /// let ctx = Context::open("softnic")?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
+    /// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+    ///     .send_ops(SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE)
+    ///     .build()?;
+    /// assert!(qp.as_qp_ex().is_some());
+    /// assert_eq!(qp.send_ops(), SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_qp_ex(3)`, `ibv_wr_post(3)`
+    pub fn send_ops(mut self, ops: SendOps) -> Self {
+        self.send_ops = Some(ops);
+        self
+    }
+
+    /// `ibv_create_qp(3)`, or `ibv_create_qp_ex(3)` in extended mode
+    /// ([`send_ops`](Self::send_ops)). The QP starts in RESET.
     ///
     /// # Errors
-    /// The verb's error with a hint naming the device limit a cap exceeds.
+    /// The verb's error with a hint naming the device limit a cap exceeds. In extended
+    /// mode, a device that refuses an operation gives `ibv_create_qp_ex: EOPNOTSUPP` (or
+    /// its errno) naming the operations and the device (`send op RDMA_WRITE_WITH_IMM is not
+    /// supported by device rxe0 for UD QPs`), or saying that it has no extended QPs.
+    ///
+    /// # References
+    /// `ibv_create_qp(3)`, `ibv_create_qp_ex(3)`
     pub fn build(self) -> Result<Qp> {
+        if let Some(ops) = self.send_ops {
+            return self.build_ex(ops);
+        }
         let f = self
             .pd
             .context()
@@ -354,6 +440,12 @@ impl<'a> QpBuilder<'a> {
             return Err(Error::new(verb, libc::EINVAL)
                 .with_hint("the PD, CQs and SRQ must all belong to one device context (Context)"));
         }
+        if self.send_ops.is_some() && matches!(destroy, QpDestroy::RdmaCm { .. }) {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "rdma_create_qp makes plain QPs: extended mode (QpBuilder::send_ops) is only \
+                 available through QpBuilder::build",
+            ));
+        }
         let mut cap = self.cap;
         if self.srq.is_some() {
             cap.max_recv_wr = 0;
@@ -374,6 +466,8 @@ impl<'a> QpBuilder<'a> {
         };
         Ok(Qp {
             qp,
+            qp_ex: std::ptr::null_mut(),
+            send_ops: SendOps::empty(),
             destroy,
             sq_sig_all: self.sq_sig_all,
             sq_taken: AtomicBool::new(false),
@@ -390,6 +484,131 @@ impl<'a> QpBuilder<'a> {
             leases: Mutex::new(Vec::new()),
             reservations: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `ibv_create_qp_ex` with `ops` as `send_ops_flags`, returning the QP or the errno.
+    fn create_ex(
+        ctx: &crate::Context,
+        pd: *mut hotverbs_ffi::ibv_pd,
+        init: &mut ibv_qp_init_attr,
+        ops: SendOps,
+    ) -> std::result::Result<*mut ibv_qp, i32> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut attr: hotverbs_ffi::ibv_qp_init_attr_ex = unsafe { zeroed() };
+        attr.qp_context = init.qp_context;
+        attr.send_cq = init.send_cq;
+        attr.recv_cq = init.recv_cq;
+        attr.srq = init.srq;
+        attr.cap = init.cap;
+        attr.qp_type = init.qp_type;
+        attr.sq_sig_all = init.sq_sig_all;
+        attr.comp_mask =
+            hotverbs_ffi::IBV_QP_INIT_ATTR_PD | hotverbs_ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        attr.pd = pd;
+        attr.send_ops_flags = ops.bits();
+        // SAFETY: live context; attr names a live PD and CQs/SRQ of this context (checked
+        // by build_with / the probe's caller) and is writable (the provider writes caps).
+        let qp =
+            unsafe { hotverbs_ffi::inline::ibv_create_qp_ex(ctx.fns(), ctx.as_raw(), &mut attr) };
+        if qp.is_null() {
+            return Err(hotverbs_ffi::errno());
+        }
+        init.cap = attr.cap;
+        Ok(qp)
+    }
+
+    fn build_ex(self, ops: SendOps) -> Result<Qp> {
+        const VERB: &str = "ibv_create_qp_ex";
+        let ctx = self.pd.context().clone();
+        let to_qp_ex = ctx
+            .fns()
+            .ibv_qp_to_qp_ex
+            .ok_or_else(|| Error::missing("ibv_qp_to_qp_ex"))?;
+        let probe = self.clone();
+        // Set when the verb itself refused (not one of the checks before it).
+        let refused = std::cell::Cell::new(false);
+        let made = self.build_with(VERB, QpDestroy::Verbs, |pd, init| {
+            let r = QpBuilder::create_ex(&ctx, pd, init, ops);
+            refused.set(r.is_err());
+            r
+        });
+        let mut qp = match made {
+            Ok(qp) => qp,
+            Err(e)
+                if refused.get()
+                    && (crate::td::unsupported(e.errno()) || e.errno() == libc::EINVAL) =>
+            {
+                return Err(match probe.refused_ops(ops, e.errno()) {
+                    Some(hint) => Error::new(VERB, e.errno()).with_hint(hint),
+                    None => e,
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        // SAFETY: qp is a live QP made by ibv_create_qp_ex of this context's table.
+        let qp_ex = unsafe { to_qp_ex(qp.qp) };
+        if qp_ex.is_null() {
+            // `qp` is dropped (destroyed) on return.
+            return Err(
+                Error::new("ibv_qp_to_qp_ex", libc::EOPNOTSUPP).with_hint(format!(
+                    "device {} made the QP but gives no ibv_qp_ex for it",
+                    ctx.name()
+                )),
+            );
+        }
+        qp.qp_ex = qp_ex;
+        qp.send_ops = ops;
+        Ok(qp)
+    }
+
+    /// After `ibv_create_qp_ex` refused `ops` with `errno`: which operations does the
+    /// device refuse on their own for this QP type? Creates a QP per operation (destroyed
+    /// at once) and names the refused ones and the device; `None` when each works alone
+    /// (the combination or a cap was refused: the verb's own error stands).
+    fn refused_ops(&self, ops: SendOps, errno: i32) -> Option<String> {
+        let ctx = self.pd.context();
+        let destroy = ctx.fns().ibv_destroy_qp?;
+        let try_ops = |ops: SendOps| -> bool {
+            let mut init = ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: self.send_cq.as_raw(),
+                recv_cq: self.recv_cq.as_raw(),
+                srq: self.srq.map_or(std::ptr::null_mut(), Srq::as_raw),
+                cap: hotverbs_ffi::ibv_qp_cap {
+                    max_send_wr: 1,
+                    max_recv_wr: if self.srq.is_some() { 0 } else { 1 },
+                    max_send_sge: 1,
+                    max_recv_sge: if self.srq.is_some() { 0 } else { 1 },
+                    max_inline_data: 0,
+                },
+                qp_type: self.qp_type.raw(),
+                sq_sig_all: 0,
+            };
+            match QpBuilder::create_ex(ctx, self.pd.as_raw(), &mut init, ops) {
+                Ok(qp) => {
+                    // SAFETY: the probe QP was just made and nothing else uses it.
+                    unsafe { destroy(qp) };
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        let refused = ops
+            .iter()
+            .filter(|&op| !try_ops(op))
+            .fold(SendOps::empty(), |a, op| a | op);
+        let qp_type = format!("{:?}", self.qp_type).to_uppercase();
+        if refused == ops && !ops.is_empty() && errno != libc::EINVAL && !try_ops(SendOps::SEND) {
+            return Some(format!(
+                "extended QPs (ibv_create_qp_ex with send_ops_flags) are not supported by \
+                 device {} for {qp_type} QPs: build without QpBuilder::send_ops",
+                ctx.name()
+            ));
+        }
+        if refused.is_empty() || (refused == ops && errno == libc::EINVAL) {
+            return None;
+        }
+        Some(refused_ops_hint(refused, ctx.name(), &qp_type))
     }
 
     fn cap_hint(&self) -> Option<String> {
@@ -435,6 +654,21 @@ impl<'a> QpBuilder<'a> {
             Some(v.join("; "))
         }
     }
+}
+
+/// The hint for send operations `refused` (non-empty) by device `device` on QPs of
+/// `qp_type`.
+fn refused_ops_hint(refused: SendOps, device: &str, qp_type: &str) -> String {
+    let names: Vec<&str> = refused.iter_names().map(|(n, _)| n).collect();
+    let many = names.len() > 1;
+    format!(
+        "send op{} {} {} not supported by device {device} for {qp_type} QPs: leave {} out \
+         of the SendOps",
+        if many { "s" } else { "" },
+        names.join(", "),
+        if many { "are" } else { "is" },
+        if many { "them" } else { "it" },
+    )
 }
 
 /// A PSN from the process's random hasher keys (no extra dependency): 24 bits.
@@ -839,6 +1073,10 @@ impl fmt::Debug for QpAttr {
 /// `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`
 pub struct Qp {
     qp: *mut ibv_qp,
+    /// The same QP as an `ibv_qp_ex` in extended mode ([`QpBuilder::send_ops`]), else null.
+    qp_ex: *mut ibv_qp_ex,
+    /// The operations of an extended QP (empty otherwise).
+    send_ops: SendOps,
     /// How the QP is destroyed (its own verb, or rdma_cm's on the ID that made it).
     destroy: QpDestroy,
     /// Created with `sq_sig_all` (every send WR signaled).
@@ -887,6 +1125,28 @@ impl Qp {
     /// (or the tracked state used for error hints goes stale — harmless, but confusing).
     pub fn as_raw(&self) -> *mut ibv_qp {
         self.qp
+    }
+
+    /// The raw `ibv_qp_ex` of a QP built in extended mode ([`QpBuilder::send_ops`]), for
+    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` (the datapath's extended ring takes
+    /// it); `None` for a QP from `ibv_create_qp`.
+    ///
+    /// Same validity contract as [`as_raw`](Self::as_raw); only the operations in
+    /// [`send_ops`](Self::send_ops) may be posted (the provider leaves the others NULL).
+    ///
+    /// # References
+    /// `ibv_create_qp_ex(3)`, `ibv_wr_post(3)`
+    pub fn as_qp_ex(&self) -> Option<*mut ibv_qp_ex> {
+        (!self.qp_ex.is_null()).then_some(self.qp_ex)
+    }
+
+    /// The operations an extended QP was created with (empty for a QP from
+    /// `ibv_create_qp`).
+    ///
+    /// # References
+    /// `ibv_create_qp_ex(3)`
+    pub fn send_ops(&self) -> SendOps {
+        self.send_ops
     }
 
     /// QP number.
@@ -1332,6 +1592,9 @@ impl Qp {
     /// QP has been reset or destroyed — except with [`SendWr::inline`] (SENDs and WRITEs
     /// only, checked), where the data is copied during the call. The same holds for the
     /// remote window on the peer's side. The AH of a UD WR is only read during the call.
+    /// On a QP of a [`ParentDomain`](crate::ParentDomain) with a thread domain, the
+    /// provider may not lock the send queue: no other post to this QP (this call, a ring,
+    /// `ibv_wr_*` on [`as_qp_ex`](Self::as_qp_ex)) may run at the same time.
     ///
     /// # CQ capacity
     /// Completions of raw posts are not reserved on the CQ the way rings reserve theirs: keep
@@ -1424,7 +1687,9 @@ impl Qp {
             );
         }
         match (wr.kind, self.qp_type) {
-            (WrKind::Ud { ah, .. }, QpType::Ud) if ah.pd().as_raw() != self.pd.as_raw() => {
+            (WrKind::Ud { ah, .. }, QpType::Ud)
+                if ah.pd().protection_raw() != self.pd.protection_raw() =>
+            {
                 return bad("the address handle belongs to another PD than the QP")
             }
             (WrKind::Ud { .. }, QpType::Ud) => {}
@@ -1440,7 +1705,9 @@ impl Qp {
     /// # Safety
     /// The memory the SGEs describe must stay registered and valid, and must not be
     /// accessed by Rust code, until the receive's completion is polled or the QP is
-    /// flushed/destroyed.
+    /// flushed/destroyed. On a QP of a [`ParentDomain`](crate::ParentDomain) with a thread
+    /// domain, no other receive post to this QP may run at the same time (the provider may
+    /// not lock it).
     ///
     /// # CQ capacity
     /// As for [`post_send`](Self::post_send): raw receives' completions are not reserved
@@ -1758,5 +2025,59 @@ impl<'a> SendWr<'a> {
     /// The WR id.
     pub fn wr_id(&self) -> u64 {
         self.wr_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_ops_are_named_with_the_device_and_type() {
+        assert_eq!(
+            refused_ops_hint(SendOps::RDMA_WRITE_WITH_IMM, "softnic", "UD"),
+            "send op RDMA_WRITE_WITH_IMM is not supported by device softnic for UD QPs: \
+             leave it out of the SendOps"
+        );
+        assert_eq!(
+            refused_ops_hint(SendOps::RDMA_READ | SendOps::TSO, "rxe0", "RC"),
+            "send ops RDMA_READ, TSO are not supported by device rxe0 for RC QPs: leave \
+             them out of the SendOps"
+        );
+    }
+
+    #[test]
+    fn extended_mode_is_refused_on_the_rdma_cm_path() {
+        unsafe extern "C" fn never(_: *mut hotverbs_ffi::rdma_cm_id) {
+            unreachable!("no QP is made")
+        }
+        let ctx = crate::Context::open_softnic().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4, None).unwrap();
+        let destroy = QpDestroy::RdmaCm {
+            id: std::ptr::null_mut(),
+            destroy_qp: never,
+        };
+        let e = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .send_ops(SendOps::SEND)
+            .build_with("rdma_create_qp", destroy, |_, _| {
+                unreachable!("refused before the verb")
+            })
+            .unwrap_err();
+        assert_eq!((e.verb(), e.errno()), ("rdma_create_qp", libc::EINVAL));
+        assert!(e.to_string().contains("QpBuilder::send_ops"), "{e}");
+    }
+
+    #[test]
+    fn send_ops_mirror_the_header() {
+        assert_eq!(
+            SendOps::SEND.bits(),
+            u64::from(hotverbs_ffi::IBV_QP_EX_WITH_SEND)
+        );
+        assert_eq!(
+            SendOps::ATOMIC_WRITE.bits(),
+            u64::from(hotverbs_ffi::IBV_QP_EX_WITH_ATOMIC_WRITE)
+        );
+        assert_eq!(SendOps::all().iter().count(), 12);
     }
 }

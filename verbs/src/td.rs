@@ -1,0 +1,362 @@
+//! Thread domains and parent domains (`ibv_alloc_td`, `ibv_dealloc_td`,
+//! `ibv_alloc_parent_domain`).
+//!
+//! A thread domain tells the provider that every object made with it is used by one thread
+//! at a time, so it may skip its locks (mlx5 drops the QP and CQ spinlocks, and gives the QP
+//! a doorbell of its own). It reaches objects through a parent domain: a PD that wraps a
+//! protection domain and, optionally, a thread domain, and stands in for the PD wherever a
+//! PD is taken (`ibv_reg_mr`, `ibv_create_qp_ex`, `ibv_create_cq_ex` with
+//! `IBV_CQ_INIT_ATTR_MASK_PD`).
+//!
+//! # Invariants
+//! A [`ThreadDomain`] is an `Arc<TdInner>`; every parent domain made with it holds a clone,
+//! so `ibv_dealloc_td` runs after the last of them (the verb answers EBUSY otherwise). A
+//! [`ParentDomain`] *is* a [`Pd`] (its `ibv_pd` comes from `ibv_alloc_parent_domain` and is
+//! freed by `ibv_dealloc_pd`), whose inner value also holds the protection domain and the
+//! thread domain it was made from: MRs, QPs and CQs made with it hold that `Pd`, so the
+//! order of destruction is objects, then parent domain, then the protection domain and the
+//! thread domain.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use hotverbs_ffi::{ibv_pd, ibv_td};
+
+use crate::device::Context;
+use crate::error::{record_drop_error, Error, Result};
+use crate::pd::{Pd, PdInner};
+
+pub(crate) struct TdInner {
+    ctx: Context,
+    td: *mut ibv_td,
+}
+
+// SAFETY: a TD is an identifier handed to verbs, all of which are thread-safe to call; the
+// single-thread promise it carries is about the objects made with it, not about the handle.
+unsafe impl Send for TdInner {}
+// SAFETY: see Send.
+unsafe impl Sync for TdInner {}
+
+impl TdInner {
+    fn dealloc(&mut self) -> Result<()> {
+        let td = std::mem::replace(&mut self.td, std::ptr::null_mut());
+        if td.is_null() {
+            return Ok(());
+        }
+        // SAFETY: td was allocated on this live context (we hold it) and no parent domain
+        // made with it remains (each holds an Arc of us).
+        let ret = unsafe { hotverbs_ffi::inline::ibv_dealloc_td(td) };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_dealloc_td", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TdInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.dealloc() {
+            record_drop_error(e);
+        }
+    }
+}
+
+/// A thread domain (`struct ibv_td`): a promise to the provider that the objects made with
+/// it (through a [`ParentDomain`]) are used by a single thread at a time, so it may leave out
+/// its locks.
+///
+/// Cheap to clone. Parent domains made with it keep it alive; [`ThreadDomain::destroy`]
+/// deallocates now and returns the verb's error.
+///
+/// Keeping the promise: the safe calls that reach the provider's hot locks serialise
+/// themselves on such objects ([`Cq::poll`](crate::Cq::poll) and
+/// [`Cq::req_notify`](crate::Cq::req_notify) of a CQ in the domain); posting
+/// ([`Qp::post_send`](crate::Qp::post_send), [`Qp::post_recv`](crate::Qp::post_recv), the
+/// datapath rings, `ibv_wr_*`) is already `unsafe` or single-owner, and their contracts
+/// say that posts to one such QP must not overlap.
+///
+/// # Example
+/// ```
+/// // softnic's Spec profile (in its Rxe profile, as on rxe, alloc_td is EOPNOTSUPP).
+/// let ctx = hotverbs::Context::open_softnic_with(hotverbs::SoftnicConfig {
+///     profile: hotverbs_softnic::Profile::Spec,
+///     ..Default::default()
+/// })?;
+/// let td = ctx.alloc_td()?;
+/// let pd = ctx.alloc_pd()?;
+/// let pdom = pd.alloc_parent_domain(Some(&td))?;
+/// assert!(td.clone().destroy().is_err()); // EBUSY: `pdom` (and the clone) use it
+/// drop(pdom);
+/// td.destroy()?;
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_alloc_td(3)`, `ibv_alloc_parent_domain(3)`
+#[derive(Clone)]
+pub struct ThreadDomain {
+    inner: Arc<TdInner>,
+}
+
+impl fmt::Debug for ThreadDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadDomain")
+            .field("handle", &self.inner.td)
+            .finish()
+    }
+}
+
+impl Context {
+    /// `ibv_alloc_td(3)`: a thread domain of this device.
+    ///
+    /// # Errors
+    /// `ibv_alloc_td: EOPNOTSUPP` when the device has no thread domains (rxe); the hint
+    /// names the device and says to go on without one (objects then keep the provider's
+    /// locks).
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
+    pub fn alloc_td(&self) -> Result<ThreadDomain> {
+        // SAFETY: plain C data; all-zero is a valid init attr (comp_mask 0).
+        let mut attr: hotverbs_ffi::ibv_td_init_attr = unsafe { crate::zeroed() };
+        // SAFETY: live context; attr valid.
+        let td = unsafe { hotverbs_ffi::inline::ibv_alloc_td(self.as_raw(), &mut attr) };
+        if td.is_null() {
+            let e = hotverbs_ffi::errno();
+            return Err(Error::new("ibv_alloc_td", e).or_hint(|| {
+                unsupported(e).then(|| {
+                    format!(
+                        "thread domains are not supported by device {}: create objects \
+                         without one (they keep the provider's locks)",
+                        self.name()
+                    )
+                })
+            }));
+        }
+        Ok(ThreadDomain {
+            inner: Arc::new(TdInner {
+                ctx: self.clone(),
+                td,
+            }),
+        })
+    }
+}
+
+impl ThreadDomain {
+    /// The context it belongs to.
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The raw `ibv_td`, valid while this `ThreadDomain` (or a parent domain made with it)
+    /// lives.
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
+    pub fn as_raw(&self) -> *mut ibv_td {
+        self.inner.td
+    }
+
+    /// `ibv_dealloc_td(3)` now, returning its error.
+    ///
+    /// # Errors
+    /// `EBUSY` while clones or parent domains made with it are alive; the verb's error
+    /// otherwise.
+    ///
+    /// # References
+    /// `ibv_alloc_td(3)`
+    pub fn destroy(self) -> Result<()> {
+        let n = Arc::strong_count(&self.inner) - 1;
+        let mut inner = Arc::try_unwrap(self.inner).map_err(|_| {
+            Error::new("ibv_dealloc_td", libc::EBUSY).with_hint(format!(
+                "{n} parent domains or ThreadDomain clones still use this thread domain: \
+                 drop them first"
+            ))
+        })?;
+        inner.dealloc()
+    }
+}
+
+/// What a parent domain holds besides its own handle: the objects it was made from, kept
+/// alive until it is deallocated.
+pub(crate) struct ParentLinks {
+    /// The protection domain it wraps (`ibv_parent_domain_init_attr.pd`).
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
+    pub(crate) pd: Pd,
+    /// The thread domain, if any.
+    pub(crate) td: Option<ThreadDomain>,
+}
+
+/// A parent domain (`ibv_alloc_parent_domain`): a [`Pd`] that wraps a protection domain and
+/// optionally a [`ThreadDomain`], usable wherever a PD is: it dereferences to its [`Pd`], so
+/// `pdom.reg_mr(..)`, `QpBuilder::new(&pdom, ..)` and `CqBuilder::parent_domain(&pdom)` all
+/// take it. Objects made with it use the thread domain's single-thread promise.
+///
+/// Cheap to clone (clones share the handle, like [`Pd`]'s). Objects made with it keep it
+/// alive; it keeps its protection domain and thread domain alive.
+///
+/// # Example
+/// ```
+/// use hotverbs::{AccessFlags, Context, QpBuilder, QpType, SendOps};
+/// let ctx = Context::open_softnic_with(hotverbs::SoftnicConfig {
+///     profile: hotverbs_softnic::Profile::Spec, // rxe has no thread/parent domains
+///     ..Default::default()
+/// })?;
+/// let td = ctx.alloc_td()?;
+/// let pdom = ctx.alloc_pd()?.alloc_parent_domain(Some(&td))?;
+/// let cq = ctx.create_cq(16, None)?;
+/// let mr = pdom.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+/// let qp = QpBuilder::new(&pdom, &cq, &cq, QpType::Rc)
+///     .send_ops(SendOps::SEND | SendOps::RDMA_WRITE)
+///     .build()?;
+/// assert!(qp.as_qp_ex().is_some());
+/// # drop((mr, qp));
+/// # Ok::<(), hotverbs::Error>(())
+/// ```
+///
+/// # References
+/// `ibv_alloc_parent_domain(3)`, `ibv_alloc_td(3)`
+#[derive(Clone)]
+pub struct ParentDomain {
+    pd: Pd,
+}
+
+impl fmt::Debug for ParentDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ParentDomain")
+            .field("handle", &self.pd.as_raw())
+            .field("protection_domain", &self.protection_domain().as_raw())
+            .field("thread_domain", &self.thread_domain().map(|t| t.as_raw()))
+            .finish()
+    }
+}
+
+impl Deref for ParentDomain {
+    type Target = Pd;
+    fn deref(&self) -> &Pd {
+        &self.pd
+    }
+}
+
+impl AsRef<Pd> for ParentDomain {
+    fn as_ref(&self) -> &Pd {
+        &self.pd
+    }
+}
+
+impl Pd {
+    /// `ibv_alloc_parent_domain(3)`: a parent domain over this protection domain, with the
+    /// thread domain `td` if given.
+    ///
+    /// # Errors
+    /// `ibv_alloc_parent_domain: EINVAL` when this `Pd` is itself a parent domain or `td`
+    /// belongs to another context (checked before the verb); `EOPNOTSUPP` when the device
+    /// has no parent domains (the hint names the device).
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
+    pub fn alloc_parent_domain(&self, td: Option<&ThreadDomain>) -> Result<ParentDomain> {
+        const VERB: &str = "ibv_alloc_parent_domain";
+        let ctx = self.context();
+        if self.inner.parent.is_some() {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "this Pd is a parent domain: make parent domains from a protection domain \
+                 (ParentDomain::protection_domain)",
+            ));
+        }
+        if td.is_some_and(|t| t.context().as_raw() != ctx.as_raw()) {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the thread domain belongs to another device context"));
+        }
+        // SAFETY: plain C data; all-zero is valid (no allocators, comp_mask 0).
+        let mut attr: hotverbs_ffi::ibv_parent_domain_init_attr = unsafe { crate::zeroed() };
+        attr.pd = self.as_raw();
+        attr.td = td.map_or(std::ptr::null_mut(), ThreadDomain::as_raw);
+        // SAFETY: live context; attr names a live PD and TD (or none) of this context.
+        let raw: *mut ibv_pd =
+            unsafe { hotverbs_ffi::inline::ibv_alloc_parent_domain(ctx.as_raw(), &mut attr) };
+        if raw.is_null() {
+            let e = hotverbs_ffi::errno();
+            return Err(Error::new(VERB, e).or_hint(|| {
+                unsupported(e).then(|| {
+                    format!(
+                        "parent domains are not supported by device {}: use the protection \
+                         domain itself",
+                        ctx.name()
+                    )
+                })
+            }));
+        }
+        Ok(ParentDomain {
+            pd: Pd {
+                inner: Arc::new(PdInner {
+                    ctx: ctx.clone(),
+                    pd: raw,
+                    parent: Some(ParentLinks {
+                        pd: self.clone(),
+                        td: td.cloned(),
+                    }),
+                }),
+            },
+        })
+    }
+
+    /// Is this a parent domain (made by [`Pd::alloc_parent_domain`])?
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
+    pub fn is_parent_domain(&self) -> bool {
+        self.inner.parent.is_some()
+    }
+}
+
+impl ParentDomain {
+    /// The parent domain as a [`Pd`] (what `Deref` gives).
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
+    pub fn as_pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The protection domain it wraps.
+    pub fn protection_domain(&self) -> &Pd {
+        match &self.pd.inner.parent {
+            Some(p) => &p.pd,
+            None => unreachable!("a ParentDomain's Pd always has parent links"),
+        }
+    }
+
+    /// The thread domain it was made with (`ibv_parent_domain_init_attr.td`), if any.
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`, `ibv_alloc_td(3)`
+    pub fn thread_domain(&self) -> Option<&ThreadDomain> {
+        self.pd.inner.parent.as_ref().and_then(|p| p.td.as_ref())
+    }
+
+    /// `ibv_dealloc_pd(3)` on the parent domain now, returning its error; the protection
+    /// domain and thread domain are released (and deallocated if this held the last
+    /// reference).
+    ///
+    /// # Errors
+    /// `EBUSY` while clones or objects made with it (MRs, QPs, CQs) are alive; the verb's
+    /// error otherwise.
+    ///
+    /// # References
+    /// `ibv_alloc_parent_domain(3)`
+    pub fn destroy(self) -> Result<()> {
+        self.pd.destroy()
+    }
+}
+
+/// Does `errno` mean "the device does not do this"?
+pub(crate) fn unsupported(errno: i32) -> bool {
+    errno == libc::EOPNOTSUPP || errno == libc::ENOSYS
+}

@@ -393,7 +393,8 @@ impl Qp {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("send_ring_ud is for UD QPs: use Qp::send_ring"));
         }
-        if ah.pd().as_raw() != self.pd().as_raw() {
+        // A parent domain and its protection domain are one scope (`protection_raw`).
+        if ah.pd().protection_raw() != self.pd().protection_raw() {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("the address handle belongs to another PD than the QP"));
         }

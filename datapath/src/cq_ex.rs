@@ -234,11 +234,14 @@ impl<const B: usize> ExCqPoller<B> {
                 })
             };
         }
+        // Locals, not fields: the provider calls below may write any memory the compiler
+        // cannot rule out (this poller included), so fields would be reloaded per completion.
+        let (fields, qp_num) = (self.fields, self.qp_num);
         let mut n = 0;
         loop {
             // SAFETY: between a successful start/next poll and end poll; readers were
             // checked at construction.
-            unsafe { self.read(n) };
+            unsafe { self.read(cq, fields, qp_num, n) };
             n += 1;
             if n == B {
                 break;
@@ -260,63 +263,79 @@ impl<const B: usize> ExCqPoller<B> {
         Ok(n)
     }
 
-    /// Reads the current completion into slot `n`.
+    /// Reads the current completion into slot `n`: `wr_id`, `status` and `qp_num` always,
+    /// the requested fields through their readers. Fields never requested are never
+    /// written, so they keep the 0 of [`Completion::PLACEHOLDER`] (a requested field is
+    /// written for every completion, so nothing stale survives).
     ///
     /// # Safety
-    /// Between a successful start/next poll and end poll; `n < B`.
+    /// Between a successful start/next poll and end poll of `cq` (this poller's CQ, polled
+    /// with its `fields` and `qp_num`); `n < B`.
     #[inline(always)]
-    unsafe fn read(&mut self, n: usize) {
+    unsafe fn read(&mut self, cq: *mut ibv_cq_ex, f: ExFields, qp_num: u32, n: usize) {
+        let wc: *mut ibv_wc = (&raw mut self.wcs[n]).cast();
+        // SAFETY: the caller's contract; each reader was requested and checked non-NULL;
+        // `wc` points at slot n (Completion is repr(transparent) over ibv_wc).
+        unsafe {
+            (*wc).wr_id = (*cq).wr_id;
+            (*wc).status = (*cq).status;
+            (*wc).qp_num = qp_num;
+            if f.0 != 0 {
+                self.read_fields(wc, n);
+            }
+        }
+    }
+
+    /// The requested readers of the current completion (out of line: a poller that reads
+    /// none, the common case of a CQ serving one QP, pays one compare).
+    ///
+    /// # Safety
+    /// As [`read`](Self::read); `wc` is slot `n`.
+    #[inline(never)]
+    unsafe fn read_fields(&mut self, wc: *mut ibv_wc, n: usize) {
         let cq = self.cq;
         let f = self.fields;
-        // SAFETY: the caller's contract; each reader was requested and checked non-NULL.
+        // SAFETY: the caller's contract.
         unsafe {
-            let status = (*cq).status;
-            let mut wc = ibv_wc {
-                wr_id: (*cq).wr_id,
-                status,
-                opcode: 0,
-                vendor_err: 0,
-                byte_len: 0,
-                __bindgen_anon_1: ibv_wc__bindgen_ty_1 { imm_data: 0 },
-                qp_num: self.qp_num,
-                src_qp: 0,
-                wc_flags: 0,
-                pkey_index: 0,
-                slid: 0,
-                sl: 0,
-                dlid_path_bits: 0,
-            };
+            let status = (*wc).status;
             if f.contains(ExFields::OPCODE) {
-                wc.opcode = ibv_wc_read_opcode(cq);
+                (*wc).opcode = ibv_wc_read_opcode(cq);
             }
-            if f.contains(ExFields::VENDOR_ERR) && status != IBV_WC_SUCCESS {
-                wc.vendor_err = ibv_wc_read_vendor_err(cq);
+            if f.contains(ExFields::VENDOR_ERR) {
+                (*wc).vendor_err = if status != IBV_WC_SUCCESS {
+                    ibv_wc_read_vendor_err(cq)
+                } else {
+                    0
+                };
             }
             if f.contains(ExFields::WC_FLAGS) {
-                wc.wc_flags = ibv_wc_read_wc_flags(cq);
+                (*wc).wc_flags = ibv_wc_read_wc_flags(cq);
             }
             if f.contains(ExFields::BYTE_LEN) {
-                wc.byte_len = ibv_wc_read_byte_len(cq);
+                (*wc).byte_len = ibv_wc_read_byte_len(cq);
             }
-            if f.contains(ExFields::IMM) && wc.wc_flags & IBV_WC_WITH_IMM != 0 {
-                wc.__bindgen_anon_1.imm_data = ibv_wc_read_imm_data(cq);
+            if f.contains(ExFields::IMM) {
+                (*wc).__bindgen_anon_1.imm_data = if (*wc).wc_flags & IBV_WC_WITH_IMM != 0 {
+                    ibv_wc_read_imm_data(cq)
+                } else {
+                    0
+                };
             }
             if f.contains(ExFields::QP_NUM) {
-                wc.qp_num = ibv_wc_read_qp_num(cq);
+                (*wc).qp_num = ibv_wc_read_qp_num(cq);
             }
             if f.contains(ExFields::SRC_QP) {
-                wc.src_qp = ibv_wc_read_src_qp(cq);
+                (*wc).src_qp = ibv_wc_read_src_qp(cq);
             }
             if f.contains(ExFields::SLID) {
-                wc.slid = ibv_wc_read_slid(cq) as u16;
+                (*wc).slid = ibv_wc_read_slid(cq) as u16;
             }
             if f.contains(ExFields::SL) {
-                wc.sl = ibv_wc_read_sl(cq);
+                (*wc).sl = ibv_wc_read_sl(cq);
             }
             if f.contains(ExFields::COMPLETION_TS) {
                 self.ts[n] = ibv_wc_read_completion_ts(cq);
             }
-            self.wcs[n] = Completion::from_raw(wc);
         }
     }
 

@@ -57,25 +57,37 @@ const fn op_bit(op: Opcode) -> u8 {
     1 << (op as u8)
 }
 
-#[derive(Debug)]
-#[repr(C)]
-struct State {
-    // --- every message.
+/// What the fast path reads: copied out of the ring into a [`WrBatch`] (or a local of
+/// [`WrRing::stage`] / [`WrRing::send_now`]), so a caller's loop keeps it in registers
+/// across the provider calls, which the compiler must assume may write any memory they can
+/// reach (the ring included). Only `seq` changes on the fast path; it is written back before
+/// anything else reads the ring.
+#[derive(Clone, Copy, Debug)]
+struct Fast {
     /// The sequence number of the next staged WR.
-    staged: u64,
-    /// See the module invariants: `staged < event` is the fast path.
+    seq: u64,
+    /// See the module invariants: `seq < event` is the fast path.
     event: u64,
     id_bits: u64,
     qpx: *mut ibv_qp_ex,
     max_inline: usize,
     remote: RemoteBuf,
     has_remote: bool,
-    /// A region is open (`ibv_wr_start` called).
-    open: bool,
     /// Builders the QP has, one bit per [`Opcode`].
     ops: u8,
     /// UD: the destination set on every WR.
     ud: Option<crate::desc::UdDest>,
+}
+
+#[derive(Debug)]
+#[repr(C)]
+struct State {
+    f: Fast,
+    /// A region is open (`ibv_wr_start` called). Kept in the ring, never in a copy, so a
+    /// leaked [`WrBatch`] cannot leave the ring unaware of a region it opened.
+    open: bool,
+    /// A [`WrBatch`] is open (or was leaked with `mem::forget`).
+    batch_open: bool,
     // --- the slow path, posts, completions.
     posted: u64,
     retired: u64,
@@ -87,6 +99,120 @@ struct State {
     depth: u64,
     qp_num: u32,
     split_key: u64,
+}
+
+impl Fast {
+    /// Checks a message against the ring's settings; returns its remote address (0 for
+    /// SENDs). Nothing is changed.
+    #[inline(always)]
+    fn check(&self, msg: &Msg<'_>) -> Result<u64, SendError> {
+        if self.ops & op_bit(msg.op) == 0 {
+            return Err(SendError::OpNotEnabled(msg.op));
+        }
+        if let Local::Inline(d) = msg.local {
+            if d.len() > self.max_inline {
+                return Err(SendError::InlineTooLong {
+                    len: d.len(),
+                    max: self.max_inline as u32,
+                });
+            }
+        }
+        match msg.op {
+            Opcode::Send | Opcode::SendImm => Ok(0),
+            _ => self.check_remote(msg),
+        }
+    }
+
+    #[inline(always)]
+    fn check_remote(&self, msg: &Msg<'_>) -> Result<u64, SendError> {
+        if !self.has_remote {
+            return Err(SendError::NoRemote);
+        }
+        let len = match msg.local {
+            Local::Empty => 0,
+            Local::Inline(d) => d.len() as u64,
+            Local::Buf(b) => b.len as u64,
+        };
+        let atomic = matches!(msg.op, Opcode::FetchAdd | Opcode::CmpSwap);
+        if atomic && (msg.remote_offset & 7 != 0 || len != 8) {
+            return Err(SendError::AtomicMisaligned);
+        }
+        let r = self.remote;
+        let addr = match msg.remote_offset.checked_add(len) {
+            Some(end) if end <= r.len => r.addr.wrapping_add(msg.remote_offset),
+            _ => {
+                return Err(SendError::RemoteOutOfRange {
+                    offset: msg.remote_offset,
+                    len,
+                })
+            }
+        };
+        if atomic && addr & 7 != 0 {
+            return Err(SendError::AtomicMisaligned);
+        }
+        Ok(addr)
+    }
+
+    /// Builds the WR of `msg` as sequence `self.seq` with the signal flag `signaled` (opening
+    /// the region first if `*open` is false: `open` is the ring's flag).
+    ///
+    /// # Safety
+    /// `msg` passed [`check`](Self::check) (its builder exists, it fits) with remote address
+    /// `remote`; there is room for it.
+    #[inline(always)]
+    unsafe fn build(&self, open: &mut bool, msg: &Msg<'_>, remote: u64, signaled: bool) {
+        let qp = self.qpx;
+        let max_inline = self.max_inline;
+        let seq = self.seq;
+        // SAFETY: the QP is live with the ops `new` checked and `check` found; the region is
+        // this ring's (new's contract); inline data is copied by the provider during the call,
+        // registered buffers are the caller's contract (`stage`).
+        unsafe {
+            if !*open {
+                ibv_wr_start(qp);
+                *open = true;
+            }
+            let (inline, addr, len, lkey) = match msg.local {
+                Local::Empty => (false, 0, 0, 0),
+                Local::Inline(d) => (true, d.as_ptr() as u64, d.len() as u32, 0),
+                Local::Buf(b) => (
+                    b.len as usize <= max_inline
+                        && matches!(
+                            msg.op,
+                            Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+                        ),
+                    b.addr,
+                    b.len,
+                    b.lkey,
+                ),
+            };
+            (*qp).wr_id = self.id_bits | (seq & wr_id::SEQ_MASK);
+            (*qp).wr_flags = if inline { IBV_SEND_INLINE } else { 0 }
+                | if signaled { IBV_SEND_SIGNALED } else { 0 };
+            let rkey = self.remote.rkey;
+            match msg.op {
+                Opcode::Send => ibv_wr_send(qp),
+                Opcode::SendImm => ibv_wr_send_imm(qp, msg.imm.to_be()),
+                Opcode::Write => ibv_wr_rdma_write(qp, rkey, remote),
+                Opcode::WriteImm => ibv_wr_rdma_write_imm(qp, rkey, remote, msg.imm.to_be()),
+                Opcode::Read => ibv_wr_rdma_read(qp, rkey, remote),
+                Opcode::FetchAdd => ibv_wr_atomic_fetch_add(qp, rkey, remote, msg.compare_add),
+                Opcode::CmpSwap => {
+                    ibv_wr_atomic_cmp_swp(qp, rkey, remote, msg.compare_add, msg.swap)
+                }
+            }
+            if let Some(ud) = self.ud {
+                ibv_wr_set_ud_addr(qp, ud.ah, ud.remote_qpn, ud.remote_qkey);
+            }
+            if matches!(msg.local, Local::Empty) {
+                ibv_wr_set_sge_list(qp, 0, core::ptr::null());
+            } else if inline {
+                ibv_wr_set_inline_data(qp, addr as usize as *mut c_void, len as usize);
+            } else {
+                ibv_wr_set_sge(qp, lkey, addr, len);
+            }
+        }
+    }
 }
 
 /// A send ring on an extended QP (`ibv_qp_ex`): the [`SendRing`](crate::SendRing) API
@@ -122,7 +248,7 @@ impl core::fmt::Debug for WrRing {
             .field("ring_id", &self.ring_id())
             .field("qp_num", &self.st.qp_num)
             .field("depth", &self.st.depth)
-            .field("staged", &self.st.staged)
+            .field("staged", &self.st.f.seq)
             .field("posted", &self.st.posted)
             .field("retired", &self.st.retired)
             .field("error", &self.error)
@@ -205,16 +331,19 @@ impl WrRing {
         }
         let mut ring = WrRing {
             st: State {
-                staged: 0,
-                event: 0,
-                id_bits: wr_id::encode(cfg.ring_id, 0),
-                qpx,
-                max_inline: cfg.max_inline as usize,
-                remote: cfg.remote.unwrap_or_default(),
-                has_remote: cfg.remote.is_some(),
+                f: Fast {
+                    seq: 0,
+                    event: 0,
+                    id_bits: wr_id::encode(cfg.ring_id, 0),
+                    qpx,
+                    max_inline: cfg.max_inline as usize,
+                    remote: cfg.remote.unwrap_or_default(),
+                    has_remote: cfg.remote.is_some(),
+                    ops,
+                    ud: cfg.ud,
+                },
                 open: false,
-                ops,
-                ud: cfg.ud,
+                batch_open: false,
                 posted: 0,
                 retired: 0,
                 limit: depth,
@@ -228,7 +357,7 @@ impl WrRing {
             error: None,
             deferred: None,
         };
-        ring.st.event = ring.event_at();
+        ring.st.f.event = ring.event_at();
         Ok(ring)
     }
 
@@ -238,133 +367,55 @@ impl WrRing {
         let st = &self.st;
         let cap = (st.retired + st.limit).saturating_sub(1);
         let batch_end = st.posted + st.batch - 1;
-        st.next_signal.min(cap).min(batch_end).max(st.staged)
+        st.next_signal.min(cap).min(batch_end).max(st.f.seq)
     }
 
-    /// Checks a message against the ring's settings; returns its remote address (0 for
-    /// SENDs). Nothing is changed.
+    /// Stages one message through the fast-path copy `f` (a batch's, or the ring's own for
+    /// a lone call): no signal, no batch end, room. Anything else goes to the slow path,
+    /// with `f.seq` written back first and `f` reloaded after. Posts at once with `post`.
     #[inline(always)]
-    fn check(&self, msg: &Msg<'_>) -> Result<u64, SendError> {
-        if self.st.ops & op_bit(msg.op) == 0 {
-            return Err(SendError::OpNotEnabled(msg.op));
-        }
-        if let Local::Inline(d) = msg.local {
-            if d.len() > self.st.max_inline {
-                return Err(SendError::InlineTooLong {
-                    len: d.len(),
-                    max: self.st.max_inline as u32,
-                });
-            }
-        }
-        match msg.op {
-            Opcode::Send | Opcode::SendImm => Ok(0),
-            _ => self.check_remote(msg),
-        }
-    }
-
-    #[inline(always)]
-    fn check_remote(&self, msg: &Msg<'_>) -> Result<u64, SendError> {
-        if !self.st.has_remote {
-            return Err(SendError::NoRemote);
-        }
-        let len = match msg.local {
-            Local::Empty => 0,
-            Local::Inline(d) => d.len() as u64,
-            Local::Buf(b) => b.len as u64,
-        };
-        let atomic = matches!(msg.op, Opcode::FetchAdd | Opcode::CmpSwap);
-        if atomic && (msg.remote_offset & 7 != 0 || len != 8) {
-            return Err(SendError::AtomicMisaligned);
-        }
-        let r = self.st.remote;
-        let addr = match msg.remote_offset.checked_add(len) {
-            Some(end) if end <= r.len => r.addr.wrapping_add(msg.remote_offset),
-            _ => {
-                return Err(SendError::RemoteOutOfRange {
-                    offset: msg.remote_offset,
-                    len,
-                })
-            }
-        };
-        if atomic && addr & 7 != 0 {
-            return Err(SendError::AtomicMisaligned);
-        }
-        Ok(addr)
-    }
-
-    /// Builds the WR of `msg` as sequence `seq` with the signal flag `signaled` (opening the
-    /// region first if needed).
-    ///
-    /// # Safety
-    /// `msg` passed [`check`](Self::check) (its builder exists, it fits) with remote address
-    /// `remote`; there is room for it.
-    #[inline(always)]
-    unsafe fn build(&mut self, msg: &Msg<'_>, remote: u64, seq: u64, signaled: bool) {
-        let qp = self.st.qpx;
-        let max_inline = self.st.max_inline;
-        // SAFETY: the QP is live with the ops `new` checked and `check` found; the region is
-        // this ring's (new's contract); inline data is copied by the provider during the call,
-        // registered buffers are the caller's contract (`stage`).
-        unsafe {
-            if !self.st.open {
-                ibv_wr_start(qp);
-                self.st.open = true;
-            }
-            let (inline, addr, len, lkey) = match msg.local {
-                Local::Empty => (false, 0, 0, 0),
-                Local::Inline(d) => (true, d.as_ptr() as u64, d.len() as u32, 0),
-                Local::Buf(b) => (
-                    b.len as usize <= max_inline
-                        && matches!(
-                            msg.op,
-                            Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
-                        ),
-                    b.addr,
-                    b.len,
-                    b.lkey,
-                ),
-            };
-            (*qp).wr_id = self.st.id_bits | (seq & wr_id::SEQ_MASK);
-            (*qp).wr_flags = if inline { IBV_SEND_INLINE } else { 0 }
-                | if signaled { IBV_SEND_SIGNALED } else { 0 };
-            let rkey = self.st.remote.rkey;
-            match msg.op {
-                Opcode::Send => ibv_wr_send(qp),
-                Opcode::SendImm => ibv_wr_send_imm(qp, msg.imm.to_be()),
-                Opcode::Write => ibv_wr_rdma_write(qp, rkey, remote),
-                Opcode::WriteImm => ibv_wr_rdma_write_imm(qp, rkey, remote, msg.imm.to_be()),
-                Opcode::Read => ibv_wr_rdma_read(qp, rkey, remote),
-                Opcode::FetchAdd => ibv_wr_atomic_fetch_add(qp, rkey, remote, msg.compare_add),
-                Opcode::CmpSwap => {
-                    ibv_wr_atomic_cmp_swp(qp, rkey, remote, msg.compare_add, msg.swap)
+    fn stage_fast(&mut self, f: &mut Fast, msg: &Msg<'_>, post: bool) -> Result<u64, SendError> {
+        let seq = f.seq;
+        if seq < f.event {
+            let remote = match f.check(msg) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.st.f.seq = seq;
+                    return Err(self.refused(e));
                 }
+            };
+            // SAFETY: checked; `seq < event` means room, no signal, no batch end.
+            unsafe { f.build(&mut self.st.open, msg, remote, false) };
+            f.seq = seq + 1;
+            if post {
+                self.st.f.seq = seq + 1;
+                let r = self.flush_inner();
+                *f = self.st.f;
+                r?;
             }
-            if let Some(ud) = self.st.ud {
-                ibv_wr_set_ud_addr(qp, ud.ah, ud.remote_qpn, ud.remote_qkey);
-            }
-            if matches!(msg.local, Local::Empty) {
-                ibv_wr_set_sge_list(qp, 0, core::ptr::null());
-            } else if inline {
-                ibv_wr_set_inline_data(qp, addr as usize as *mut c_void, len as usize);
-            } else {
-                ibv_wr_set_sge(qp, lkey, addr, len);
-            }
+            Ok(seq)
+        } else {
+            self.st.f.seq = seq;
+            let r = self.stage_slow(*msg, post);
+            *f = self.st.f;
+            r
         }
     }
 
-    /// Stages one message (fast path: no signal, no batch end, room); posts when the batch
-    /// is complete or the ring fills, or at once with `post`.
+    /// [`stage_fast`](Self::stage_fast) on the ring's own fast-path state, for the lone
+    /// calls ([`stage`](Self::stage), [`send_now`](Self::send_now)): no copy to make and
+    /// write back.
     #[inline(always)]
-    fn stage_inner(&mut self, msg: &Msg<'_>, post: bool) -> Result<u64, SendError> {
-        let seq = self.st.staged;
-        if seq < self.st.event {
-            let remote = match self.check(msg) {
+    fn stage_own(&mut self, msg: Msg<'_>, post: bool) -> Result<u64, SendError> {
+        let seq = self.st.f.seq;
+        if seq < self.st.f.event {
+            let remote = match self.st.f.check(&msg) {
                 Ok(r) => r,
                 Err(e) => return Err(self.refused(e)),
             };
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
-            unsafe { self.build(msg, remote, seq, false) };
-            self.st.staged = seq + 1;
+            unsafe { self.st.f.build(&mut self.st.open, &msg, remote, false) };
+            self.st.f.seq = seq + 1;
             if post {
                 self.flush_inner()?;
             }
@@ -379,7 +430,7 @@ impl WrRing {
     #[cold]
     #[inline(never)]
     fn refused(&self, e: SendError) -> SendError {
-        if self.st.staged - self.st.retired >= self.st.limit {
+        if self.st.f.seq - self.st.retired >= self.st.limit {
             self.blocked()
         } else {
             e
@@ -397,29 +448,34 @@ impl WrRing {
     /// The slow path: signals, the end of a batch, a full ring, the error state.
     #[cold]
     #[inline(never)]
-    fn stage_slow(&mut self, msg: &Msg<'_>, post: bool) -> Result<u64, SendError> {
-        let seq = self.st.staged;
+    /// It takes the message by value: a reference would make the caller keep the message
+    /// in memory, rebuilt after every provider call.
+    fn stage_slow(&mut self, msg: Msg<'_>, post: bool) -> Result<u64, SendError> {
+        let msg = &msg;
+        let seq = self.st.f.seq;
         if seq - self.st.retired >= self.st.limit {
-            self.st.event = seq;
+            self.st.f.event = seq;
             return Err(self.blocked());
         }
-        let remote = self.check(msg)?;
+        let remote = self.st.f.check(msg)?;
         let full = seq + 1 - self.st.retired == self.st.limit;
         let scheduled = seq == self.st.next_signal;
         // The WR that fills the ring is signaled and posted at once, so a full ring always
         // has a signaled WR in flight.
         // SAFETY: checked above, with room.
-        unsafe { self.build(msg, remote, seq, scheduled || full) };
+        let f = self.st.f;
+        // SAFETY: as above.
+        unsafe { f.build(&mut self.st.open, msg, remote, scheduled || full) };
         if scheduled {
             self.st.next_signal += self.st.signal_every;
         }
-        self.st.staged = seq + 1;
+        self.st.f.seq = seq + 1;
         let r = if post || full || seq + 1 - self.st.posted >= self.st.batch {
             self.flush_inner()
         } else {
             Ok(())
         };
-        self.st.event = self.event_at();
+        self.st.f.event = self.event_at();
         r.map(|()| seq)
     }
 
@@ -434,7 +490,10 @@ impl WrRing {
     /// [`send_now`](Self::send_now), [`batch`](Self::batch).
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
-        self.stage_inner(&msg, false)
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.stage_own(msg, false)
     }
 
     /// Stages `msg` and posts it at once with anything already staged (one
@@ -444,17 +503,41 @@ impl WrRing {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
-        self.stage_inner(&msg, true)
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.stage_own(msg, true)
     }
 
     /// Opens a batch of inline messages: pushed messages are posted when the batch
     /// auto-flushes, on [`WrBatch::finish`], or when it is dropped.
     #[inline]
     pub fn batch<'d>(&mut self) -> WrBatch<'_, 'd> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.st.batch_open = true;
         WrBatch {
+            f: self.st.f,
             ring: self,
             _data: PhantomData,
         }
+    }
+
+    /// A [`WrBatch`] was leaked (`mem::forget`): the ring does not know how many WRs it
+    /// built, so the open region is discarded with `ibv_wr_abort` and the ring goes back to
+    /// its posted count (as a [`SendRing`](crate::SendRing) drops a leaked batch's WRs).
+    #[cold]
+    #[inline(never)]
+    fn drop_leaked_batch(&mut self) {
+        self.st.batch_open = false;
+        if self.st.open {
+            // SAFETY: a region is open on the live QP (new's contract).
+            unsafe { ibv_wr_abort(self.st.f.qpx) };
+            self.st.open = false;
+        }
+        let posted = self.st.posted;
+        self.unstage_to(posted);
     }
 
     /// Posts what is staged with one `ibv_wr_complete`. On failure nothing of the batch was
@@ -462,6 +545,9 @@ impl WrRing {
     /// `ibv_wr_complete` and its errno.
     #[inline]
     pub fn flush(&mut self) -> Result<(), SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
         if let Some(e) = self.deferred.take() {
             return Err(SendError::Post(e));
         }
@@ -475,9 +561,9 @@ impl WrRing {
         }
         self.st.open = false;
         // SAFETY: a region is open on the live QP (module invariant, new's contract).
-        let rc = unsafe { ibv_wr_complete(self.st.qpx) };
+        let rc = unsafe { ibv_wr_complete(self.st.f.qpx) };
         if rc == 0 {
-            self.st.posted = self.st.staged;
+            self.st.posted = self.st.f.seq;
             Ok(())
         } else {
             Err(SendError::Post(self.complete_failed(rc)))
@@ -501,12 +587,12 @@ impl WrRing {
     /// Drops staged WRs from `seq` on and rewinds the signal schedule.
     #[cold]
     fn unstage_to(&mut self, seq: u64) {
-        self.st.staged = seq;
+        self.st.f.seq = seq;
         let st = &mut self.st;
         while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
             st.next_signal -= st.signal_every;
         }
-        self.st.event = self.event_at();
+        self.st.f.event = self.event_at();
     }
 
     /// Retires the WRs covered by a send completion of this ring, exactly as
@@ -516,7 +602,7 @@ impl WrRing {
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
-        if (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
+        if (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
             return Ok(0);
         }
         let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
@@ -539,7 +625,7 @@ impl WrRing {
             self.error = Some(e);
         }
         self.st.limit = 0;
-        self.st.event = self.st.staged;
+        self.st.f.event = self.st.f.seq;
     }
 
     fn retire_to(&mut self, retired: u64) {
@@ -594,28 +680,29 @@ impl WrRing {
     /// As [`SendRing::reset`](crate::SendRing::reset): the device no longer uses any WR of
     /// this ring (the QP is in RESET), and in split mode no retirer is running.
     pub unsafe fn reset(&mut self) -> u64 {
+        self.st.batch_open = false;
         if self.st.open {
             // SAFETY: a region is open on the live QP.
-            unsafe { ibv_wr_abort(self.st.qpx) };
+            unsafe { ibv_wr_abort(self.st.f.qpx) };
             self.st.open = false;
         }
-        let dropped = self.st.staged - self.st.retired;
+        let dropped = self.st.f.seq - self.st.retired;
         let posted = self.st.posted;
-        self.st.staged = posted;
+        self.st.f.seq = posted;
         self.st.retired = posted;
         self.error = None;
         self.deferred = None;
         self.st.limit = self.st.depth;
         self.st.next_signal = posted + self.st.signal_every - 1;
-        self.st.event = self.event_at();
+        self.st.f.event = self.event_at();
         dropped
     }
 
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {
-        self.st.next_signal = self.st.staged;
-        self.st.event = self.st.staged;
+        self.st.next_signal = self.st.f.seq;
+        self.st.f.event = self.st.f.seq;
     }
 
     /// True once the WR with sequence `seq` is retired.
@@ -639,14 +726,14 @@ impl WrRing {
     /// WRs staged (in the open region) and not yet posted.
     #[inline(always)]
     pub fn staged(&self) -> u64 {
-        self.st.staged - self.st.posted
+        self.st.f.seq - self.st.posted
     }
     /// Messages that may still be staged (0 in the error state).
     #[inline(always)]
     pub fn free(&self) -> u64 {
         self.st
             .limit
-            .saturating_sub(self.st.staged - self.st.retired)
+            .saturating_sub(self.st.f.seq - self.st.retired)
     }
     /// Total WRs posted since creation.
     #[inline(always)]
@@ -676,7 +763,7 @@ impl WrRing {
     /// The ring id in its `wr_id`s.
     #[inline(always)]
     pub fn ring_id(&self) -> u8 {
-        wr_id::ring_of(self.st.id_bits)
+        wr_id::ring_of(self.st.f.id_bits)
     }
     /// True while a region (`ibv_wr_start` .. `ibv_wr_complete`) is open.
     #[inline(always)]
@@ -690,21 +777,26 @@ impl Drop for WrRing {
         if self.st.open {
             // SAFETY: a region is open on the QP, which outlives the ring (new's contract);
             // closing it without posting releases what the provider holds for it.
-            unsafe { ibv_wr_abort(self.st.qpx) };
+            unsafe { ibv_wr_abort(self.st.f.qpx) };
         }
     }
 }
 
-/// Inline messages staged in one region; see [`WrRing::batch`].
+/// Inline messages staged in one region; see [`WrRing::batch`]. It keeps the ring's
+/// fast-path state in a copy of its own (see `Fast`), so a push loop runs from registers.
 #[must_use = "a batch posts its messages on finish() or drop"]
 pub struct WrBatch<'r, 'd> {
     ring: &'r mut WrRing,
+    f: Fast,
     _data: PhantomData<&'d [u8]>,
 }
 
 impl core::fmt::Debug for WrBatch<'_, '_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("WrBatch").field("ring", &self.ring).finish()
+        f.debug_struct("WrBatch")
+            .field("ring", &self.ring)
+            .field("staged", &self.staged())
+            .finish()
     }
 }
 
@@ -716,25 +808,30 @@ impl<'d> WrBatch<'_, 'd> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
-        self.ring.stage_inner(&msg, false)
+        self.ring.stage_fast(&mut self.f, &msg, false)
     }
 
     /// Number of messages staged and not yet posted.
     #[inline(always)]
     pub fn staged(&self) -> u64 {
-        self.ring.staged()
+        self.f.seq - self.ring.st.posted
     }
 
     /// Posts what is staged and closes the batch.
     #[inline]
     pub fn finish(self) -> Result<(), SendError> {
         let mut this = core::mem::ManuallyDrop::new(self);
+        let seq = this.f.seq;
+        this.ring.st.f.seq = seq;
+        this.ring.st.batch_open = false;
         this.ring.flush_inner()
     }
 }
 
 impl Drop for WrBatch<'_, '_> {
     fn drop(&mut self) {
+        self.ring.st.f.seq = self.f.seq;
+        self.ring.st.batch_open = false;
         if let Err(SendError::Post(e)) = self.ring.flush_inner() {
             // Reported by the next WrRing::flush.
             self.ring.deferred = Some(e);

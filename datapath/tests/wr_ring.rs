@@ -336,14 +336,22 @@ fn qp_error_flushes_retire_exactly_the_outstanding_wrs_then_reset_recovers() {
     // SAFETY: the QP went through RESET (the device's reset_qp); nothing is outstanding.
     assert_eq!(unsafe { r.reset() }, 0);
     assert_eq!(r.error(), None);
+    // A leaked batch: the ring cannot know what it built, so its region is aborted.
     let mut b = r.batch();
     b.push(Msg::send(Local::Inline(&d))).unwrap();
     core::mem::forget(b);
     assert!(dev.wr_region_open());
+    assert_eq!(r.flush(), Ok(()));
+    assert!(!dev.wr_region_open());
+    assert_eq!((dev.wr_aborts(), r.staged(), r.outstanding()), (1, 0, 0));
+    // A staged WR at reset: aborted and counted.
+    // SAFETY: inline bytes outlive the call.
+    unsafe { r.stage(Msg::send(Local::Inline(&d))) }.unwrap();
+    assert!(dev.wr_region_open());
     // SAFETY: as above: the staged WR was never posted.
     assert_eq!(unsafe { r.reset() }, 1);
     assert!(!dev.wr_region_open());
-    assert_eq!(dev.wr_aborts(), 1);
+    assert_eq!(dev.wr_aborts(), 2);
     let before = dev.send_wrs();
     for _ in 0..16 {
         r.signal_next();

@@ -32,6 +32,10 @@ const QUEUED_BEFORE_RTS: i32 = -1;
 /// The opcode an RDMA READ posted with IBV_SEND_INLINE gets in the Rxe profile (rxe S5: it
 /// fails at execution); no real opcode, so it takes the invalid-opcode path.
 const RXE_INLINE_READ: ibv_wr_opcode = 0x8000_0000 | IBV_WR_RDMA_READ;
+/// Or'ed into the opcode of a WR built with `ibv_wr_set_inline_data(_list)` without
+/// IBV_SEND_INLINE in `wr_flags`, in the Rxe profile: no real opcode, so it takes the
+/// invalid-opcode path (LOC_QP_OP_ERR, the QP to ERR), as rxe does with such a WQE.
+pub(crate) const RXE_INLINE_NO_FLAG: ibv_wr_opcode = 0x4000_0000;
 /// `poll_cq` return value after a CQ overflow (negative, as `ibv_poll_cq(3)` says for errors).
 pub(crate) const POLL_CQ_OVERFLOW: i32 = -libc::EOVERFLOW;
 
@@ -43,19 +47,35 @@ pub(crate) struct Ptr<T>(pub(crate) *mut T);
 // the fabric mutex.
 unsafe impl<T> Send for Ptr<T> {}
 
-/// A context as allocated by softnic: the ABI struct first, then our index.
+/// A context as allocated by softnic: an extended `verbs_context` (whose last field is the
+/// `ibv_context` handed to the application, as libibverbs lays it out), then our index.
 #[repr(C)]
 pub(crate) struct SoftContext {
-    pub(crate) ibv: ibv_context,
+    pub(crate) vctx: verbs_context,
     pub(crate) idx: u32,
 }
 
-/// A CQ as allocated by softnic: the ABI struct first, then the number of completions
-/// ready to poll, so polling an empty CQ takes no lock (`u32::MAX` after an overflow).
+/// A CQ as allocated by softnic: the extended ABI struct first (an `ibv_cq_ex` starts with
+/// the `ibv_cq` fields, so every CQ is also a plain `ibv_cq`), then the number of
+/// completions ready to poll, so polling an empty CQ takes no lock (`u32::MAX` after an
+/// overflow), then the completion an extended poll is looking at.
 #[repr(C)]
 pub(crate) struct SoftCq {
-    pub(crate) ibv: ibv_cq,
+    pub(crate) ibv: ibv_cq_ex,
     pub(crate) ready: AtomicU32,
+    /// The completion between `start_poll`/`next_poll` and the next of them: written and
+    /// read only by the thread polling the CQ (`ibv_create_cq_ex(3)`: one poller at a time).
+    pub(crate) cur: core::cell::UnsafeCell<CurWc>,
+}
+
+/// The completion an extended CQ's `read_*` functions return.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CurWc {
+    pub(crate) wc: ibv_wc,
+    /// Completion time in HCA clock cycles ([`crate::ex::raw_clock`]).
+    pub(crate) ts: u64,
+    /// Completion time as `CLOCK_REALTIME` nanoseconds.
+    pub(crate) wall: u64,
 }
 
 /// A completion channel as allocated by softnic.
@@ -107,10 +127,17 @@ pub(crate) struct Pd {
     pub(crate) ctx: u32,
     pub(crate) users: u32,
     pub(crate) ptr: Ptr<ibv_pd>,
+    /// The protection domain keys are checked against: this PD's own index, or for a
+    /// parent domain the index of the PD it wraps (`ibv_alloc_parent_domain(3)`).
+    pub(crate) prot: u32,
+    /// A parent domain: its thread domain (if any); `None` for a plain PD.
+    pub(crate) parent: Option<Option<u32>>,
 }
 
 pub(crate) struct Mr {
     pub(crate) pd: u32,
+    /// The protection domain of `pd` ([`Pd::prot`]).
+    pub(crate) prot: u32,
     pub(crate) addr: usize,
     pub(crate) iova: u64,
     pub(crate) len: u64,
@@ -131,6 +158,12 @@ pub(crate) struct Cq {
     pub(crate) rxe: bool,
     /// Completions still to be treated as overflowing ([`crate::inject_cq_overflow`]).
     pub(crate) inject_overflow: u32,
+    /// An extended CQ created with a completion timestamp flag: every completion records
+    /// the clocks when it is generated (no clock is read for other CQs).
+    pub(crate) stamps: bool,
+    /// The parent domain the CQ was created with (`IBV_CQ_INIT_ATTR_MASK_PD`), which it
+    /// keeps busy until destroyed.
+    pub(crate) parent_pd: Option<u32>,
     /// `Some(solicited_only)` while armed by `req_notify_cq`.
     pub(crate) armed: Option<bool>,
     pub(crate) channel: Option<u32>,
@@ -148,6 +181,10 @@ pub(crate) struct SqTag {
     qp: u32,
     epoch: u32,
     seq: u64,
+    /// Completion time in HCA clock cycles, on a CQ that asked for timestamps (else 0).
+    pub(crate) ts: u64,
+    /// Completion time in `CLOCK_REALTIME` ns, on a CQ that asked for it (else 0).
+    pub(crate) wall: u64,
 }
 
 impl SqTag {
@@ -155,7 +192,17 @@ impl SqTag {
         qp: u32::MAX,
         epoch: 0,
         seq: 0,
+        ts: 0,
+        wall: 0,
     };
+}
+
+/// A thread domain (`ibv_alloc_td(3)`).
+pub(crate) struct Td {
+    pub(crate) ctx: u32,
+    /// Parent domains using it.
+    pub(crate) users: u32,
+    pub(crate) ptr: Ptr<crate::ex::SoftTd>,
 }
 
 pub(crate) struct Channel {
@@ -168,6 +215,8 @@ pub(crate) struct Channel {
 
 pub(crate) struct Ah {
     pub(crate) pd: u32,
+    /// The protection domain of `pd` ([`Pd::prot`]).
+    pub(crate) prot: u32,
     pub(crate) attr: ibv_ah_attr,
     pub(crate) ptr: Ptr<ibv_ah>,
 }
@@ -285,6 +334,8 @@ pub(crate) struct SendEntry {
 pub(crate) struct Qp {
     pub(crate) ctx: u32,
     pub(crate) pd: u32,
+    /// The protection domain of `pd` ([`Pd::prot`]): what MR and AH checks compare.
+    pub(crate) prot: u32,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
     pub(crate) srq: Option<u32>,
@@ -440,6 +491,7 @@ pub(crate) struct Fabric {
     pub(crate) qps: Vec<Option<Box<Qp>>>,
     pub(crate) srqs: Vec<Option<Srq>>,
     pub(crate) ahs: Vec<Option<Ah>>,
+    pub(crate) tds: Vec<Option<Td>>,
     pub(crate) mcast: HashMap<[u8; 16], Vec<u32>>,
     /// QPs (indices) with WRs waiting for a receive (RNR with `rnr_retry` 7).
     rnr_waiting: Vec<u32>,
@@ -545,6 +597,7 @@ impl Fabric {
             qps: Vec::new(),
             srqs: Vec::new(),
             ahs: Vec::new(),
+            tds: Vec::new(),
             mcast: HashMap::new(),
             rnr_waiting: Vec::new(),
             scratch_waiters: Vec::new(),
@@ -611,13 +664,14 @@ impl Fabric {
         (mr.key == key).then_some(mr)
     }
 
-    /// Resolves `[addr, addr + len)` of the MR named by `key` in PD `pd` to host memory,
+    /// Resolves `[addr, addr + len)` of the MR named by `key` in protection domain `pd`
+    /// ([`Pd::prot`]) to host memory,
     /// requiring the `need` access bits: a segment that also carries the MR's bounds, which
     /// decide mem's access units. The pointer is derived from the one the application
     /// registered (`ibv_mr.addr`), so it carries that pointer's provenance over the MR.
     pub(crate) fn resolve(&self, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> Option<Seg> {
         let mr = self.mr_by_key(key)?;
-        if mr.pd != pd || mr.access & need != need {
+        if mr.prot != pd || mr.access & need != need {
             return None;
         }
         let off = addr.checked_sub(mr.iova)?;
@@ -676,6 +730,11 @@ impl Fabric {
         if c.ring.len() >= c.limit {
             self.overflow(cq);
             return false;
+        }
+        let mut tag = tag;
+        if c.stamps {
+            tag.ts = crate::ex::raw_clock();
+            tag.wall = crate::ex::wall_ns();
         }
         c.ring.push_back((wc, tag));
         c.publish();
@@ -743,6 +802,43 @@ impl Fabric {
         k
     }
 
+    /// Takes the oldest completion of CQ `cq` for an extended poll, releasing SQ slots as
+    /// [`Fabric::poll`] does: `Ok(None)` when empty, `Err(EOVERFLOW)` after an overflow
+    /// (Spec profile).
+    pub(crate) fn pop_wc(&mut self, cq: u32) -> Result<Option<CurWc>, i32> {
+        let Fabric { cqs, qps, .. } = self;
+        let Some(Some(c)) = cqs.get_mut(cq as usize) else {
+            return Err(libc::EINVAL);
+        };
+        if c.overflowed {
+            return Err(libc::EOVERFLOW);
+        }
+        let Some((wc, tag)) = c.ring.pop_front() else {
+            return Ok(None);
+        };
+        if tag.qp != u32::MAX {
+            if let Some(Some(q)) = qps.get_mut(tag.qp as usize) {
+                if q.epoch == tag.epoch {
+                    q.sq_released = q.sq_released.max(tag.seq + 1);
+                }
+            }
+        }
+        c.publish();
+        Ok(Some(CurWc {
+            wc,
+            ts: tag.ts,
+            wall: tag.wall,
+        }))
+    }
+
+    /// The protection domain PD `pd` belongs to ([`Pd::prot`]).
+    pub(crate) fn prot_of(&self, pd: u32) -> u32 {
+        self.pds
+            .get(pd as usize)
+            .and_then(|p| p.as_ref())
+            .map_or(pd, |p| p.prot)
+    }
+
     fn send_wc(qpn: u32, e: &SendEntry, status: ibv_wc_status, byte_len: u32) -> ibv_wc {
         let mut wc = ibv_wc {
             wr_id: e.wr_id,
@@ -795,6 +891,8 @@ impl Fabric {
             qp: qi as u32,
             epoch: qp.epoch,
             seq,
+            ts: 0,
+            wall: 0,
         };
         let cq = qp.send_cq;
         self.push_cqe_tagged(cq, wc, false, tag);
@@ -1024,6 +1122,67 @@ impl Fabric {
         }
         crate::errno::set_errno(libc::EINVAL);
         libc::EINVAL
+    }
+
+    /// `ibv_wr_complete`'s all-or-nothing check: whether [`Fabric::post_send`] would accept
+    /// every WR of the chain (room in the send queue for all `n`, then each WR's SGE count,
+    /// inline size, atomic operands and UD address), with no side effect. The first refusal's
+    /// errno: `full` for a queue without room (the profile's builder errno), EINVAL else.
+    ///
+    /// # Safety
+    /// As [`Fabric::post_send`].
+    pub(crate) unsafe fn check_batch(
+        &mut self,
+        qi: usize,
+        mut wr: *mut ibv_send_wr,
+        n: usize,
+        full: i32,
+    ) -> Result<(), i32> {
+        let qp = self.qp(qi);
+        if qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_ERR && !qp.rxe {
+            return Err(libc::EINVAL);
+        }
+        let (n, max) = (n as u64, qp.cap.max_send_wr as u64);
+        // As accept_send, for all n at once (rxe S3: only waiting WRs occupy the SQ).
+        if qp.sq_posted - qp.sq_released + n > max && (!qp.rxe || qp.pending.len() as u64 + n > max)
+        {
+            return Err(full);
+        }
+        while !wr.is_null() {
+            // SAFETY: a valid chain (caller).
+            let w = unsafe { &*wr };
+            if w.num_sge < 0 || w.num_sge as u32 > qp.cap.max_send_sge {
+                return Err(libc::EINVAL);
+            }
+            let sges: &[ibv_sge] = if w.num_sge > 0 {
+                // SAFETY: sg_list holds num_sge entries (caller).
+                unsafe { core::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+            } else {
+                &[]
+            };
+            let op = w.opcode;
+            let total: u64 = sges.iter().map(|s| s.length as u64).sum();
+            let inlined = matches!(
+                op,
+                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+            ) || (op == IBV_WR_RDMA_READ && qp.rxe);
+            if w.send_flags & IBV_SEND_INLINE != 0 && inlined && total > qp.inline_limit as u64 {
+                return Err(libc::EINVAL);
+            }
+            if op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD {
+                // SAFETY: the atomic member is the one set for an atomic opcode.
+                let a = unsafe { w.wr.atomic };
+                if !qp.atomics || a.remote_addr % 8 != 0 || sges.len() != 1 || sges[0].length < 8 {
+                    return Err(libc::EINVAL);
+                }
+            }
+            // SAFETY: plain pointer read of the UD member (any bits are a valid pointer).
+            if qp.qpt == IBV_QPT_UD && unsafe { w.wr.ud.ah }.is_null() {
+                return Err(libc::EINVAL);
+            }
+            wr = w.next;
+        }
+        Ok(())
     }
 
     /// # Safety
@@ -1317,7 +1476,7 @@ impl Fabric {
         let done = |s| (Outcome::Done(s), None);
         let (qpt, pd, dest, rnr_retry) = {
             let qp = self.qp(qi);
-            (qp.qpt, qp.pd, qp.attr.dest_qp_num, qp.attr.rnr_retry)
+            (qp.qpt, qp.prot, qp.attr.dest_qp_num, qp.attr.rnr_retry)
         };
         // The profile is read only on the paths that need it (none of them hot).
         let rxe = |f: &mut Self| f.qp(qi).rxe;
@@ -1402,7 +1561,7 @@ impl Fabric {
         };
         let (ppd, paccess) = {
             let p = self.qp(peer);
-            (p.pd, p.attr.qp_access_flags)
+            (p.prot, p.attr.qp_access_flags)
         };
         let drop_or = |s| {
             if reliable {
@@ -1669,7 +1828,7 @@ impl Fabric {
     fn bad_lkey(&self, sges: &[ibv_sge], pd: u32) -> bool {
         sges.iter()
             .filter(|s| s.length != 0)
-            .any(|s| self.mr_by_key(s.lkey).is_none_or(|m| m.pd != pd))
+            .any(|s| self.mr_by_key(s.lkey).is_none_or(|m| m.prot != pd))
     }
 
     /// A responder-side failure: RC gets the NAK status and the responder goes to ERR
@@ -1752,7 +1911,7 @@ impl Fabric {
         };
         let (ppd, qpt, cq, rxe, recv_flags, src_qp_mask) = {
             let p = self.qp(pi);
-            (p.pd, p.qpt, p.recv_cq, p.rxe, p.recv_flags, p.src_qp_mask)
+            (p.prot, p.qpt, p.recv_cq, p.rxe, p.recv_flags, p.src_qp_mask)
         };
         let ud = qpt == IBV_QPT_UD;
         let mut status = IBV_WC_SUCCESS;
@@ -1883,11 +2042,11 @@ impl Fabric {
     /// UD send: resolves the AH, checks the Q_Key and delivers to one QP or to every member
     /// of a multicast group. Unreliable: the sender always succeeds.
     fn ud_send(&mut self, qi: usize, e: &SendEntry, src: &[Seg], total: usize) -> ibv_wc_status {
-        let qpd = self.qp(qi).pd;
+        let qpd = self.qp(qi).prot;
         let Some(ah) = self.ahs.get(e.ah as usize).and_then(|a| a.as_ref()) else {
             return IBV_WC_LOC_QP_OP_ERR;
         };
-        if ah.pd != qpd {
+        if ah.prot != qpd {
             return IBV_WC_LOC_QP_OP_ERR;
         }
         // SAFETY: raw is always a valid view of the 16-byte union.
@@ -2092,6 +2251,7 @@ impl Fabric {
         Qp {
             ctx,
             pd,
+            prot: pd,
             send_cq,
             recv_cq,
             srq,

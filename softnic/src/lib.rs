@@ -1,8 +1,9 @@
 //! hotverbs-softnic: an in-process RDMA device behind the verbs ABI.
 //!
 //! softnic is a device, not a code path. Its objects are the public ABI structs
-//! (`ibv_context` with a filled `ops` table, `ibv_pd`, `ibv_mr`, `ibv_cq`, `ibv_qp`,
-//! `ibv_srq`, `ibv_ah`, `ibv_comp_channel`), so `hotverbs_ffi::inline::ibv_post_send` on a
+//! (`ibv_context` with a filled `ops` table inside an extended `verbs_context`, `ibv_pd`,
+//! `ibv_mr`, `ibv_cq` / `ibv_cq_ex`, `ibv_qp` / `ibv_qp_ex`, `ibv_srq`, `ibv_ah`,
+//! `ibv_comp_channel`, `ibv_td`), so `hotverbs_ffi::inline::ibv_post_send` on a
 //! softnic QP dispatches through `qp->context->ops.post_send` into softnic exactly as it
 //! reaches librxe or libmlx5. The setup verbs come as the same function-table type that
 //! libibverbs is loaded into: [`verbs_table`] returns a `&'static IbvFns` whose entries are
@@ -21,6 +22,11 @@
 //! - `mem` (private): the only module that touches application memory (registered,
 //!   bounds-checked ranges only).
 //! - `verbs` (private): the `extern "C"` verbs; `strings` (private): the `*_str` verbs.
+//! - `ex` (private): the extended verbs — the `verbs_context` ops (`query_device_ex`,
+//!   `create_qp_ex`, `create_cq_ex`, `alloc_td`, `dealloc_td`, `alloc_parent_domain`,
+//!   `query_rt_values`), the `ibv_qp_ex` work-request builders and the `ibv_cq_ex` poll and
+//!   read functions; see "Extended verbs" below. [`HCA_CORE_CLOCK_KHZ`]: the declared clock
+//!   of completion timestamps.
 //! - [`counting`]: the counting test device.
 //!
 //! # Example
@@ -80,6 +86,11 @@
 //! | S15 | CQ overflow: the completion is lost, the CQ enters the error state (`poll_cq` returns `-EOVERFLOW` until destroyed), one IBV_EVENT_CQ_ERR | the completion is silently dropped with one IBV_EVENT_CQ_ERR per drop, the CQ stays usable, `poll_cq` never errors; a *receive* completion lost this way moves the responder to ERR without acknowledging the message (RC requester: as an unanswered request, G11; UC/UD: success), and its flushes overflow too (one CQ_ERR each), so its remaining receives are lost |
 //! | S15 test hook | [`inject_cq_overflow`]: the next completion puts the CQ in the error state | the next n completions are dropped as above |
 //! | S17 | WRITE_WITH_IMM with no receive and rnr_retry < 7: RNR_RETRY_EXC_ERR, nothing written | RNR_RETRY_EXC_ERR, and every packet before the last (path MTU) was written: 3000 B writes 2048 B, 100 B nothing |
+//! | ext: inline (rxe README, "Facts about rxe") | `ibv_wr_set_inline_data(_list)` inlines the data whatever `qpx->wr_flags` holds | inlined only with IBV_SEND_INLINE in `qpx->wr_flags`; without it the WR completes with LOC_QP_OP_ERR at execution (nothing written) and the QP goes to ERR, its later WRs flushed |
+//! | ext: timestamps (rxe README) | `create_cq_ex` accepts IBV_WC_EX_WITH_COMPLETION_TIMESTAMP and ..._WALLCLOCK; `query_device_ex`: `completion_timestamp_mask` all ones, `hca_core_clock` [`HCA_CORE_CLOCK_KHZ`]; `query_rt_values_ex` gives the raw clock | either timestamp flag -> EOPNOTSUPP (librxe's RXE_SUP_WC_EX_FLAGS); mask 0 and `hca_core_clock` 0; `query_rt_values_ex` EOPNOTSUPP (librxe has no such op: libibverbs' dummy answers) |
+//! | ext: domains (librxe source) | `alloc_td`, `dealloc_td`, `alloc_parent_domain` supported | librxe implements none of them, so libibverbs' dummy ops answer: `ibv_alloc_td` / `ibv_alloc_parent_domain` NULL + errno EOPNOTSUPP, `ibv_dealloc_td` EOPNOTSUPP |
+//! | ext: builder limits | a batch with more WRs than the SQ holds, more SGEs than `max_send_sge`, or more inline bytes than `max_inline_data`: `wr_complete` returns ENOMEM (mlx5's `mqp->err`), nothing posted | ENOSPC (librxe's `qp->err`), nothing posted |
+//! | ext: S1 | `wr_complete` before RTS: EINVAL, nothing posted | EINVAL from the doorbell, and the batch stays queued, run at the next post in RTS (as S1's post_send) |
 //! | S21 | SEND_WITH_INV on RC: LOC_QP_OP_ERR at the sender, QP to ERR (no memory windows) | the sender succeeds; the responder consumes a receive, completes it with REM_INV_REQ_ERR and goes to ERR (softnic has no MWs or fast-registration MRs, so every rkey counts as bogus); no receive posted: RNR as a SEND |
 //!
 //! Rows where both profiles do the same (rxe's measured behaviour or the man page, which
@@ -95,6 +106,14 @@
 //! - S15: whether rxe writes the payload of the message whose receive completion was lost
 //!   was not measured; softnic writes it (the data lands before the completion).
 //! - S19 "send_cq = NULL crashes libibverbs": softnic answers EINVAL.
+//! - librxe bugs of rdma-core 44, fixed upstream: an extended CQ polled to `ibv_next_poll`
+//!   ENOENT then `ibv_end_poll`, as the man page says, overruns its consumer index (fixed
+//!   in rdma-core 55, b78b414e0; the setup layer's real-device tests pin it) and unlocks the
+//!   CQ lock twice (fixed in 59, 5e7aa4102). softnic's extended poll behaves as the man page
+//!   says in both profiles.
+//! - The rxe extended opcodes softnic cannot execute (SEND_WITH_INV, LOCAL_INV, BIND_MW,
+//!   FLUSH, ATOMIC_WRITE in `send_ops_flags`): EOPNOTSUPP at `create_qp_ex`, where rxe
+//!   accepts them.
 //!
 //! ## Objects and limits
 //! - Device defaults are rxe's (`ibv_devinfo -v` on rxe0): max_qp_wr 1048576, max_sge 32,
@@ -277,20 +296,97 @@
 //!   an empty CQ takes no lock (an atomic fill count published with Release after each
 //!   change), so a busy-polling thread does not slow the poster down.
 //! - Limits of the model: no timers (RNR and transport retries resolve at once, see above),
-//!   no SQD/SQE states, no memory windows, no extended (`ibv_qp_ex`/`ibv_cq_ex`) verbs, one
-//!   port; QPNs are never reused, so a process can create about 2^24 QPs in its lifetime.
+//!   no SQD/SQE states, no memory windows, one port; QPNs are never reused, so a process
+//!   can create about 2^24 QPs in its lifetime.
+//!
+//! ## Extended verbs
+//! Every context is extended, as libibverbs makes them: the `ibv_context` is the last
+//! field of a `verbs_context` (`abi_compat` = `__VERBS_ABI_IS_EXTENDED`, `sz` = the whole
+//! struct) whose `query_device_ex`, `create_qp_ex`, `create_cq_ex`, `alloc_td`,
+//! `dealloc_td`, `alloc_parent_domain` and `query_rt_values` are softnic's, so the verbs.h
+//! inlines (`hotverbs_ffi::inline::ibv_create_qp_ex`, ...) reach them as they reach a
+//! provider; every other extended op is NULL (the header answers EOPNOTSUPP/ENOSYS).
+//! - `ibv_query_device_ex(3)`: `orig_attr` as `ibv_query_device`, `completion_timestamp_mask`
+//!   all ones and `hca_core_clock` [`HCA_CORE_CLOCK_KHZ`] (Rxe: 0 and 0),
+//!   `device_cap_flags_ex` = the legacy flags, `phys_port_cnt_ex` 1, the rest 0; at most
+//!   `attr_size` bytes are written.
+//! - `ibv_create_qp_ex(3)`: `comp_mask` may hold PD (required: EINVAL without it),
+//!   CREATE_FLAGS (any flag -> EOPNOTSUPP, as rxe) and SEND_OPS_FLAGS; any other bit ->
+//!   EOPNOTSUPP (rxe's `check_qp_init_attr`). The QP is created exactly as by
+//!   `ibv_create_qp` (same limits, same returned `cap`). `send_ops_flags` may name SEND,
+//!   SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM on RC/UC/UD as the transport allows
+//!   (UD: the two SENDs), RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD on RC;
+//!   anything else (SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, FLUSH, ATOMIC_WRITE: softnic has
+//!   no memory windows or those opcodes; rxe accepts some of them) -> EOPNOTSUPP. The QP's
+//!   `ibv_qp_ex` (`ibv_qp_to_qp_ex`; its `qp_base` is the QP) has `wr_start`,
+//!   `wr_complete`, `wr_abort`, `wr_set_sge`, `wr_set_sge_list`, `wr_set_inline_data`,
+//!   `wr_set_inline_data_list`, `wr_set_ud_addr` and exactly the requested opcode builders;
+//!   the others are NULL. `ibv_qp_to_qp_ex` of a QP made by `ibv_create_qp` is NULL (errno
+//!   untouched), as libibverbs answers for a QP without `VERBS_QP_EX`.
+//! - `ibv_wr_post(3)`: `qpx->wr_id` and `qpx->wr_flags` are read when an opcode builder is
+//!   called; the setters act on the WR built last (a setter before any opcode: EINVAL at
+//!   `wr_complete`); `wr_set_sge` with length 0 sets no SGE (as rxe and mlx5); inline data
+//!   is copied at the setter call, and only on a SEND or RDMA_WRITE (the man page's "valid
+//!   only for"; other opcodes: EINVAL at `wr_complete`). IBV_SEND_INLINE is not one of the
+//!   man page's `wr_flags`: a WR whose data was set by `wr_set_sge(_list)` is gathered from
+//!   its SGEs whatever the flag says (as mlx5; rxe's behaviour there was not measured).
+//!   Builders stage the WRs in storage provisioned at creation (one entry per SQ slot up to
+//!   4096, each with room for `max_send_sge` SGEs and `max_inline_data` bytes): the batch
+//!   allocates nothing. `wr_complete` posts the batch all or nothing: a builder limit
+//!   (above) or a WR `ibv_post_send` would refuse (QP state, SQ room for the whole batch,
+//!   SGE count, inline size, atomic alignment, UD without an AH: EINVAL) returns that errno
+//!   and posts none of it, as rxe's and mlx5's rollback; otherwise the WRs go through the
+//!   `ibv_post_send` engine in order, so every behaviour above (errors, profiles, flushes,
+//!   RNR, inline limits, selective signaling) applies and their completions are those of
+//!   posted WRs. `wr_abort` discards the batch; after a `wr_complete` (which ends the
+//!   batch, posted or refused) `wr_abort` does nothing and another `wr_complete` returns
+//!   EINVAL. `wr_start` .. `wr_complete`/`wr_abort` hold a per-QP builder lock (a spin
+//!   lock, as rxe's `sq.lock`), except on a QP created on a parent domain with a thread
+//!   domain, whose application promises a single thread (`ibv_alloc_td(3)`): no lock there.
+//!   An inline WR travels as one SGE, so a QP created with `max_send_sge` 0 cannot post one
+//!   (EINVAL at `wr_complete`).
+//! - `ibv_create_cq_ex(3)`: `wc_flags` may hold BYTE_LEN, IMM, QP_NUM, SRC_QP, SLID, SL,
+//!   DLID_PATH_BITS, COMPLETION_TIMESTAMP and COMPLETION_TIMESTAMP_WALLCLOCK (Rxe: not the
+//!   two timestamps); CVLAN, FLOW_TAG, TM_INFO or unknown bits -> EOPNOTSUPP. `comp_mask`
+//!   may hold FLAGS (only IBV_CREATE_CQ_ATTR_SINGLE_THREADED; others EOPNOTSUPP) and PD
+//!   (`parent_domain` must be a parent domain: EINVAL otherwise; it stays busy until the CQ
+//!   is destroyed); other bits -> EINVAL. `cqe`, channel and `comp_vector` as
+//!   `ibv_create_cq`. The `ibv_cq_ex` has `start_poll`, `next_poll`, `end_poll`,
+//!   `read_opcode`, `read_vendor_err`, `read_wc_flags` and exactly the readers of the
+//!   requested flags. `start_poll`/`next_poll` return 0 with `cq->wr_id`/`cq->status` set,
+//!   ENOENT when empty (no lock taken then, as `poll_cq`), EOVERFLOW after an overflow
+//!   (Spec, S15); they release SQ slots as `poll_cq` does. The CQ is also a plain `ibv_cq`
+//!   (`ibv_cq_ex_to_cq`): `ibv_poll_cq`, notification, resize and QPs all work on it.
+//! - Completion timestamps (Spec): taken when the completion is generated, and only on a
+//!   CQ that asked for one. Raw values count HCA cycles of a free-running clock:
+//!   `CLOCK_MONOTONIC` at [`HCA_CORE_CLOCK_KHZ`] (156.25 MHz), so
+//!   `ns = raw * 1_000_000 / hca_core_clock`. `read_completion_wallclock_ns` is
+//!   `CLOCK_REALTIME` in ns. `ibv_query_rt_values_ex(3)` with IBV_VALUES_MASK_RAW_CLOCK
+//!   returns the raw clock now, in `raw_clock.tv_nsec` with `tv_sec` 0 (as mlx5), and sets
+//!   `comp_mask` to the fields it filled.
+//! - Thread domains (`ibv_alloc_td(3)`): `comp_mask` must be 0 (EINVAL); `ibv_dealloc_td`
+//!   EBUSY while a parent domain uses it. Parent domains (`ibv_alloc_parent_domain(3)`):
+//!   `pd` required and not itself a parent domain (EINVAL), `td` optional,
+//!   PD_CONTEXT accepted, ALLOCATORS -> EOPNOTSUPP (softnic provisions its own queues). The
+//!   result is an `ibv_pd` usable wherever a PD is (MRs, AHs, SRQs, `create_qp_ex` with
+//!   IBV_QP_INIT_ATTR_PD, `create_cq_ex` with IBV_CQ_INIT_ATTR_MASK_PD) and shares its
+//!   PD's protection domain (its MRs serve QPs of the PD and vice versa, as on mlx5). It
+//!   keeps its PD and thread domain busy (EBUSY) and is freed by `ibv_dealloc_pd` (EBUSY
+//!   while objects use it). All of this answers EOPNOTSUPP in the Rxe profile (table).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
 
 pub mod counting;
 mod errno;
+mod ex;
 mod fabric;
 mod mem;
 mod strings;
 pub mod testing;
 mod verbs;
 
+pub use ex::HCA_CORE_CLOCK_KHZ;
 use hotverbs_ffi::{ibv_context, ibv_cq, ibv_qp, ibv_srq, IbvFns};
 
 /// Attributes of a softnic device; `Default` is close to rxe (`ibv_devinfo -v` on rxe0).
@@ -455,6 +551,7 @@ static TABLE: IbvFns = IbvFns {
     ibv_query_port: Some(verbs::query_port),
     ibv_query_qp: Some(verbs::query_qp),
     ibv_query_srq: Some(verbs::query_srq),
+    ibv_qp_to_qp_ex: Some(ex::qp_to_qp_ex),
     ibv_reg_dmabuf_mr: Some(verbs::reg_dmabuf_mr),
     ibv_reg_mr: Some(verbs::reg_mr),
     ibv_reg_mr_iova: Some(verbs::reg_mr_iova),

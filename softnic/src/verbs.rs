@@ -39,8 +39,14 @@ fn fail<T>(errno: i32) -> *mut T {
 /// # Safety
 /// `ctx` is a live softnic context.
 pub(crate) unsafe fn ctx_idx(ctx: *mut ibv_context) -> u32 {
-    // SAFETY: softnic contexts are SoftContext with the ABI struct first (caller).
-    unsafe { (*ctx.cast::<SoftContext>()).idx }
+    // container_of: the context is the last field of the verbs_context that opens a
+    // SoftContext; the pointer was derived from the whole SoftContext allocation.
+    let soft = ctx
+        .cast::<u8>()
+        .wrapping_sub(core::mem::offset_of!(verbs_context, context))
+        .cast::<SoftContext>();
+    // SAFETY: softnic contexts live inside a SoftContext (caller), so `soft` is it.
+    unsafe { (*soft).idx }
 }
 
 // ------------------------------------------------------------------ devices
@@ -165,8 +171,14 @@ pub(crate) fn new_context(f: &mut Fabric, dev: usize) -> *mut ibv_context {
     ibv.cmd_fd = -1;
     ibv.async_fd = rd;
     ibv.num_comp_vectors = nvec;
+    // An extended context, as libibverbs makes for every provider: the verbs.h inlines
+    // (`ibv_create_qp_ex`, `ibv_alloc_td`, ...) find the extended ops through it.
+    ibv.abi_compat = VERBS_ABI_IS_EXTENDED;
+    let mut vctx = crate::ex::verbs_context_ops();
+    vctx.sz = core::mem::size_of::<verbs_context>();
+    vctx.context = ibv;
     let idx = f.ctxs.len() as u32;
-    let p = Box::into_raw(Box::new(SoftContext { ibv, idx }));
+    let p = Box::into_raw(Box::new(SoftContext { vctx, idx }));
     Fabric::add(
         &mut f.ctxs,
         Ctx {
@@ -178,7 +190,9 @@ pub(crate) fn new_context(f: &mut Fabric, dev: usize) -> *mut ibv_context {
             qps: 0,
         },
     );
-    p.cast()
+    // SAFETY: just allocated; the context is a field of it (the pointer keeps the whole
+    // allocation's provenance for ctx_idx's container_of).
+    unsafe { core::ptr::addr_of_mut!((*p).vctx.context) }
 }
 
 pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
@@ -199,7 +213,7 @@ pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
     // SAFETY: our pipe ends and our allocation; no object refers to the context.
     unsafe {
         libc::close(c.async_wr);
-        libc::close((*c.ptr.0).ibv.async_fd);
+        libc::close((*c.ptr.0).vctx.context.async_fd);
         drop(Box::from_raw(c.ptr.0));
     }
     let d = c.dev as usize;
@@ -384,9 +398,10 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     let mut f = lock();
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) };
+    let idx = f.pds.len() as u32;
     let ibv = Box::into_raw(Box::new(ibv_pd {
         context: ctx,
-        handle: f.pds.len() as u32,
+        handle: idx,
     }));
     Fabric::add(
         &mut f.pds,
@@ -394,6 +409,8 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             ctx: ci,
             users: 0,
             ptr: Ptr(ibv),
+            prot: idx,
+            parent: None,
         },
     );
     f.ctxs[ci as usize].as_mut().expect("ctx").objects += 1;
@@ -411,6 +428,15 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
         _ => return libc::EINVAL,
     }
     let p = f.pds[pi].take().expect("pd");
+    if let Some(td) = p.parent {
+        // A parent domain: it held its PD and its thread domain.
+        if let Some(Some(b)) = f.pds.get_mut(p.prot as usize) {
+            b.users -= 1;
+        }
+        if let Some(Some(t)) = td.and_then(|t| f.tds.get_mut(t as usize)) {
+            t.users -= 1;
+        }
+    }
     release_ctx(&mut f, p.ctx);
     // SAFETY: allocated by alloc_pd.
     drop(unsafe { Box::from_raw(p.ptr.0) });
@@ -471,10 +497,12 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
         lkey: key,
         rkey: key,
     }));
+    let prot = f.prot_of(pi);
     Fabric::add(
         &mut f.mrs,
         Mr {
             pd: pi,
+            prot,
             addr: addr as usize,
             iova,
             len: length as u64,
@@ -672,6 +700,26 @@ pub(crate) unsafe extern "C" fn create_cq(
 ) -> *mut ibv_cq {
     let _errno = ErrnoScope::enter();
     let mut f = lock();
+    // SAFETY: forwarded contract.
+    match unsafe { new_cq(&mut f, ctx, cqe, cq_context, channel, comp_vector) } {
+        Ok(p) => p.cast(),
+        Err(e) => fail(e),
+    }
+}
+
+/// `create_cq` with the fabric locked: the new CQ (a plain one; `create_cq_ex` extends it),
+/// or the errno.
+///
+/// # Safety
+/// As `create_cq`.
+pub(crate) unsafe fn new_cq(
+    f: &mut Fabric,
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut SoftCq, c_int> {
     // SAFETY: live context (caller).
     let ci = unsafe { ctx_idx(ctx) };
     let (max_cqe, nvec, rxe) = {
@@ -679,7 +727,7 @@ pub(crate) unsafe extern "C" fn create_cq(
         (c.max_cqe, c.num_comp_vectors, c.profile == Profile::Rxe)
     };
     if cqe < 1 || cqe as u32 > max_cqe || comp_vector < 0 || comp_vector as u32 >= nvec {
-        return fail(libc::EINVAL);
+        return Err(libc::EINVAL);
     }
     // rxe G12/S19: the CQ holds the request rounded up to 2^k - 1, and reports it.
     let cqe = if rxe {
@@ -693,8 +741,8 @@ pub(crate) unsafe extern "C" fn create_cq(
         // SAFETY: softnic channel (caller).
         Some(unsafe { (*channel.cast::<SoftChannel>()).idx })
     };
-    // SAFETY: ibv_cq is C data; all-zero is valid.
-    let mut ibv: ibv_cq = unsafe { core::mem::zeroed() };
+    // SAFETY: ibv_cq_ex is C data; all-zero is valid (every extended slot NULL).
+    let mut ibv: ibv_cq_ex = unsafe { core::mem::zeroed() };
     ibv.context = ctx;
     ibv.channel = channel;
     ibv.cq_context = cq_context;
@@ -703,6 +751,7 @@ pub(crate) unsafe extern "C" fn create_cq(
     let p = Box::into_raw(Box::new(SoftCq {
         ibv,
         ready: AtomicU32::new(0),
+        cur: Default::default(),
     }));
     Fabric::add(
         &mut f.cqs,
@@ -714,6 +763,8 @@ pub(crate) unsafe extern "C" fn create_cq(
             overflowed: false,
             rxe,
             inject_overflow: 0,
+            stamps: false,
+            parent_pd: None,
             armed: None,
             channel: ch,
             users: 0,
@@ -727,7 +778,7 @@ pub(crate) unsafe extern "C" fn create_cq(
         }
     }
     f.ctxs[ci as usize].as_mut().expect("ctx").objects += 1;
-    p.cast()
+    Ok(p)
 }
 
 pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
@@ -792,6 +843,9 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         f = fabric::wait_for_acks(f);
     }
     let c = f.cqs[i].take().expect("cq");
+    if let Some(Some(p)) = c.parent_pd.and_then(|p| f.pds.get_mut(p as usize)) {
+        p.users -= 1;
+    }
     if let Some(ch) = c.channel {
         if let Some(Some(ch)) = f.channels.get_mut(ch as usize) {
             ch.users -= 1;
@@ -996,8 +1050,9 @@ pub(crate) unsafe extern "C" fn create_qp(
     ibv.qp_num = idx as u32 + fabric::QPN_BASE;
     ibv.state = IBV_QPS_RESET;
     ibv.qp_type = ia.qp_type;
-    let p = Box::into_raw(Box::new(ibv));
+    let p = Box::into_raw(Box::new(crate::ex::SoftQp::new(ibv))).cast::<ibv_qp>();
     let mut qp = Fabric::new_qp_struct(ci, pi, scq, rcq, srq, ia, cap, p);
+    qp.prot = f.prot_of(pi);
     qp.inline_limit = c.max_inline_data.min(cap.max_inline_data);
     qp.atomics = c.atomics;
     qp.set_profile(rxe);
@@ -1112,8 +1167,9 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         c.objects -= 1;
         c.qps -= 1;
     }
-    // SAFETY: allocated by create_qp; removed from the fabric above.
-    drop(unsafe { Box::from_raw(q.ptr.0) });
+    // SAFETY: allocated by create_qp as a SoftQp (whose first field starts with the
+    // ibv_qp); removed from the fabric above.
+    drop(unsafe { Box::from_raw(q.ptr.0.cast::<crate::ex::SoftQp>()) });
     0
 }
 
@@ -1290,10 +1346,12 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
         pd,
         handle: f.ahs.len() as u32,
     }));
+    let prot = f.prot_of(pi);
     Fabric::add(
         &mut f.ahs,
         Ah {
             pd: pi,
+            prot,
             attr: a,
             ptr: Ptr(ibv),
         },

@@ -26,7 +26,8 @@
 //!
 //! The setup-side inlines (`___ibv_query_port` behind the `ibv_query_port` macro,
 //! `ibv_query_device_ex`, `ibv_create_qp_ex`, `ibv_create_cq_ex`, `ibv_create_srq_ex`,
-//! `ibv_query_gid_ex`) follow the header's `verbs_context` logic and take the loaded
+//! `ibv_query_gid_ex`, `ibv_alloc_td`, `ibv_dealloc_td`, `ibv_alloc_parent_domain`,
+//! `ibv_query_rt_values_ex`) follow the header's `verbs_context` logic and take the loaded
 //! [`IbvFns`] table for their fallbacks to exported symbols.
 //!
 //! Equivalence with the header's own C is tested in `verbs-ffi/equiv/` (C compiled with `cc`
@@ -265,6 +266,16 @@ cq_fn!(/// `ibv_wc_read_sl(3)`.
     ibv_wc_read_sl => read_sl() -> u8);
 cq_fn!(/// `ibv_wc_read_completion_ts(3)`.
     ibv_wc_read_completion_ts => read_completion_ts() -> u64);
+cq_fn!(/// `ibv_wc_read_dlid_path_bits(3)`.
+    ibv_wc_read_dlid_path_bits => read_dlid_path_bits() -> u8);
+cq_fn!(/// `ibv_wc_read_completion_wallclock_ns(3)`.
+    ibv_wc_read_completion_wallclock_ns => read_completion_wallclock_ns() -> u64);
+cq_fn!(/// `ibv_wc_read_cvlan(3)`.
+    ibv_wc_read_cvlan => read_cvlan() -> u16);
+cq_fn!(/// `ibv_wc_read_flow_tag(3)`.
+    ibv_wc_read_flow_tag => read_flow_tag() -> u32);
+cq_fn!(/// `ibv_wc_read_tm_info(3)`.
+    ibv_wc_read_tm_info => read_tm_info(tm_info: *mut ibv_wc_tm_info));
 
 /// `ibv_wc_read_invalidated_rkey(3)`: the header returns `read_imm_data` unchanged (the
 /// `__be32` is reinterpreted, not byte-swapped; the equivalence test pins this).
@@ -510,5 +521,66 @@ pub unsafe fn ibv_query_gid_table(
         // SAFETY: exported symbol, valid arguments (caller).
         Ok(f) => unsafe { f(ctx, entries, max_entries, flags, size_of::<ibv_gid_entry>()) },
         Err(e) => -(e as isize),
+    }
+}
+
+/// `ibv_alloc_td(3)`: the extended `alloc_td` op, or NULL with errno EOPNOTSUPP when the
+/// provider has none.
+///
+/// # Safety
+/// `ctx` live; `init_attr` valid for the provider.
+pub unsafe fn ibv_alloc_td(ctx: *mut ibv_context, init_attr: *mut ibv_td_init_attr) -> *mut ibv_td {
+    match ctx_op!(ctx, alloc_td) {
+        // SAFETY: provider op with the header's arguments.
+        Some(op) => unsafe { op(ctx, init_attr) },
+        None => {
+            crate::set_errno(libc::EOPNOTSUPP);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_dealloc_td(3)`: the extended `dealloc_td` op of `td->context`, or EOPNOTSUPP.
+///
+/// # Safety
+/// `td` is a live thread domain.
+pub unsafe fn ibv_dealloc_td(td: *mut ibv_td) -> c_int {
+    // SAFETY: live td (caller).
+    let ctx = unsafe { (*td).context };
+    match ctx_op!(ctx, dealloc_td) {
+        // SAFETY: provider op with the header's arguments.
+        Some(op) => unsafe { op(td) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ibv_alloc_parent_domain(3)`: the extended `alloc_parent_domain` op, or NULL with errno
+/// EOPNOTSUPP.
+///
+/// # Safety
+/// `ctx` live; `attr` valid.
+pub unsafe fn ibv_alloc_parent_domain(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    match ctx_op!(ctx, alloc_parent_domain) {
+        // SAFETY: provider op with the header's arguments.
+        Some(op) => unsafe { op(ctx, attr) },
+        None => {
+            crate::set_errno(libc::EOPNOTSUPP);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_query_rt_values_ex(3)`: the extended `query_rt_values` op, or EOPNOTSUPP.
+///
+/// # Safety
+/// `ctx` live; `values` valid and writable.
+pub unsafe fn ibv_query_rt_values_ex(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int {
+    match ctx_op!(ctx, query_rt_values) {
+        // SAFETY: provider op with the header's arguments.
+        Some(op) => unsafe { op(ctx, values) },
+        None => libc::EOPNOTSUPP,
     }
 }

@@ -157,6 +157,17 @@ uint32_t hv_c_wc_read_slid(struct ibv_cq_ex *cq) { return ibv_wc_read_slid(cq); 
 uint8_t hv_c_wc_read_sl(struct ibv_cq_ex *cq) { return ibv_wc_read_sl(cq); }
 uint64_t hv_c_wc_read_completion_ts(struct ibv_cq_ex *cq) { return ibv_wc_read_completion_ts(cq); }
 struct ibv_cq *hv_c_cq_ex_to_cq(struct ibv_cq_ex *cq) { return ibv_cq_ex_to_cq(cq); }
+uint8_t hv_c_wc_read_dlid_path_bits(struct ibv_cq_ex *cq) { return ibv_wc_read_dlid_path_bits(cq); }
+uint64_t hv_c_wc_read_completion_wallclock_ns(struct ibv_cq_ex *cq)
+{
+	return ibv_wc_read_completion_wallclock_ns(cq);
+}
+uint16_t hv_c_wc_read_cvlan(struct ibv_cq_ex *cq) { return ibv_wc_read_cvlan(cq); }
+uint32_t hv_c_wc_read_flow_tag(struct ibv_cq_ex *cq) { return ibv_wc_read_flow_tag(cq); }
+void hv_c_wc_read_tm_info(struct ibv_cq_ex *cq, struct ibv_wc_tm_info *tm_info)
+{
+	ibv_wc_read_tm_info(cq, tm_info);
+}
 
 /* ---- setup-side inlines (verbs_context logic, fallbacks to exported symbols) -------- */
 
@@ -199,6 +210,24 @@ ssize_t hv_c_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entr
 			     size_t max_entries, uint32_t flags)
 {
 	return ibv_query_gid_table(ctx, entries, max_entries, flags);
+}
+
+struct ibv_td *hv_c_alloc_td(struct ibv_context *ctx, struct ibv_td_init_attr *attr)
+{
+	return ibv_alloc_td(ctx, attr);
+}
+
+int hv_c_dealloc_td(struct ibv_td *td) { return ibv_dealloc_td(td); }
+
+struct ibv_pd *hv_c_alloc_parent_domain(struct ibv_context *ctx,
+					struct ibv_parent_domain_init_attr *attr)
+{
+	return ibv_alloc_parent_domain(ctx, attr);
+}
+
+int hv_c_query_rt_values_ex(struct ibv_context *ctx, struct ibv_values_ex *values)
+{
+	return ibv_query_rt_values_ex(ctx, values);
 }
 
 /* The header's own values, for the Rust side to check its constants against. */
@@ -276,6 +305,10 @@ static const struct hv_layout hv_layout_table[] = {
 	{"alignof verbs_context", _Alignof(struct verbs_context)},
 	{"verbs_context.query_port", offsetof(struct verbs_context, query_port)},
 	{"verbs_context.create_cq_ex", offsetof(struct verbs_context, create_cq_ex)},
+	{"verbs_context.alloc_td", offsetof(struct verbs_context, alloc_td)},
+	{"verbs_context.dealloc_td", offsetof(struct verbs_context, dealloc_td)},
+	{"verbs_context.alloc_parent_domain", offsetof(struct verbs_context, alloc_parent_domain)},
+	{"verbs_context.query_rt_values", offsetof(struct verbs_context, query_rt_values)},
 	{"verbs_context.query_device_ex", offsetof(struct verbs_context, query_device_ex)},
 	{"verbs_context.create_qp_ex", offsetof(struct verbs_context, create_qp_ex)},
 	{"verbs_context.create_srq_ex", offsetof(struct verbs_context, create_srq_ex)},

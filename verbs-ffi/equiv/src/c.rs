@@ -117,6 +117,18 @@ extern "C" {
     pub fn hv_c_wc_read_sl(cq: *mut ibv_cq_ex) -> u8;
     pub fn hv_c_wc_read_completion_ts(cq: *mut ibv_cq_ex) -> u64;
     pub fn hv_c_cq_ex_to_cq(cq: *mut ibv_cq_ex) -> *mut ibv_cq;
+    pub fn hv_c_wc_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8;
+    pub fn hv_c_wc_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64;
+    pub fn hv_c_wc_read_cvlan(cq: *mut ibv_cq_ex) -> u16;
+    pub fn hv_c_wc_read_flow_tag(cq: *mut ibv_cq_ex) -> u32;
+    pub fn hv_c_wc_read_tm_info(cq: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info);
+    pub fn hv_c_alloc_td(ctx: *mut ibv_context, attr: *mut ibv_td_init_attr) -> *mut ibv_td;
+    pub fn hv_c_dealloc_td(td: *mut ibv_td) -> c_int;
+    pub fn hv_c_alloc_parent_domain(
+        ctx: *mut ibv_context,
+        attr: *mut ibv_parent_domain_init_attr,
+    ) -> *mut ibv_pd;
+    pub fn hv_c_query_rt_values_ex(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int;
 
     pub fn hv_c_verbs_get_ctx(ctx: *mut ibv_context) -> *mut verbs_context;
     pub fn hv_c_query_port(ctx: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int;

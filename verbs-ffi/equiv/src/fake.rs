@@ -36,6 +36,8 @@ pub struct Device {
     pub qpx: *mut ibv_qp_ex,
     /// An extended CQ on `ctx` with every poll/read slot recording.
     pub cqx: *mut ibv_cq_ex,
+    /// A thread domain on `ctx` (what `ibv_dealloc_td` is given).
+    pub td: *mut ibv_td,
 }
 
 /// `sizeof(struct verbs_context) - offsetof(struct verbs_context, op)`: the smallest `sz`
@@ -51,7 +53,8 @@ macro_rules! min_sz {
 impl Device {
     /// An extended context (`abi_compat` = `__VERBS_ABI_IS_EXTENDED`, `sz` = the whole
     /// `verbs_context`) with every hot `ops` slot and the `query_port`, `query_device_ex`,
-    /// `create_qp_ex`, `create_srq_ex`, `create_cq_ex` extended ops recording.
+    /// `create_qp_ex`, `create_srq_ex`, `create_cq_ex`, `alloc_td`, `dealloc_td`,
+    /// `alloc_parent_domain`, `query_rt_values` extended ops recording.
     ///
     /// Also resets this thread's recording state (log, [`set_ret`](r::set_ret)
     /// overrides, [`forward_exports_to`](r::forward_exports_to)), so each test starts clean whatever thread the harness runs it on.
@@ -60,7 +63,7 @@ impl Device {
         r::forward_exports_to(None);
         drop(r::take());
         // SAFETY: all-zero is valid for these plain C structs (see alloc_zeroed).
-        let (vctx, qp, srq, cq, qpx, cqx) = unsafe {
+        let (vctx, qp, srq, cq, qpx, cqx, td) = unsafe {
             (
                 alloc_zeroed::<verbs_context>(),
                 alloc_zeroed::<ibv_qp>(),
@@ -68,6 +71,7 @@ impl Device {
                 alloc_zeroed::<ibv_cq>(),
                 alloc_zeroed::<ibv_qp_ex>(),
                 alloc_zeroed::<ibv_cq_ex>(),
+                alloc_zeroed::<ibv_td>(),
             )
         };
         // SAFETY: vctx was just allocated; `context` is a field inside it.
@@ -80,6 +84,11 @@ impl Device {
             (*vctx).create_qp_ex = Some(r::vctx_create_qp_ex);
             (*vctx).create_srq_ex = Some(r::vctx_create_srq_ex);
             (*vctx).create_cq_ex = Some(r::vctx_create_cq_ex);
+            (*vctx).alloc_td = Some(r::vctx_alloc_td);
+            (*vctx).dealloc_td = Some(r::vctx_dealloc_td);
+            (*vctx).alloc_parent_domain = Some(r::vctx_alloc_parent_domain);
+            (*vctx).query_rt_values = Some(r::vctx_query_rt_values);
+            (*td).context = ctx;
             (*ctx).abi_compat = VERBS_ABI_IS_EXTENDED;
             (*ctx).num_comp_vectors = 1;
             let ops = &mut (*ctx).ops;
@@ -141,6 +150,7 @@ impl Device {
             (*cqx).read_completion_wallclock_ns = Some(r::read_completion_wallclock_ns);
             (*cqx).read_cvlan = Some(r::read_cvlan);
             (*cqx).read_flow_tag = Some(r::read_flow_tag);
+            (*cqx).read_tm_info = Some(r::read_tm_info);
         }
         Device {
             vctx,
@@ -150,6 +160,7 @@ impl Device {
             cq,
             qpx,
             cqx,
+            td,
         }
     }
 
@@ -175,6 +186,10 @@ impl Device {
             (*self.vctx).create_qp_ex = None;
             (*self.vctx).create_srq_ex = None;
             (*self.vctx).create_cq_ex = None;
+            (*self.vctx).alloc_td = None;
+            (*self.vctx).dealloc_td = None;
+            (*self.vctx).alloc_parent_domain = None;
+            (*self.vctx).query_rt_values = None;
         }
     }
 
@@ -201,6 +216,7 @@ impl Drop for Device {
             drop(Box::from_raw(self.cq));
             drop(Box::from_raw(self.qpx));
             drop(Box::from_raw(self.cqx));
+            drop(Box::from_raw(self.td));
         }
     }
 }

@@ -17,12 +17,14 @@
 //!   poll/read family, plus a negative control proving the harness reports a wrong slot,
 //!   argument or return value.
 //! - `tests/setup.rs`: `verbs_get_ctx`, `ibv_query_port`, `ibv_query_device_ex`,
-//!   `ibv_create_{qp,srq,cq}_ex`, `ibv_query_gid_{ex,table}` on every `verbs_context` path
+//!   `ibv_create_{qp,srq,cq}_ex`, `ibv_alloc_td`, `ibv_dealloc_td`, `ibv_alloc_parent_domain`,
+//!   `ibv_query_rt_values_ex`, `ibv_query_gid_{ex,table}` on every `verbs_context` path
 //!   (extended, legacy, op NULL, `sz` at / one below the op's boundary, `sz` 0).
 //! - `tests/layout.rs`: `sizeof` / `_Alignof` / `offsetof` of the C compiler against the
 //!   generated types.
 //! - `tests/softnic.rs`: the same C-vs-Rust comparison on softnic's real objects (the
-//!   exported-symbol stand-ins forward to its table, [`record::forward_exports_to`]).
+//!   exported-symbol stand-ins forward to its table, [`record::forward_exports_to`]),
+//!   including its extended context, `ibv_qp_ex` batches and `ibv_cq_ex` polls.
 //!
 //! This crate needs libibverbs-dev headers to build, so it is `publish = false` and
 //! nothing depends on it; libibverbs itself is never linked or loaded.

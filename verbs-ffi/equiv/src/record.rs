@@ -306,6 +306,7 @@ cq_ex_recorders! {
     read_completion_wallclock_ns() -> u64;
     read_cvlan() -> u16;
     read_flow_tag() -> u32;
+    read_tm_info(tm_info: *mut ibv_wc_tm_info);
 }
 
 // ---- verbs_context ops ----------------------------------------------------------------
@@ -394,6 +395,55 @@ pub unsafe extern "C" fn vctx_create_cq_ex(
     const SLOT: &str = "vctx.create_cq_ex";
     log(crate::call!(SLOT, ctx, attr));
     ret_ptr(SLOT)
+}
+
+/// `vctx.alloc_td`: logs `(ctx, init_attr)`.
+///
+/// # Safety
+/// None (nothing is dereferenced).
+pub unsafe extern "C" fn vctx_alloc_td(
+    ctx: *mut ibv_context,
+    init_attr: *mut ibv_td_init_attr,
+) -> *mut ibv_td {
+    const SLOT: &str = "vctx.alloc_td";
+    log(crate::call!(SLOT, ctx, init_attr));
+    ret_ptr(SLOT)
+}
+
+/// `vctx.dealloc_td`: logs `(td)`.
+///
+/// # Safety
+/// None (nothing is dereferenced).
+pub unsafe extern "C" fn vctx_dealloc_td(td: *mut ibv_td) -> c_int {
+    const SLOT: &str = "vctx.dealloc_td";
+    log(crate::call!(SLOT, td));
+    ret(SLOT) as c_int
+}
+
+/// `vctx.alloc_parent_domain`: logs `(ctx, attr)`.
+///
+/// # Safety
+/// None (nothing is dereferenced).
+pub unsafe extern "C" fn vctx_alloc_parent_domain(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    const SLOT: &str = "vctx.alloc_parent_domain";
+    log(crate::call!(SLOT, ctx, attr));
+    ret_ptr(SLOT)
+}
+
+/// `vctx.query_rt_values`: logs `(ctx, values)`.
+///
+/// # Safety
+/// None (nothing is dereferenced).
+pub unsafe extern "C" fn vctx_query_rt_values(
+    ctx: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    const SLOT: &str = "vctx.query_rt_values";
+    log(crate::call!(SLOT, ctx, values));
+    ret(SLOT) as c_int
 }
 
 // ---- exported symbols (reached through csrc/equiv.c's stand-ins) ------------------------

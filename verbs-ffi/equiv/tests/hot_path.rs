@@ -566,6 +566,42 @@ fn extended_poll_family_dispatches_like_the_header() {
         ibv_wc_read_completion_ts
     );
     assert_eq!(ts, 0x7FFF_FFFF_FFFF_FFF1);
+    record::set_ret("cq_ex.read_dlid_path_bits", 0x3_41);
+    let bits = cqx!(
+        d,
+        "read_dlid_path_bits",
+        hv_c_wc_read_dlid_path_bits,
+        ibv_wc_read_dlid_path_bits
+    );
+    assert_eq!(bits, 0x41);
+    record::set_ret("cq_ex.read_completion_wallclock_ns", 0x1234_5678_9ABC_DEF0);
+    let wall = cqx!(
+        d,
+        "read_completion_wallclock_ns",
+        hv_c_wc_read_completion_wallclock_ns,
+        ibv_wc_read_completion_wallclock_ns
+    );
+    assert_eq!(wall, 0x1234_5678_9ABC_DEF0);
+    record::set_ret("cq_ex.read_cvlan", 0x7_BEEF);
+    let vlan = cqx!(d, "read_cvlan", hv_c_wc_read_cvlan, ibv_wc_read_cvlan);
+    assert_eq!(vlan, 0xBEEF);
+    let tag = cqx!(
+        d,
+        "read_flow_tag",
+        hv_c_wc_read_flow_tag,
+        ibv_wc_read_flow_tag
+    );
+    assert_eq!(tag, record::ret("cq_ex.read_flow_tag") as u32);
+    // SAFETY: all-zero is a valid ibv_wc_tm_info.
+    let mut tm: ibv_wc_tm_info = unsafe { zeroed() };
+    let tmp = &raw mut tm;
+    cqx!(
+        d,
+        "read_tm_info",
+        hv_c_wc_read_tm_info,
+        ibv_wc_read_tm_info,
+        tmp
+    );
 }
 
 /// `ibv_wc_read_invalidated_rkey`: the header returns `read_imm_data`'s value unchanged

@@ -137,6 +137,22 @@ fn rust_layout() -> Vec<(&'static str, usize)> {
             offset_of!(verbs_context, create_cq_ex),
         ),
         (
+            "verbs_context.alloc_td",
+            offset_of!(verbs_context, alloc_td),
+        ),
+        (
+            "verbs_context.dealloc_td",
+            offset_of!(verbs_context, dealloc_td),
+        ),
+        (
+            "verbs_context.alloc_parent_domain",
+            offset_of!(verbs_context, alloc_parent_domain),
+        ),
+        (
+            "verbs_context.query_rt_values",
+            offset_of!(verbs_context, query_rt_values),
+        ),
+        (
             "verbs_context.query_device_ex",
             offset_of!(verbs_context, query_device_ex),
         ),

@@ -1,7 +1,8 @@
 //! Equivalence of the setup-side inlines, which follow the header's `verbs_context` logic:
 //! `verbs_get_ctx`, `___ibv_query_port` (the `ibv_query_port` macro), `ibv_query_device_ex`,
-//! `ibv_create_qp_ex`, `ibv_create_srq_ex`, `ibv_create_cq_ex`, and the size-passing
-//! wrappers `ibv_query_gid_ex` / `ibv_query_gid_table`.
+//! `ibv_create_qp_ex`, `ibv_create_srq_ex`, `ibv_create_cq_ex`, `ibv_alloc_td`,
+//! `ibv_dealloc_td`, `ibv_alloc_parent_domain`, `ibv_query_rt_values_ex`, and the
+//! size-passing wrappers `ibv_query_gid_ex` / `ibv_query_gid_table`.
 //!
 //! Each is driven through the extended path (`abi_compat` = `__VERBS_ABI_IS_EXTENDED`,
 //! op set, `sz` covering it), the `verbs_get_ctx_op` refusals (legacy context, op NULL,
@@ -438,6 +439,86 @@ fn query_gid_ex_and_table_match_the_header() {
                 }
             });
             assert_eq!(ret, r as isize, "{what}");
+        }
+    }
+}
+
+/// The four thread/parent-domain and clock inlines: the op with the header's arguments when
+/// `verbs_get_ctx_op` finds it, else the header's refusal (NULL + errno EOPNOTSUPP for the
+/// constructors, EOPNOTSUPP returned for `ibv_dealloc_td` / `ibv_query_rt_values_ex`), with
+/// the op's value passed through unchanged (a pointer, 0, or an errno).
+#[test]
+fn td_parent_domain_and_rt_values_match_the_header_on_every_path() {
+    for (op, min) in [
+        ("alloc_td", min_sz!(alloc_td)),
+        ("dealloc_td", min_sz!(dealloc_td)),
+        ("alloc_parent_domain", min_sz!(alloc_parent_domain)),
+        ("query_rt_values", min_sz!(query_rt_values)),
+    ] {
+        let slot: &'static str = match op {
+            "alloc_td" => "vctx.alloc_td",
+            "dealloc_td" => "vctx.dealloc_td",
+            "alloc_parent_domain" => "vctx.alloc_parent_domain",
+            _ => "vctx.query_rt_values",
+        };
+        for (extended, sz, uses_op) in contexts(min) {
+            for clear_op in [false, true] {
+                // The op's own answers: its distinctive value, success, an errno.
+                for r in [None, Some(0i64), Some(i64::from(libc::EINVAL))] {
+                    let mut d = device(extended, sz);
+                    if clear_op {
+                        d.clear_ext_ops();
+                    }
+                    if let Some(r) = r {
+                        record::set_ret(slot, r);
+                    }
+                    let uses_op = uses_op && !clear_op;
+                    let (ctx, td) = (d.ctx, d.td);
+                    // SAFETY: all-zero is valid for these attrs.
+                    let (mut ta, mut pa, mut va): (
+                        ibv_td_init_attr,
+                        ibv_parent_domain_init_attr,
+                        ibv_values_ex,
+                    ) = unsafe { (zeroed(), zeroed(), zeroed()) };
+                    let (tap, pap, vap) = (&raw mut ta, &raw mut pa, &raw mut va);
+                    let expected = match (uses_op, op) {
+                        (false, _) => vec![],
+                        (true, "alloc_td") => vec![call!(slot, ctx, tap)],
+                        (true, "dealloc_td") => vec![call!(slot, td)],
+                        (true, "alloc_parent_domain") => vec![call!(slot, ctx, pap)],
+                        (true, _) => vec![call!(slot, ctx, vap)],
+                    };
+                    let what = format!("{op} ext={extended} sz={sz} no_op={clear_op} ret={r:?}");
+                    let got = compare(&what, &expected, |side| {
+                        // SAFETY: the fake device's live objects; valid attrs.
+                        unsafe {
+                            match (side, op) {
+                                (Side::C, "alloc_td") => c::hv_c_alloc_td(ctx, tap) as i64,
+                                (Side::Rust, "alloc_td") => inline::ibv_alloc_td(ctx, tap) as i64,
+                                (Side::C, "dealloc_td") => i64::from(c::hv_c_dealloc_td(td)),
+                                (Side::Rust, "dealloc_td") => i64::from(inline::ibv_dealloc_td(td)),
+                                (Side::C, "alloc_parent_domain") => {
+                                    c::hv_c_alloc_parent_domain(ctx, pap) as i64
+                                }
+                                (Side::Rust, "alloc_parent_domain") => {
+                                    inline::ibv_alloc_parent_domain(ctx, pap) as i64
+                                }
+                                (Side::C, _) => i64::from(c::hv_c_query_rt_values_ex(ctx, vap)),
+                                (Side::Rust, _) => {
+                                    i64::from(inline::ibv_query_rt_values_ex(ctx, vap))
+                                }
+                            }
+                        }
+                    });
+                    if !uses_op {
+                        let refusal = match op {
+                            "alloc_td" | "alloc_parent_domain" => 0,
+                            _ => i64::from(libc::EOPNOTSUPP),
+                        };
+                        assert_eq!(got, refusal, "{what}");
+                    }
+                }
+            }
         }
     }
 }

@@ -3,10 +3,12 @@
 //! context, QPs, SRQ and CQ, from the same state, and must return the same values, the
 //! same `bad_wr`, the same completions and the same `errno`.
 //!
-//! softnic's context is a legacy one (no `verbs_context`), so the setup inlines take the
-//! header's fallback to the exported symbols: here `csrc/equiv.c`'s stand-ins, which log
-//! the call and forward it to softnic's `verbs_table()` (see
-//! `record::forward_exports_to`), for the C header and for the Rust side alike.
+//! softnic's context is extended (a `verbs_context` around it, as libibverbs makes), so the
+//! setup inlines reach its extended ops directly; where the header falls back to an
+//! exported symbol (`ibv_query_port`, a PD-only `ibv_create_qp_ex`, ...) that is
+//! `csrc/equiv.c`'s stand-in, which logs the call and forwards it to softnic's
+//! `verbs_table()` (see `record::forward_exports_to`), for the C header and for the Rust
+//! side alike.
 
 use core::ffi::c_int;
 use core::mem::{size_of, zeroed, MaybeUninit};
@@ -360,9 +362,13 @@ fn softnic_setup_inlines_match_the_header() {
     let fns = c::export_table();
     let (ctx, pd, cq) = (nic.ctx, nic.pd, nic.cq);
 
-    // softnic's context is not extended: the header takes the fallback.
+    // softnic's context is extended (a verbs_context around it, as libibverbs makes):
+    // both sides find the same verbs_context.
     // SAFETY: live context.
-    assert!(unsafe { c::hv_c_verbs_get_ctx(ctx) }.is_null());
+    let vctx = unsafe { c::hv_c_verbs_get_ctx(ctx) };
+    assert!(!vctx.is_null());
+    // SAFETY: live context.
+    assert_eq!(unsafe { inline::verbs_get_ctx(ctx) }, vctx);
 
     for port in [1u8, 2] {
         let mut attr = MaybeUninit::<ibv_port_attr>::uninit();
@@ -393,15 +399,10 @@ fn softnic_setup_inlines_match_the_header() {
         }
     }
 
+    // query_device_ex: softnic's extended op answers (no exported-symbol fallback).
     let mut dattr = MaybeUninit::<ibv_device_attr_ex>::uninit();
     let dp = dattr.as_mut_ptr();
-    let expected = call!(
-        "export.ibv_query_device",
-        ctx,
-        dp.cast::<ibv_device_attr>(),
-        true
-    );
-    let (ret, max_qp_wr) = compare("ibv_query_device_ex on softnic", &[expected], |side| {
+    let (ret, max_qp_wr) = compare("ibv_query_device_ex on softnic", &[], |side| {
         // SAFETY: live context; dp writable, filled before the call.
         unsafe {
             ptr::write_bytes(dp, 0x5A, 1);
@@ -409,15 +410,16 @@ fn softnic_setup_inlines_match_the_header() {
                 Side::C => c::hv_c_query_device_ex(ctx, ptr::null(), dp),
                 Side::Rust => inline::ibv_query_device_ex(&fns, ctx, ptr::null(), dp),
             };
-            // Everything past orig_attr was zeroed by both, not left at 0x5A.
+            // Everything past orig_attr was written by the op, not left at 0x5A.
             assert_eq!((*dp).max_dm_size, 0);
+            assert_eq!((*dp).phys_port_cnt_ex, 1);
             (r, (*dp).orig_attr.max_qp_wr)
         }
     });
     assert_eq!((ret, max_qp_wr), (0, 1_048_576));
 
-    // A PD-only ibv_create_qp_ex is the plain ibv_create_qp; anything else needs the
-    // extended op softnic does not have: NULL + EOPNOTSUPP without any call.
+    // A PD-only ibv_create_qp_ex is the plain ibv_create_qp; anything else goes to
+    // softnic's extended op (no exported-symbol call).
     // SAFETY: all-zero is a valid init attr.
     let mut qattr: ibv_qp_init_attr_ex = unsafe { zeroed() };
     let qa = &raw mut qattr;
@@ -456,11 +458,11 @@ fn softnic_setup_inlines_match_the_header() {
                 Some(seen)
             }
         });
-        if mask == IBV_QP_INIT_ATTR_PD {
-            assert_eq!(got, Some((IBV_QPT_RC, IBV_QPS_RESET, true)));
-        } else {
-            assert_eq!(got, None);
-        }
+        assert_eq!(
+            got,
+            Some((IBV_QPT_RC, IBV_QPS_RESET, true)),
+            "mask {mask:#x}"
+        );
     }
 
     // SAFETY: all-zero is a valid init attr.
@@ -502,15 +504,27 @@ fn softnic_setup_inlines_match_the_header() {
     cattr.cqe = 16;
     let ca = &raw mut cattr;
     let got = compare("ibv_create_cq_ex on softnic", &[], |side| {
-        // SAFETY: live context; valid attr.
+        // SAFETY: live context; valid attr; the CQ is destroyed before returning.
         unsafe {
-            match side {
+            let cq = match side {
                 Side::C => c::hv_c_create_cq_ex(ctx, ca),
                 Side::Rust => inline::ibv_create_cq_ex(ctx, ca),
+            };
+            if cq.is_null() {
+                return None;
             }
+            let seen = ((*cq).cqe, (*cq).context == ctx, (*cq).start_poll.is_some());
+            assert_eq!(
+                nic.fns.ibv_destroy_cq.unwrap()(inline::ibv_cq_ex_to_cq(cq)),
+                0
+            );
+            Some(seen)
         }
     });
-    assert!(got.is_null());
+    assert!(
+        matches!(got, Some((cqe, true, true)) if cqe >= 16),
+        "{got:?}"
+    );
 
     // GID entries: index 1 is the RoCE v2 GID, an index past the table is ENODATA.
     for index in [1u32, 0, 1000] {
@@ -545,4 +559,229 @@ fn softnic_setup_inlines_match_the_header() {
         }
     }
     record::forward_exports_to(None);
+}
+
+/// `ibv_alloc_td` / `ibv_dealloc_td`, `ibv_alloc_parent_domain` and
+/// `ibv_query_rt_values_ex` on softnic's extended context: the same answers through the
+/// header and through Rust (objects, errno, EOPNOTSUPP in the Rxe profile, where librxe has
+/// none of these ops).
+#[test]
+fn softnic_domains_and_rt_values_match_the_header() {
+    let nic = Nic::open();
+    let (ctx, pd) = (nic.ctx, nic.pd);
+    // SAFETY: a live softnic context.
+    let rxe = unsafe { hotverbs_softnic::device_profile(ctx) } == hotverbs_softnic::Profile::Rxe;
+
+    let td = compare("ibv_alloc_td + ibv_dealloc_td on softnic", &[], |side| {
+        // SAFETY: live context; a valid attr; the td is freed by the same side.
+        unsafe {
+            let mut a: ibv_td_init_attr = zeroed();
+            let td = match side {
+                Side::C => c::hv_c_alloc_td(ctx, &mut a),
+                Side::Rust => inline::ibv_alloc_td(ctx, &mut a),
+            };
+            if td.is_null() {
+                return None;
+            }
+            assert_eq!((*td).context, ctx);
+            Some(match side {
+                Side::C => c::hv_c_dealloc_td(td),
+                Side::Rust => inline::ibv_dealloc_td(td),
+            })
+        }
+    });
+    assert_eq!(td, if rxe { None } else { Some(0) });
+
+    let par = compare("ibv_alloc_parent_domain on softnic", &[], |side| {
+        // SAFETY: live context and PD; a valid attr; the domain is freed before returning.
+        unsafe {
+            let mut a: ibv_parent_domain_init_attr = zeroed();
+            a.pd = pd;
+            let p = match side {
+                Side::C => c::hv_c_alloc_parent_domain(ctx, &mut a),
+                Side::Rust => inline::ibv_alloc_parent_domain(ctx, &mut a),
+            };
+            if p.is_null() {
+                return None;
+            }
+            Some(((*p).context == ctx, nic.fns.ibv_dealloc_pd.unwrap()(p)))
+        }
+    });
+    assert_eq!(par, if rxe { None } else { Some((true, 0)) });
+
+    let rt = compare("ibv_query_rt_values_ex on softnic", &[], |side| {
+        // SAFETY: live context; a writable values struct.
+        unsafe {
+            let mut v: ibv_values_ex = zeroed();
+            v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+            let r = match side {
+                Side::C => c::hv_c_query_rt_values_ex(ctx, &mut v),
+                Side::Rust => inline::ibv_query_rt_values_ex(ctx, &mut v),
+            };
+            (
+                r,
+                v.comp_mask,
+                v.raw_clock.tv_sec,
+                r == 0 && v.raw_clock.tv_nsec > 0,
+            )
+        }
+    });
+    if rxe {
+        assert_eq!(rt.0, libc::EOPNOTSUPP);
+    } else {
+        assert_eq!(rt, (0, IBV_VALUES_MASK_RAW_CLOCK, 0, true));
+    }
+}
+
+/// The extended data path on softnic's real `ibv_qp_ex` / `ibv_cq_ex`: the same batch
+/// (a WRITE and a SEND_WITH_IMM with inline data) built, completed and polled through the
+/// header's `ibv_wr_*` / `ibv_start_poll` family and through Rust's, from the same state,
+/// gives the same return values, completions and bytes.
+#[test]
+fn softnic_extended_post_and_poll_match_the_header() {
+    let nic = Nic::open();
+    let fns = nic.fns;
+    let (ctx, pd) = (nic.ctx, nic.pd);
+    // SAFETY: softnic's live objects; valid attrs; everything stays alive for the test.
+    let (cqx, qa, qb) = unsafe {
+        let mut ca: ibv_cq_init_attr_ex = zeroed();
+        ca.cqe = 64;
+        ca.wc_flags = (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM) as u64;
+        let cqx = inline::ibv_create_cq_ex(ctx, &mut ca);
+        assert!(!cqx.is_null(), "create_cq_ex");
+        let mut qa: ibv_qp_init_attr_ex = zeroed();
+        qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        qa.pd = pd;
+        qa.send_cq = inline::ibv_cq_ex_to_cq(cqx);
+        qa.recv_cq = qa.send_cq;
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = ibv_qp_cap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        };
+        qa.send_ops_flags = (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+        let mut qb = qa;
+        let a = inline::ibv_create_qp_ex(fns, ctx, &mut qa);
+        let b = inline::ibv_create_qp_ex(fns, ctx, &mut qb);
+        assert!(!a.is_null() && !b.is_null(), "create_qp_ex");
+        (cqx, a, b)
+    };
+    nic.connect(qa, qb);
+    nic.connect(qb, qa);
+    // SAFETY: a live softnic QP made by create_qp_ex.
+    let x = unsafe { fns.ibv_qp_to_qp_ex.unwrap()(qa) };
+    assert!(!x.is_null());
+    let mut mem = vec![0u8; 512].into_boxed_slice();
+    mem[..8].copy_from_slice(b"ext-data");
+    // SAFETY: `mem` outlives the registration (never deregistered before the end).
+    let mr = unsafe {
+        testing::reg_mr(
+            pd,
+            mem.as_mut_ptr(),
+            512,
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+        )
+    };
+    // SAFETY: a live MR.
+    let (lkey, base) = unsafe { ((*mr).lkey, (*mr).addr as u64) };
+    let got = compare("ibv_wr_* + ibv_start_poll on softnic", &[], |side| {
+        // SAFETY: softnic's live extended QP and CQ; registered memory; builders inside
+        // start .. complete; readers after a successful poll.
+        unsafe {
+            ptr::write_bytes(mem.as_mut_ptr().add(256), 0, 256);
+            let mut rs = ibv_sge {
+                addr: base + 384,
+                length: 64,
+                lkey,
+            };
+            let mut rwr = ibv_recv_wr {
+                wr_id: 0x300,
+                sg_list: &mut rs,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let mut rbad = ptr::null_mut();
+            assert_eq!(inline::ibv_post_recv(qb, &mut rwr, &mut rbad), 0);
+            let mut note = *b"inline!";
+            (*x).wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+            let ret = match side {
+                Side::C => {
+                    c::hv_c_wr_start(x);
+                    (*x).wr_id = 0x101;
+                    c::hv_c_wr_rdma_write(x, (*mr).rkey, base + 256);
+                    c::hv_c_wr_set_sge(x, lkey, base, 8);
+                    (*x).wr_id = 0x102;
+                    c::hv_c_wr_send_imm(x, 0x0102_0304u32.to_be());
+                    c::hv_c_wr_set_inline_data(x, note.as_mut_ptr().cast(), note.len());
+                    c::hv_c_wr_complete(x)
+                }
+                Side::Rust => {
+                    inline::ibv_wr_start(x);
+                    (*x).wr_id = 0x101;
+                    inline::ibv_wr_rdma_write(x, (*mr).rkey, base + 256);
+                    inline::ibv_wr_set_sge(x, lkey, base, 8);
+                    (*x).wr_id = 0x102;
+                    inline::ibv_wr_send_imm(x, 0x0102_0304u32.to_be());
+                    inline::ibv_wr_set_inline_data(x, note.as_mut_ptr().cast(), note.len());
+                    inline::ibv_wr_complete(x)
+                }
+            };
+            let mut seen = Vec::new();
+            let mut attr: ibv_poll_cq_attr = zeroed();
+            let mut r = match side {
+                Side::C => c::hv_c_start_poll(cqx, &mut attr),
+                Side::Rust => inline::ibv_start_poll(cqx, &mut attr),
+            };
+            let started = r == 0;
+            while r == 0 {
+                let fields = match side {
+                    Side::C => (
+                        c::hv_c_wc_read_opcode(cqx),
+                        c::hv_c_wc_read_byte_len(cqx),
+                        c::hv_c_wc_read_imm_data(cqx),
+                        c::hv_c_wc_read_qp_num(cqx),
+                    ),
+                    Side::Rust => (
+                        inline::ibv_wc_read_opcode(cqx),
+                        inline::ibv_wc_read_byte_len(cqx),
+                        inline::ibv_wc_read_imm_data(cqx),
+                        inline::ibv_wc_read_qp_num(cqx),
+                    ),
+                };
+                seen.push(((*cqx).wr_id, (*cqx).status, fields));
+                r = match side {
+                    Side::C => c::hv_c_next_poll(cqx),
+                    Side::Rust => inline::ibv_next_poll(cqx),
+                };
+            }
+            if started {
+                match side {
+                    Side::C => c::hv_c_end_poll(cqx),
+                    Side::Rust => inline::ibv_end_poll(cqx),
+                }
+            }
+            (ret, r, seen, mem[256..264].to_vec(), mem[384..391].to_vec())
+        }
+    });
+    let (ret, last, seen, written, received) = got;
+    assert_eq!((ret, last), (0, libc::ENOENT));
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.iter().all(|s| s.1 == IBV_WC_SUCCESS), "{seen:?}");
+    assert_eq!(&written[..], b"ext-data");
+    assert_eq!(&received[..], b"inline!");
+    let recv = seen
+        .iter()
+        .find(|s| s.0 == 0x300)
+        .expect("receive completion");
+    assert_eq!((recv.2 .1, recv.2 .2), (7, 0x0102_0304u32.to_be()));
+    // SAFETY: our own live objects, destroyed once, before the Nic's PD and context.
+    unsafe {
+        assert_eq!(fns.ibv_destroy_qp.unwrap()(qa), 0);
+        assert_eq!(fns.ibv_destroy_qp.unwrap()(qb), 0);
+        assert_eq!(fns.ibv_destroy_cq.unwrap()(inline::ibv_cq_ex_to_cq(cqx)), 0);
+        assert_eq!(fns.ibv_dereg_mr.unwrap()(mr), 0);
+    }
 }

@@ -485,3 +485,290 @@ fn unsafe_zeroed<T>() -> T {
     // SAFETY: only used for plain C structs (integers and pointers) where all-zero is valid.
     unsafe { core::mem::zeroed() }
 }
+
+// ---------------------------------------------------------------------------------------
+// softnic, in the profile HOTVERBS_SOFTNIC_PROFILE selects (Spec or Rxe): real extended QPs
+// and CQs through `ibv_create_qp_ex` / `ibv_create_cq_ex`.
+// ---------------------------------------------------------------------------------------
+
+use hotverbs_softnic::testing::{self as t, ConnectAttr};
+
+/// One extended side: its CQ, QP (and its `ibv_qp_ex`), a registered buffer.
+struct ExSide {
+    cq: *mut ibv_cq_ex,
+    qp: *mut ibv_qp,
+    qpx: *mut ibv_qp_ex,
+    mr: *mut ibv_mr,
+    buf: Box<[u8]>,
+}
+
+impl ExSide {
+    fn local(&self, off: u64, len: u32) -> LocalBuf {
+        // SAFETY: the MR lives as long as the side.
+        LocalBuf::new(self.buf.as_ptr() as u64 + off, len, unsafe {
+            (*self.mr).lkey
+        })
+    }
+    fn remote(&self) -> RemoteBuf {
+        // SAFETY: as above.
+        RemoteBuf::new(self.buf.as_ptr() as u64, self.buf.len() as u64, unsafe {
+            (*self.mr).rkey
+        })
+    }
+    fn qpn(&self) -> u32 {
+        // SAFETY: a live QP.
+        unsafe { (*self.qp).qp_num }
+    }
+    /// The buffer as the device left it (read through a raw pointer: the device writes it
+    /// behind the compiler's back).
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.buf.len());
+        // SAFETY: inside the buffer; no WR is in flight when tests read.
+        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().add(off), len).to_vec() }
+    }
+}
+
+const RC_OPS: u64 = (IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) as u64;
+
+/// Two connected extended RC QPs on one softnic context; `wc` are the CQs' `wc_flags`.
+/// Returns the sides and whether the CQs have completion timestamps (not in the Rxe
+/// profile: `ibv_create_cq_ex` refuses them with EOPNOTSUPP, as rxe).
+fn ex_pair(depth: u32) -> (ExSide, ExSide, u64) {
+    let fns = hotverbs_softnic::verbs_table();
+    // SAFETY: softnic's verbs, called as their man pages say on objects made here, which
+    // the test never frees (they live until the process ends).
+    unsafe {
+        let (ctx, _) = t::open_listed_device();
+        let pd = t::alloc_pd(ctx);
+        let gid = t::query_gid(ctx, 1);
+        let base = (IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_BYTE_LEN) as u64;
+        let stamped = base | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64;
+        let mk_cq = |wc: u64| {
+            let mut a = ibv_cq_init_attr_ex {
+                cqe: 4 * depth,
+                wc_flags: wc,
+                ..Default::default()
+            };
+            let cq = hotverbs_ffi::inline::ibv_create_cq_ex(ctx, &mut a);
+            (cq, hotverbs_ffi::errno())
+        };
+        let wc = match mk_cq(stamped) {
+            (cq, _) if !cq.is_null() => stamped,
+            (_, e) => {
+                assert_eq!(
+                    e, 95,
+                    "only EOPNOTSUPP (the Rxe profile) refuses timestamps"
+                );
+                base
+            }
+        };
+        let side = || {
+            let (cq, e) = mk_cq(wc);
+            assert!(!cq.is_null(), "ibv_create_cq_ex: errno {e}");
+            let mut a = ibv_qp_init_attr_ex {
+                send_cq: hotverbs_ffi::inline::ibv_cq_ex_to_cq(cq),
+                recv_cq: hotverbs_ffi::inline::ibv_cq_ex_to_cq(cq),
+                cap: ibv_qp_cap {
+                    max_send_wr: depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 64,
+                },
+                qp_type: IBV_QPT_RC,
+                comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                pd,
+                send_ops_flags: RC_OPS,
+                ..Default::default()
+            };
+            let qp = hotverbs_ffi::inline::ibv_create_qp_ex(fns, ctx, &mut a);
+            assert!(
+                !qp.is_null(),
+                "ibv_create_qp_ex: errno {}",
+                hotverbs_ffi::errno()
+            );
+            let qpx = fns.ibv_qp_to_qp_ex.expect("ibv_qp_to_qp_ex")(qp);
+            let mut buf = vec![0u8; 4096].into_boxed_slice();
+            let mr = t::reg_mr(pd, buf.as_mut_ptr(), buf.len(), t::ALL_ACCESS);
+            ExSide {
+                cq,
+                qp,
+                qpx,
+                mr,
+                buf,
+            }
+        };
+        let a = side();
+        let b = side();
+        t::connect_qp(a.qp, &ConnectAttr::new(b.qpn(), gid));
+        t::connect_qp(b.qp, &ConnectAttr::new(a.qpn(), gid));
+        (a, b, wc)
+    }
+}
+
+fn ex_ring(s: &ExSide, cfg: SendConfig) -> WrRing {
+    // SAFETY: the side's extended QP (created with RC_OPS, 64 B inline, depth >= cfg's)
+    // lives until the process ends; only this ring posts to it.
+    unsafe { WrRing::new(s.qpx, cfg) }.unwrap()
+}
+
+fn ex_poller(s: &ExSide, fields: ExFields, wc: u64) -> ExCqPoller<16> {
+    // SAFETY: the side's CQ was created with `wc` and lives until the process ends.
+    unsafe { ExCqPoller::new(s.cq, fields, wc) }.unwrap()
+}
+
+/// Polls until the ring has nothing outstanding; returns the timestamps seen.
+fn settle(p: &mut ExCqPoller<16>, r: &mut WrRing) -> Vec<u64> {
+    let mut stamps = Vec::new();
+    for _ in 0..1_000_000 {
+        if r.outstanding() == 0 {
+            return stamps;
+        }
+        let (cs, ts) = p.poll_ts().unwrap();
+        stamps.extend_from_slice(ts);
+        for c in cs.iter() {
+            r.on_completion(c).unwrap();
+        }
+    }
+    panic!("ring did not drain: {r:?}");
+}
+
+#[test]
+fn softnic_writes_reads_and_atomics_through_the_wr_api() {
+    let (a, b, wc) = ex_pair(64);
+    let stamped = wc & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64 != 0;
+    let rxe = std::env::var("HOTVERBS_SOFTNIC_PROFILE").is_ok_and(|v| v == "rxe");
+    assert_eq!(
+        stamped, !rxe,
+        "completion timestamps exactly outside the Rxe profile"
+    );
+    let mut r = ex_ring(
+        &a,
+        SendConfig::new(1, 64, 64)
+            .signal_every(8)
+            .remote(b.remote()),
+    );
+    let fields = if stamped {
+        ExFields::QP_NUM | ExFields::COMPLETION_TS
+    } else {
+        ExFields::QP_NUM
+    };
+    let mut p = ex_poller(&a, fields, wc);
+    // 32 inline WRITEs in one region.
+    let msgs: Vec<[u8; 8]> = (0..32u64).map(|i| (i * 0x0101).to_le_bytes()).collect();
+    let mut batch = r.batch();
+    for (i, m) in msgs.iter().enumerate() {
+        batch
+            .push(Msg::write(Local::Inline(m), i as u64 * 8))
+            .unwrap();
+    }
+    batch.finish().unwrap();
+    let stamps = settle(&mut p, &mut r);
+    for (i, m) in msgs.iter().enumerate() {
+        assert_eq!(b.bytes(i * 8, 8), m, "write {i}");
+    }
+    if stamped {
+        assert_eq!(stamps.len(), 4, "signaled every 8th");
+        assert!(
+            stamps.windows(2).all(|w| w[0] <= w[1]) && stamps[0] > 0,
+            "{stamps:?}"
+        );
+    }
+    // A zero-copy WRITE, a READ back and a FETCH_AND_ADD.
+    // SAFETY: A's buffer, written before the post; the device is done with it when the
+    // ring retires the WRs (settle), and nothing touches it meanwhile.
+    unsafe {
+        core::ptr::copy_nonoverlapping(b"zerocopy-payload".as_ptr(), a.buf.as_ptr() as *mut u8, 16);
+        r.stage(Msg::write(Local::Buf(a.local(0, 16)), 512))
+            .unwrap();
+        r.stage(Msg::read(a.local(1024, 16), 512)).unwrap();
+        r.signal_next();
+        r.stage(Msg::fetch_add(a.local(2048, 8), 0, 5)).unwrap();
+    }
+    r.flush().unwrap();
+    {}
+    settle(&mut p, &mut r);
+    assert_eq!(b.bytes(512, 16), b"zerocopy-payload");
+    assert_eq!(a.bytes(1024, 16), b"zerocopy-payload");
+    assert_eq!(a.bytes(2048, 8), msgs[0], "the old value");
+    assert_eq!(
+        u64::from_le_bytes(b.bytes(0, 8).try_into().unwrap()),
+        u64::from_le_bytes(msgs[0]).wrapping_add(5)
+    );
+}
+
+#[test]
+fn softnic_remote_error_flushes_exactly_the_outstanding_wrs_and_reset_recovers() {
+    let (a, b, wc) = ex_pair(32);
+    let bad = RemoteBuf::new(b.remote().addr, 4096, b.remote().rkey ^ 0x5555);
+    let mut r = ex_ring(&a, SendConfig::new(2, 32, 64).signal_every(4).remote(bad));
+    let mut p = ex_poller(&a, ExFields::QP_NUM, wc);
+    let d = [7u8; 8];
+    let mut batch = r.batch();
+    for i in 0..6u64 {
+        batch.push(Msg::write(Local::Inline(&d), i * 8)).unwrap();
+    }
+    batch.finish().unwrap();
+    assert_eq!(r.outstanding(), 6);
+    let mut errors = 0;
+    for _ in 0..1_000_000 {
+        if r.outstanding() == 0 {
+            break;
+        }
+        for c in p.poll().unwrap().iter() {
+            if r.on_completion(c).is_err() {
+                errors += 1;
+            }
+        }
+    }
+    assert_eq!(r.outstanding(), 0, "every WR retired: {r:?}");
+    assert!(errors >= 1, "an error completion");
+    assert_eq!(r.error(), Some(WcError::RemAccess), "{r:?}");
+    assert!(matches!(
+        r.send_now(Msg::write(Local::Inline(&d), 0)),
+        Err(SendError::QpError(WcError::RemAccess))
+    ));
+    // Recovery: RESET -> RTS, ring reset, then the good rkey.
+    let gid = {
+        // SAFETY: the QP's live context.
+        unsafe { t::query_gid((*a.qp).context, 1) }
+    };
+    // SAFETY: live QPs of the pair; A's WRs all completed (drained above).
+    unsafe {
+        t::qp_to_reset(a.qp);
+        t::qp_to_reset(b.qp);
+        t::connect_qp(a.qp, &ConnectAttr::new(b.qpn(), gid));
+        t::connect_qp(b.qp, &ConnectAttr::new(a.qpn(), gid));
+        assert_eq!(r.reset(), 0);
+    }
+    drop(r);
+    let mut r = ex_ring(
+        &a,
+        SendConfig::new(3, 32, 64)
+            .signal_every(4)
+            .remote(b.remote()),
+    );
+    r.signal_next();
+    r.send_now(Msg::write(Local::Inline(b"recover!"), 64))
+        .unwrap();
+    settle_plain(&mut p, &mut r);
+    assert_eq!(b.bytes(64, 8), b"recover!");
+}
+
+fn settle_plain(p: &mut ExCqPoller<16>, r: &mut WrRing) {
+    for _ in 0..1_000_000 {
+        if r.outstanding() == 0 {
+            return;
+        }
+        for c in p.poll().unwrap().iter() {
+            r.on_completion(c).unwrap();
+        }
+    }
+    panic!("ring did not drain: {r:?}");
+}

@@ -224,6 +224,37 @@ impl Fast {
 /// [`Completion`]s (from a [`CqPoller`](crate::CqPoller) or an
 /// [`ExCqPoller`](crate::ExCqPoller)). The ring is small (no WR array) and may move freely.
 ///
+/// # Example
+/// On the counting test device's extended QP and CQ (any provider's `ibv_qp_ex` /
+/// `ibv_cq_ex` work the same way):
+/// ```
+/// use hotverbs_datapath::{ExCqPoller, ExFields, Local, Msg, SendConfig, WrRing};
+/// use hotverbs_ffi::IBV_WC_EX_WITH_QP_NUM;
+/// use hotverbs_softnic::counting::CountingDevice;
+///
+/// let dev = CountingDevice::new(64);
+/// // SAFETY: the device's QP and CQ outlive the ring and the poller; the CQ was created
+/// // with (at least) IBV_WC_EX_WITH_QP_NUM.
+/// let (mut ring, mut poller) = unsafe {
+///     (
+///         WrRing::new(dev.qp_ex(), SendConfig::new(1, 16, 64).signal_every(4)).unwrap(),
+///         ExCqPoller::<8>::new(dev.cq_ex(), ExFields::QP_NUM, IBV_WC_EX_WITH_QP_NUM as u64)
+///             .unwrap(),
+///     )
+/// };
+/// let msgs = [*b"ping-000"; 8];
+/// let mut batch = ring.batch();
+/// for m in &msgs {
+///     batch.push(Msg::send(Local::Inline(m))).unwrap();
+/// }
+/// batch.finish().unwrap(); // one ibv_wr_start .. ibv_wr_complete region
+/// assert_eq!((dev.doorbells(), ring.outstanding()), (1, 8));
+/// for c in poller.poll().unwrap().iter() {
+///     ring.on_completion(c).unwrap();
+/// }
+/// assert_eq!(ring.outstanding(), 0);
+/// ```
+///
 /// # Per-message cost
 /// One compare of the sequence number with the next event decides the path; the fast path
 /// stores `wr_id` and `wr_flags` and makes the builder and setter calls (two indirect calls

@@ -17,12 +17,17 @@
 //!   provider's open region holds only accepted WRs: the region stays open and those WRs go
 //!   out with the next flush, as staged WRs of a `SendRing` do. Aborting there would drop
 //!   messages the caller was told were staged.
-//! - `ibv_wr_complete` failing means none of the region was posted (`ibv_wr_post(3)`: "No
-//!   work is executed to the queue until ibv_wr_complete() returns success"; mlx5 and rxe
-//!   roll their producer index back to the region's start when a builder failed, e.g. a
-//!   full SQ). The ring rewinds: nothing of the batch is outstanding or retired, the signal
-//!   schedule goes back, and the error is [`SendError::Post`] naming `ibv_wr_complete`, its
-//!   errno and `first_rejected` 0 (the batch's first WR).
+//! - `ibv_wr_complete` failing in RTS means none of the region was posted
+//!   (`ibv_wr_post(3)`: "No work is executed to the queue until ibv_wr_complete() returns
+//!   success"; mlx5 and rxe refuse a region from their builders' checks, e.g. a full SQ,
+//!   before they publish anything). The ring rewinds: nothing of the batch is outstanding or
+//!   retired, the signal schedule goes back, and the error is [`SendError::Post`] naming
+//!   `ibv_wr_complete`, its errno and `first_rejected` 0 (the batch's first WR). Outside RTS
+//!   the outcome is unknown (rxe publishes the region before its doorbell syscall, which
+//!   the kernel refuses before RTS, and runs it later): as for `ibv_post_send` with `bad_wr`
+//!   NULL, the region counts as posted, `first_rejected` is
+//!   [`PostError::UNKNOWN`](crate::PostError::UNKNOWN) and the ring refuses new WRs until
+//!   the QP went through RESET and [`WrRing::reset`].
 //! - `ibv_wr_abort` discards the open region when the ring itself drops its staged WRs:
 //!   [`WrRing::reset`] and dropping the ring (a region left open would keep mlx5's SQ lock).
 //!
@@ -267,6 +272,9 @@ pub struct WrRing {
     st: State,
     error: Option<WcError>,
     deferred: Option<PostError>,
+    /// An `ibv_wr_complete` failed outside RTS: what the provider queued is unknown (see
+    /// `complete_failed`).
+    unknown: Option<PostError>,
 }
 
 // SAFETY: the ring only uses its QP through the ibv_wr_* verbs, which providers allow from
@@ -387,6 +395,7 @@ impl WrRing {
             },
             error: None,
             deferred: None,
+            unknown: None,
         };
         ring.st.f.event = ring.event_at();
         Ok(ring)
@@ -470,9 +479,10 @@ impl WrRing {
 
     #[cold]
     fn blocked(&self) -> SendError {
-        match self.error {
-            Some(e) => SendError::QpError(e),
-            None => SendError::WouldBlock,
+        match (self.error, self.unknown) {
+            (Some(e), _) => SendError::QpError(e),
+            (None, Some(e)) => SendError::Post(e),
+            (None, None) => SendError::WouldBlock,
         }
     }
 
@@ -602,18 +612,41 @@ impl WrRing {
         }
     }
 
-    /// `ibv_wr_complete` failed: none of the region was posted. Rewind to `posted`.
+    /// `ibv_wr_complete` failed. In RTS (or SQD) a provider refuses a region only from its
+    /// builders' checks, before it publishes anything (mlx5, rxe, softnic): none of the
+    /// region was posted, so the ring rewinds to `posted`. In any other state the outcome is
+    /// unknown: rxe publishes the region (stores its producer index) before its doorbell
+    /// syscall, which the kernel refuses before RTS, and then runs the WRs after the next
+    /// doorbell in RTS (fault-truth S1, as for `ibv_post_send` with `bad_wr` NULL). The
+    /// region then counts as posted (its zero-copy buffers stay borrowed) and the ring
+    /// refuses new WRs until the QP went through RESET and [`reset`](Self::reset), as a
+    /// [`SendRing`](crate::SendRing) does.
     #[cold]
     #[inline(never)]
     fn complete_failed(&mut self, rc: i32) -> PostError {
         let first = self.st.posted;
-        self.unstage_to(first);
-        PostError {
+        // SAFETY: a live QP (new's contract); `state` is kept by libibverbs' modify_qp.
+        let state = unsafe { (*self.st.f.qpx).qp_base.state };
+        if state == IBV_QPS_RTS || state == IBV_QPS_SQD {
+            self.unstage_to(first);
+            return PostError {
+                verb: "ibv_wr_complete",
+                errno: rc,
+                first_rejected: 0,
+                first_rejected_seq: first,
+            };
+        }
+        let e = PostError {
             verb: "ibv_wr_complete",
             errno: rc,
-            first_rejected: 0,
+            first_rejected: PostError::UNKNOWN,
             first_rejected_seq: first,
-        }
+        };
+        self.st.posted = self.st.f.seq;
+        self.unknown = Some(e);
+        self.st.limit = 0;
+        self.st.f.event = self.st.f.seq;
+        e
     }
 
     /// Drops staged WRs from `seq` on and rewinds the signal schedule.
@@ -724,6 +757,7 @@ impl WrRing {
         self.st.retired = posted;
         self.error = None;
         self.deferred = None;
+        self.unknown = None;
         self.st.limit = self.st.depth;
         self.st.next_signal = posted + self.st.signal_every - 1;
         self.st.f.event = self.event_at();

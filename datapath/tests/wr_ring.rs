@@ -656,3 +656,40 @@ fn settle_plain(p: &mut ExCqPoller<16>, r: &mut WrRing) {
     }
     panic!("ring did not drain: {r:?}");
 }
+
+#[test]
+fn failed_wr_complete_outside_rts_has_an_unknown_outcome_until_reset() {
+    let dev = CountingDevice::new(64);
+    let mut r = ring(&dev, SendConfig::new(1, 16, 8).signal_every(4).batch(16));
+    // SAFETY: the device's extended QP; the test plays libibverbs' modify_qp to RTR.
+    unsafe { (*dev.qp_ex()).qp_base.state = IBV_QPS_RTR };
+    dev.fail_next_post(EINVAL, 0);
+    let d = [0u8; 8];
+    let mut b = r.batch();
+    b.push(Msg::send(Local::Inline(&d))).unwrap();
+    b.push(Msg::send(Local::Inline(&d))).unwrap();
+    let pe = match b.finish() {
+        Err(SendError::Post(pe)) => pe,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        (pe.verb, pe.errno, pe.first_rejected, pe.first_rejected_seq),
+        ("ibv_wr_complete", EINVAL, PostError::UNKNOWN, 0)
+    );
+    // Counted as posted (the provider may run them), refused until reset.
+    assert_eq!((r.outstanding(), r.staged()), (2, 0));
+    assert_eq!(
+        r.send_now(Msg::send(Local::Inline(&d))),
+        Err(SendError::Post(pe))
+    );
+    // SAFETY: the test's QP "goes through RESET" (nothing of it is in use).
+    unsafe { (*dev.qp_ex()).qp_base.state = IBV_QPS_RTS };
+    dev.reset_qp();
+    // SAFETY: as above.
+    assert_eq!(unsafe { r.reset() }, 2);
+    r.signal_next();
+    assert_eq!(r.send_now(Msg::send(Local::Inline(&d))), Ok(2));
+    let mut p = poller(&dev, ExFields::QP_NUM);
+    assert_eq!(drain(&mut p, &mut r), (1, 1));
+    assert_eq!(r.outstanding(), 0);
+}

@@ -23,6 +23,11 @@ const ENOENT: i32 = 2;
 /// The completion fields an [`ExCqPoller`] reads. The `IBV_WC_EX_WITH_*` ones must be in
 /// the CQ's `wc_flags`; [`OPCODE`](Self::OPCODE), [`WC_FLAGS`](Self::WC_FLAGS) and
 /// [`VENDOR_ERR`](Self::VENDOR_ERR) have readers on every extended CQ.
+///
+/// Send rings ([`SendRing`](crate::SendRing), [`WrRing`](crate::WrRing)) need only `wr_id`,
+/// `status` and `qp_num` ([`QP_NUM`](Self::QP_NUM) or [`ExCqPoller::with_qp_num`]); a
+/// [`RecvRing`](crate::RecvRing) also reads the message length ([`BYTE_LEN`](Self::BYTE_LEN))
+/// and, for immediates, [`IMM`](Self::IMM).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ExFields(u64);
 

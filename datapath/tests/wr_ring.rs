@@ -693,3 +693,42 @@ fn failed_wr_complete_outside_rts_has_an_unknown_outcome_until_reset() {
     assert_eq!(drain(&mut p, &mut r), (1, 1));
     assert_eq!(r.outstanding(), 0);
 }
+
+#[test]
+fn recv_ring_takes_completions_from_the_extended_poller() {
+    let dev = CountingDevice::new(256);
+    dev.set_loopback(true);
+    let region = vec![0u8; 16 * 64];
+    // SAFETY: the device and the region outlive the rings and the poller.
+    let mut recv: RecvRing<16> = unsafe {
+        RecvRing::new(
+            RecvTarget::Qp(dev.qp()),
+            LocalBuf::new(region.as_ptr() as u64, region.len() as u32, 1),
+            RecvConfig::new(2, 64, 16),
+        )
+    }
+    .unwrap();
+    recv.fill().unwrap();
+    let mut r = ring(&dev, SendConfig::new(1, 16, 64).signal_every(4).batch(1));
+    let mut p = poller(
+        &dev,
+        ExFields::QP_NUM | ExFields::BYTE_LEN | ExFields::IMM | ExFields::OPCODE,
+    );
+    r.send_now(Msg::send_imm(Local::Inline(b"hello"), 42))
+        .unwrap();
+    r.send_now(Msg::send(Local::Inline(b"hi"))).unwrap();
+    let mut got = Vec::new();
+    for c in p.poll().unwrap().iter_mut() {
+        match c.ring() {
+            2 => {
+                let m = recv.on_completion(c).unwrap();
+                got.push((m.byte_len(), m.imm()));
+                recv.release(m).unwrap();
+            }
+            _ => {
+                r.on_completion(c).unwrap();
+            }
+        }
+    }
+    assert_eq!(got, [(5, Some(42)), (2, None)]);
+}

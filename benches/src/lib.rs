@@ -327,6 +327,8 @@ fn stream_send_now(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String
 pub struct WrStream {
     ring: WrRing,
     poller: ExCqPoller<BURST>,
+    /// RDMA WRITEs (softnic) instead of SENDs (the counting device).
+    write: bool,
 }
 
 impl WrStream {
@@ -344,6 +346,78 @@ impl WrStream {
                 poller: ExCqPoller::new(dev.cq_ex(), ExFields::NONE, 0)
                     .map_err(s)?
                     .with_qp_num(hotverbs_softnic::counting::QP_NUM),
+                write: false,
+            })
+        }
+    }
+}
+
+impl WrStream {
+    /// A stream with post lists of `batch` on softnic (the profile
+    /// `HOTVERBS_SOFTNIC_PROFILE` selects): RDMA WRITEs from an extended RC QP into its
+    /// connected peer's registered buffer, through raw verbs (`ibv_create_qp_ex` with
+    /// `send_ops_flags`, `ibv_create_cq_ex`). The verbs objects are never destroyed (a bench
+    /// process makes a few).
+    pub fn softnic(batch: u32) -> Result<WrStream, String> {
+        use hotverbs_ffi::inline::{ibv_cq_ex_to_cq, ibv_create_cq_ex, ibv_create_qp_ex};
+        use hotverbs_ffi::*;
+        use hotverbs_softnic::testing as t;
+        let fns = hotverbs_softnic::verbs_table();
+        // SAFETY: softnic's verbs called as their man pages say on objects made here, which
+        // live until the process ends (leaked on purpose), as do the registered buffers.
+        unsafe {
+            let (ctx, _) = t::open_listed_device();
+            let pd = t::alloc_pd(ctx);
+            let gid = t::query_gid(ctx, 1);
+            let side = || -> Result<(*mut ibv_cq_ex, *mut ibv_qp), String> {
+                let mut ca = ibv_cq_init_attr_ex {
+                    cqe: 4 * DEPTH,
+                    wc_flags: IBV_WC_EX_WITH_QP_NUM as u64,
+                    ..Default::default()
+                };
+                let cq = ibv_create_cq_ex(ctx, &mut ca);
+                if cq.is_null() {
+                    return Err(format!("ibv_create_cq_ex: errno {}", errno()));
+                }
+                let mut qa = ibv_qp_init_attr_ex {
+                    send_cq: ibv_cq_ex_to_cq(cq),
+                    recv_cq: ibv_cq_ex_to_cq(cq),
+                    cap: ibv_qp_cap {
+                        max_send_wr: DEPTH,
+                        max_recv_wr: 1,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 64,
+                    },
+                    qp_type: IBV_QPT_RC,
+                    comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                    pd,
+                    send_ops_flags: (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND) as u64,
+                    ..Default::default()
+                };
+                let qp = ibv_create_qp_ex(fns, ctx, &mut qa);
+                if qp.is_null() {
+                    return Err(format!("ibv_create_qp_ex: errno {}", errno()));
+                }
+                Ok((cq, qp))
+            };
+            let (cq_a, qp_a) = side()?;
+            let (_, qp_b) = side()?;
+            t::connect_qp(qp_a, &t::ConnectAttr::new((*qp_b).qp_num, gid));
+            t::connect_qp(qp_b, &t::ConnectAttr::new((*qp_a).qp_num, gid));
+            let buf: &'static mut [u8] = Box::leak(vec![0u8; 1 << 16].into_boxed_slice());
+            let mr = t::reg_mr(pd, buf.as_mut_ptr(), buf.len(), t::ALL_ACCESS);
+            let remote = RemoteBuf::new(buf.as_ptr() as u64, buf.len() as u64, (*mr).rkey);
+            let qpx = fns.ibv_qp_to_qp_ex.ok_or("ibv_qp_to_qp_ex missing")?(qp_a);
+            let cfg = SendConfig::new(SEND_ID, DEPTH, 64)
+                .signal_every(SIGNAL_EVERY)
+                .batch(batch)
+                .remote(remote);
+            Ok(WrStream {
+                ring: WrRing::new(qpx, cfg).map_err(s)?,
+                poller: ExCqPoller::new(cq_a, ExFields::QP_NUM, IBV_WC_EX_WITH_QP_NUM as u64)
+                    .map_err(s)?,
+                write: true,
             })
         }
     }
@@ -356,8 +430,16 @@ pub fn hv_measured_stream_wr(r: &mut WrStream, msg: &[u8], n: u64) -> Result<u64
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
-    let m = Msg::send(Local::Inline(msg));
-    let WrStream { ring, poller } = r;
+    if r.write {
+        stream_wr(r, Msg::write(Local::Inline(msg), 0), n)
+    } else {
+        stream_wr(r, Msg::send(Local::Inline(msg)), n)
+    }
+}
+
+#[inline(always)]
+fn stream_wr(r: &mut WrStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
+    let WrStream { ring, poller, .. } = r;
     let mut left = n;
     while left > 0 {
         let mut b = ring.batch();
@@ -387,8 +469,16 @@ pub fn hv_measured_stream_wr_now(r: &mut WrStream, msg: &[u8], n: u64) -> Result
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
-    let m = Msg::send(Local::Inline(msg));
-    let WrStream { ring, poller } = r;
+    if r.write {
+        stream_wr_now(r, Msg::write(Local::Inline(msg), 0), n)
+    } else {
+        stream_wr_now(r, Msg::send(Local::Inline(msg)), n)
+    }
+}
+
+#[inline(always)]
+fn stream_wr_now(r: &mut WrStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
+    let WrStream { ring, poller, .. } = r;
     let mut left = n;
     while left > 0 {
         match ring.send_now(m) {
@@ -719,6 +809,14 @@ pub const WORKLOADS: &[(&str, &str)] = &[
         "WrRing::send_now per message + ExCqPoller, counting device",
     ),
     (
+        "stream-wr32-softnic",
+        "WrRing post list 32 + ExCqPoller, softnic",
+    ),
+    (
+        "stream-wrnow-softnic",
+        "WrRing::send_now per message + ExCqPoller, softnic",
+    ),
+    (
         "poll-ex-counting",
         "ExCqPoller, 32 per ibv_start_poll..ibv_end_poll",
     ),
@@ -872,6 +970,22 @@ pub const ROWS: &[Row] = &[
         "msg",
     ),
     row(
+        "stream, wr batch 32, softnic",
+        "stream-naive-softnic",
+        "stream-wr32-softnic",
+        None,
+        None,
+        "msg",
+    ),
+    row(
+        "stream, wr send_now, softnic",
+        "stream-naive-softnic",
+        "stream-wrnow-softnic",
+        None,
+        None,
+        "msg",
+    ),
+    row(
         "poll ex per completion, counting",
         "poll-single-counting",
         "poll-ex-counting",
@@ -923,6 +1037,16 @@ pub fn run_workload(name: &str, n: u64) -> Result<u64, String> {
         "stream-ring1-softnic" => stream(Target::softnic()?, Some(1)),
         "stream-ring8-softnic" => stream(Target::softnic()?, Some(8)),
         "stream-ring32-softnic" => stream(Target::softnic()?, Some(32)),
+        "stream-wr32-softnic" | "stream-wrnow-softnic" => {
+            let mut r = WrStream::softnic(SIGNAL_EVERY)?;
+            if name == "stream-wr32-softnic" {
+                hv_measured_stream_wr(&mut r, &MSG, warm)?;
+                hv_measured_stream_wr(&mut r, &MSG, n)
+            } else {
+                hv_measured_stream_wr_now(&mut r, &MSG, warm)?;
+                hv_measured_stream_wr_now(&mut r, &MSG, n)
+            }
+        }
         "stream-wr32-counting" | "stream-wrnow-counting" => {
             let dev = CountingDevice::new(4096);
             let mut r = WrStream::counting(&dev, SIGNAL_EVERY)?;
@@ -1048,7 +1172,12 @@ mod tests {
         assert_eq!(dev.send_wrs(), 1024 + 256);
         assert_eq!(dev.doorbells(), 1024 / SIGNAL_EVERY as u64 + 256);
         assert_eq!(dev.queued_cqes(), 0);
-        for w in ["stream-wr32-counting", "stream-wrnow-counting"] {
+        for w in [
+            "stream-wr32-counting",
+            "stream-wrnow-counting",
+            "stream-wr32-softnic",
+            "stream-wrnow-softnic",
+        ] {
             assert_eq!(run_workload(w, 256).unwrap(), 256, "{w}");
         }
     }

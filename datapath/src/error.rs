@@ -212,6 +212,9 @@ pub enum SendError {
     /// A setting the ring refused (e.g. [`ConfigError::UdDest`] from
     /// [`SendRing::set_ud_dest`](crate::SendRing::set_ud_dest)).
     Config(ConfigError),
+    /// A [`WrRing`](crate::WrRing) message whose `ibv_wr_*` builder the extended QP does not
+    /// have (its opcode was not in the `send_ops_flags` the QP was created with).
+    OpNotEnabled(crate::send::Opcode),
 }
 
 impl fmt::Display for SendError {
@@ -226,6 +229,7 @@ impl fmt::Display for SendError {
             Self::NotInline => write!(f, "zero-copy payload given to a safe method: use the unsafe SendRing::stage"),
             Self::Post(e) => e.fmt(f),
             Self::Config(e) => e.fmt(f),
+            Self::OpNotEnabled(op) => write!(f, "the extended QP has no ibv_wr_* builder for {op:?}: create it with that opcode in send_ops_flags (ibv_create_qp_ex)"),
         }
     }
 }
@@ -255,6 +259,13 @@ pub enum ConfigError {
     /// A UD QP without a UD destination, or one whose AH is NULL or of another device
     /// context (the provider reads the AH as its own type while posting).
     UdDest,
+    /// A [`WrRing`](crate::WrRing) on a QP without the `ibv_wr_*` ops it needs
+    /// (`wr_start`, `wr_complete`, `wr_abort`, `wr_set_sge`, `wr_set_sge_list`, and
+    /// `wr_set_inline_data` / `wr_set_ud_addr` when it sends inline / UD).
+    ExtendedOps,
+    /// An [`ExCqPoller`](crate::ExCqPoller) asked for a field the extended CQ was not created
+    /// with (not in its `wc_flags`, or the provider left the reader NULL).
+    WcFields,
 }
 
 impl fmt::Display for ConfigError {
@@ -274,6 +285,14 @@ impl fmt::Display for ConfigError {
             Self::Null => "NULL QP/CQ/SRQ pointer",
             Self::UdDest => {
                 "a UD QP needs SendConfig::ud with a live AH of the QP's device context"
+            }
+            Self::ExtendedOps => {
+                "the QP has no ibv_wr_* ops: create it with ibv_create_qp_ex and \
+                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (inline sends need max_inline_data > 0)"
+            }
+            Self::WcFields => {
+                "a requested completion field is not in the extended CQ's wc_flags: \
+                 add it to ibv_create_cq_ex's wc_flags or do not ask for it"
             }
         })
     }

@@ -17,6 +17,13 @@
 //! - [`recv`]: [`RecvRing<N>`] — receives in fixed slots of one registered region, read in
 //!   place, released and re-posted in chains; on a QP or an SRQ.
 //! - [`cq`]: [`CqPoller<B>`] — up to B completions per `poll_cq`; [`Completion`] accessors.
+//! - [`wr`]: [`WrRing`] — the same [`Msg`] API on an extended QP, posting through
+//!   `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` (chosen when the ring is built: switching
+//!   is a type change); batching, selective signaling, split mode and failure accounting as
+//!   for [`SendRing`]; a failed `ibv_wr_complete` posted nothing and is rewound.
+//! - [`cq_ex`]: [`ExCqPoller<B>`] — an extended CQ drained with `ibv_start_poll` /
+//!   `ibv_next_poll` / `ibv_end_poll`, reading only the [`ExFields`] asked for (completion
+//!   timestamps into a parallel array), into the same [`Completion`]s.
 //! - [`wr_id`]: the encoding (ring id in bits 63..56, sequence or slot below) that makes
 //!   dispatch a shift and a compare.
 //! - [`credits`]: SEND/RECV credit flow control so a sender never causes RNR.
@@ -28,7 +35,7 @@
 //!   comes: a CQ overflow on rxe, a dead peer with `retry_cnt` 7) told apart from a slow one.
 //! - [`desc`]: [`LocalBuf`], [`RemoteBuf`], [`UdDest`] — what the setup layer produces.
 //!
-//! `unsafe` lives in `send`, `recv` and `cq` (ring storage and ffi dispatch); the rest is
+//! `unsafe` lives in `send`, `recv`, `cq`, `wr` and `cq_ex` (ring storage and ffi dispatch); the rest is
 //! safe code.
 //!
 //! # Error recovery
@@ -94,6 +101,7 @@
 #![warn(clippy::std_instead_of_core)]
 
 pub mod cq;
+pub mod cq_ex;
 pub mod credits;
 pub mod desc;
 pub mod error;
@@ -102,9 +110,11 @@ pub mod recv;
 pub mod send;
 pub mod split;
 mod sync;
+pub mod wr;
 pub mod wr_id;
 
 pub use cq::{Completion, CqPoller};
+pub use cq_ex::{ExCqPoller, ExFields, ExPollError};
 pub use credits::{CreditReturn, Credits};
 pub use desc::{LocalBuf, RemoteBuf, UdDest};
 pub use error::{ConfigError, PollError, PostError, RecvError, SendError, WcError};
@@ -112,3 +122,4 @@ pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};
 pub use send::{Batch, Local, Msg, Opcode, SendConfig, SendRing};
 pub use split::{SendCounters, SendRetirer};
+pub use wr::{WrBatch, WrRing};

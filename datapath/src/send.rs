@@ -107,12 +107,12 @@ pub enum Local<'d> {
 /// (`sg_list`, `rkey`, UD address, links) is preformatted in the ring.
 #[derive(Clone, Copy, Debug)]
 pub struct Msg<'d> {
-    op: Opcode,
-    local: Local<'d>,
-    remote_offset: u64,
-    imm: u32,
-    compare_add: u64,
-    swap: u64,
+    pub(crate) op: Opcode,
+    pub(crate) local: Local<'d>,
+    pub(crate) remote_offset: u64,
+    pub(crate) imm: u32,
+    pub(crate) compare_add: u64,
+    pub(crate) swap: u64,
 }
 
 impl<'d> Msg<'d> {
@@ -198,13 +198,13 @@ impl<'d> Msg<'d> {
 /// Configuration of a [`SendRing`]; `new(required)` then chainable setters.
 #[derive(Clone, Copy, Debug)]
 pub struct SendConfig {
-    ring_id: u8,
-    depth: u32,
-    max_inline: u32,
-    signal_every: u32,
-    batch: u32,
-    remote: Option<RemoteBuf>,
-    ud: Option<UdDest>,
+    pub(crate) ring_id: u8,
+    pub(crate) depth: u32,
+    pub(crate) max_inline: u32,
+    pub(crate) signal_every: u32,
+    pub(crate) batch: u32,
+    pub(crate) remote: Option<RemoteBuf>,
+    pub(crate) ud: Option<UdDest>,
 }
 
 impl SendConfig {

@@ -15,6 +15,12 @@
 //! Two deliberately broken variants must be rejected: Relaxed orderings, and an
 //! off-by-one in the capacity check.
 //!
+//! [`WrRing`](hotverbs_datapath::WrRing) in split mode runs the same protocol: its `sync`
+//! observes `retired` (Acquire) before it reuses anything and publishes `posted` after its
+//! `ibv_wr_complete`, its capacity rule is [`has_room`], and its completions go through the
+//! same [`SendRetirer`]; so this model covers it (the device side, `ibv_wr_complete` instead
+//! of `ibv_post_send`, is the model's doorbell either way).
+//!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p hotverbs-datapath
 //! --test loom --release` (`cargo xtask loom`).
 #![cfg(loom)]

@@ -6,6 +6,7 @@
 mod common;
 
 use hotverbs_datapath::*;
+use hotverbs_ffi::IBV_WC_EX_WITH_QP_NUM;
 use hotverbs_softnic::counting::CountingDevice;
 // Counts allocations per armed thread (tests run on parallel threads).
 use hotverbs_softnic::testing::CountingAlloc;
@@ -172,5 +173,107 @@ fn one_million_messages_on_softnic_allocate_nothing() {
     assert_eq!(
         allocs, 0,
         "allocations in the hot loop (datapath + softnic)"
+    );
+}
+
+#[path = "common/ex.rs"]
+mod ex;
+
+fn wr_msg(p: &[u8; 8], k: u64, write: bool) -> Msg<'_> {
+    if write {
+        Msg::write(Local::Inline(&p[..]), (k % 512) * 8)
+    } else {
+        Msg::send(Local::Inline(&p[..]))
+    }
+}
+
+/// The extended path's hot loop: `MESSAGES` inline messages through [`WrRing`] batches of
+/// 16 (every 8th batch a lone `send_now`), completions through an [`ExCqPoller`].
+fn wr_hot_loop(ring: &mut WrRing, p: &mut ExCqPoller<64>, write: bool, messages: u64) -> u64 {
+    let mut sent = 0u64;
+    let mut round = 0u64;
+    while sent < messages {
+        let payloads: [[u8; 8]; 16] = core::array::from_fn(|i| (sent + i as u64).to_le_bytes());
+        round += 1;
+        if round % 8 == 0 {
+            match ring.send_now(wr_msg(&payloads[0], sent, write)) {
+                Ok(_) => sent += 1,
+                Err(SendError::WouldBlock) => {}
+                Err(e) => panic!("{e}"),
+            }
+        } else {
+            let mut b = ring.batch();
+            for p in &payloads {
+                if sent == messages {
+                    break;
+                }
+                match b.push(wr_msg(p, sent, write)) {
+                    Ok(_) => sent += 1,
+                    Err(SendError::WouldBlock) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            b.finish().unwrap();
+        }
+        for c in p.poll().unwrap().iter() {
+            ring.on_completion(c).unwrap();
+        }
+    }
+    ring.signal_next();
+    while ring.outstanding() > 0 {
+        for c in p.poll().unwrap().iter() {
+            ring.on_completion(c).unwrap();
+        }
+    }
+    sent
+}
+
+#[test]
+fn one_million_messages_through_the_extended_verbs_allocate_nothing() {
+    // The counting device.
+    let dev = CountingDevice::new(4096);
+    // SAFETY: the device outlives the ring and the poller.
+    let (mut ring, mut p) = unsafe {
+        (
+            WrRing::new(
+                dev.qp_ex(),
+                SendConfig::new(S, 256, 64).signal_every(32).batch(16),
+            )
+            .unwrap(),
+            ExCqPoller::<64>::new(dev.cq_ex(), ExFields::QP_NUM, IBV_WC_EX_WITH_QP_NUM as u64)
+                .unwrap(),
+        )
+    };
+    let (allocs, sent) = CountingAlloc::count(|| wr_hot_loop(&mut ring, &mut p, false, MESSAGES));
+    assert_eq!(sent, MESSAGES);
+    assert_eq!(
+        allocs, 0,
+        "allocations in the extended hot loop (counting device)"
+    );
+    assert_eq!(dev.send_wrs(), MESSAGES);
+    assert_eq!(ring.outstanding(), 0);
+
+    // softnic (the profile HOTVERBS_SOFTNIC_PROFILE selects): RDMA WRITEs into the peer.
+    let (a, b, wc) = ex::ex_pair(256);
+    // SAFETY: the pair lives until the process ends; only this ring and poller use A.
+    let (mut ring, mut p) = unsafe {
+        (
+            WrRing::new(
+                a.qpx,
+                SendConfig::new(S, 256, 64)
+                    .signal_every(32)
+                    .batch(16)
+                    .remote(b.remote()),
+            )
+            .unwrap(),
+            ExCqPoller::<64>::new(a.cq, ExFields::QP_NUM, wc).unwrap(),
+        )
+    };
+    let (allocs, sent) = CountingAlloc::count(|| wr_hot_loop(&mut ring, &mut p, true, MESSAGES));
+    assert_eq!(sent, MESSAGES);
+    eprintln!("softnic, extended verbs: {MESSAGES} messages: {allocs} allocations");
+    assert_eq!(
+        allocs, 0,
+        "allocations in the extended hot loop (datapath + softnic)"
     );
 }

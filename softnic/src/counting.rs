@@ -39,7 +39,7 @@
 //! shared references to it may coexist with those pointers.
 
 use core::cell::UnsafeCell;
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 use core::marker::PhantomPinned;
 use core::ptr;
 use std::boxed::Box;
@@ -85,7 +85,11 @@ impl<T: Copy> Fifo<T> {
 }
 
 struct Inner {
-    cqes: Fifo<ibv_wc>,
+    /// Completions and their raw timestamps (the device's completion ordinal, see
+    /// [`CountingDevice::cq_ex`]).
+    cqes: Fifo<(ibv_wc, u64)>,
+    /// Completions made since creation: the raw timestamp of the next one.
+    clock: u64,
     recvs: Fifo<u64>,
     srq_recvs: Fifo<u64>,
     /// The QP takes its receives from the SRQ.
@@ -120,8 +124,54 @@ impl Inner {
             wc.wc_flags = IBV_WC_WITH_IMM;
             wc.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        if !self.cqes.push(wc) {
+        self.clock += 1;
+        if !self.cqes.push((wc, self.clock)) {
             self.overflows += 1;
+        }
+    }
+
+    /// One send WR the device accepted (from `post_send` or `ibv_wr_complete`): queue its
+    /// completions as the module docs say. `len` is the payload length (read only in
+    /// loopback mode), `imm` the immediate of the `*_WITH_IMM` opcodes (host order).
+    fn accept_send(
+        &mut self,
+        wr_id: u64,
+        opcode: ibv_wr_opcode,
+        send_flags: u32,
+        len: u32,
+        imm: Option<u32>,
+    ) {
+        if self.qp_error {
+            self.push_cqe(wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode(opcode), 0, None);
+            return;
+        }
+        if let Some(status) = self.fail_wr.take() {
+            self.push_cqe(wr_id, status, wc_opcode(opcode), 0, None);
+            self.enter_error();
+            return;
+        }
+        if self.loopback
+            && matches!(
+                opcode,
+                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
+            )
+        {
+            let op = if opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
+                IBV_WC_RECV_RDMA_WITH_IMM
+            } else {
+                IBV_WC_RECV
+            };
+            match self.qp_recvs().pop() {
+                Some(id) => self.push_cqe(id, IBV_WC_SUCCESS, op, len, imm),
+                None => {
+                    self.push_cqe(wr_id, IBV_WC_RNR_RETRY_EXC_ERR, wc_opcode(opcode), 0, None);
+                    self.enter_error();
+                    return;
+                }
+            }
+        }
+        if self.sq_sig_all || send_flags & IBV_SEND_SIGNALED != 0 {
+            self.push_cqe(wr_id, IBV_WC_SUCCESS, wc_opcode(opcode), 0, None);
         }
     }
 
@@ -158,6 +208,16 @@ pub struct CountingDevice {
     qp: UnsafeCell<ibv_qp>,
     cq: UnsafeCell<ibv_cq>,
     srq: UnsafeCell<ibv_srq>,
+    /// The same QP as an extended QP (`ibv_qp_ex`, its own `qp_base`; see
+    /// [`qp_ex`](Self::qp_ex)).
+    qpx: UnsafeCell<ibv_qp_ex>,
+    /// The same CQ as an extended CQ (see [`cq_ex`](Self::cq_ex)).
+    cqx: UnsafeCell<ibv_cq_ex>,
+    /// The open `ibv_wr_start` region: used only by the QP's poster (`ibv_wr_post(3)`: a
+    /// region is single-threaded), never under the lock.
+    ex_sq: UnsafeCell<ExSq>,
+    /// The extended poll in progress: used only by the CQ's poller.
+    ex_cq: UnsafeCell<ExCq>,
     lock: AtomicBool,
     inner: UnsafeCell<Inner>,
     send_wrs: AtomicU64,
@@ -165,7 +225,32 @@ pub struct CountingDevice {
     recv_wrs: AtomicU64,
     recv_doorbells: AtomicU64,
     polls: AtomicU64,
+    wr_aborts: AtomicU64,
     _pin: PhantomPinned,
+}
+
+/// One WR built between `ibv_wr_start` and `ibv_wr_complete`.
+#[derive(Clone, Copy)]
+struct ExWr {
+    wr_id: u64,
+    opcode: ibv_wr_opcode,
+    flags: u32,
+    len: u32,
+    imm: Option<u32>,
+}
+
+/// The poster's open region: the WRs built so far (room for as many as the CQ holds,
+/// allocated once), and the first error a builder met (reported by `ibv_wr_complete`).
+struct ExSq {
+    wrs: Vec<ExWr>,
+    open: bool,
+    err: c_int,
+}
+
+/// The completion an extended poll is on, and its raw timestamp.
+struct ExCq {
+    cur: ibv_wc,
+    ts: u64,
 }
 
 // SAFETY: all mutable state is behind the spin lock (`inner`) or atomic; the verbs structs
@@ -192,7 +277,8 @@ impl CountingDevice {
             srq: UnsafeCell::new(unsafe { core::mem::zeroed() }),
             lock: AtomicBool::new(false),
             inner: UnsafeCell::new(Inner {
-                cqes: Fifo::new(cq_capacity, wc_fill),
+                cqes: Fifo::new(cq_capacity, (wc_fill, 0)),
+                clock: 0,
                 recvs: Fifo::new(cq_capacity, 0),
                 srq_recvs: Fifo::new(cq_capacity, 0),
                 use_srq: false,
@@ -209,6 +295,20 @@ impl CountingDevice {
             recv_wrs: AtomicU64::new(0),
             recv_doorbells: AtomicU64::new(0),
             polls: AtomicU64::new(0),
+            wr_aborts: AtomicU64::new(0),
+            // SAFETY: see above.
+            qpx: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            // SAFETY: see above.
+            cqx: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+            ex_sq: UnsafeCell::new(ExSq {
+                wrs: Vec::with_capacity(cq_capacity.max(1)),
+                open: false,
+                err: 0,
+            }),
+            ex_cq: UnsafeCell::new(ExCq {
+                cur: wc_fill,
+                ts: 0,
+            }),
             _pin: PhantomPinned,
         });
         // The one raw pointer to the whole device every ABI pointer is derived from (see
@@ -238,6 +338,44 @@ impl CountingDevice {
             (*qp).qp_type = IBV_QPT_RC;
             let srq = UnsafeCell::raw_get(ptr::addr_of!((*this).srq));
             (*srq).context = ctx;
+            let qpx = UnsafeCell::raw_get(ptr::addr_of!((*this).qpx));
+            (*qpx).qp_base.context = ctx;
+            (*qpx).qp_base.send_cq = cq;
+            (*qpx).qp_base.recv_cq = cq;
+            (*qpx).qp_base.qp_num = QP_NUM;
+            (*qpx).qp_base.state = IBV_QPS_RTS;
+            (*qpx).qp_base.qp_type = IBV_QPT_RC;
+            (*qpx).wr_start = Some(ex_wr_start);
+            (*qpx).wr_complete = Some(ex_wr_complete);
+            (*qpx).wr_abort = Some(ex_wr_abort);
+            (*qpx).wr_send = Some(ex_wr_send);
+            (*qpx).wr_send_imm = Some(ex_wr_send_imm);
+            (*qpx).wr_rdma_write = Some(ex_wr_rdma_write);
+            (*qpx).wr_rdma_write_imm = Some(ex_wr_rdma_write_imm);
+            (*qpx).wr_rdma_read = Some(ex_wr_rdma_read);
+            (*qpx).wr_atomic_fetch_add = Some(ex_wr_atomic_fetch_add);
+            (*qpx).wr_atomic_cmp_swp = Some(ex_wr_atomic_cmp_swp);
+            (*qpx).wr_set_sge = Some(ex_wr_set_sge);
+            (*qpx).wr_set_sge_list = Some(ex_wr_set_sge_list);
+            (*qpx).wr_set_inline_data = Some(ex_wr_set_inline_data);
+            (*qpx).wr_set_ud_addr = Some(ex_wr_set_ud_addr);
+            let cqx = UnsafeCell::raw_get(ptr::addr_of!((*this).cqx));
+            (*cqx).context = ctx;
+            (*cqx).cqe = cq_capacity as c_int;
+            (*cqx).start_poll = Some(ex_start_poll);
+            (*cqx).next_poll = Some(ex_next_poll);
+            (*cqx).end_poll = Some(ex_end_poll);
+            (*cqx).read_opcode = Some(ex_read_opcode);
+            (*cqx).read_vendor_err = Some(ex_read_vendor_err);
+            (*cqx).read_byte_len = Some(ex_read_byte_len);
+            (*cqx).read_imm_data = Some(ex_read_imm_data);
+            (*cqx).read_qp_num = Some(ex_read_qp_num);
+            (*cqx).read_src_qp = Some(ex_read_src_qp);
+            (*cqx).read_wc_flags = Some(ex_read_wc_flags);
+            (*cqx).read_slid = Some(ex_read_slid);
+            (*cqx).read_sl = Some(ex_read_sl);
+            (*cqx).read_dlid_path_bits = Some(ex_read_dlid_path_bits);
+            (*cqx).read_completion_ts = Some(ex_read_completion_ts);
         }
         // SAFETY: `this` came from `Box::into_raw` above and is turned back into a Box
         // once. The device is `!Unpin` (PhantomPinned), so it never moves out of this
@@ -271,6 +409,44 @@ impl CountingDevice {
         // SAFETY: projection inside the live device; no reference is created.
         UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).srq) })
     }
+    /// The QP as an extended QP (`ibv_qp_ex`, as `ibv_qp_to_qp_ex` would return): the same
+    /// send queue, counters and completions as [`qp`](Self::qp), posted through
+    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`. Every builder of the RC opcodes
+    /// SEND, SEND_WITH_IMM, RDMA_WRITE(_WITH_IMM), RDMA_READ, ATOMIC_FETCH_AND_ADD and
+    /// ATOMIC_CMP_AND_SWP is filled, plus `wr_set_sge`, `wr_set_sge_list`,
+    /// `wr_set_inline_data` and `wr_set_ud_addr` (accepted, not checked); the others are
+    /// NULL, as for a QP created without them in `send_ops_flags`.
+    ///
+    /// `ibv_wr_complete` is all or nothing, as `ibv_wr_post(3)` says: it counts one doorbell
+    /// and accepts every WR of the region (each then completes as a `post_send` WR would),
+    /// or none: after [`fail_next_post`](Self::fail_next_post) (whatever its index) or when
+    /// the region held more WRs than the CQ's capacity (`ENOMEM`, as a full SQ).
+    pub fn qp_ex(&self) -> *mut ibv_qp_ex {
+        // SAFETY: projection inside the live device; no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).qpx) })
+    }
+    /// The CQ as an extended CQ (`ibv_cq_ex`): the same completions as [`cq`](Self::cq),
+    /// polled with `ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll`; every reader is
+    /// filled (as for a CQ created with all `wc_flags`) but `read_cvlan`, `read_flow_tag`,
+    /// `read_tm_info` and `read_completion_wallclock_ns`. The device has no clock:
+    /// `ibv_wc_read_completion_ts` returns the completion's ordinal (1 for the first
+    /// completion the device made, 2 for the next, ...), a raw, monotonic timestamp.
+    pub fn cq_ex(&self) -> *mut ibv_cq_ex {
+        // SAFETY: projection inside the live device; no reference is created.
+        UnsafeCell::raw_get(unsafe { ptr::addr_of!((*ptr::from_ref(self)).cqx) })
+    }
+    /// `ibv_wr_abort` calls since creation.
+    pub fn wr_aborts(&self) -> u64 {
+        self.wr_aborts.load(Ordering::Relaxed)
+    }
+    /// True while an `ibv_wr_start` region is open on [`qp_ex`](Self::qp_ex). Call it only
+    /// from the thread that posts (the region is that thread's).
+    pub fn wr_region_open(&self) -> bool {
+        // SAFETY: the region state is the poster's (this method's contract: called from the
+        // posting thread), read through the cell without a lasting reference.
+        unsafe { (*self.ex_sq.get()).open }
+    }
+
     /// The context.
     pub fn context(&self) -> *mut ibv_context {
         // SAFETY: self is a live device.
@@ -444,54 +620,21 @@ unsafe extern "C" fn post_send(
             // SAFETY: the caller passes a valid chain (ibv_post_send(3)).
             let w = unsafe { &*wr };
             accepted += 1;
-            if inner.qp_error {
-                inner.push_cqe(w.wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode(w.opcode), 0, None);
-            } else if let Some(status) = inner.fail_wr.take() {
-                inner.push_cqe(w.wr_id, status, wc_opcode(w.opcode), 0, None);
-                inner.enter_error();
-            } else {
-                let mut ok = true;
-                if inner.loopback
-                    && matches!(
-                        w.opcode,
-                        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
-                    )
-                {
-                    let mut len = 0u32;
-                    for s in 0..w.num_sge.max(0) as usize {
-                        // SAFETY: sg_list holds num_sge entries.
-                        len += unsafe { (*w.sg_list.add(s)).length };
-                    }
-                    let imm = if w.opcode == IBV_WR_SEND {
-                        None
-                    } else {
-                        // SAFETY: imm_data is the member used by the *_WITH_IMM opcodes.
-                        Some(u32::from_be(unsafe { w.__bindgen_anon_1.imm_data }))
-                    };
-                    let op = if w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
-                        IBV_WC_RECV_RDMA_WITH_IMM
-                    } else {
-                        IBV_WC_RECV
-                    };
-                    match inner.qp_recvs().pop() {
-                        Some(id) => inner.push_cqe(id, IBV_WC_SUCCESS, op, len, imm),
-                        None => {
-                            inner.push_cqe(
-                                w.wr_id,
-                                IBV_WC_RNR_RETRY_EXC_ERR,
-                                wc_opcode(w.opcode),
-                                0,
-                                None,
-                            );
-                            inner.enter_error();
-                            ok = false;
-                        }
-                    }
-                }
-                if ok && (inner.sq_sig_all || w.send_flags & IBV_SEND_SIGNALED != 0) {
-                    inner.push_cqe(w.wr_id, IBV_WC_SUCCESS, wc_opcode(w.opcode), 0, None);
+            let mut len = 0u32;
+            if inner.loopback {
+                for s in 0..w.num_sge.max(0) as usize {
+                    // SAFETY: sg_list holds num_sge entries.
+                    len += unsafe { (*w.sg_list.add(s)).length };
                 }
             }
+            let imm = match w.opcode {
+                IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM => {
+                    // SAFETY: imm_data is the member used by the *_WITH_IMM opcodes.
+                    Some(u32::from_be(unsafe { w.__bindgen_anon_1.imm_data }))
+                }
+                _ => None,
+            };
+            inner.accept_send(w.wr_id, w.opcode, w.send_flags, len, imm);
             wr = w.next;
             index += 1;
         };
@@ -612,7 +755,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
             match inner.cqes.pop() {
                 Some(c) => {
                     // SAFETY: `wc` has room for `n` entries (ibv_poll_cq(3)).
-                    unsafe { ptr::write(wc.add(got as usize), c) };
+                    unsafe { ptr::write(wc.add(got as usize), c.0) };
                     got += 1;
                 }
                 None => break,
@@ -629,6 +772,322 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
     0
 }
+
+// ---------------------------------------------------------------------------------------
+// The extended QP (`ibv_qp_ex`): `ibv_wr_post(3)`.
+// ---------------------------------------------------------------------------------------
+
+/// The device and its open region of an extended QP.
+///
+/// # Safety
+/// `qp` is this device's extended QP ([`CountingDevice::qp_ex`]) and the caller is its
+/// poster (a region is used by one thread at a time, `ibv_wr_post(3)`), so the returned
+/// `&mut ExSq` is the only reference to the region while it is used.
+unsafe fn ex_sq<'a>(qp: *mut ibv_qp_ex) -> (&'a CountingDevice, &'a mut ExSq) {
+    // SAFETY: the QP's context is the device's (caller's contract).
+    let dev = unsafe { CountingDevice::from_ctx((*qp).qp_base.context) };
+    // SAFETY: the region is the poster's alone (caller's contract).
+    let sq = unsafe { &mut *dev.ex_sq.get() };
+    (dev, sq)
+}
+
+/// A builder: appends a WR with the QP's `wr_id` and `wr_flags` (ENOMEM once the region
+/// holds as many WRs as the CQ, reported by `ibv_wr_complete`).
+///
+/// # Safety
+/// As [`ex_sq`].
+unsafe fn ex_build(qp: *mut ibv_qp_ex, opcode: ibv_wr_opcode, imm: Option<u32>) {
+    // SAFETY: forwarded contract.
+    let (_, sq) = unsafe { ex_sq(qp) };
+    if sq.wrs.len() == sq.wrs.capacity() {
+        sq.err = libc::ENOMEM;
+        return;
+    }
+    sq.wrs.push(ExWr {
+        // SAFETY: `qp` is live (contract); plain fields the caller set before building.
+        wr_id: unsafe { (*qp).wr_id },
+        opcode,
+        // SAFETY: as above.
+        flags: unsafe { (*qp).wr_flags },
+        len: 0,
+        imm,
+    });
+}
+
+/// A data setter: the length of the last WR's payload.
+///
+/// # Safety
+/// As [`ex_sq`].
+unsafe fn ex_set_len(qp: *mut ibv_qp_ex, len: u32) {
+    // SAFETY: forwarded contract.
+    let (_, sq) = unsafe { ex_sq(qp) };
+    if let Some(w) = sq.wrs.last_mut() {
+        w.len = len;
+    }
+}
+
+/// `qpx->wr_start`.
+///
+/// # Safety
+/// `ibv_wr_start(3)` on this device's extended QP.
+unsafe extern "C" fn ex_wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: forwarded contract.
+    let (_, sq) = unsafe { ex_sq(qp) };
+    sq.wrs.clear();
+    sq.err = 0;
+    sq.open = true;
+}
+
+/// `qpx->wr_complete`: all or nothing (see [`CountingDevice::qp_ex`]).
+///
+/// # Safety
+/// `ibv_wr_complete(3)` on this device's extended QP.
+unsafe extern "C" fn ex_wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: forwarded contract.
+    let (dev, sq) = unsafe { ex_sq(qp) };
+    dev.doorbells.fetch_add(1, Ordering::Relaxed);
+    sq.open = false;
+    let rc = dev.with(|inner| {
+        if let Some((errno, _)) = inner.fail_post.take() {
+            return errno;
+        }
+        if sq.err != 0 {
+            return sq.err;
+        }
+        for w in &sq.wrs {
+            inner.accept_send(w.wr_id, w.opcode, w.flags, w.len, w.imm);
+        }
+        0
+    });
+    if rc == 0 {
+        dev.send_wrs
+            .fetch_add(sq.wrs.len() as u64, Ordering::Relaxed);
+    }
+    sq.wrs.clear();
+    rc
+}
+
+/// `qpx->wr_abort`.
+///
+/// # Safety
+/// `ibv_wr_abort(3)` on this device's extended QP.
+unsafe extern "C" fn ex_wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: forwarded contract.
+    let (dev, sq) = unsafe { ex_sq(qp) };
+    dev.wr_aborts.fetch_add(1, Ordering::Relaxed);
+    sq.wrs.clear();
+    sq.open = false;
+}
+
+/// `qpx->wr_send`.
+///
+/// # Safety
+/// `ibv_wr_send(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_SEND, None) }
+}
+
+/// `qpx->wr_send_imm`.
+///
+/// # Safety
+/// `ibv_wr_send_imm(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_send_imm(qp: *mut ibv_qp_ex, imm: __be32) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_SEND_WITH_IMM, Some(u32::from_be(imm))) }
+}
+
+/// `qpx->wr_rdma_write`.
+///
+/// # Safety
+/// `ibv_wr_rdma_write(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_rdma_write(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_RDMA_WRITE, None) }
+}
+
+/// `qpx->wr_rdma_write_imm`.
+///
+/// # Safety
+/// `ibv_wr_rdma_write_imm(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_rdma_write_imm(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64, imm: __be32) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_RDMA_WRITE_WITH_IMM, Some(u32::from_be(imm))) }
+}
+
+/// `qpx->wr_rdma_read`.
+///
+/// # Safety
+/// `ibv_wr_rdma_read(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_rdma_read(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_RDMA_READ, None) }
+}
+
+/// `qpx->wr_atomic_fetch_add`.
+///
+/// # Safety
+/// `ibv_wr_atomic_fetch_add(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_atomic_fetch_add(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _add: u64) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_ATOMIC_FETCH_AND_ADD, None) }
+}
+
+/// `qpx->wr_atomic_cmp_swp`.
+///
+/// # Safety
+/// `ibv_wr_atomic_cmp_swp(3)` inside a region of this device's extended QP.
+unsafe extern "C" fn ex_wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _compare: u64,
+    _swap: u64,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_build(qp, IBV_WR_ATOMIC_CMP_AND_SWP, None) }
+}
+
+/// `qpx->wr_set_sge`.
+///
+/// # Safety
+/// `ibv_wr_set_sge(3)` after a builder of this device's extended QP.
+unsafe extern "C" fn ex_wr_set_sge(qp: *mut ibv_qp_ex, _lkey: u32, _addr: u64, len: u32) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_set_len(qp, len) }
+}
+
+/// `qpx->wr_set_sge_list`.
+///
+/// # Safety
+/// `ibv_wr_set_sge_list(3)`: `sg` holds `n` entries.
+unsafe extern "C" fn ex_wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, sg: *const ibv_sge) {
+    let mut len = 0u32;
+    for i in 0..n {
+        // SAFETY: `sg` holds `n` entries (contract).
+        len = len.wrapping_add(unsafe { (*sg.add(i)).length });
+    }
+    // SAFETY: forwarded contract.
+    unsafe { ex_set_len(qp, len) }
+}
+
+/// `qpx->wr_set_inline_data` (the device moves no data: it keeps the length).
+///
+/// # Safety
+/// `ibv_wr_set_inline_data(3)` after a builder of this device's extended QP.
+unsafe extern "C" fn ex_wr_set_inline_data(qp: *mut ibv_qp_ex, _addr: *mut c_void, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { ex_set_len(qp, len as u32) }
+}
+
+/// `qpx->wr_set_ud_addr` (accepted, not checked: the device has one QP).
+///
+/// # Safety
+/// None beyond the C ABI: nothing is dereferenced.
+unsafe extern "C" fn ex_wr_set_ud_addr(
+    _qp: *mut ibv_qp_ex,
+    _ah: *mut ibv_ah,
+    _qpn: u32,
+    _qkey: u32,
+) {
+}
+
+// ---------------------------------------------------------------------------------------
+// The extended CQ (`ibv_cq_ex`): `ibv_create_cq_ex(3)`.
+// ---------------------------------------------------------------------------------------
+
+/// The device and its current extended-poll completion.
+///
+/// # Safety
+/// `cq` is this device's extended CQ ([`CountingDevice::cq_ex`]) and the caller its only
+/// poller (`ibv_create_cq_ex(3)`: start/next/end poll are not thread safe), so the returned
+/// `&mut ExCq` is the only reference to the poll state while it is used.
+unsafe fn ex_cq<'a>(cq: *mut ibv_cq_ex) -> (&'a CountingDevice, &'a mut ExCq) {
+    // SAFETY: the CQ's context is the device's (caller's contract).
+    let dev = unsafe { CountingDevice::from_ctx((*cq).context) };
+    // SAFETY: the poll state is the poller's alone (caller's contract).
+    let cur = unsafe { &mut *dev.ex_cq.get() };
+    (dev, cur)
+}
+
+/// Takes the next completion into the poll state and the CQ's public fields.
+///
+/// # Safety
+/// As [`ex_cq`].
+unsafe fn ex_take(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: forwarded contract.
+    let (dev, cur) = unsafe { ex_cq(cq) };
+    match dev.with(|inner| inner.cqes.pop()) {
+        Some((wc, ts)) => {
+            cur.cur = wc;
+            cur.ts = ts;
+            // SAFETY: a live extended CQ (contract); plain fields of the public ABI.
+            unsafe {
+                (*cq).wr_id = wc.wr_id;
+                (*cq).status = wc.status;
+            }
+            0
+        }
+        None => libc::ENOENT,
+    }
+}
+
+/// `cq->start_poll`.
+///
+/// # Safety
+/// `ibv_start_poll(3)` on this device's extended CQ.
+unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: forwarded contract.
+    let (dev, _) = unsafe { ex_cq(cq) };
+    dev.polls.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: forwarded contract.
+    unsafe { ex_take(cq) }
+}
+
+/// `cq->next_poll`.
+///
+/// # Safety
+/// `ibv_next_poll(3)` on this device's extended CQ.
+unsafe extern "C" fn ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { ex_take(cq) }
+}
+
+/// `cq->end_poll` (nothing is held between polls).
+///
+/// # Safety
+/// None beyond the C ABI: nothing is dereferenced.
+unsafe extern "C" fn ex_end_poll(_cq: *mut ibv_cq_ex) {}
+
+macro_rules! ex_reader {
+    ($name:ident -> $ret:ty, |$c:ident| $e:expr) => {
+        /// A reader of the current completion.
+        ///
+        /// # Safety
+        /// The reader's verb on this device's extended CQ, between a successful start/next
+        /// poll and end poll.
+        unsafe extern "C" fn $name(cq: *mut ibv_cq_ex) -> $ret {
+            // SAFETY: forwarded contract.
+            let (_, $c) = unsafe { ex_cq(cq) };
+            $e
+        }
+    };
+}
+
+ex_reader!(ex_read_opcode -> ibv_wc_opcode, |c| c.cur.opcode);
+ex_reader!(ex_read_vendor_err -> u32, |c| c.cur.vendor_err);
+ex_reader!(ex_read_byte_len -> u32, |c| c.cur.byte_len);
+ex_reader!(ex_read_imm_data -> __be32, |c| {
+    // SAFETY: both union members are plain u32.
+    unsafe { c.cur.__bindgen_anon_1.imm_data }
+});
+ex_reader!(ex_read_qp_num -> u32, |c| c.cur.qp_num);
+ex_reader!(ex_read_src_qp -> u32, |c| c.cur.src_qp);
+ex_reader!(ex_read_wc_flags -> core::ffi::c_uint, |c| c.cur.wc_flags);
+ex_reader!(ex_read_slid -> u32, |c| c.cur.slid as u32);
+ex_reader!(ex_read_sl -> u8, |c| c.cur.sl);
+ex_reader!(ex_read_dlid_path_bits -> u8, |c| c.cur.dlid_path_bits);
+ex_reader!(ex_read_completion_ts -> u64, |c| c.ts);
 
 #[cfg(test)]
 mod tests {

@@ -255,6 +255,16 @@ fn pack_all() -> Result<Vec<(&'static Crate, usize, u64, u64)>, String> {
     for c in CRATES {
         cmd.args(["-p", c.name]);
     }
+    // The verification builds get a target dir of their own, emptied first: cargo keys a
+    // registry crate's build on its name and version, not its contents, so a kept target dir
+    // would link the previous run's `hotverbs-ffi 0.1.0` (same version, older code) into
+    // this run's `hotverbs` (seen locally; CI's clone has a fresh target dir).
+    let verify_dir = target_dir().join("package-verify");
+    if verify_dir.exists() {
+        std::fs::remove_dir_all(&verify_dir)
+            .map_err(|e| format!("removing {}: {e}", verify_dir.display()))?;
+    }
+    cmd.env("CARGO_TARGET_DIR", &verify_dir);
     cmd.current_dir(root());
     eprintln!("$ {}", show(&cmd));
     let out = cmd.output().map_err(|e| format!("{}: {e}", show(&cmd)))?;
@@ -292,9 +302,7 @@ fn pack_all() -> Result<Vec<(&'static Crate, usize, u64, u64)>, String> {
         ));
     }
     eprintln!("({left_out} integration test targets left out of the packages, as intended)");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
+    let target = verify_dir;
     let mut sizes = Vec::new();
     for c in CRATES {
         let file = target
@@ -343,6 +351,13 @@ fn clear_stale_overlays() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The workspace's target dir (`CARGO_TARGET_DIR` or `target/`).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
 }
 
 /// The crate's version, from `cargo pkgid` (`path+file:///...#name@0.1.0`).

@@ -104,6 +104,18 @@ impl core::error::Error for ExPollError {}
 
 /// Polls one extended CQ, up to `B` completions per `ibv_start_poll` .. `ibv_end_poll`.
 ///
+/// # One completion per poll (rxe)
+/// By default one [`poll`](Self::poll) is one `ibv_start_poll`, up to `B - 1`
+/// `ibv_next_poll`s and one `ibv_end_poll`. librxe (rdma-core 44) corrupts the CQ when an
+/// `ibv_next_poll` that returns `ENOENT` is followed by the `ibv_end_poll` the verbs
+/// contract requires: its `next_poll` publishes the consumer index on `ENOENT` and its
+/// `end_poll` advances it once more, past the producer. A plain `ibv_start_poll` ..
+/// `ibv_end_poll` (which consumes exactly the one completion `start_poll` returned) is
+/// correct there. [`one_per_poll(true)`](Self::one_per_poll) selects that pattern: each
+/// poll loops `ibv_start_poll` .. `ibv_end_poll` up to `B` times, one completion each,
+/// stopping at the first `ENOENT`, and never calls `ibv_next_poll`. The setup layer's
+/// `Cq::ex_poller` chooses it when `Context::ex_cq_batch_poll_safe` is false.
+///
 /// # References
 /// `ibv_create_cq_ex(3)` (the poll functions and `ibv_wc_read_*`).
 pub struct ExCqPoller<const B: usize> {
@@ -114,6 +126,8 @@ pub struct ExCqPoller<const B: usize> {
     /// An error of `ibv_next_poll` after some completions were read: returned by the next
     /// poll (the completions read are returned first).
     pending: Option<ExPollError>,
+    /// [`one_per_poll`](Self::one_per_poll): never `ibv_next_poll`.
+    one_per_poll: bool,
     wcs: [Completion; B],
     ts: [u64; B],
 }
@@ -128,6 +142,7 @@ impl<const B: usize> core::fmt::Debug for ExCqPoller<B> {
             .field("cq", &self.cq)
             .field("fields", &self.fields)
             .field("batch", &B)
+            .field("one_per_poll", &self.one_per_poll)
             .finish()
     }
 }
@@ -173,7 +188,10 @@ impl<const B: usize> ExCqPoller<B> {
             (ExFields::SL, c.read_sl.is_some()),
             (ExFields::COMPLETION_TS, c.read_completion_ts.is_some()),
         ];
-        if c.start_poll.is_none() || c.next_poll.is_none() || c.end_poll.is_none() {
+        if c.start_poll.is_none() || c.end_poll.is_none() {
+            return Err(ConfigError::WcFields);
+        }
+        if c.next_poll.is_none() {
             return Err(ConfigError::WcFields);
         }
         for (f, present) in needs {
@@ -186,6 +204,7 @@ impl<const B: usize> ExCqPoller<B> {
             fields,
             qp_num: 0,
             pending: None,
+            one_per_poll: false,
             wcs: [const { Completion::PLACEHOLDER }; B],
             ts: [0; B],
         })
@@ -197,6 +216,21 @@ impl<const B: usize> ExCqPoller<B> {
     pub fn with_qp_num(mut self, qp_num: u32) -> Self {
         self.qp_num = qp_num;
         self
+    }
+
+    /// With `true`, every completion is read in its own `ibv_start_poll` ..
+    /// `ibv_end_poll` and `ibv_next_poll` is never called (see the type's docs: the only
+    /// safe pattern on librxe of rdma-core 44). A poll still returns up to `B`
+    /// completions. Default `false`.
+    pub fn one_per_poll(mut self, on: bool) -> Self {
+        self.one_per_poll = on;
+        self
+    }
+
+    /// Whether this poller reads one completion per `ibv_start_poll` ..
+    /// `ibv_end_poll` ([`one_per_poll`](Self::one_per_poll)).
+    pub fn is_one_per_poll(&self) -> bool {
+        self.one_per_poll
     }
 
     /// The fields this poller reads.
@@ -224,6 +258,9 @@ impl<const B: usize> ExCqPoller<B> {
     fn poll_inner(&mut self) -> Result<usize, ExPollError> {
         if let Some(e) = self.pending.take() {
             return Err(e);
+        }
+        if self.one_per_poll {
+            return self.poll_one_each();
         }
         let cq = self.cq;
         let mut attr = ibv_poll_cq_attr { comp_mask: 0 };
@@ -265,6 +302,42 @@ impl<const B: usize> ExCqPoller<B> {
         }
         // SAFETY: closes the poll started above.
         unsafe { ibv_end_poll(cq) };
+        Ok(n)
+    }
+
+    /// [`one_per_poll`](Self::one_per_poll): up to `B` rounds of `ibv_start_poll`, read,
+    /// `ibv_end_poll`; no `ibv_next_poll`.
+    #[inline(never)]
+    fn poll_one_each(&mut self) -> Result<usize, ExPollError> {
+        let cq = self.cq;
+        let (fields, qp_num) = (self.fields, self.qp_num);
+        let mut n = 0;
+        while n < B {
+            let mut attr = ibv_poll_cq_attr { comp_mask: 0 };
+            // SAFETY: a live extended CQ, polled only here (new's contract); the previous
+            // round's poll was closed by its end poll.
+            let rc = unsafe { ibv_start_poll(cq, &mut attr) };
+            if rc != 0 {
+                if rc == ENOENT {
+                    break;
+                }
+                let e = ExPollError {
+                    verb: "ibv_start_poll",
+                    errno: rc,
+                };
+                if n == 0 {
+                    return Err(e);
+                }
+                self.pending = Some(e);
+                break;
+            }
+            // SAFETY: after a successful start poll, before its end poll; readers were
+            // checked at construction; n < B.
+            unsafe { self.read(cq, fields, qp_num, n) };
+            n += 1;
+            // SAFETY: closes the poll started above.
+            unsafe { ibv_end_poll(cq) };
+        }
         Ok(n)
     }
 

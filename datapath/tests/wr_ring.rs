@@ -732,3 +732,47 @@ fn recv_ring_takes_completions_from_the_extended_poller() {
     }
     assert_eq!(got, [(5, Some(42)), (2, None)]);
 }
+
+#[test]
+fn one_per_poll_never_calls_next_poll_and_returns_the_same_completions() {
+    let run = |one: bool| {
+        let dev = CountingDevice::new(64);
+        let mut r = ring(&dev, SendConfig::new(1, 32, 8).signal_every(1).batch(32));
+        let mut p = poller(&dev, ExFields::QP_NUM).one_per_poll(one);
+        assert_eq!(p.is_one_per_poll(), one);
+        let d = [0u8; 8];
+        let mut b = r.batch();
+        for _ in 0..20 {
+            b.push(Msg::send(Local::Inline(&d))).unwrap();
+        }
+        b.finish().unwrap();
+        let polls0 = dev.polls();
+        let mut got = Vec::new();
+        let mut lens = Vec::new();
+        for _ in 0..4 {
+            let wcs = p.poll().unwrap();
+            lens.push(wcs.len());
+            got.extend(
+                wcs.iter()
+                    .map(|c| (c.wr_id(), c.status().is_ok(), c.qp_num())),
+            );
+        }
+        (got, lens, dev.polls() - polls0, dev.next_polls())
+    };
+    let (batch, lens_b, starts_b, next_b) = run(false);
+    let (one, lens_o, starts_o, next_o) = run(true);
+    assert_eq!(batch.len(), 20);
+    assert_eq!(batch, one, "same completions, same order");
+    assert_eq!(lens_b, [8, 8, 4, 0]);
+    assert_eq!(
+        lens_o,
+        [8, 8, 4, 0],
+        "a one-per-poll poll still fills the burst"
+    );
+    assert!(next_b > 0);
+    assert_eq!(next_o, 0, "one-per-poll never calls ibv_next_poll");
+    assert_eq!(starts_b, 4);
+    // 20 successful start polls plus one ENOENT per poll that stopped short (the third
+    // and fourth).
+    assert_eq!(starts_o, 22);
+}

@@ -225,6 +225,7 @@ pub struct CountingDevice {
     recv_wrs: AtomicU64,
     recv_doorbells: AtomicU64,
     polls: AtomicU64,
+    next_polls: AtomicU64,
     wr_aborts: AtomicU64,
     _pin: PhantomPinned,
 }
@@ -295,6 +296,7 @@ impl CountingDevice {
             recv_wrs: AtomicU64::new(0),
             recv_doorbells: AtomicU64::new(0),
             polls: AtomicU64::new(0),
+            next_polls: AtomicU64::new(0),
             wr_aborts: AtomicU64::new(0),
             // SAFETY: see above.
             qpx: UnsafeCell::new(unsafe { core::mem::zeroed() }),
@@ -487,6 +489,10 @@ impl CountingDevice {
     /// `poll_cq` calls since creation.
     pub fn polls(&self) -> u64 {
         self.polls.load(Ordering::Relaxed)
+    }
+    /// `ibv_next_poll` calls on the extended CQ since creation.
+    pub fn next_polls(&self) -> u64 {
+        self.next_polls.load(Ordering::Relaxed)
     }
     /// Completions dropped because the CQ was full (a real CQ would overrun).
     pub fn cq_overflows(&self) -> u64 {
@@ -1049,6 +1055,9 @@ unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_a
 /// # Safety
 /// `ibv_next_poll(3)` on this device's extended CQ.
 unsafe extern "C" fn ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: forwarded contract.
+    let (dev, _) = unsafe { ex_cq(cq) };
+    dev.next_polls.fetch_add(1, Ordering::Relaxed);
     // SAFETY: forwarded contract.
     unsafe { ex_take(cq) }
 }

@@ -42,13 +42,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use hotverbs_datapath as dp;
-use hotverbs_datapath::{LocalBuf, RecvConfig, RecvTarget, RemoteBuf, SendConfig, UdDest};
+use hotverbs_datapath::{
+    ExFields, LocalBuf, RecvConfig, RecvTarget, RemoteBuf, SendConfig, UdDest,
+};
 
 use crate::ah::Ah;
 use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::mr::{Mr, RemoteMr, Sge};
-use crate::qp::{Qp, QpType};
+use crate::qp::{Qp, QpType, SendOps};
 
 /// Per-CQ bookkeeping of the bridge: ring ids in use, completions reserved, the poller.
 #[derive(Debug, Default)]
@@ -218,7 +220,142 @@ impl<const B: usize> std::fmt::Debug for CqPoller<'_, B> {
     }
 }
 
+/// A [`hotverbs_datapath::WrRing`] on an extended [`Qp`]'s send queue (posting through
+/// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`), borrowing the QP; made by
+/// [`Qp::wr_ring`] / [`Qp::wr_ring_ud`]. Derefs to the datapath ring. It takes the send
+/// queue exactly as a [`SendRing`] does: a QP has one ring of either kind.
+pub struct WrRing<'q> {
+    ring: dp::WrRing,
+    _qp: PhantomData<&'q Qp>,
+}
+
+impl Deref for WrRing<'_> {
+    type Target = dp::WrRing;
+    fn deref(&self) -> &dp::WrRing {
+        &self.ring
+    }
+}
+
+impl DerefMut for WrRing<'_> {
+    fn deref_mut(&mut self) -> &mut dp::WrRing {
+        &mut self.ring
+    }
+}
+
+impl std::fmt::Debug for WrRing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WrRing").field("ring", &self.ring).finish()
+    }
+}
+
+/// A [`hotverbs_datapath::ExCqPoller`] on an extended [`Cq`], borrowing it; made by
+/// [`Cq::ex_poller`]. While it exists it is the CQ's only poller (as a [`CqPoller`]).
+/// Derefs to the datapath poller (`poll`, `poll_ts`).
+pub struct ExCqPoller<'c, const B: usize> {
+    poller: dp::ExCqPoller<B>,
+    cq: &'c Cq,
+}
+
+impl<const B: usize> Deref for ExCqPoller<'_, B> {
+    type Target = dp::ExCqPoller<B>;
+    fn deref(&self) -> &dp::ExCqPoller<B> {
+        &self.poller
+    }
+}
+
+impl<const B: usize> DerefMut for ExCqPoller<'_, B> {
+    fn deref_mut(&mut self) -> &mut dp::ExCqPoller<B> {
+        &mut self.poller
+    }
+}
+
+impl<const B: usize> Drop for ExCqPoller<'_, B> {
+    fn drop(&mut self) {
+        // Release: pairs with the Acquire in Cq::poller / Cq::ex_poller / poller_taken.
+        self.cq.inner.rings.poller.store(false, Ordering::Release);
+    }
+}
+
+impl<const B: usize> std::fmt::Debug for ExCqPoller<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExCqPoller")
+            .field("cq", &self.cq.as_raw())
+            .field("poller", &self.poller)
+            .finish()
+    }
+}
+
+/// The names of the [`ExFields`] in `f` that are completion fields (`wc_flags` bits).
+fn ex_field_names(f: u64) -> String {
+    let names: Vec<&str> = [
+        (ExFields::BYTE_LEN, "BYTE_LEN"),
+        (ExFields::IMM, "IMM"),
+        (ExFields::QP_NUM, "QP_NUM"),
+        (ExFields::SRC_QP, "SRC_QP"),
+        (ExFields::SLID, "SLID"),
+        (ExFields::SL, "SL"),
+        (ExFields::COMPLETION_TS, "COMPLETION_TS"),
+    ]
+    .into_iter()
+    .filter(|(x, _)| f & x.wc_flags() != 0)
+    .map(|(_, n)| n)
+    .collect();
+    names.join(" | ")
+}
+
 impl Cq {
+    /// The extended CQ's datapath poller (`B` completions per poll, reading `fields`),
+    /// borrowing the CQ. One poller at a time, as [`poller`](Self::poller). On a device
+    /// where batched extended polling is unsafe
+    /// ([`Context::ex_cq_batch_poll_safe`](crate::Context::ex_cq_batch_poll_safe) false:
+    /// rxe) the poller reads one completion per `ibv_start_poll` .. `ibv_end_poll` and
+    /// never calls `ibv_next_poll` ([`hotverbs_datapath::ExCqPoller::one_per_poll`]).
+    ///
+    /// Rings check each completion's `qp_num` (and a receive ring its `byte_len`): ask for
+    /// [`ExFields::QP_NUM`] (and [`ExFields::BYTE_LEN`]) when rings take this poller's
+    /// completions; without `QP_NUM` every completion reads `qp_num` 0.
+    ///
+    /// # Errors
+    /// `ExCqPoller: EINVAL` for a CQ from `ibv_create_cq` (build it with
+    /// [`CqBuilder::wc_fields`](crate::CqBuilder::wc_fields)) or a field the CQ was not
+    /// created with (named); `EBUSY` when a poller exists.
+    pub fn ex_poller<const B: usize>(&self, fields: ExFields) -> Result<ExCqPoller<'_, B>> {
+        const VERB: &str = "ExCqPoller";
+        let Some(cqx) = self.as_cq_ex() else {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "not an extended CQ: build it with CqBuilder::wc_fields (ibv_create_cq_ex)",
+            ));
+        };
+        let have = self.wc_fields().bits();
+        let missing = fields.wc_flags() & !have;
+        if missing != 0 {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(
+                "the CQ was not created with ExFields::{}: add the matching WcFields to \
+                 CqBuilder::wc_fields (the CQ has {:?})",
+                ex_field_names(missing),
+                self.wc_fields()
+            )));
+        }
+        let one_per_poll = !self.context().ex_cq_batch_poll_safe()?;
+        if self.inner.rings.poller.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(VERB, libc::EBUSY)
+                .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
+        }
+        // SAFETY: a live extended CQ created with exactly `wc_fields()` (the CQ records
+        // them), borrowed for the poller's life; the flag just taken makes this its only
+        // poller (a second one and Cq::poll are refused).
+        match unsafe { dp::ExCqPoller::new(cqx, fields, have) } {
+            Ok(p) => Ok(ExCqPoller {
+                poller: p.one_per_poll(one_per_poll),
+                cq: self,
+            }),
+            Err(e) => {
+                self.inner.rings.poller.store(false, Ordering::Release);
+                Err(config_error(VERB, e))
+            }
+        }
+    }
+
     /// Completions the rings built on this CQ have reserved ([`Qp::send_ring`],
     /// [`Qp::recv_ring`]): what is left of [`capacity`](Cq::capacity) is all that
     /// completions of raw posts ([`Qp::post_send`], [`Qp::post_recv`], the datapath's raw
@@ -409,6 +546,162 @@ impl Qp {
             ring: self.finish_send_ring(VERB, id, cfg)?,
             _qp: PhantomData,
         })
+    }
+
+    fn check_ex(
+        &self,
+        verb: &'static str,
+        cfg: &SendConfig,
+    ) -> Result<*mut hotverbs_ffi::ibv_qp_ex> {
+        let Some(qpx) = self.as_qp_ex() else {
+            return Err(Error::new(verb, libc::EINVAL)
+                .with_hint("not an extended QP: build it with QpBuilder::send_ops"));
+        };
+        let ops = self.send_ops();
+        if !ops.intersects(
+            SendOps::SEND
+                | SendOps::SEND_WITH_IMM
+                | SendOps::RDMA_WRITE
+                | SendOps::RDMA_WRITE_WITH_IMM
+                | SendOps::RDMA_READ
+                | SendOps::ATOMIC_CMP_AND_SWP
+                | SendOps::ATOMIC_FETCH_AND_ADD,
+        ) {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                "the QP's send_ops {ops:?} hold no operation a WrRing posts (SEND, \
+                 SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, atomics)"
+            )));
+        }
+        self.check_inline(verb, cfg)?;
+        Ok(qpx)
+    }
+
+    fn finish_wr_ring(
+        &self,
+        verb: &'static str,
+        qpx: *mut hotverbs_ffi::ibv_qp_ex,
+        id: u8,
+        cfg: SendConfig,
+    ) -> Result<WrRing<'_>> {
+        let depth = cfg.depth_of();
+        // SAFETY: an extended QP of this Qp (as_qp_ex) that outlives the ring (the bridge
+        // type borrows the Qp); its send queue is this ring's alone (claim_send_queue: no
+        // SendRing, no second WrRing); built without sq_sig_all, with max_send_wr >= depth
+        // and max_inline_data >= the ring's (checked); completions come only from the
+        // bridge's pollers (unforgeable); the ring id is unique on the CQ (allocated by
+        // it); a UD ring's AH is borrowed for the ring's life.
+        match unsafe { dp::WrRing::new(qpx, cfg.with_ring_id(id)) } {
+            Ok(ring) => {
+                self.keep_reservation(RingReservation {
+                    cq: self.send_cq().clone(),
+                    id,
+                    n: depth,
+                });
+                Ok(WrRing {
+                    ring,
+                    _qp: PhantomData,
+                })
+            }
+            Err(e) => {
+                self.send_cq().inner.rings.release(id, depth);
+                self.sq_taken().store(false, Ordering::Release);
+                Err(config_error(verb, e))
+            }
+        }
+    }
+
+    /// A [`WrRing`] (`ibv_wr_*` posting) on this extended QP's send queue (RC/UC),
+    /// borrowing the QP; otherwise as [`send_ring`](Self::send_ring): the send queue is
+    /// handed out once (to a `SendRing` or a `WrRing`), `depth` completions are reserved
+    /// on the send CQ, the ring id is assigned by the CQ. Opcodes outside the QP's
+    /// [`send_ops`](Self::send_ops) are refused per message (`OpNotEnabled`).
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{
+    ///     ConnectOptions, Context, CqBuilder, ExFields, Local, Msg, Qp, QpBuilder, QpType,
+    ///     SendConfig, SendOps, WcFields,
+    /// };
+    /// let ctx = Context::open("softnic")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let fields = WcFields::BYTE_LEN | WcFields::QP_NUM;
+    /// let cq = CqBuilder::new(&ctx, 64).wc_fields(fields).build()?;
+    /// let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+    ///     .send_ops(SendOps::SEND)
+    ///     .max_inline_data(64)
+    ///     .build()?;
+    /// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// Qp::connect_pair(&a, &b, &ctx.port_info(None, None)?, &ConnectOptions::default())?;
+    /// let mut ring = a.wr_ring(SendConfig::new(0, 16, 64).signal_every(1))?;
+    /// // Rings check each completion's qp_num: read it (and byte_len for receives).
+    /// let mut poller = cq.ex_poller::<8>(ExFields::BYTE_LEN | ExFields::QP_NUM)?;
+    /// let region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
+    /// let mut rb = b.recv_ring::<4>(&region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
+    /// rb.fill()?;
+    /// ring.send_now(Msg::send(Local::Inline(b"hi")))?;
+    /// let mut got = 0;
+    /// while got < 2 {
+    ///     for c in poller.poll()? {
+    ///         if c.ring() == ring.ring_id() {
+    ///             ring.on_completion(c)?;
+    ///         } else {
+    ///             let m = rb.on_completion(c)?;
+    ///             assert_eq!(rb.data(&m)?, b"hi");
+    ///             rb.release(m)?;
+    ///         }
+    ///         got += 1;
+    ///     }
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `WrRing: EINVAL` for a QP from `ibv_create_qp` ("not an extended QP: build it with
+    /// QpBuilder::send_ops"), send_ops with no operation a ring posts, a UD QP (use
+    /// [`wr_ring_ud`](Self::wr_ring_ud)), and the errors of `send_ring`: `EBUSY` when the
+    /// send queue already has a ring (of either kind), `ENOSPC` when the send CQ cannot
+    /// take the ring's completions.
+    pub fn wr_ring(&self, cfg: SendConfig) -> Result<WrRing<'_>> {
+        const VERB: &str = "WrRing";
+        let qpx = self.check_ex(VERB, &cfg)?;
+        if self.qp_type() == QpType::Ud || cfg.ud_dest().is_some() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("UD rings take their address handle: use Qp::wr_ring_ud"));
+        }
+        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        self.finish_wr_ring(VERB, qpx, id, cfg)
+    }
+
+    /// A [`WrRing`] on this extended UD QP sending to `ah` / `remote_qpn` / `qkey`
+    /// (borrowing the AH as long as the ring lives); otherwise as
+    /// [`wr_ring`](Self::wr_ring).
+    ///
+    /// # Errors
+    /// As `wr_ring`, and `EINVAL` when the QP is not UD or the AH is of another PD.
+    pub fn wr_ring_ud<'q>(
+        &'q self,
+        ah: &'q Ah,
+        remote_qpn: u32,
+        qkey: u32,
+        cfg: SendConfig,
+    ) -> Result<WrRing<'q>> {
+        const VERB: &str = "WrRing";
+        let qpx = self.check_ex(VERB, &cfg)?;
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("wr_ring_ud is for UD QPs: use Qp::wr_ring"));
+        }
+        if ah.pd().protection_raw() != self.pd().protection_raw() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the address handle belongs to another PD than the QP"));
+        }
+        let cfg = cfg.ud(UdDest {
+            ah: ah.as_raw(),
+            remote_qpn,
+            remote_qkey: qkey,
+        });
+        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        self.finish_wr_ring(VERB, qpx, id, cfg)
     }
 
     /// A receive ring on this QP's receive queue over `region[offset..]` (`cfg.count` slots

@@ -41,6 +41,18 @@
 //! owning object lives; [`Mr::local`] / [`Mr::sge`] give `(addr, length, lkey)` and
 //! [`Mr::remote`] gives `(addr, len, rkey)`.
 //!
+//! The safe bridge builds the datapath's rings and pollers from these objects, borrowing
+//! them, with no `unsafe` in user code: [`Qp::send_ring`] / [`Qp::send_ring_ud`]
+//! (`ibv_post_send`), [`Qp::recv_ring`], [`Cq::poller`] (`ibv_poll_cq`); for extended
+//! objects [`Qp::wr_ring`] / [`Qp::wr_ring_ud`] (a [`WrRing`] posting through
+//! `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` on a QP built with
+//! [`QpBuilder::send_ops`]) and [`Cq::ex_poller`] (an [`ExCqPoller`] reading the
+//! [`ExFields`] asked for, timestamps included, on a CQ from [`CqBuilder`]; on rxe it reads
+//! one completion per `ibv_start_poll` .. `ibv_end_poll`, see
+//! [`Context::ex_cq_batch_poll_safe`]). A send queue has one ring of either kind; every
+//! ring reserves its completions on its CQ (`ENOSPC` when they do not fit); a CQ has one
+//! poller at a time.
+//!
 //! # Example: a connected RC pair, one send
 //! ```
 //! use std::time::Duration;
@@ -93,7 +105,7 @@ pub mod testing;
 mod watchdog;
 
 pub use ah::{Ah, AhAttr};
-pub use bridge::{CqPoller, RecvRing, SendRing};
+pub use bridge::{CqPoller, ExCqPoller, RecvRing, SendRing, WrRing};
 pub use clock::{ClockSample, RtValues, TimestampClock};
 pub use cq::{
     async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqBuilder, CqEvent,
@@ -106,12 +118,13 @@ pub use device::{
 pub use error::{take_drop_errors, Error, Result};
 pub use exchange::{Endpoint, ExchangeError};
 /// The datapath crate (`no_std` rings and poller), re-exported for its message and
-/// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`] and
-/// [`Cq::poller`].
+/// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`],
+/// [`Qp::wr_ring`], [`Cq::poller`] and [`Cq::ex_poller`].
 pub use hotverbs_datapath as datapath;
 pub use hotverbs_datapath::{
-    Completion, ConfigError, Local, LocalBuf, Msg, Opcode, PollError, PostError, Progress,
-    Received, RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
+    Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Msg, Opcode, PollError,
+    PostError, Progress, Received, RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest,
+    WcError,
 };
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};

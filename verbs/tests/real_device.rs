@@ -1044,3 +1044,101 @@ fn extended_verbs_thread_domains_rt_values_and_refused_ops() {
         }
     }
 }
+
+/// The safe bridge on the device: an extended RC pair, a few hundred inline SENDs and RDMA
+/// WRITEs through [`Qp::wr_ring`], drained by [`Cq::ex_poller`] (which reads one completion
+/// per `ibv_start_poll` .. `ibv_end_poll` on rxe, see `extended_verbs_rxe_next_poll_enoent_overrun`),
+/// every WR retired.
+#[test]
+fn extended_verbs_bridge_wr_ring_and_ex_poller() {
+    let Some(ctx) = device() else { return };
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = CqBuilder::new(&ctx, 256)
+        .wc_fields(WcFields::BYTE_LEN | WcFields::QP_NUM)
+        .build()
+        .unwrap();
+    let build = |ops| {
+        QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .send_ops(ops)
+            .max_send_wr(64)
+            .max_recv_wr(64)
+            .max_inline_data(16)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (
+        build(SendOps::SEND | SendOps::RDMA_WRITE),
+        build(SendOps::SEND),
+    );
+    Qp::connect_pair(&a, &b, &port_info(&ctx), &ConnectOptions::default()).unwrap();
+    let target = pd.alloc_mr(4096, rw()).unwrap();
+    let region = pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut tx = a
+        .wr_ring(
+            SendConfig::new(0, 64, 16)
+                .signal_every(8)
+                .remote(RemoteBuf::from(target.remote())),
+        )
+        .unwrap();
+    let mut rx = b
+        .recv_ring::<64>(&region, 0, RecvConfig::new(0, 64, 64))
+        .unwrap();
+    rx.fill().unwrap();
+    let mut poller = cq
+        .ex_poller::<16>(ExFields::BYTE_LEN | ExFields::QP_NUM)
+        .unwrap();
+    assert_eq!(
+        poller.is_one_per_poll(),
+        !ctx.ex_cq_batch_poll_safe().unwrap(),
+        "one completion per start/end poll exactly where batches are unsafe (rxe)"
+    );
+    const SENDS: u64 = 200;
+    const WRITES: u64 = 200;
+    let (mut sends, mut writes) = (0u64, 0u64);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + PEER_WAIT;
+    while got.len() < SENDS as usize || writes < WRITES || tx.outstanding() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "stuck: {sends} sends, {writes} writes, {} received, {tx:?}",
+            got.len()
+        );
+        if writes < WRITES {
+            let v = writes.to_le_bytes();
+            match tx.send_now(Msg::write(Local::Inline(&v), writes * 8)) {
+                Ok(_) => writes += 1,
+                Err(SendError::WouldBlock) => {}
+                Err(e) => panic!("write {writes}: {e}"),
+            }
+        }
+        if sends < SENDS && rx.posted() > 0 {
+            let v = sends.to_le_bytes();
+            match tx.send_now(Msg::send(Local::Inline(&v))) {
+                Ok(_) => sends += 1,
+                Err(SendError::WouldBlock) => {}
+                Err(e) => panic!("send {sends}: {e}"),
+            }
+        }
+        for c in poller.poll().unwrap() {
+            if c.ring() == tx.ring_id() {
+                assert_eq!(c.qp_num(), a.qp_num());
+                tx.on_completion(c).unwrap();
+            } else {
+                assert_eq!(c.qp_num(), b.qp_num());
+                let m = rx.on_completion(c).unwrap();
+                got.push(u64::from_le_bytes(rx.data(&m).unwrap().try_into().unwrap()));
+                rx.release(m).unwrap();
+            }
+        }
+    }
+    assert_eq!(got, (0..SENDS).collect::<Vec<_>>(), "in order, each once");
+    assert_eq!(tx.outstanding(), 0);
+    assert_eq!(tx.retired_total(), SENDS + WRITES, "every WR retired");
+    assert_eq!(tx.error(), None);
+    let written = target.read_vec(0, (WRITES * 8) as usize).unwrap();
+    for (i, w) in written.chunks(8).enumerate() {
+        assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), i as u64);
+    }
+    // Nothing left behind in the CQ.
+    assert!(poller.poll().unwrap().is_empty());
+}

@@ -204,6 +204,25 @@ pub struct Args {
     #[arg(short = 'A', long = "atomic-type", value_enum, default_value_t = AtomicKind::FetchAndAdd)]
     pub atomic: AtomicKind,
 
+    /// Post with the legacy `ibv_post_send` (hotverbs' preformatted `SendRing`) instead of
+    /// the extended `ibv_wr_*` API on an extended QP (`ibv_create_qp_ex`), which is the
+    /// default, as in perftest since 2020 (same flag name). A device without extended QPs
+    /// fails with a message that names this flag.
+    #[arg(long = "use_old_post_send")]
+    pub use_old_post_send: bool,
+
+    /// Also time each latency iteration with the device's completion timestamps (an
+    /// extended CQ with `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, converted with the device's
+    /// `hca_core_clock`): a second row, "(NIC clock)", under each size. A sample is the
+    /// interval between the completions that end two consecutive iterations (the receive of
+    /// the reply for `send_lat`, halved like the host figure; the READ's or atomic's own
+    /// completion for `read_lat` / `atomic_lat`), so it counts the host's turnaround but not
+    /// the host clock's reading cost. `send_lat`, `read_lat` and `atomic_lat` only
+    /// (`write_lat` sees its reply in memory, not in a completion). A device without
+    /// completion timestamps (rxe) fails fast, naming the device.
+    #[arg(long = "timestamps")]
+    pub timestamps: bool,
+
     /// Print one JSON document instead of the table.
     #[arg(long = "json")]
     pub json: bool,
@@ -269,6 +288,17 @@ impl Args {
     /// Checks what clap cannot and derives the run's parameters.
     pub fn params(&self) -> Result<Params, PerfError> {
         let test = self.test;
+        if self.timestamps
+            && !matches!(
+                test,
+                TestKind::SendLat | TestKind::ReadLat | TestKind::AtomicLat
+            )
+        {
+            return Err(PerfError::Usage(format!(
+                "--timestamps times latency iterations by their completions: send_lat, \
+                 read_lat and atomic_lat have one per iteration, {test} does not"
+            )));
+        }
         let sizes = if self.all {
             let mut v = Vec::new();
             let mut s = 2u32;
@@ -363,6 +393,25 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("hotverbs-perf").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn post_path_and_timestamp_flags() {
+        let a = parse(&["send_lat"]).unwrap();
+        assert!(
+            !a.use_old_post_send && !a.timestamps,
+            "extended path by default"
+        );
+        let a = parse(&["send_lat", "--use_old_post_send", "--timestamps"]).unwrap();
+        assert!(a.use_old_post_send && a.timestamps);
+        assert!(a.params().is_ok());
+        for t in ["read_lat", "atomic_lat"] {
+            assert!(parse(&[t, "--timestamps"]).unwrap().params().is_ok(), "{t}");
+        }
+        for t in ["write_lat", "send_bw", "write_bw", "read_bw"] {
+            let e = parse(&[t, "--timestamps"]).unwrap().params().unwrap_err();
+            assert!(e.to_string().contains("--timestamps"), "{t}: {e}");
+        }
     }
 
     #[test]

@@ -28,11 +28,12 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use hotverbs::TimestampClock;
 use hotverbs_datapath::{
-    Completion, CqPoller, Local, LocalBuf, Msg, RecvConfig, RecvRing, RecvTarget, RemoteBuf,
-    SendConfig, SendError, SendRing,
+    Completion, CqPoller, ExCqPoller, ExFields, Local, LocalBuf, Msg, RecvConfig, RecvRing,
+    RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, WcError, WrRing,
 };
-use hotverbs_ffi::{ibv_cq, ibv_qp};
+use hotverbs_ffi::{ibv_cq, ibv_cq_ex, ibv_qp, ibv_qp_ex};
 
 use crate::cli::{Amount, AtomicKind, Params, TestKind};
 use crate::clock::{clock, Clock};
@@ -106,6 +107,110 @@ pub struct Side {
     pub remote: RemoteBuf,
     /// The QP's `max_inline_data`.
     pub max_inline: u32,
+    /// The extended QP (`ibv_qp_ex`) to post through with `ibv_wr_*`; `None`: the legacy
+    /// `ibv_post_send` ring (`--use_old_post_send`).
+    pub qpx: Option<*mut ibv_qp_ex>,
+    /// Completion timestamps (`--timestamps`): the extended CQ (created with
+    /// [`TS_FIELDS`]), the clock that turns its cycles into time, and whether the provider
+    /// may be drained with `ibv_next_poll` (false on rxe; see
+    /// `hotverbs::Context::ex_cq_batch_poll_safe`).
+    pub timestamps: Option<(*mut ibv_cq_ex, TimestampClock, bool)>,
+}
+
+/// The completion fields a `--timestamps` run reads from its extended CQ: what the rings
+/// need (`byte_len`, immediate, QP number) and the timestamp.
+pub const TS_FIELDS: ExFields = ExFields::BYTE_LEN
+    .with(ExFields::IMM)
+    .with(ExFields::QP_NUM)
+    .with(ExFields::COMPLETION_TS);
+
+/// The send ring of a side: the post path is chosen when the side is built (perftest's
+/// `--use_old_post_send`). An enum rather than a generic `Hot<R>`: every measured loop stays
+/// one copy of the code, and the `match` on a value that never changes is one predicted
+/// branch per call, well below what either path costs per WR.
+enum Poster {
+    /// `ibv_post_send` of preformatted WR chains.
+    Legacy(Box<SendRing<RING_N>>),
+    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` on an extended QP.
+    Wr(Box<WrRing>),
+}
+
+impl Poster {
+    #[inline(always)]
+    fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        match self {
+            Poster::Legacy(r) => r.send_now(msg),
+            Poster::Wr(r) => r.send_now(msg),
+        }
+    }
+    /// # Safety
+    /// As [`SendRing::stage`].
+    #[inline(always)]
+    unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        // SAFETY: forwarded contract (WrRing::stage has the same one).
+        unsafe {
+            match self {
+                Poster::Legacy(r) => r.stage(msg),
+                Poster::Wr(r) => r.stage(msg),
+            }
+        }
+    }
+    #[inline(always)]
+    fn flush(&mut self) -> Result<(), SendError> {
+        match self {
+            Poster::Legacy(r) => r.flush(),
+            Poster::Wr(r) => r.flush(),
+        }
+    }
+    #[inline(always)]
+    fn free(&self) -> u64 {
+        match self {
+            Poster::Legacy(r) => r.free(),
+            Poster::Wr(r) => r.free(),
+        }
+    }
+    #[inline(always)]
+    fn signal_next(&mut self) {
+        match self {
+            Poster::Legacy(r) => r.signal_next(),
+            Poster::Wr(r) => r.signal_next(),
+        }
+    }
+    #[inline(always)]
+    fn outstanding(&self) -> u64 {
+        match self {
+            Poster::Legacy(r) => r.outstanding(),
+            Poster::Wr(r) => r.outstanding(),
+        }
+    }
+    #[inline(always)]
+    fn is_retired(&self, seq: u64) -> bool {
+        match self {
+            Poster::Legacy(r) => r.is_retired(seq),
+            Poster::Wr(r) => r.is_retired(seq),
+        }
+    }
+    #[inline(always)]
+    fn retired_total(&self) -> u64 {
+        match self {
+            Poster::Legacy(r) => r.retired_total(),
+            Poster::Wr(r) => r.retired_total(),
+        }
+    }
+    #[inline(always)]
+    fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
+        match self {
+            Poster::Legacy(r) => r.on_completion(c),
+            Poster::Wr(r) => r.on_completion(c),
+        }
+    }
+}
+
+/// The completion poller of a side: `ibv_poll_cq`, or with `--timestamps` the extended CQ's
+/// `ibv_start_poll` family, which also hands back each completion's raw timestamp.
+enum Poller {
+    Legacy(CqPoller<POLL_BURST>),
+    Ex(ExCqPoller<POLL_BURST>, TimestampClock),
 }
 
 // SAFETY: the handles are plain pointers to device objects, which verbs allow to be used
@@ -169,6 +274,10 @@ impl<'a> Watchdog<'a> {
 pub struct Measured {
     /// Latency samples (latency tests).
     pub latency: Option<Latency>,
+    /// `--timestamps`: the same iterations timed by the device's completion timestamps
+    /// (from one iteration's final completion to the next one's, so each sample is one
+    /// iteration as the NIC saw it: the round trip plus the host's turnaround).
+    pub nic_latency: Option<Latency>,
     /// Measured iterations (messages).
     pub iterations: u64,
     /// Measured time.
@@ -178,8 +287,11 @@ pub struct Measured {
 /// A side's datapath objects, kept across sizes.
 pub struct Hot {
     side: Side,
-    send: Box<SendRing<RING_N>>,
-    poller: CqPoller<POLL_BURST>,
+    send: Poster,
+    poller: Poller,
+    /// `--timestamps`: the raw timestamp of the last completion of the kind a latency
+    /// iteration ends with (a receive for `send_lat`, a send completion otherwise).
+    last_ts: Option<u64>,
     recv: Option<Box<RecvRing<RING_N>>>,
     payload: Vec<u8>,
     slot: u32,
@@ -231,17 +343,42 @@ impl Hot {
             .signal_every(signal_every)
             .batch(batch)
             .remote(side.remote);
-        let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
-        // SAFETY: forwarded from this function's contract (live QP with enough send WRs and
-        // sq_sig_all = 0; its completions reach on_completion through `poller`).
-        unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(|e| PerfError::Ring {
+        let ring_err = |e| PerfError::Ring {
             what: format!("send ring (depth {depth}, signal every {signal_every}, batch {batch})"),
             source: e,
-        })?;
-        // SAFETY: init_in returned Ok, so the ring is fully initialised.
-        let send = unsafe { boxed.assume_init() };
-        // SAFETY: the CQ is live and polled only by this Hot (contract).
-        let poller = unsafe { CqPoller::new(side.cq) };
+        };
+        let send = match side.qpx {
+            // SAFETY: forwarded from this function's contract (live extended QP with enough
+            // send WRs, the ops the tests use and sq_sig_all = 0; its completions reach
+            // on_completion through `poller`).
+            Some(qpx) => Poster::Wr(Box::new(
+                unsafe { WrRing::new(qpx, cfg) }.map_err(ring_err)?,
+            )),
+            None => {
+                let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
+                // SAFETY: forwarded from this function's contract (live QP with enough send
+                // WRs and sq_sig_all = 0; its completions reach on_completion through
+                // `poller`).
+                unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(ring_err)?;
+                // SAFETY: init_in returned Ok, so the ring is fully initialised.
+                Poster::Legacy(unsafe { boxed.assume_init() })
+            }
+        };
+        let poller = match side.timestamps {
+            Some((cq, clock, batch_safe)) => {
+                // SAFETY: the extended CQ is live, was created with TS_FIELDS' readers
+                // (setup), and is polled only by this Hot (contract).
+                let p = unsafe { ExCqPoller::new(cq, TS_FIELDS, TS_FIELDS.wc_flags()) }
+                    .map_err(|e| PerfError::Ring {
+                        what: "extended CQ poller (completion timestamps)".into(),
+                        source: e,
+                    })?
+                    .one_per_poll(!batch_safe);
+                Poller::Ex(p, clock)
+            }
+            // SAFETY: the CQ is live and polled only by this Hot (contract).
+            None => Poller::Legacy(unsafe { CqPoller::new(side.cq) }),
+        };
         let rx = recv_count(p);
         let recv = if rx > 0 {
             let region = side.mr.slice(2 * slot, rx * slot).ok_or_else(|| {
@@ -277,6 +414,7 @@ impl Hot {
             side,
             send,
             poller,
+            last_ts: None,
             recv,
             payload,
             slot,
@@ -331,18 +469,59 @@ impl Hot {
     /// number of completions.
     #[inline(always)]
     fn poll(&mut self) -> Result<usize, PerfError> {
-        let batch = self.poller.poll()?;
-        let n = batch.len();
-        for c in batch {
-            dispatch(
-                &mut self.send,
-                &mut self.recv,
-                &mut self.received,
-                &mut self.last_imm,
-                c,
-            )?;
+        match &mut self.poller {
+            Poller::Legacy(p) => {
+                let batch = p.poll()?;
+                let n = batch.len();
+                for c in batch {
+                    dispatch(
+                        &mut self.send,
+                        &mut self.recv,
+                        &mut self.received,
+                        &mut self.last_imm,
+                        c,
+                    )?;
+                }
+                Ok(n)
+            }
+            Poller::Ex(p, _) => {
+                let (batch, ts) = p
+                    .poll_ts()
+                    .map_err(|e| PerfError::Internal(format!("polling the extended CQ: {e}")))?;
+                let n = batch.len();
+                for (c, &t) in batch.iter_mut().zip(ts) {
+                    // A ping-pong iteration ends with a receive; a READ / atomic one with
+                    // its own send completion.
+                    if c.ring() == RECV_RING || self.recv.is_none() {
+                        self.last_ts = Some(t);
+                    }
+                    dispatch(
+                        &mut self.send,
+                        &mut self.recv,
+                        &mut self.received,
+                        &mut self.last_imm,
+                        c,
+                    )?;
+                }
+                Ok(n)
+            }
         }
-        Ok(n)
+    }
+
+    /// The device clock of a `--timestamps` run.
+    pub fn timestamp_clock(&self) -> Option<TimestampClock> {
+        match &self.poller {
+            Poller::Ex(_, c) => Some(*c),
+            Poller::Legacy(_) => None,
+        }
+    }
+
+    /// Which post path the send ring takes.
+    pub fn post_path(&self) -> &'static str {
+        match self.send {
+            Poster::Legacy(_) => "ibv_post_send",
+            Poster::Wr(_) => "ibv_wr_*",
+        }
     }
 
     fn progress_mark(&self) -> u64 {
@@ -568,6 +747,9 @@ impl Hot {
         mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), PerfError>,
     ) -> Result<Measured, PerfError> {
         let mut lat = Latency::new(half);
+        let ts_clock = self.timestamp_clock();
+        let mut nic = ts_clock.map(|_| Latency::new(half));
+        let mut prev_ts: Option<u64> = None;
         let plan = Plan::new(p.amount, p.warmup);
         let mut i = 0u64;
         let mut t_start = None;
@@ -579,6 +761,12 @@ impl Hot {
             let t0 = self.clock.now();
             op(self, i, last)?;
             let t = self.clock.between(t0, self.clock.now());
+            if let (Some(clock), Some(ts)) = (ts_clock, self.last_ts) {
+                if let (Some(nic), Some(prev), true) = (nic.as_mut(), prev_ts, i >= p.warmup) {
+                    nic.record(Duration::from_nanos(clock.delta_ns(prev, ts)));
+                }
+                prev_ts = Some(ts);
+            }
             if i >= p.warmup {
                 lat.record(t);
                 counter.set(i + 1 - p.warmup);
@@ -592,6 +780,7 @@ impl Hot {
         Ok(Measured {
             iterations: lat.count(),
             latency: Some(lat),
+            nic_latency: nic,
             elapsed,
         })
     }
@@ -701,6 +890,7 @@ impl Hot {
         };
         Ok(Measured {
             latency: None,
+            nic_latency: None,
             iterations: n,
             elapsed: t0.elapsed(),
         })
@@ -804,7 +994,7 @@ impl Plan {
 /// Routes one completion to its ring.
 #[inline(always)]
 fn dispatch(
-    send: &mut SendRing<RING_N>,
+    send: &mut Poster,
     recv: &mut Option<Box<RecvRing<RING_N>>>,
     received: &mut u64,
     last_imm: &mut Option<u32>,
@@ -887,7 +1077,8 @@ mod tests {
         assert_eq!(lasts, vec![7]);
     }
 
-    /// Two connected softnic sides for `p`, with their objects (kept alive by the caller).
+    /// Two connected softnic sides for `p`, with their objects (kept alive by the caller),
+    /// on the default (extended) post path.
     fn softnic_pair(
         p: &Params,
         timeout: Duration,
@@ -898,8 +1089,27 @@ mod tests {
         Hot,
         Hot,
     ) {
+        softnic_pair_with(p, timeout, false, false)
+    }
+
+    /// [`softnic_pair`] with the post path (`old`: `--use_old_post_send`) and completion
+    /// timestamps chosen.
+    fn softnic_pair_with(
+        p: &Params,
+        timeout: Duration,
+        old: bool,
+        timestamps: bool,
+    ) -> (
+        crate::setup::Device,
+        crate::setup::SideRes,
+        crate::setup::SideRes,
+        Hot,
+        Hot,
+    ) {
         use crate::setup::{Device, SideRes};
-        let dev = Device::open("softnic", 1, None).unwrap();
+        let dev = Device::open("softnic", 1, None)
+            .unwrap()
+            .with_paths(old, timestamps);
         let a = SideRes::new(&dev, p).unwrap();
         let b = SideRes::new(&dev, p).unwrap();
         let (ea, eb) = (a.endpoint(&dev, p), b.endpoint(&dev, p));
@@ -915,11 +1125,19 @@ mod tests {
 
     #[test]
     fn passive_side_sees_exactly_what_the_active_side_sent() {
-        for test in [TestKind::SendLat, TestKind::WriteLat, TestKind::SendBw] {
+        for (test, old) in [TestKind::SendLat, TestKind::WriteLat, TestKind::SendBw]
+            .into_iter()
+            .flat_map(|t| [(t, false), (t, true)])
+        {
             let mut p = params(test, vec![8, 300], 64);
             p.warmup = 3;
             p.amount = Amount::Iters(50);
-            let (_dev, _a, _b, mut ha, mut hb) = softnic_pair(&p, Duration::from_secs(10));
+            let (_dev, _a, _b, mut ha, mut hb) =
+                softnic_pair_with(&p, Duration::from_secs(10), old, false);
+            assert_eq!(
+                ha.post_path(),
+                if old { "ibv_post_send" } else { "ibv_wr_*" }
+            );
             for &size in &p.sizes {
                 ha.clear_landing();
                 hb.clear_landing();
@@ -969,20 +1187,70 @@ mod tests {
 
     #[test]
     fn one_sided_tests_complete_every_operation() {
-        for test in [
+        for (test, old) in [
             TestKind::ReadLat,
             TestKind::AtomicLat,
             TestKind::WriteBw,
             TestKind::ReadBw,
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|t| [(t, false), (t, true)])
+        {
             let mut p = params(test, vec![8], 16);
             p.amount = Amount::Iters(64);
-            let (_dev, _a, _b, mut ha, _hb) = softnic_pair(&p, Duration::from_secs(10));
+            p.post_list = 4;
+            let (_dev, _a, _b, mut ha, _hb) =
+                softnic_pair_with(&p, Duration::from_secs(10), old, false);
             let m = ha
                 .active(&p, 8, &Counter::default(), &AtomicBool::new(false))
                 .unwrap();
             assert!(m.iterations >= 64, "{test}");
             assert_eq!(ha.send.outstanding(), 0, "{test}: every WR retired");
+        }
+    }
+
+    /// `--timestamps`: on a device with completion timestamps (softnic's Spec profile)
+    /// every measured iteration also gets a NIC-clock sample; on one without (the Rxe
+    /// profile, as rxe) the side is refused at setup, naming the feature and the device.
+    #[test]
+    fn timestamps_time_every_iteration_or_are_refused_by_name() {
+        use crate::setup::{Device, SideRes};
+        let rxe = hotverbs_softnic::Profile::from_env() == hotverbs_softnic::Profile::Rxe;
+        for test in [TestKind::SendLat, TestKind::ReadLat, TestKind::AtomicLat] {
+            let mut p = params(test, vec![8], 16);
+            p.amount = Amount::Iters(40);
+            p.warmup = 3;
+            let dev = Device::open("softnic", 1, None)
+                .unwrap()
+                .with_paths(false, true);
+            assert_eq!(dev.ctx.supports_completion_timestamps().unwrap(), !rxe);
+            if rxe {
+                let e = SideRes::new(&dev, &p).err().expect("refused").to_string();
+                assert!(
+                    e.contains("completion timestamps are not supported by device softnic"),
+                    "{e}"
+                );
+                continue;
+            }
+            let (_dev, _a, _b, mut ha, mut hb) =
+                softnic_pair_with(&p, Duration::from_secs(10), false, true);
+            assert!(ha.timestamp_clock().is_some());
+            let abort = AtomicBool::new(false);
+            let m = std::thread::scope(|s| {
+                let h = s.spawn(|| hb.passive(&p, 8, &abort));
+                let m = ha.active(&p, 8, &Counter::default(), &abort).unwrap();
+                h.join().unwrap().unwrap();
+                m
+            });
+            let host = m.latency.as_ref().unwrap();
+            let nic = m.nic_latency.as_ref().expect("NIC-clock samples");
+            assert_eq!(host.count(), 40, "{test}");
+            assert_eq!(
+                nic.count(),
+                40,
+                "{test}: one NIC sample per measured iteration"
+            );
+            assert!(nic.summary().unwrap().min > 0.0, "{test}");
         }
     }
 

@@ -54,6 +54,11 @@ pub struct RunInfo {
     pub clock: String,
     /// How the ping-pong sides run (for loopback), e.g. "two threads, busy polling".
     pub note: Option<String>,
+    /// The post path: `ibv_wr_*` (extended QP, the default) or `ibv_post_send`
+    /// (`--use_old_post_send`).
+    pub post_path: String,
+    /// `--timestamps`: the device clock the NIC-clock row is read with.
+    pub nic_clock: Option<String>,
 }
 
 /// One finished size.
@@ -65,6 +70,9 @@ pub struct SizeResult {
     pub iterations: u64,
     /// Latency percentiles (latency tests).
     pub latency: Option<LatencySummary>,
+    /// `--timestamps`: the same iterations by the device's completion timestamps.
+    #[serde(default)]
+    pub nic_latency: Option<LatencySummary>,
     /// Rates over the measured interval.
     pub throughput: Throughput,
 }
@@ -110,6 +118,10 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
         s.push_str(&format!(" Atomic type    : {:?}\n", p.atomic));
     }
     s.push_str(&format!(" Clock          : {}\n", info.clock));
+    s.push_str(&format!(" Post path      : {}\n", info.post_path));
+    if let Some(c) = &info.nic_clock {
+        s.push_str(&format!(" NIC clock      : {c}\n"));
+    }
     if let Some(n) = &info.note {
         s.push_str(&format!(" Note           : {n}\n"));
     }
@@ -167,6 +179,16 @@ pub fn row(t: TestKind, r: &SizeResult) -> String {
     }
 }
 
+/// The `--timestamps` row under a latency row: the same columns, timed by the device's
+/// completion timestamps.
+pub fn nic_row(r: &SizeResult) -> Option<String> {
+    let l = r.nic_latency.as_ref()?;
+    Some(format!(
+        " {:<8} {:<12} {:>11.2} {:>11.2} {:>11.2} {:>11.2} {:>13.2} {:>11.2} {:>11.2} {:>13.2}\n",
+        "", "(NIC clock)", l.min, l.p50, l.p90, l.p99, l.p999, l.max, l.avg, l.stdev
+    ))
+}
+
 /// The closing rule.
 pub fn footer() -> String {
     format!("{RULE}\n")
@@ -196,6 +218,17 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
                 o.insert("t_avg_us".into(), json!(l.avg));
                 o.insert("t_stdev_us".into(), json!(l.stdev));
             }
+            if let Some(l) = &r.nic_latency {
+                let o = v.as_object_mut().expect("json! object");
+                o.insert(
+                    "nic".into(),
+                    json!({
+                        "t_min_us": l.min, "t_p50_us": l.p50, "t_p90_us": l.p90,
+                        "t_p99_us": l.p99, "t_p999_us": l.p999, "t_max_us": l.max,
+                        "t_avg_us": l.avg, "t_stdev_us": l.stdev,
+                    }),
+                );
+            }
             v
         })
         .collect();
@@ -222,6 +255,8 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
             "amount": p.amount,
         },
         "note": info.note,
+        "post_path": info.post_path,
+        "nic_clock": info.nic_clock,
         "results": rows,
     })
 }
@@ -258,6 +293,8 @@ mod tests {
             signal_every: 1,
             clock: "TSC 1000.0 MHz".into(),
             note: None,
+            post_path: "ibv_wr_*".into(),
+            nic_clock: None,
         }
     }
 
@@ -275,6 +312,7 @@ mod tests {
                 avg: 1.6,
                 stdev: 0.2,
             }),
+            nic_latency: None,
             throughput: Throughput {
                 seconds: 0.0032,
                 mib_per_s: 0.6,
@@ -299,6 +337,35 @@ mod tests {
             f[..9],
             ["2", "1000", "1.00", "1.50", "2.00", "3.00", "4.00", "5.00", "1.60"]
         );
+        assert!(h.contains("Post path      : ibv_wr_*"), "{h}");
+        assert!(
+            nic_row(&lat_result()).is_none(),
+            "no NIC row without --timestamps"
+        );
+    }
+
+    #[test]
+    fn nic_clock_row_and_json() {
+        let mut r = lat_result();
+        r.nic_latency = Some(LatencySummary {
+            min: 0.5,
+            p50: 0.75,
+            p90: 1.0,
+            p99: 1.5,
+            p999: 2.0,
+            max: 2.5,
+            avg: 0.8,
+            stdev: 0.1,
+        });
+        let line = nic_row(&r).expect("a NIC row");
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[..4], ["(NIC", "clock)", "0.50", "0.75"], "{line}");
+        let mut i = info();
+        i.nic_clock = Some("completion timestamps, 156.2 MHz".into());
+        assert!(header(&params(TestKind::SendLat), &i).contains(" NIC clock      : completion"));
+        let v = json(&params(TestKind::SendLat), &i, &[r]);
+        assert_eq!(v["results"][0]["nic"]["t_p50_us"], 0.75);
+        assert_eq!(v["post_path"], "ibv_wr_*");
     }
 
     #[test]
@@ -307,6 +374,7 @@ mod tests {
             bytes: 65536,
             iterations: 5000,
             latency: None,
+            nic_latency: None,
             throughput: Throughput {
                 seconds: 1.0,
                 mib_per_s: 312.5,

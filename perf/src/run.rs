@@ -56,6 +56,9 @@ impl<'a> Output<'a> {
     fn size_done(&mut self, p: &Params, r: SizeResult, points: Option<Vec<(f64, u64)>>) {
         if !self.args.json {
             print!("{}", report::row(p.test, &r));
+            if let Some(n) = report::nic_row(&r) {
+                print!("{n}");
+            }
             let _ = std::io::stdout().flush();
         }
         if let Some(pts) = points {
@@ -125,6 +128,7 @@ fn result_of(size: u32, m: &Measured) -> (SizeResult, Option<Vec<(f64, u64)>>) {
         bytes: size,
         iterations: m.iterations,
         latency,
+        nic_latency: m.nic_latency.as_ref().and_then(|l| l.summary()),
         throughput: Throughput::new(size as u64, m.iterations, m.elapsed),
     };
     (r, m.latency.as_ref().map(|l| l.points()))
@@ -190,7 +194,7 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
                 choice.device
             )))
         } else {
-            Device::open(&choice.device, args.ib_port, args.gid_index)
+            open_device(args, &choice.device)
                 .and_then(|dev| measure(args, &params, &dev, timeout, &mut ctl))
         };
         if let Err(e) = &r {
@@ -201,12 +205,18 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
     if choice.fallback {
         eprintln!("{FALLBACK_NOTE}");
     }
-    let dev = Device::open(&choice.device, args.ib_port, args.gid_index)?;
+    let dev = open_device(args, &choice.device)?;
     match role {
         Role::Server => server(args, &params, &dev, timeout),
         _ => loopback(args, &params, &dev, timeout),
     }
     .map(drop)
+}
+
+/// Opens the device with the run's post path and completion options.
+fn open_device(args: &Args, name: &str) -> Result<Device, PerfError> {
+    Ok(Device::open(name, args.ib_port, args.gid_index)?
+        .with_paths(args.use_old_post_send, args.timestamps))
 }
 
 fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) -> RunInfo {
@@ -225,6 +235,15 @@ fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) ->
         signal_every: hot.signal_every(),
         clock: hot.clock().describe(),
         note: note.map(str::to_string),
+        post_path: hot.post_path().to_string(),
+        nic_clock: hot.timestamp_clock().map(|c| {
+            let (ns, cycles) = c.rate();
+            format!(
+                "completion timestamps, {:.1} MHz (mask {:#x})",
+                cycles as f64 * 1e3 / ns.max(1) as f64,
+                c.mask()
+            )
+        }),
     }
 }
 

@@ -4,8 +4,8 @@
 
 use hotverbs::exchange::Endpoint;
 use hotverbs::{
-    AccessFlags, ConnectOptions, Context, Cq, DeviceKind, Mr, Pd, PortInfo, Qp, QpBuilder, QpType,
-    RemoteMr, SOFTNIC,
+    AccessFlags, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr, Pd, PortInfo, Qp,
+    QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, SOFTNIC,
 };
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
@@ -69,6 +69,12 @@ pub struct Device {
     pub port: PortInfo,
     /// Reads/atomics in flight per QP, within the device's limits.
     pub rd_atomic: u8,
+    /// Post through the legacy `ibv_post_send` (`--use_old_post_send`) instead of the
+    /// extended `ibv_wr_*` API on an extended QP (the default, as perftest's).
+    pub old_post_send: bool,
+    /// Create the CQs with completion timestamps and poll them through the extended API
+    /// (`--timestamps`).
+    pub timestamps: bool,
 }
 
 impl Device {
@@ -97,7 +103,17 @@ impl Device {
             pd,
             port,
             rd_atomic,
+            old_post_send: false,
+            timestamps: false,
         })
+    }
+
+    /// The post path and completion options of the run (`--use_old_post_send`,
+    /// `--timestamps`).
+    pub fn with_paths(mut self, old_post_send: bool, timestamps: bool) -> Device {
+        self.old_post_send = old_post_send;
+        self.timestamps = timestamps;
+        self
     }
 
     /// The device name.
@@ -117,6 +133,9 @@ pub struct SideRes {
     pub qp: Qp,
     /// Its CQ (send and receive).
     pub cq: Cq,
+    /// `--timestamps`: the device clock of the CQ's completion timestamps, and whether the
+    /// provider's extended CQ may be drained with `ibv_next_poll`.
+    pub ts: Option<(TimestampClock, bool)>,
     /// The registered buffer (layout in [`engine`]).
     pub mr: Mr<'static>,
     /// The inline threshold in force (what was asked, within what the QP grants).
@@ -128,7 +147,17 @@ impl SideRes {
     pub fn new(dev: &Device, p: &Params) -> Result<SideRes, PerfError> {
         let depth = engine::send_depth(p);
         let rx = engine::recv_count(p);
-        let cq = dev.ctx.create_cq(depth + rx + 16, None)?;
+        let cqe = depth + rx + 16;
+        let (cq, ts) = if dev.timestamps {
+            // A device without completion timestamps (rxe) is refused here, by name.
+            let cq = CqBuilder::new(&dev.ctx, cqe)
+                .wc_fields(WcFields::from_bits_retain(engine::TS_FIELDS.wc_flags()))
+                .build()?;
+            let clock = dev.ctx.timestamp_clock()?;
+            (cq, Some((clock, dev.ctx.ex_cq_batch_poll_safe()?)))
+        } else {
+            (dev.ctx.create_cq(cqe, None)?, None)
+        };
         let len = engine::buffer_len(p);
         let mr = dev
             .pd
@@ -161,14 +190,19 @@ impl SideRes {
         };
         let mut last = None;
         for inline in tries {
-            let r = QpBuilder::new(&dev.pd, &cq, &cq, QpType::Rc)
+            let b = QpBuilder::new(&dev.pd, &cq, &cq, QpType::Rc)
                 .max_send_wr(depth)
                 .max_recv_wr(rx.max(1))
                 .max_send_sge(1)
                 .max_recv_sge(1)
                 .max_inline_data(inline)
-                .sq_sig_all(false)
-                .build();
+                .sq_sig_all(false);
+            let b = if dev.old_post_send {
+                b
+            } else {
+                b.send_ops(send_ops(p))
+            };
+            let r = b.build();
             match r {
                 Ok(qp) => {
                     let granted = qp.cap().max_inline_data;
@@ -176,8 +210,19 @@ impl SideRes {
                         inline: inline.min(granted),
                         qp,
                         cq,
+                        ts,
                         mr,
                     });
+                }
+                Err(e) if !dev.old_post_send && e.errno_name() == "EOPNOTSUPP" => {
+                    return Err(PerfError::verbs(
+                        e,
+                        format!(
+                            "device {} has no extended QPs for these operations: run with \
+                             --use_old_post_send",
+                            dev.name()
+                        ),
+                    ));
                 }
                 Err(e) => last = Some(PerfError::verbs(e, format!("max_inline_data {inline}"))),
             }
@@ -234,7 +279,24 @@ impl SideRes {
             ),
             remote: RemoteBuf::new(r.addr, r.len, r.rkey),
             max_inline: self.inline,
+            qpx: self.qp.as_qp_ex(),
+            timestamps: match (self.ts, self.cq.as_cq_ex()) {
+                (Some((clock, batch_safe)), Some(cq)) => Some((cq, clock, batch_safe)),
+                _ => None,
+            },
         })
+    }
+}
+
+/// The `ibv_wr_*` builders a test posts with (the extended QP is created with exactly
+/// these).
+pub fn send_ops(p: &Params) -> SendOps {
+    use crate::cli::TestKind;
+    match p.test {
+        TestKind::SendLat | TestKind::SendBw => SendOps::SEND | SendOps::SEND_WITH_IMM,
+        TestKind::WriteLat | TestKind::WriteBw => SendOps::RDMA_WRITE,
+        TestKind::ReadLat | TestKind::ReadBw => SendOps::RDMA_READ,
+        TestKind::AtomicLat => SendOps::ATOMIC_FETCH_AND_ADD | SendOps::ATOMIC_CMP_AND_SWP,
     }
 }
 

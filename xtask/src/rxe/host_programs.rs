@@ -180,6 +180,30 @@ pub(super) const HOST_PROGRAMS: &[HostProgram] = &[
         counted: false,
         required: true,
     },
+    // The rows above run both tools on their default post path, the extended `ibv_wr_*`
+    // (issue 16: hotverbs-perf defaults to it as perftest does). These two run both on the
+    // legacy `ibv_post_send` (`--use_old_post_send`, the same flag in both tools).
+    HostProgram {
+        name: "perf send_lat 2B old post",
+        binary: "release/hotverbs-perf",
+        args: "send_lat -d {dev} -x {gid} -p {port} -s 2 -n 1000 --clock tsc --use_old_post_send",
+        baseline: Some(
+            "ib_send_lat -d {dev} -x {gid} -p {port} -F -s 2 -n 1000 --use_old_post_send",
+        ),
+        counted: false,
+        required: true,
+    },
+    HostProgram {
+        name: "perf write_bw 64B -l32 -Q32 old post",
+        binary: "release/hotverbs-perf",
+        args: "write_bw -d {dev} -x {gid} -p {port} -s 64 -n 4096 -l 32 -Q 32 --use_old_post_send",
+        baseline: Some(
+            "ib_write_bw -d {dev} -x {gid} -p {port} -F -s 64 -n 4096 -l 32 -Q 32 \
+             --use_old_post_send",
+        ),
+        counted: false,
+        required: true,
+    },
 ];
 
 /// A probe of the tick (see the module docs): a hotverbs-perf variant run once per repeat

@@ -292,6 +292,12 @@ struct State {
     has_remote: bool,
     /// A [`Batch`] is open (or was leaked with `mem::forget`).
     batch_open: bool,
+    /// What [`send_now`](SendRing::send_now) compares a message's format with to post it
+    /// through the lone WR: `lone_fmt` normally, [`tag::EVENT`] (no message's format)
+    /// while a [`Batch`] is open, so the open-batch check costs the lone path nothing.
+    lone_key: u8,
+    /// The format the lone WR holds ([`tag::UNFORMATTED`] until the first lone post).
+    lone_fmt: u8,
     remote: RemoteBuf,
     // --- the slow path (once per signal period / batch / ring-full), posts, completions.
     posted: u64,
@@ -404,7 +410,14 @@ struct Cold {
     deferred: Option<PostError>,
     /// A post failed with an unknown set of accepted WRs (see `post_unknown`).
     unknown: Option<PostError>,
+    /// The error of the `send_now` in progress, between its out-of-line part and its
+    /// return (see [`SendRing::send_now`]).
+    pending: Option<SendError>,
 }
+
+/// The sequence number no message has: `send_now`'s out-of-line parts return it for "the
+/// error is in `Cold::pending`".
+const NO_SEQ: u64 = u64::MAX;
 
 /// A ring of `N` preformatted `ibv_send_wr`s (N a power of two) for one QP's send queue.
 ///
@@ -442,6 +455,11 @@ pub struct SendRing<const N: usize> {
     /// must take the slow path (see [`tag`]). Bookkeeping only, never seen by the provider.
     tags: [u8; N],
     wrs: UnsafeCell<[ibv_send_wr; N]>,
+    /// The lone WR: [`send_now`](Self::send_now) posts a message through it when nothing
+    /// else is staged. It is never linked (`next` NULL), so a lone post needs no chain cut
+    /// and restore; its SGE lives in its own union like the slots'. Raw access only, like
+    /// `wrs`.
+    lone: UnsafeCell<ibv_send_wr>,
     cold: Cold,
     /// See the module's aliasing invariant.
     _pinned: PhantomPinned,
@@ -560,6 +578,7 @@ impl<const N: usize> SendRing<N> {
         // UnsafeCell of them, and `st` is written as a whole before the reference is made.
         let ring = unsafe {
             addr_of_mut!((*p).wrs).write_bytes(0, 1);
+            addr_of_mut!((*p).lone).write_bytes(0, 1);
             addr_of_mut!((*p).tags).write([tag::UNFORMATTED; N]);
             addr_of_mut!((*p).st).write(State {
                 next_id: wr_id::encode(cfg.ring_id, 0),
@@ -574,6 +593,8 @@ impl<const N: usize> SendRing<N> {
                 batch: cfg.batch as u64,
                 max_inline: cfg.max_inline as usize,
                 batch_open: false,
+                lone_key: tag::UNFORMATTED,
+                lone_fmt: tag::UNFORMATTED,
                 qp,
                 qp_num,
                 remote: cfg.remote.unwrap_or_default(),
@@ -591,17 +612,25 @@ impl<const N: usize> SendRing<N> {
                 error: None,
                 deferred: None,
                 unknown: None,
+                pending: None,
             });
             &mut *p
         };
         let wrs = ring.wrs_ptr();
-        for i in 0..N {
-            // SAFETY: i < N: inside the array (raw access, see the aliasing invariant).
+        for i in 0..=N {
+            // i == N is the lone WR (unlinked: its `next` stays NULL).
+            let wr = if i < N {
+                // SAFETY: i < N: inside the array (raw access, see the aliasing invariant).
+                unsafe { wrs.add(i) }
+            } else {
+                ring.lone.get()
+            };
+            // SAFETY: a WR of the ring (raw access, see the aliasing invariant).
             unsafe {
-                (*wrs.add(i)).num_sge = 1;
-                (*wrs.add(i)).opcode = IBV_WR_SEND;
+                (*wr).num_sge = 1;
+                (*wr).opcode = IBV_WR_SEND;
                 if let Some(ud) = cfg.ud {
-                    (*wrs.add(i)).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    (*wr).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                         ah: ud.ah,
                         remote_qpn: ud.remote_qpn,
                         remote_qkey: ud.remote_qkey,
@@ -795,11 +824,20 @@ impl<const N: usize> SendRing<N> {
         // invariant.
         // SAFETY: i < N (the caller's contract): inside the array (in-bounds offsets also
         // tell the optimiser these slots are not the counters it keeps in registers).
-        let (wr, sge) = unsafe {
-            let wr = self.wrs_ptr().add(i);
-            (wr, Self::sge_of(wr))
-        };
-        // SAFETY: inside the array; plain integer fields and Copy unions.
+        unsafe { Self::write_fields(self.wrs_ptr().add(i), msg, remote, id) }
+    }
+
+    /// [`write_per_message`](Self::write_per_message) on any WR of the ring (a slot or the
+    /// lone WR).
+    ///
+    /// # Safety
+    /// `wr` is a WR of this ring (a slot or `lone`) that holds no staged WR, reached by a
+    /// raw pointer (the aliasing invariant).
+    #[inline(always)]
+    unsafe fn write_fields(wr: *mut ibv_send_wr, msg: &Msg<'_>, remote: u64, id: u64) {
+        // SAFETY: the caller's contract.
+        let sge = unsafe { Self::sge_of(wr) };
+        // SAFETY: a WR of the ring; plain integer fields and Copy unions.
         unsafe {
             match msg.local {
                 Local::Empty => {}
@@ -955,28 +993,9 @@ impl<const N: usize> SendRing<N> {
         if signaled {
             flags |= IBV_SEND_SIGNALED;
         }
-        let op = op_sge & 0xFFFF;
-        let i = seq as usize & Self::MASK;
         // SAFETY: i < N (masked): inside the array; raw access only; the slot holds no
         // staged WR (room was checked).
-        unsafe {
-            let wr = self.wrs_ptr().add(i);
-            (*wr).num_sge = (op_sge >> 16) as i32;
-            (*wr).opcode = op;
-            (*wr).send_flags = flags;
-            if kind == KIND_INLINE {
-                (*Self::sge_of(wr)).lkey = 0;
-            }
-            match op {
-                IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_RDMA_READ => {
-                    (*wr).wr.rdma.rkey = self.st.remote.rkey;
-                }
-                IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP => {
-                    (*wr).wr.atomic.rkey = self.st.remote.rkey;
-                }
-                _ => {}
-            }
-        }
+        unsafe { self.write_format(self.wrs_ptr().add(i), kind, op_sge, flags) };
         self.tags[i] = if signaled { tag::SIGNALED } else { fmt };
         if i == self.st.mark_slot & Self::MASK {
             // Staging into the marked slot consumed the mark.
@@ -994,6 +1013,35 @@ impl<const N: usize> SendRing<N> {
             self.mark_event();
         }
         Ok(seq)
+    }
+
+    /// Writes a format into `wr`: `op_sge` (the raw opcode, `num_sge << 16`), the send
+    /// flags, the lkey of an inline SGE (0) and the rkey of a remote operation.
+    ///
+    /// # Safety
+    /// `wr` is a WR of this ring (a slot or `lone`) that holds no staged WR, reached by a
+    /// raw pointer (the aliasing invariant).
+    #[inline(always)]
+    unsafe fn write_format(&self, wr: *mut ibv_send_wr, kind: u8, op_sge: u32, flags: u32) {
+        let op = op_sge & 0xFFFF;
+        // SAFETY: the caller's contract; plain integer fields and Copy unions.
+        unsafe {
+            (*wr).num_sge = (op_sge >> 16) as i32;
+            (*wr).opcode = op;
+            (*wr).send_flags = flags;
+            if kind == KIND_INLINE {
+                (*Self::sge_of(wr)).lkey = 0;
+            }
+            match op {
+                IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_RDMA_READ => {
+                    (*wr).wr.rdma.rkey = self.st.remote.rkey;
+                }
+                IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP => {
+                    (*wr).wr.atomic.rkey = self.st.remote.rkey;
+                }
+                _ => {}
+            }
+        }
     }
 
     #[inline(always)]
@@ -1134,6 +1182,7 @@ impl<const N: usize> SendRing<N> {
     fn drop_leaked_batch(&mut self) {
         // A Batch was forgotten: its unposted WRs may point at dead inline data.
         self.st.batch_open = false;
+        self.st.lone_key = self.st.lone_fmt;
         let posted = self.st.posted;
         self.unstage_to(posted);
     }
@@ -1141,11 +1190,250 @@ impl<const N: usize> SendRing<N> {
     /// Stages `msg` and posts it at once together with anything already staged: the path
     /// for one latency-critical message (a lone inline WR is what mlx5 BlueFlames).
     /// Safe: only inline or empty payloads ([`SendError::NotInline`] otherwise).
+    ///
+    /// When nothing else is staged and the message is no event (not due for a signal, not
+    /// filling the ring), it goes out through the ring's lone WR, which is never linked:
+    /// the post needs no chain cut and restore (its slot keeps the format it had, and its
+    /// unsignaled flags, so [`slot_wr`](Self::slot_wr) still tells signaled from not).
     #[inline(always)]
     pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
+        // Both ways end in a sequence number, or NO_SEQ with the error kept in the ring: the
+        // 48-byte `Result` is built once, here, from one scalar, so the caller's test of it
+        // folds into a compare of that scalar (a `Result` merged from two producers would be
+        // built in memory and tested there, about eight instructions a message).
+        let seq = if self.lone_ready(&msg) {
+            self.lone_post(&msg)
+        } else {
+            self.send_now_event(msg)
+        };
+        if seq != NO_SEQ {
+            Ok(seq)
+        } else {
+            Err(self.take_pending())
+        }
+    }
+
+    /// The error `send_now`'s out-of-line part kept.
+    #[cold]
+    #[inline(never)]
+    fn take_pending(&mut self) -> SendError {
+        self.cold.pending.take().unwrap_or(SendError::WouldBlock)
+    }
+
+    /// Keeps `e` for [`take_pending`](Self::take_pending); returns [`NO_SEQ`].
+    #[cold]
+    #[inline(never)]
+    fn pend(&mut self, e: SendError) -> u64 {
+        self.cold.pending = Some(e);
+        NO_SEQ
+    }
+
+    /// `send_now` at an event, out of line (`msg` by value: copied only here): the
+    /// schedule's signal (or the WR that fills the ring) with nothing staged goes out
+    /// through the lone WR, signaled ([`lone_post_signaled`](Self::lone_post_signaled));
+    /// anything else through the ring's chain. A sequence number, or [`NO_SEQ`] with the
+    /// error kept.
+    #[inline(never)]
+    fn send_now_event(&mut self, msg: Msg<'_>) -> u64 {
+        if self.lone_signal_ready(&msg) {
+            return self.lone_post_signaled(&msg);
+        }
+        match self.send_now_chain(msg) {
+            Ok(s) => s,
+            Err(e) => self.pend(e),
+        }
+    }
+
+    /// The event at the cursor is only a signal: no batch is open, nothing is staged, the
+    /// mark sits on the cursor's slot, the ring has room, the WR is the schedule's signal or
+    /// the one that fills the ring (both are signaled and posted at once, which a lone post
+    /// does), and it does not end a 2^55 epoch of `wr_id`s; and the lone WR takes the
+    /// message (as [`lone_ready`](Self::lone_ready)).
+    #[inline(always)]
+    fn lone_signal_ready(&mut self, msg: &Msg<'_>) -> bool {
+        let st = &self.st;
+        let id = st.next_id;
+        let seq = id.wrapping_sub(st.id_off);
+        if st.batch_open
+            || self.tags[id as usize & Self::MASK] != tag::EVENT
+            || seq != st.posted
+            || seq - st.retired >= st.limit
+            || (seq != st.next_signal && seq + 1 - st.retired != st.limit)
+            || seq & wr_id::SEQ_MASK == wr_id::SEQ_MASK
+        {
+            return false;
+        }
+        let fmt = fmt_of(msg, usize::MAX);
+        if let Local::Inline(d) = msg.local {
+            if d.len() > st.max_inline {
+                return false;
+            }
+        }
+        let num_sge = !matches!(msg.local, Local::Empty) as u32;
+        fmt == self.st.lone_fmt || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
+    }
+
+    /// Posts `msg` alone and signaled through the lone WR
+    /// ([`lone_signal_ready`](Self::lone_signal_ready) said yes), then does what the slow
+    /// path does for a signaled WR: advances the schedule, flags the message's slot signaled
+    /// (its tag says so, so the slot's next message rewrites its flags, and `slot_wr` tells
+    /// this WR was signaled) and marks the next event.
+    #[inline(always)]
+    fn lone_post_signaled(&mut self, msg: &Msg<'_>) -> u64 {
+        let remote = match msg.op {
+            Opcode::Send | Opcode::SendImm => 0,
+            _ => match Self::check_remote(&self.fast_params(), msg) {
+                Ok(r) => r,
+                Err(e) => return self.pend(e),
+            },
+        };
+        let id = self.st.next_id;
+        let seq = id.wrapping_sub(self.st.id_off);
+        let scheduled = seq == self.st.next_signal;
+        let wr = self.lone.get();
+        // SAFETY: the lone WR, by raw pointer (aliasing invariant); it holds no staged WR.
+        let flags = unsafe {
+            Self::write_fields(wr, msg, remote, id);
+            (*wr).sg_list = Self::sge_of(wr);
+            let f = (*wr).send_flags;
+            (*wr).send_flags = f | IBV_SEND_SIGNALED;
+            f
+        };
+        self.st.next_id = id + 1;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: as in `lone_post`.
+        let rc = unsafe { ibv_post_send(self.st.qp, wr, &mut bad) };
+        // SAFETY: the lone WR; the provider is done with it.
+        unsafe { (*wr).send_flags = flags };
+        if rc != 0 {
+            let e = self.lone_failed(rc, bad, seq);
+            return self.pend(e);
+        }
+        self.st.posted = seq + 1;
+        if scheduled {
+            self.st.next_signal += self.st.signal_every;
+        }
+        let i = seq as usize & Self::MASK;
+        // SAFETY: i < N (masked); raw access only; the slot holds no staged WR (nothing is).
+        unsafe { (*self.wrs_ptr().add(i)).send_flags |= IBV_SEND_SIGNALED };
+        self.tags[i] = tag::SIGNALED;
+        if i == self.st.mark_slot & Self::MASK {
+            // The message consumed the mark (as in `slow_stage`).
+            self.st.mark_saved = tag::SIGNALED;
+        }
+        self.mark_event();
+        seq
+    }
+
+    /// Whether the lone WR can post `msg` now: nothing else is staged, no batch is open,
+    /// the cursor's slot is no event (nor signaled or unformatted: its flags keep saying
+    /// "unsignaled"), and the lone WR holds the message's format (formatting it, cold, if
+    /// not). `msg` is inline or empty.
+    #[inline(always)]
+    fn lone_ready(&mut self, msg: &Msg<'_>) -> bool {
+        let id = self.st.next_id;
+        // Formats are below 0x80; events, signaled and unformatted slots are not.
+        if self.tags[id as usize & Self::MASK] >= 0x80
+            || id.wrapping_sub(self.st.id_off) != self.st.posted
+        {
+            return false;
+        }
+        // The format without the length check (a constant for a message built in place),
+        // then the length.
+        let fmt = fmt_of(msg, usize::MAX);
+        if let Local::Inline(d) = msg.local {
+            if d.len() > self.st.max_inline {
+                return false;
+            }
+        }
+        let num_sge = !matches!(msg.local, Local::Empty) as u32;
+        fmt == self.st.lone_key || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
+    }
+
+    /// Posts `msg` alone through the lone WR ([`lone_ready`](Self::lone_ready) said yes):
+    /// its sequence number, or [`NO_SEQ`] with the error kept.
+    #[inline(always)]
+    fn lone_post(&mut self, msg: &Msg<'_>) -> u64 {
+        let remote = match msg.op {
+            Opcode::Send | Opcode::SendImm => 0,
+            // The slot is no event: the ring has room, so a refusal is the message's.
+            _ => match Self::check_remote(&self.fast_params(), msg) {
+                Ok(r) => r,
+                Err(e) => return self.pend(e),
+            },
+        };
+        let id = self.st.next_id;
+        let seq = id.wrapping_sub(self.st.id_off);
+        let wr = self.lone.get();
+        // SAFETY: the lone WR, by raw pointer (aliasing invariant); it holds no staged WR
+        // (the provider read the previous one during its post). `sg_list` is set at every
+        // post, so a moved ring needs no re-link.
+        unsafe {
+            Self::write_fields(wr, msg, remote, id);
+            (*wr).sg_list = Self::sge_of(wr);
+        }
+        self.st.next_id = id + 1;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: the lone WR is formatted for this message (`lone_ready`), unlinked (`next`
+        // is NULL from creation on), its SGE points at inline bytes (copied during the
+        // post) or nothing; the QP is live per `new`'s contract.
+        let rc = unsafe { ibv_post_send(self.st.qp, wr, &mut bad) };
+        if rc == 0 {
+            self.st.posted = seq + 1;
+            seq
+        } else {
+            let e = self.lone_failed(rc, bad, seq);
+            self.pend(e)
+        }
+    }
+
+    /// Formats the lone WR for `fmt` (`op_sge`: raw opcode, `num_sge << 16`) unless a
+    /// batch is open (`lone_key` says which).
+    #[cold]
+    #[inline(never)]
+    fn format_lone(&mut self, fmt: u8, op_sge: u32) -> bool {
+        if self.st.batch_open {
+            return false;
+        }
+        let kind = fmt & !7;
+        let flags = match kind {
+            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
+            _ => 0,
+        };
+        // SAFETY: the lone WR by raw pointer; it holds no staged WR.
+        unsafe { self.write_format(self.lone.get(), kind, op_sge, flags) };
+        self.st.lone_fmt = fmt;
+        self.st.lone_key = fmt;
+        true
+    }
+
+    /// A lone post failed: `bad` the lone WR (rejected, nothing queued: the message is
+    /// unstaged) or anything else (which WRs the provider queued is unknown: see
+    /// `post_unknown`).
+    #[cold]
+    #[inline(never)]
+    fn lone_failed(&mut self, rc: i32, bad: *mut ibv_send_wr, seq: u64) -> SendError {
+        SendError::Post(if bad == self.lone.get() {
+            self.unstage_to(seq);
+            PostError {
+                verb: "ibv_post_send",
+                errno: rc,
+                first_rejected: 0,
+                first_rejected_seq: seq,
+            }
+        } else {
+            self.post_unknown(rc)
+        })
+    }
+
+    /// `send_now` through the ring: stage in the cursor's slot, post the chain. Out of
+    /// line: the lone path is the one worth inlining, and a small caller lets the compiler
+    /// branch straight from the lone post's success to the caller's next step.
+    #[inline(never)]
+    fn send_now_chain(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
@@ -1174,6 +1462,7 @@ impl<const N: usize> SendRing<N> {
             self.drop_leaked_batch();
         }
         self.st.batch_open = true;
+        self.st.lone_key = tag::EVENT;
         Batch {
             next_id: self.st.next_id,
             params: self.fast_params(),
@@ -1322,6 +1611,7 @@ impl<const N: usize> SendRing<N> {
         self.set_staged(posted);
         let st = &mut self.st;
         st.batch_open = false;
+        st.lone_key = st.lone_fmt;
         self.cold.deferred = None;
         self.cold.unknown = None;
         st.retired = posted;
@@ -1362,10 +1652,18 @@ impl<const N: usize> SendRing<N> {
         }
         self.flush()?;
         let wrs = self.wrs_ptr();
-        for i in 0..N {
-            // SAFETY: i < N: inside the array; raw access only (module invariant).
+        for i in 0..=N {
+            // i == N is the lone WR.
+            let wr = if i < N {
+                // SAFETY: i < N: inside the array; raw access only (module invariant).
+                unsafe { wrs.add(i) }
+            } else {
+                self.lone.get()
+            };
+            // SAFETY: a WR of the ring holding no staged WR (all were posted above); raw
+            // access only (module invariant).
             unsafe {
-                (*wrs.add(i)).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                (*wr).wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                     ah: dest.ah,
                     remote_qpn: dest.remote_qpn,
                     remote_qkey: dest.remote_qkey,
@@ -1540,6 +1838,7 @@ impl<'d, const N: usize> Batch<'_, 'd, N> {
         let mut this = core::mem::ManuallyDrop::new(self);
         this.ring.st.next_id = this.next_id;
         this.ring.st.batch_open = false;
+        this.ring.st.lone_key = this.ring.st.lone_fmt;
         this.ring.flush_inner()
     }
 }
@@ -1548,6 +1847,7 @@ impl<const N: usize> Drop for Batch<'_, '_, N> {
     fn drop(&mut self) {
         self.ring.st.next_id = self.next_id;
         self.ring.st.batch_open = false;
+        self.ring.st.lone_key = self.ring.st.lone_fmt;
         if let Err(SendError::Post(e)) = self.ring.flush_inner() {
             // Reported by the next SendRing::flush.
             self.ring.cold.deferred = Some(e);

@@ -6,6 +6,12 @@
 //!   `wrs[i].next == &wrs[(i + 1) & (N - 1)]` for every `i` but the one WR the last post cut
 //!   (`cut_wr`, whose link is kept in `cut_next` and restored by the next post), whenever
 //!   `linked_at` is the address of `wrs`; every post re-links (cold) if the ring moved.
+//! - The lone WR (`lone`, outside the array) is never linked: its `next` is NULL from creation
+//!   on, its `sg_list` is rewritten at each post (so a moved ring needs no re-link for it), and
+//!   `lone_fmt` is the format it holds. `send_now` posts a message through it only when nothing
+//!   is staged; the message's slot is then not written (an unsignaled lone post leaves the
+//!   slot's format and unsignaled flags; a signaled one flags the slot signaled and tags it
+//!   so), so `slot_wr(s).send_flags` says whether WR `s` was signaled either way.
 //! - Tags: `tags[i]` is the format slot `i`'s WR holds (opcode, local kind, unsignaled
 //!   flags, lkey/rkey), or a value no message has: never formatted, last WR signaled, or the
 //!   event mark. At most one slot carries the mark, and it is on or before the slot of the

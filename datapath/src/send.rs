@@ -1211,7 +1211,7 @@ impl<const N: usize> SendRing<N> {
         // folds into a compare of that scalar (a `Result` merged from two producers would be
         // built in memory and tested there, about eight instructions a message).
         let seq = if self.lone_ready(&msg) {
-            self.lone_post(&msg)
+            self.lone_post::<false>(&msg)
         } else {
             self.send_now_event(msg)
         };
@@ -1239,13 +1239,13 @@ impl<const N: usize> SendRing<N> {
 
     /// `send_now` at an event, out of line (`msg` by value: copied only here): the
     /// schedule's signal (or the WR that fills the ring) with nothing staged goes out
-    /// through the lone WR, signaled ([`lone_post_signaled`](Self::lone_post_signaled));
+    /// through the lone WR, signaled ([`lone_post`](Self::lone_post) with `SIGNALED`);
     /// anything else through the ring's chain. A sequence number, or [`NO_SEQ`] with the
     /// error kept.
     #[inline(never)]
     fn send_now_event(&mut self, msg: Msg<'_>) -> u64 {
         if self.lone_signal_ready(&msg) {
-            return self.lone_post_signaled(&msg);
+            return self.lone_post::<true>(&msg);
         }
         match self.send_now_chain(msg) {
             Ok(s) => s,
@@ -1272,66 +1272,7 @@ impl<const N: usize> SendRing<N> {
         {
             return false;
         }
-        let fmt = fmt_of(msg, usize::MAX);
-        if let Local::Inline(d) = msg.local {
-            if d.len() > st.max_inline {
-                return false;
-            }
-        }
-        let num_sge = !matches!(msg.local, Local::Empty) as u32;
-        fmt == self.st.lone_fmt || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
-    }
-
-    /// Posts `msg` alone and signaled through the lone WR
-    /// ([`lone_signal_ready`](Self::lone_signal_ready) said yes), then does what the slow
-    /// path does for a signaled WR: advances the schedule, flags the message's slot signaled
-    /// (its tag says so, so the slot's next message rewrites its flags, and `slot_wr` tells
-    /// this WR was signaled) and marks the next event.
-    #[inline(always)]
-    fn lone_post_signaled(&mut self, msg: &Msg<'_>) -> u64 {
-        let remote = match msg.op {
-            Opcode::Send | Opcode::SendImm => 0,
-            _ => match Self::check_remote(&self.fast_params(), msg) {
-                Ok(r) => r,
-                Err(e) => return self.pend(e),
-            },
-        };
-        let id = self.st.next_id;
-        let seq = id.wrapping_sub(self.st.id_off);
-        let scheduled = seq == self.st.next_signal;
-        let wr = self.lone.get();
-        // SAFETY: the lone WR, by raw pointer (aliasing invariant); it holds no staged WR.
-        let flags = unsafe {
-            Self::write_fields(wr, msg, remote, id);
-            (*wr).sg_list = Self::sge_of(wr);
-            let f = (*wr).send_flags;
-            (*wr).send_flags = f | IBV_SEND_SIGNALED;
-            f
-        };
-        self.st.next_id = id + 1;
-        let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        // SAFETY: as in `lone_post`.
-        let rc = unsafe { ibv_post_send(self.st.qp, wr, &mut bad) };
-        // SAFETY: the lone WR; the provider is done with it.
-        unsafe { (*wr).send_flags = flags };
-        if rc != 0 {
-            let e = self.lone_failed(rc, bad, seq);
-            return self.pend(e);
-        }
-        self.st.posted = seq + 1;
-        if scheduled {
-            self.st.next_signal += self.st.signal_every;
-        }
-        let i = seq as usize & Self::MASK;
-        // SAFETY: i < N (masked); raw access only; the slot holds no staged WR (nothing is).
-        unsafe { (*self.wrs_ptr().add(i)).send_flags |= IBV_SEND_SIGNALED };
-        self.tags[i] = tag::SIGNALED;
-        if i == self.st.mark_slot & Self::MASK {
-            // The message consumed the mark (as in `slow_stage`).
-            self.st.mark_saved = tag::SIGNALED;
-        }
-        self.mark_event();
-        seq
+        self.lone_takes(msg, self.st.lone_fmt)
     }
 
     /// Whether the lone WR can post `msg` now: nothing else is staged, no batch is open,
@@ -1347,6 +1288,14 @@ impl<const N: usize> SendRing<N> {
         {
             return false;
         }
+        self.lone_takes(msg, self.st.lone_key)
+    }
+
+    /// The lone WR takes `msg` (inline or empty): not too long for inline, and the WR holds
+    /// its format, `key` (`lone_key`, poisoned while a batch is open; or `lone_fmt`),
+    /// formatting it (cold) if not and no batch is open.
+    #[inline(always)]
+    fn lone_takes(&mut self, msg: &Msg<'_>, key: u8) -> bool {
         // The format without the length check (a constant for a message built in place),
         // then the length.
         let fmt = fmt_of(msg, usize::MAX);
@@ -1356,16 +1305,22 @@ impl<const N: usize> SendRing<N> {
             }
         }
         let num_sge = !matches!(msg.local, Local::Empty) as u32;
-        fmt == self.st.lone_key || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
+        fmt == key || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
     }
 
-    /// Posts `msg` alone through the lone WR ([`lone_ready`](Self::lone_ready) said yes):
-    /// its sequence number, or [`NO_SEQ`] with the error kept.
+    /// Posts `msg` alone through the lone WR ([`lone_ready`](Self::lone_ready), or with
+    /// `SIGNALED` [`lone_signal_ready`](Self::lone_signal_ready), said yes): its sequence
+    /// number, or [`NO_SEQ`] with the error kept. `SIGNALED` (a constant, so the common
+    /// path carries none of it) posts the WR signaled and then does what the slow path does
+    /// for a signaled WR: advances the schedule, flags the message's slot signaled (its tag
+    /// says so, so the slot's next message rewrites its flags, and `slot_wr` tells this WR
+    /// was signaled) and marks the next event.
     #[inline(always)]
-    fn lone_post(&mut self, msg: &Msg<'_>) -> u64 {
+    fn lone_post<const SIGNALED: bool>(&mut self, msg: &Msg<'_>) -> u64 {
         let remote = match msg.op {
             Opcode::Send | Opcode::SendImm => 0,
-            // The slot is no event: the ring has room, so a refusal is the message's.
+            // The slot is no event (or only a signal): the ring has room, so a refusal is
+            // the message's.
             _ => match Self::check_remote(&self.fast_params(), msg) {
                 Ok(r) => r,
                 Err(e) => return self.pend(e),
@@ -1377,23 +1332,52 @@ impl<const N: usize> SendRing<N> {
         // SAFETY: the lone WR, by raw pointer (aliasing invariant); it holds no staged WR
         // (the provider read the previous one during its post). `sg_list` is set at every
         // post, so a moved ring needs no re-link.
-        unsafe {
+        let flags = unsafe {
             Self::write_fields(wr, msg, remote, id);
             (*wr).sg_list = Self::sge_of(wr);
-        }
+            let f = (*wr).send_flags;
+            if SIGNALED {
+                (*wr).send_flags = f | IBV_SEND_SIGNALED;
+            }
+            f
+        };
         self.st.next_id = id + 1;
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        // SAFETY: the lone WR is formatted for this message (`lone_ready`), unlinked (`next`
+        // SAFETY: the lone WR is formatted for this message (`lone_takes`), unlinked (`next`
         // is NULL from creation on), its SGE points at inline bytes (copied during the
         // post) or nothing; the QP is live per `new`'s contract.
         let rc = unsafe { ibv_post_send(self.st.qp, wr, &mut bad) };
-        if rc == 0 {
-            self.st.posted = seq + 1;
-            seq
-        } else {
-            let e = self.lone_failed(rc, bad, seq);
-            self.pend(e)
+        if SIGNALED {
+            // SAFETY: the lone WR; the provider is done with it.
+            unsafe { (*wr).send_flags = flags };
         }
+        if rc != 0 {
+            let e = self.lone_failed(rc, bad, seq);
+            return self.pend(e);
+        }
+        self.st.posted = seq + 1;
+        if SIGNALED {
+            self.signaled_alone(seq);
+        }
+        seq
+    }
+
+    /// The slow path's bookkeeping for a WR posted signaled through the lone WR (see
+    /// [`lone_post`](Self::lone_post)).
+    #[inline(always)]
+    fn signaled_alone(&mut self, seq: u64) {
+        if seq == self.st.next_signal {
+            self.st.next_signal += self.st.signal_every;
+        }
+        let i = seq as usize & Self::MASK;
+        // SAFETY: i < N (masked); raw access only; the slot holds no staged WR (nothing is).
+        unsafe { (*self.wrs_ptr().add(i)).send_flags |= IBV_SEND_SIGNALED };
+        self.tags[i] = tag::SIGNALED;
+        if i == self.st.mark_slot & Self::MASK {
+            // The message consumed the mark (as in `slow_stage`).
+            self.st.mark_saved = tag::SIGNALED;
+        }
+        self.mark_event();
     }
 
     /// Formats the lone WR for `fmt` (`op_sge`: raw opcode, `num_sge << 16`) unless a

@@ -431,10 +431,42 @@ pub(super) fn differences(truth: &str, now: &str) -> Vec<(String, Vec<String>)> 
     out
 }
 
+/// Completions of two CQs drained in one pass arrive in whichever order the device finished
+/// them (S12 [12e] printed B's RECV before A's SEND in one boot of six): within each run of
+/// consecutive `WC` lines, the lines are ordered by CQ name, stably, so each CQ keeps its
+/// own completion order (which is meaningful) and only the interleaving across CQs (timing)
+/// is dropped.
+fn cq_order<'a>(lines: &[&'a str]) -> Vec<&'a str> {
+    let cq = |l: &str| {
+        l.trim_start()
+            .strip_prefix("WC ")
+            .map(|r| r.split_whitespace().next().unwrap_or("").to_string())
+    };
+    let mut out: Vec<&str> = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        if cq(lines[i]).is_none() {
+            out.push(lines[i]);
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < lines.len() && cq(lines[i]).is_some() {
+            i += 1;
+        }
+        let mut run: Vec<&str> = lines[start..i].to_vec();
+        run.sort_by_key(|l| cq(l));
+        out.extend(run);
+    }
+    out
+}
+
 /// Named differences of one scenario: a longest-common-subsequence alignment, with each run
 /// of removed and added lines paired up as changes.
 /// Line numbers are the truth file's (`offset` of its lines precede the scenario).
 fn diff_lines(scenario: &str, offset: usize, truth: &[&str], now: &[&str]) -> Vec<String> {
+    let (truth, now) = (cq_order(truth), cq_order(now));
+    let (truth, now) = (&truth[..], &now[..]);
     let (n, m) = (truth.len(), now.len());
     // lcs[i][j]: common length of truth[i..] and now[j..].
     let mut lcs = vec![vec![0u32; m + 1]; n + 1];
@@ -725,6 +757,20 @@ rxe_faults: total 71.5 s
             normalise("===== S22 end: KILLED by signal 9, 3.0 s\n"),
             "===== S22 end: KILLED by signal 9, <time>\n"
         );
+    }
+
+    #[test]
+    fn completions_of_two_cqs_in_one_drain_compare_in_any_interleaving() {
+        let truth = "===== S12: x =====\n  [12e] y\n    WC cqAe   +<t> wr_id=120\n    WC cqBe   +<t> wr_id=1000\n    (drain: 2)\n";
+        let swapped = "===== S12: x =====\n  [12e] y\n    WC cqBe   +<t> wr_id=1000\n    WC cqAe   +<t> wr_id=120\n    (drain: 2)\n";
+        assert!(differences(truth, swapped).is_empty());
+        // One CQ's own order still counts.
+        let t2 = "===== S12: x =====\n    WC cqAe   +<t> wr_id=1\n    WC cqAe   +<t> wr_id=2\n";
+        let n2 = "===== S12: x =====\n    WC cqAe   +<t> wr_id=2\n    WC cqAe   +<t> wr_id=1\n";
+        assert!(!differences(t2, n2).is_empty());
+        // A changed completion still counts.
+        let changed = swapped.replace("wr_id=1000", "wr_id=1001");
+        assert!(!differences(truth, &changed).is_empty());
     }
 
     #[test]

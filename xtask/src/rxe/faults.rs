@@ -432,7 +432,7 @@ pub(super) fn differences(truth: &str, now: &str) -> Vec<(String, Vec<String>)> 
 }
 
 /// Completions of two CQs drained in one pass arrive in whichever order the device finished
-/// them (S12 [12e] printed B's RECV before A's SEND in one boot of six): within each run of
+/// them (S12 `[12e]` printed B's RECV before A's SEND in one boot of six): within each run of
 /// consecutive `WC` lines, the lines are ordered by CQ name, stably, so each CQ keeps its
 /// own completion order (which is meaningful) and only the interleaving across CQs (timing)
 /// is dropped.

@@ -266,10 +266,16 @@ pub enum ConfigError {
     /// An [`ExCqPoller`](crate::ExCqPoller) asked for a field the extended CQ was not created
     /// with (not in its `wc_flags`, or the provider left the reader NULL).
     WcFields,
+    /// A [`DirectRing`](crate::DirectRing) or [`DirectPoller`](crate::DirectPoller) on a
+    /// send queue or CQ the mlx5 direct path does not model.
+    Direct(crate::mlx5::DirectError),
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Direct(e) = self {
+            return fmt::Display::fmt(e, f);
+        }
         f.write_str(match self {
             Self::Depth => "depth must be in 1..=N and not above the QP's max_send_wr/max_recv_wr",
             Self::SignalPeriod => {
@@ -294,6 +300,7 @@ impl fmt::Display for ConfigError {
                 "a requested completion field is not in the extended CQ's wc_flags: \
                  add it to ibv_create_cq_ex's wc_flags or do not ask for it"
             }
+            Self::Direct(_) => unreachable!("formatted above"),
         })
     }
 }

@@ -24,6 +24,10 @@
 //! - [`cq_ex`]: [`ExCqPoller<B>`] — an extended CQ drained with `ibv_start_poll` /
 //!   `ibv_next_poll` / `ibv_end_poll`, reading only the [`ExFields`] asked for (completion
 //!   timestamps into a parallel array), into the same [`Completion`]s.
+//! - [`mlx5`]: [`DirectRing`] and [`DirectPoller`] — on ConnectX, the same [`Msg`] API
+//!   writing mlx5 WQEs into the send queue and reading CQEs straight from the CQ, with
+//!   libmlx5's byte layout, doorbell and BlueFlame policy (proven equal to libmlx5's own
+//!   `qp.c` / `cq.c` by `cargo xtask golden`), and no provider call at all.
 //! - [`wr_id`]: the encoding (ring id in bits 63..56, sequence or slot below) that makes
 //!   dispatch a shift and a compare.
 //! - [`credits`]: SEND/RECV credit flow control so a sender never causes RNR.
@@ -35,7 +39,7 @@
 //!   comes: a CQ overflow on rxe, a dead peer with `retry_cnt` 7) told apart from a slow one.
 //! - [`desc`]: [`LocalBuf`], [`RemoteBuf`], [`UdDest`] — what the setup layer produces.
 //!
-//! `unsafe` lives in `send`, `recv`, `cq`, `wr` and `cq_ex` (ring storage and ffi dispatch); the rest is
+//! `unsafe` lives in `send`, `recv`, `cq`, `wr`, `cq_ex` and `mlx5` (ring storage and ffi dispatch); the rest is
 //! safe code.
 //!
 //! # Error recovery
@@ -105,6 +109,7 @@ pub mod cq_ex;
 pub mod credits;
 pub mod desc;
 pub mod error;
+pub mod mlx5;
 pub mod progress;
 pub mod recv;
 pub mod send;
@@ -118,6 +123,7 @@ pub use cq_ex::{ExCqPoller, ExFields, ExPollError};
 pub use credits::{CreditReturn, Credits};
 pub use desc::{LocalBuf, RemoteBuf, UdDest};
 pub use error::{ConfigError, PollError, PostError, RecvError, SendError, WcError};
+pub use mlx5::{DirectBatch, DirectPoller, DirectRing};
 pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};
 pub use send::{Batch, Local, Msg, Opcode, SendConfig, SendRing};

@@ -383,6 +383,7 @@ mod errno;
 mod ex;
 mod fabric;
 mod mem;
+pub mod mlx5sim;
 mod strings;
 pub mod testing;
 mod verbs;

@@ -1,0 +1,294 @@
+//! [`DirectPoller`]: requester CQEs read straight from an mlx5 CQ.
+//!
+//! # Invariants
+//! - `cons` is libmlx5's `cons_index`: the CQE at `cons & (cqe_cnt - 1)` is the next one,
+//!   and it belongs to software when its opcode is not `INVALID` and its owner bit equals
+//!   `cons & cqe_cnt != 0` (the device flips the bit on every pass).
+//! - A CQE is consumed (`cons` advanced) only once it became a [`Completion`]; a CQE the
+//!   poller refuses stays in place and is reported again by the next poll.
+//! - After every poll the CQ's doorbell record holds `cons & 0xffffff` (what the device
+//!   reads to know the free room), as `update_cons_index()` writes it.
+
+use hotverbs_ffi::*;
+
+use super::{cqe, from_device_barrier, syndrome_status, DirectCq, DirectError, DirectSq};
+use crate::cq::Completion;
+
+/// Send queues one poller serves.
+pub(super) const MAX_QPS: usize = 8;
+
+#[derive(Clone, Copy, Debug)]
+struct QpSlot {
+    qpn: u32,
+    mask: u32,
+    wrid: *const u64,
+}
+
+const NO_QP: QpSlot = QpSlot {
+    qpn: u32::MAX,
+    mask: 0,
+    wrid: core::ptr::null(),
+};
+
+/// Polls an mlx5 send CQ directly: up to `B` requester CQEs per [`poll`](Self::poll), each
+/// a [`Completion`] with the fields libmlx5's `mlx5_poll_cq` sets (`wr_id` from the
+/// attached ring's `wrid` table at the CQE's `wqe_counter`, `status` from the syndrome,
+/// `vendor_err`, `qp_num`, `opcode`, `wc_flags`, `byte_len` for READ and atomics; the other
+/// fields 0).
+///
+/// # Not modelled, refused
+/// Responder, resize and signature CQEs, compressed CQEs, scatter-to-CQE entries, and
+/// CQEs of a QP no ring [`attach`](Self::attach)ed: [`DirectError`], with the CQE left in
+/// place.
+pub struct DirectPoller<const B: usize> {
+    cq: CqState,
+    wcs: [Completion; B],
+}
+
+#[derive(Debug)]
+struct CqState {
+    buf: *const u8,
+    mask: u32,
+    cqe_cnt: u32,
+    dbrec: *mut u32,
+    cons: u32,
+    cqn: u32,
+    last: usize,
+    qps: [QpSlot; MAX_QPS],
+}
+
+// SAFETY: the CQ memory is read and its doorbell record written only through `&mut self`
+// (new's contract makes this poller the CQ's only consumer).
+unsafe impl<const B: usize> Send for DirectPoller<B> {}
+
+impl<const B: usize> core::fmt::Debug for DirectPoller<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DirectPoller")
+            .field("cqn", &self.cq.cqn)
+            .field("cqe_cnt", &self.cq.cqe_cnt)
+            .field("cons_index", &self.cq.cons)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<const B: usize> DirectPoller<B> {
+    /// A poller of the CQ `cq`.
+    ///
+    /// # Safety
+    /// `cq` describes a live CQ (`mlx5dv_init_obj(3)`) that outlives the poller and that
+    /// nothing else polls (no `ibv_poll_cq`, no extended poll, no other poller); it serves
+    /// as send CQ only.
+    pub unsafe fn new(cq: DirectCq) -> Result<Self, DirectError> {
+        if cq.cqe_size != 64 {
+            return Err(DirectError::Cq("CQE size other than 64 bytes"));
+        }
+        if cq.buf.is_null() || cq.dbrec.is_null() {
+            return Err(DirectError::Cq("a NULL buffer or doorbell record"));
+        }
+        if !cq.cqe_cnt.is_power_of_two() || cq.cqe_cnt > 1 << 23 {
+            return Err(DirectError::Cq("cqe_cnt not a power of two up to 2^23"));
+        }
+        Ok(Self {
+            cq: CqState {
+                buf: cq.buf,
+                mask: cq.cqe_cnt - 1,
+                cqe_cnt: cq.cqe_cnt,
+                dbrec: cq.dbrec,
+                cons: cq.cons_index,
+                cqn: cq.cqn,
+                last: 0,
+                qps: [NO_QP; MAX_QPS],
+            },
+            wcs: [Completion::PLACEHOLDER; B],
+        })
+    }
+
+    /// Serves the send queue `sq` (its QP number and `wrid` table) from now on.
+    ///
+    /// # Safety
+    /// `sq.wrid` (`sq.wqe_cnt` entries) stays valid while attached; it is the table of the
+    /// one [`DirectRing`](super::DirectRing) posting to that SQ.
+    pub unsafe fn attach(&mut self, sq: &DirectSq) -> Result<(), DirectError> {
+        if sq.wrid.is_null() || !sq.wqe_cnt.is_power_of_two() {
+            return Err(DirectError::Sq(
+                "a NULL wrid table or wqe_cnt not a power of two",
+            ));
+        }
+        let slot = QpSlot {
+            qpn: sq.qp_num,
+            mask: sq.wqe_cnt - 1,
+            wrid: sq.wrid,
+        };
+        if let Some(s) = self.cq.qps.iter_mut().find(|s| s.qpn == sq.qp_num) {
+            *s = slot;
+            return Ok(());
+        }
+        match self.cq.qps.iter_mut().find(|s| s.wrid.is_null()) {
+            Some(s) => {
+                *s = slot;
+                Ok(())
+            }
+            None => Err(DirectError::TooManyQps),
+        }
+    }
+
+    /// Stops serving the QP `qpn` (its CQEs become [`DirectError::UnknownQp`]).
+    pub fn detach(&mut self, qpn: u32) {
+        for s in self.cq.qps.iter_mut().filter(|s| s.qpn == qpn) {
+            *s = NO_QP;
+        }
+    }
+
+    /// libmlx5's `cons_index`: CQEs consumed since the CQ was created.
+    #[inline(always)]
+    pub fn cons_index(&self) -> u32 {
+        self.cq.cons
+    }
+
+    /// Up to `B` completions; an empty slice when the CQ is empty. An entry the poller
+    /// does not model is an error once the completions before it were returned.
+    #[inline]
+    pub fn poll(&mut self) -> Result<&mut [Completion], DirectError> {
+        let n = self.cq.poll_into(&mut self.wcs)?;
+        Ok(&mut self.wcs[..n.min(B)])
+    }
+
+    /// Up to `out.len()` completions into a caller-owned array; returns how many.
+    #[inline]
+    pub fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
+        self.cq.poll_into(out)
+    }
+}
+
+impl CqState {
+    #[inline(always)]
+    fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
+        let mut n = 0;
+        let mut err = None;
+        while n < out.len() {
+            match self.next() {
+                Ok(Some(wc)) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        // SAFETY: the CQ's doorbell record (new's contract).
+        unsafe {
+            self.dbrec
+                .add(super::CQ_SET_CI)
+                .write_volatile((self.cons & 0xff_ffff).to_be())
+        };
+        match err {
+            Some(e) if n == 0 => Err(e),
+            _ => Ok(n),
+        }
+    }
+
+    /// The next CQE as a completion, consumed; `None` when the device has not written it.
+    #[inline(always)]
+    fn next(&mut self) -> Result<Option<Completion>, DirectError> {
+        let cons = self.cons;
+        // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
+        let c = unsafe { self.buf.add(((cons & self.mask) as usize) << 6) };
+        // SAFETY: as above; the device writes op_own last, so read it first.
+        let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
+        let opcode = op_own >> 4;
+        if opcode == cqe::INVALID
+            || (op_own & cqe::OWNER_MASK) != ((cons & self.cqe_cnt) != 0) as u8
+        {
+            return Ok(None);
+        }
+        from_device_barrier();
+        if op_own & cqe::FORMAT_MASK != 0 {
+            return Err(DirectError::CqeFormat {
+                op_own,
+                index: cons,
+            });
+        }
+        // SAFETY: the whole 64-byte CQE is inside the buffer; read after the barrier.
+        let (sop, ctr) = unsafe {
+            (
+                u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
+                u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
+            )
+        };
+        let qpn = sop & 0xff_ffff;
+        let mut slot = self.qps[self.last % MAX_QPS];
+        if slot.qpn != qpn {
+            match self
+                .qps
+                .iter()
+                .position(|s| s.qpn == qpn && !s.wrid.is_null())
+            {
+                Some(i) => {
+                    self.last = i;
+                    slot = self.qps[i];
+                }
+                None => return Err(DirectError::UnknownQp(qpn)),
+            }
+        }
+        let (status, vendor_err, op, flags, byte_len) = match opcode {
+            cqe::REQ => {
+                let (op, flags, byte_len) = match (sop >> 24) as u8 {
+                    super::opcode::RDMA_WRITE_IMM => (IBV_WC_RDMA_WRITE, IBV_WC_WITH_IMM, 0),
+                    super::opcode::RDMA_WRITE => (IBV_WC_RDMA_WRITE, 0, 0),
+                    super::opcode::SEND_IMM => (IBV_WC_SEND, IBV_WC_WITH_IMM, 0),
+                    super::opcode::RDMA_READ => (
+                        IBV_WC_RDMA_READ,
+                        0,
+                        // SAFETY: inside the CQE, read after the barrier.
+                        unsafe {
+                            u32::from_be(c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile())
+                        },
+                    ),
+                    super::opcode::ATOMIC_CS => (IBV_WC_COMP_SWAP, 0, 8),
+                    super::opcode::ATOMIC_FA => (IBV_WC_FETCH_ADD, 0, 8),
+                    _ => (IBV_WC_SEND, 0, 0),
+                };
+                (IBV_WC_SUCCESS, 0, op, flags, byte_len)
+            }
+            cqe::REQ_ERR => {
+                // SAFETY: inside the CQE, read after the barrier.
+                let (synd, vendor) = unsafe {
+                    (
+                        c.add(cqe::OFF_SYNDROME).read_volatile(),
+                        c.add(cqe::OFF_VENDOR_ERR).read_volatile(),
+                    )
+                };
+                (syndrome_status(synd), vendor as u32, IBV_WC_SEND, 0, 0)
+            }
+            _ => {
+                return Err(DirectError::CqeOpcode {
+                    opcode,
+                    index: cons,
+                })
+            }
+        };
+        // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table (attach's contract).
+        let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
+        self.cons = cons.wrapping_add(1);
+        let wc = ibv_wc {
+            wr_id,
+            status,
+            opcode: op,
+            vendor_err,
+            byte_len,
+            __bindgen_anon_1: ibv_wc__bindgen_ty_1 { imm_data: 0 },
+            qp_num: qpn,
+            src_qp: 0,
+            wc_flags: flags,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        };
+        // SAFETY: a completion the device reported for a WR of the attached ring.
+        Ok(Some(unsafe { Completion::from_raw(wc) }))
+    }
+}

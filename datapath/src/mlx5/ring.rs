@@ -1,0 +1,1070 @@
+//! [`DirectRing`]: the [`Msg`] API writing mlx5 WQEs straight into the send queue.
+//!
+//! # Invariants (this module owns raw SQ, doorbell and register pointers)
+//! - `staged`, `posted`, `retired` are free-running with `retired <= posted <= staged` and
+//!   `staged - retired <= limit <= depth`; sequence `s` has `wr_id` `encode(ring_id, s)`,
+//!   stored in `wrid[idx]` for the WQE starting at basic block `idx`.
+//! - WQEs `posted..staged` are written to the SQ but not yet announced (the doorbell record
+//!   still holds the `cur_post` of the last flush): the device does not read them.
+//! - `depth * max_bbs <= wqe_cnt` (checked in `new`), so the WQEs of the at most `depth`
+//!   staged-or-outstanding messages never overlap in the SQ.
+//! - `event` is at most the sequence of the next WR that needs the slow path (the
+//!   schedule's signal, the end of a batch, the WR that fills the ring, anything while full
+//!   or in error), as for [`WrRing`](crate::WrRing).
+//! - A message is checked completely before any byte of its WQE is written: a refused
+//!   message leaves the SQ, `cur_post` and the counters as they were.
+
+use core::marker::PhantomData;
+
+use super::{DirectError, DirectSq, DirectUd, Doorbell, Mmio, AV_SIZE, CTRL_CQ_UPDATE, INLINE_SEG};
+use crate::cq::Completion;
+use crate::desc::{LocalBuf, RemoteBuf};
+use crate::error::{ConfigError, SendError, WcError};
+use crate::send::{Local, Msg, Opcode, SendConfig};
+use crate::wr_id;
+
+/// The mlx5 opcode of each [`Opcode`] (`mlx5_ib_opcode[]` in libmlx5).
+const MLX5_OP: [u8; 7] = [
+    super::opcode::SEND,
+    super::opcode::SEND_IMM,
+    super::opcode::RDMA_WRITE,
+    super::opcode::RDMA_WRITE_IMM,
+    super::opcode::RDMA_READ,
+    super::opcode::ATOMIC_FA,
+    super::opcode::ATOMIC_CS,
+];
+
+/// A message's payload as the writer sees it.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Empty,
+    /// Copied into an inline segment (an inline message, or a registered buffer small
+    /// enough to inline).
+    Inline(&'a [u8]),
+    /// One data segment.
+    Buf(LocalBuf),
+    /// Several inline pieces, one inline segment.
+    InlineList(&'a [&'a [u8]]),
+    /// Several data segments.
+    Sges(&'a [LocalBuf]),
+}
+
+/// What the fast path reads and writes, copied into a [`DirectBatch`] so that a push loop
+/// keeps it in registers (the WQE stores go through raw pointers the compiler cannot tell
+/// apart from the ring). Written back before anything else reads the ring.
+#[derive(Clone, Copy, Debug)]
+struct Fast {
+    seq: u64,
+    event: u64,
+    id_bits: u64,
+    /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE.
+    cur: u32,
+    mask: u32,
+    /// `qp_num << 8`.
+    qpn8: u32,
+    max_inline: u32,
+    sq: *mut u8,
+    qend: *mut u8,
+    wrid: *mut u64,
+    remote: RemoteBuf,
+    has_remote: bool,
+    ud: Option<DirectUd>,
+    /// The ctrl segment of the newest staged WQE (for the doorbell).
+    last: *mut u8,
+    /// Its `ds` if it is inline (BlueFlame candidate), else 0.
+    last_bf: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    f: Fast,
+    batch_open: bool,
+    posted: u64,
+    retired: u64,
+    limit: u64,
+    next_signal: u64,
+    signal_every: u64,
+    batch: u64,
+    depth: u64,
+    qp_num: u32,
+    max_sge: u32,
+    /// `cur_post` at the last doorbell (where WQE `posted` starts).
+    posted_cur: u32,
+    split_key: u64,
+    dbrec: *mut u32,
+    bf_reg: *mut u8,
+    bf_offset: u32,
+    bf_size: u32,
+    /// `bf_size / 16`: the largest `ds` BlueFlame takes (0 without BlueFlame).
+    bf_max_ds: u32,
+}
+
+impl Fast {
+    /// Checks a message (payload `len` bytes, `inline` or not, `nsge` data segments)
+    /// against the ring; returns its remote address (0 for SENDs). Nothing is changed.
+    #[inline(always)]
+    fn check(&self, msg: &Msg<'_>, len: u64, inline: bool) -> Result<u64, SendError> {
+        if inline && len > self.max_inline as u64 {
+            return Err(SendError::InlineTooLong {
+                len: len as usize,
+                max: self.max_inline,
+            });
+        }
+        match msg.op {
+            Opcode::Send | Opcode::SendImm => Ok(0),
+            _ => self.check_remote(msg, len),
+        }
+    }
+
+    #[inline(always)]
+    fn check_remote(&self, msg: &Msg<'_>, len: u64) -> Result<u64, SendError> {
+        if !self.has_remote {
+            return Err(SendError::NoRemote);
+        }
+        let atomic = matches!(msg.op, Opcode::FetchAdd | Opcode::CmpSwap);
+        if atomic && (msg.remote_offset & 7 != 0 || len != 8) {
+            return Err(SendError::AtomicMisaligned);
+        }
+        let r = self.remote;
+        let addr = match msg.remote_offset.checked_add(len) {
+            Some(end) if end <= r.len => r.addr.wrapping_add(msg.remote_offset),
+            _ => {
+                return Err(SendError::RemoteOutOfRange {
+                    offset: msg.remote_offset,
+                    len,
+                })
+            }
+        };
+        if atomic && addr & 7 != 0 {
+            return Err(SendError::AtomicMisaligned);
+        }
+        Ok(addr)
+    }
+
+    /// The payload of a plain message, its length, and whether it goes inline.
+    #[inline(always)]
+    fn payload<'a>(&self, msg: &Msg<'a>) -> (Payload<'a>, u64, bool) {
+        match msg.local {
+            Local::Empty => (Payload::Empty, 0, false),
+            Local::Inline(d) => (Payload::Inline(d), d.len() as u64, true),
+            Local::Buf(b) => {
+                if b.len <= self.max_inline
+                    && matches!(
+                        msg.op,
+                        Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+                    )
+                {
+                    // SAFETY: a registered buffer the caller keeps valid until the WR
+                    // retires (`stage`'s contract); the CPU copies it now instead of the
+                    // device reading it later.
+                    let d = unsafe {
+                        core::slice::from_raw_parts(b.addr as usize as *const u8, b.len as usize)
+                    };
+                    (Payload::Inline(d), b.len as u64, true)
+                } else {
+                    (Payload::Buf(b), b.len as u64, false)
+                }
+            }
+        }
+    }
+
+    /// Copies `d` to `dst`, wrapping at the end of the SQ; returns the next free byte.
+    ///
+    /// # Safety
+    /// `dst` is inside the SQ (or at its end) and the bytes fit the WQE's basic blocks.
+    #[inline(always)]
+    unsafe fn copy_wrapping(&self, mut dst: *mut u8, d: &[u8]) -> *mut u8 {
+        let mut src = d.as_ptr();
+        let mut len = d.len();
+        // SAFETY: the caller's contract; `qend - dst` bytes are left before the end.
+        unsafe {
+            if dst.add(len) > self.qend {
+                let first = self.qend.offset_from(dst) as usize;
+                core::ptr::copy_nonoverlapping(src, dst, first);
+                src = src.add(first);
+                len -= first;
+                dst = self.sq;
+            }
+            copy_small(src, dst, len);
+            dst.add(len)
+        }
+    }
+
+    /// Writes the WQE of `msg` (checked, with remote address `remote`) at `cur` with the
+    /// signal flag `signaled`, stores its `wr_id`, and advances `cur`.
+    ///
+    /// # Safety
+    /// `msg` passed [`check`](Self::check) with this payload; the ring has room for it
+    /// (the SQ basic blocks from `cur` on belong to no outstanding WQE).
+    #[inline(always)]
+    unsafe fn build(&mut self, msg: &Msg<'_>, payload: Payload<'_>, remote: u64, signaled: bool) {
+        let idx = self.cur & self.mask;
+        // SAFETY: idx < wqe_cnt, so the ctrl segment and everything up to the end of its
+        // basic block are inside the SQ; later segments wrap at `qend` (below).
+        unsafe {
+            let ctrl = self.sq.add((idx as usize) << 6);
+            let mut seg = ctrl.add(16);
+            let mut ds: u32 = 1;
+            let mut imm: u32 = 0;
+            match msg.op {
+                Opcode::Send => {}
+                Opcode::SendImm => imm = msg.imm.to_be(),
+                Opcode::Write | Opcode::Read => {
+                    raddr_seg(seg, remote, self.remote.rkey);
+                    seg = seg.add(16);
+                    ds += 1;
+                }
+                Opcode::WriteImm => {
+                    imm = msg.imm.to_be();
+                    raddr_seg(seg, remote, self.remote.rkey);
+                    seg = seg.add(16);
+                    ds += 1;
+                }
+                Opcode::FetchAdd => {
+                    raddr_seg(seg, remote, self.remote.rkey);
+                    // Only swap_add: libmlx5 leaves `compare` as it was for FETCH_AND_ADD.
+                    seg.add(16)
+                        .cast::<u64>()
+                        .write_unaligned(msg.compare_add.to_be());
+                    seg = seg.add(32);
+                    ds += 2;
+                }
+                Opcode::CmpSwap => {
+                    raddr_seg(seg, remote, self.remote.rkey);
+                    seg.add(16).cast::<u64>().write_unaligned(msg.swap.to_be());
+                    seg.add(24)
+                        .cast::<u64>()
+                        .write_unaligned(msg.compare_add.to_be());
+                    seg = seg.add(32);
+                    ds += 2;
+                }
+            }
+            if let Some(ud) = self.ud {
+                core::ptr::copy_nonoverlapping(ud.av, seg, AV_SIZE);
+                seg.cast::<u32>().write_unaligned(ud.remote_qkey.to_be());
+                seg.add(8)
+                    .cast::<u32>()
+                    .write_unaligned((ud.remote_qpn | super::EXTENDED_UD_AV).to_be());
+                seg = seg.add(AV_SIZE);
+                ds += (AV_SIZE / 16) as u32;
+                if seg == self.qend {
+                    seg = self.sq;
+                }
+            }
+            let atomic = matches!(msg.op, Opcode::FetchAdd | Opcode::CmpSwap);
+            let mut inline = false;
+            match payload {
+                Payload::Empty => {}
+                Payload::Inline(d) => {
+                    inline = true;
+                    if !d.is_empty() {
+                        self.copy_wrapping(seg.add(4), d);
+                        seg.cast::<u32>()
+                            .write_unaligned((d.len() as u32 | INLINE_SEG).to_be());
+                        ds += (d.len() as u32 + 4).div_ceil(16);
+                    }
+                }
+                Payload::Buf(b) => {
+                    if b.len != 0 {
+                        data_seg(seg, b, atomic);
+                        ds += 1;
+                    }
+                }
+                Payload::InlineList(parts) => {
+                    inline = true;
+                    let mut dst = seg.add(4);
+                    let mut total = 0u32;
+                    for p in parts {
+                        dst = self.copy_wrapping(dst, p);
+                        total += p.len() as u32;
+                    }
+                    if total != 0 {
+                        seg.cast::<u32>()
+                            .write_unaligned((total | INLINE_SEG).to_be());
+                        ds += (total + 4).div_ceil(16);
+                    }
+                }
+                Payload::Sges(list) => {
+                    for b in list {
+                        if seg == self.qend {
+                            seg = self.sq;
+                        }
+                        if b.len != 0 {
+                            data_seg(seg, *b, atomic);
+                            seg = seg.add(16);
+                            ds += 1;
+                        }
+                    }
+                }
+            }
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 };
+            let w0 = ((self.cur & 0xffff) << 8 | MLX5_OP[msg.op as usize] as u32).to_be() as u64
+                | ((self.qpn8 | ds).to_be() as u64) << 32;
+            let w1 = (fm as u64) << 24 | (imm as u64) << 32;
+            ctrl.cast::<u64>().write(w0);
+            ctrl.add(8).cast::<u64>().write(w1);
+            self.wrid
+                .add(idx as usize)
+                .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
+            self.cur = self.cur.wrapping_add(ds.div_ceil(4));
+            self.last = ctrl;
+            self.last_bf = if inline { ds } else { 0 };
+        }
+    }
+}
+
+/// The remote-address segment.
+///
+/// # Safety
+/// 16 writable bytes at `seg`.
+#[inline(always)]
+unsafe fn raddr_seg(seg: *mut u8, addr: u64, rkey: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        seg.cast::<u64>().write_unaligned(addr.to_be());
+        seg.add(8)
+            .cast::<u64>()
+            .write_unaligned(rkey.to_be() as u64);
+    }
+}
+
+/// A data-pointer segment (`byte_count` 8 for atomics, as libmlx5's
+/// `set_data_ptr_seg_atomic`).
+///
+/// # Safety
+/// 16 writable bytes at `seg`.
+#[inline(always)]
+unsafe fn data_seg(seg: *mut u8, b: LocalBuf, atomic: bool) {
+    let n = if atomic { 8 } else { b.len };
+    // SAFETY: the caller's contract.
+    unsafe {
+        seg.cast::<u64>()
+            .write_unaligned(n.to_be() as u64 | (b.lkey.to_be() as u64) << 32);
+        seg.add(8).cast::<u64>().write_unaligned(b.addr.to_be());
+    }
+}
+
+/// Copies exactly `len` bytes (no byte outside `dst..dst + len` is written: the WQE's
+/// padding stays as it was, as libmlx5 leaves it). Small sizes use overlapping word
+/// copies instead of a `memcpy` call.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `len` bytes, not overlapping.
+#[inline(always)]
+unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: every access is inside `0..len` of both buffers (the caller's contract).
+    unsafe {
+        if (16..=32).contains(&len) {
+            let a = src.cast::<u128>().read_unaligned();
+            let b = src.add(len - 16).cast::<u128>().read_unaligned();
+            dst.cast::<u128>().write_unaligned(a);
+            dst.add(len - 16).cast::<u128>().write_unaligned(b);
+        } else if (8..16).contains(&len) {
+            let a = src.cast::<u64>().read_unaligned();
+            let b = src.add(len - 8).cast::<u64>().read_unaligned();
+            dst.cast::<u64>().write_unaligned(a);
+            dst.add(len - 8).cast::<u64>().write_unaligned(b);
+        } else {
+            core::ptr::copy_nonoverlapping(src, dst, len);
+        }
+    }
+}
+
+/// A send ring writing mlx5 WQEs directly: the [`SendRing`](crate::SendRing) API
+/// (`send_now`, `batch`, `stage`, `flush`, `on_completion`, `progress`, `reset`, split
+/// mode) with libmlx5's WQE layout and doorbell (see the [module docs](super)).
+///
+/// Completions come from a [`DirectPoller`](super::DirectPoller) the ring's SQ is attached
+/// to (or any poller that yields the same `wr_id`s).
+///
+/// # Per-message cost
+/// No call into the provider: a message is a few stores into the SQ, its `wr_id` into the
+/// `wrid` table, and per batch one doorbell record and one 8-byte doorbell (or the
+/// BlueFlame copy of a lone inline WQE). `cargo xtask insn` measures it against libmlx5's
+/// `ibv_post_send` and `ibv_wr_*` on the same workload.
+pub struct DirectRing<D: Doorbell = Mmio> {
+    st: State,
+    db: D,
+    error: Option<WcError>,
+}
+
+// SAFETY: the ring's pointers are to the QP's SQ, doorbell record and register, which the
+// device and this ring alone use (new's contract); `&mut self` serialises every access.
+unsafe impl<D: Doorbell + Send> Send for DirectRing<D> {}
+
+impl<D: Doorbell> core::fmt::Debug for DirectRing<D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DirectRing")
+            .field("ring_id", &self.ring_id())
+            .field("qp_num", &self.st.qp_num)
+            .field("depth", &self.st.depth)
+            .field("cur_post", &self.st.f.cur)
+            .field("staged", &self.st.f.seq)
+            .field("posted", &self.st.posted)
+            .field("retired", &self.st.retired)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirectRing<Mmio> {
+    /// A ring on the send queue `sq` with the hardware doorbell; see
+    /// [`with_doorbell`](Self::with_doorbell).
+    ///
+    /// # Safety
+    /// As [`with_doorbell`](Self::with_doorbell).
+    pub unsafe fn new(
+        sq: DirectSq,
+        cfg: SendConfig,
+        ud: Option<DirectUd>,
+    ) -> Result<Self, ConfigError> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::with_doorbell(sq, cfg, ud, Mmio) }
+    }
+}
+
+impl<D: Doorbell> DirectRing<D> {
+    /// A ring on the send queue `sq`, configured by `cfg` (as for a
+    /// [`SendRing`](crate::SendRing); `cfg.ud` is not used: a UD ring takes its
+    /// destination as `ud`, the AH's mlx5 address vector), ringing through `db`.
+    ///
+    /// Fails with [`ConfigError::Direct`] for a send queue the writer does not model or
+    /// one too small for `depth` messages of the largest size `cfg` and `sq` allow.
+    ///
+    /// # Safety
+    /// `sq` describes a live QP's send queue (`mlx5dv_init_obj(3)`), in RTS whenever the
+    /// ring posts, created with `sq_sig_all = 0`, whose SQ, doorbell record and doorbell
+    /// register only this ring uses (no `ibv_post_send`, no `ibv_wr_*`; a register no other
+    /// thread rings: a QP of its own thread domain) and which outlives the ring; `sq.wrid`
+    /// has `wqe_cnt` entries the ring owns. Its send completions are given to
+    /// [`on_completion`](Self::on_completion) (or a [`SendRetirer`](crate::SendRetirer)).
+    /// `cfg.ring_id` is unique among the rings sharing the CQ; `cfg.remote`'s rkey and
+    /// `ud.av` stay valid while the ring uses them.
+    pub unsafe fn with_doorbell(
+        sq: DirectSq,
+        cfg: SendConfig,
+        ud: Option<DirectUd>,
+        db: D,
+    ) -> Result<Self, ConfigError> {
+        let depth = cfg.depth as u64;
+        if depth == 0 {
+            return Err(ConfigError::Depth);
+        }
+        if cfg.signal_every == 0 || cfg.signal_every as u64 > (depth / 2).max(1) {
+            return Err(ConfigError::SignalPeriod);
+        }
+        if cfg.batch == 0 || cfg.batch as u64 > depth {
+            return Err(ConfigError::Batch);
+        }
+        if cfg.remote.is_some() && sq.ud {
+            return Err(ConfigError::RemoteAndUd);
+        }
+        if sq.ud != ud.is_some() || ud.is_some_and(|u| u.av.is_null()) {
+            return Err(ConfigError::UdDest);
+        }
+        let bad = |what| Err(ConfigError::Direct(DirectError::Sq(what)));
+        if sq.buf.is_null() || sq.dbrec.is_null() || sq.bf_reg.is_null() || sq.wrid.is_null() {
+            return bad("a NULL buffer, doorbell record, register or wrid table");
+        }
+        if sq.stride != 64 {
+            return bad("stride other than 64 bytes");
+        }
+        if !sq.wqe_cnt.is_power_of_two() || sq.wqe_cnt > 0x8000 {
+            return bad("wqe_cnt not a power of two up to 32768");
+        }
+        if sq.bf_offset != 0 && sq.bf_offset != sq.bf_size {
+            return bad("bf_offset other than 0 or bf_size");
+        }
+        if cfg.max_inline > sq.max_inline {
+            return bad("max_inline above the QP's max_inline_data");
+        }
+        // The largest WQE: ctrl, then raddr + atomic (RC) or the datagram segment (UD),
+        // then the larger of the inline segment and max_sge data segments.
+        let addr = if sq.ud { AV_SIZE as u64 } else { 32 };
+        let inline = if cfg.max_inline > 0 {
+            (cfg.max_inline as u64 + 4).div_ceil(16) * 16
+        } else {
+            0
+        };
+        let data = (sq.max_sge.max(1) as u64 * 16).max(inline);
+        let max_bbs = (16 + addr + data).div_ceil(64);
+        if depth * max_bbs > sq.wqe_cnt as u64 {
+            return Err(ConfigError::Direct(DirectError::SqTooSmall {
+                need: depth * max_bbs,
+                have: sq.wqe_cnt,
+            }));
+        }
+        // SAFETY: wqe_cnt basic blocks of 64 bytes (the caller's contract).
+        let qend = unsafe { sq.buf.add(sq.wqe_cnt as usize * 64) };
+        let mut ring = DirectRing {
+            st: State {
+                f: Fast {
+                    seq: 0,
+                    event: 0,
+                    id_bits: wr_id::encode(cfg.ring_id, 0),
+                    cur: 0,
+                    mask: sq.wqe_cnt - 1,
+                    qpn8: sq.qp_num << 8,
+                    max_inline: cfg.max_inline,
+                    sq: sq.buf,
+                    qend,
+                    wrid: sq.wrid,
+                    remote: cfg.remote.unwrap_or_default(),
+                    has_remote: cfg.remote.is_some(),
+                    ud,
+                    last: sq.buf,
+                    last_bf: 0,
+                },
+                batch_open: false,
+                posted: 0,
+                retired: 0,
+                limit: depth,
+                next_signal: cfg.signal_every as u64 - 1,
+                signal_every: cfg.signal_every as u64,
+                batch: cfg.batch as u64,
+                depth,
+                qp_num: sq.qp_num,
+                max_sge: sq.max_sge,
+                posted_cur: 0,
+                split_key: 0,
+                dbrec: sq.dbrec,
+                bf_reg: sq.bf_reg,
+                bf_offset: sq.bf_offset,
+                bf_size: sq.bf_size,
+                bf_max_ds: sq.bf_size / 16,
+            },
+            db,
+            error: None,
+        };
+        ring.st.f.event = ring.event_at();
+        Ok(ring)
+    }
+
+    /// Sets `cur_post` (the basic-block counter of the next WQE), for a QP libmlx5 already
+    /// posted on. Only while nothing is staged or outstanding.
+    ///
+    /// # Safety
+    /// `cur` is the QP's current `sq.cur_post` (its doorbell record's last value, modulo
+    /// 2^16, for a QP in RTS).
+    pub unsafe fn set_cur_post(&mut self, cur: u32) {
+        assert_eq!(
+            self.st.f.seq, self.st.retired,
+            "DirectRing::set_cur_post with WRs staged or outstanding"
+        );
+        self.st.f.cur = cur;
+    }
+
+    /// The doorbell (for tests: the recording one the golden comparison uses).
+    pub fn doorbell(&mut self) -> &mut D {
+        &mut self.db
+    }
+
+    /// The sequence number of the next WR that must take the slow path.
+    #[inline]
+    fn event_at(&self) -> u64 {
+        let st = &self.st;
+        let cap = (st.retired + st.limit).saturating_sub(1);
+        let batch_end = st.posted + st.batch - 1;
+        st.next_signal.min(cap).min(batch_end).max(st.f.seq)
+    }
+
+    /// Stages one message through the fast-path copy `f`; the slow path otherwise.
+    #[inline(always)]
+    fn stage_fast(
+        &mut self,
+        f: &mut Fast,
+        msg: &Msg<'_>,
+        payload: Payload<'_>,
+        len: u64,
+        inline: bool,
+        post: bool,
+    ) -> Result<u64, SendError> {
+        let seq = f.seq;
+        if seq < f.event {
+            let remote = match f.check(msg, len, inline) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.st.f = *f;
+                    return Err(self.refused(e));
+                }
+            };
+            // SAFETY: checked; `seq < event` means room, no signal, no batch end.
+            unsafe { f.build(msg, payload, remote, false) };
+            f.seq = seq + 1;
+            if post {
+                self.st.f = *f;
+                self.ring_doorbell();
+                *f = self.st.f;
+            }
+            Ok(seq)
+        } else {
+            self.st.f = *f;
+            let r = self.stage_slow(msg, payload, len, inline, post);
+            *f = self.st.f;
+            r
+        }
+    }
+
+    /// A message failed validation: the error it gets, unless the ring is full or in the
+    /// error state, which takes precedence.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, e: SendError) -> SendError {
+        if !crate::split::has_room(self.st.f.seq, self.st.retired, self.st.limit) {
+            self.blocked()
+        } else {
+            e
+        }
+    }
+
+    #[cold]
+    fn blocked(&self) -> SendError {
+        match self.error {
+            Some(e) => SendError::QpError(e),
+            None => SendError::WouldBlock,
+        }
+    }
+
+    /// The slow path: signals, the end of a batch, a full ring, the error state.
+    #[cold]
+    #[inline(never)]
+    fn stage_slow(
+        &mut self,
+        msg: &Msg<'_>,
+        payload: Payload<'_>,
+        len: u64,
+        inline: bool,
+        post: bool,
+    ) -> Result<u64, SendError> {
+        let seq = self.st.f.seq;
+        if !crate::split::has_room(seq, self.st.retired, self.st.limit) {
+            self.st.f.event = seq;
+            return Err(self.blocked());
+        }
+        let remote = self.st.f.check(msg, len, inline)?;
+        let full = seq + 1 - self.st.retired == self.st.limit;
+        let scheduled = seq == self.st.next_signal;
+        // The WR that fills the ring is signaled and posted at once, so a full ring always
+        // has a signaled WR in flight.
+        // SAFETY: checked above, with room.
+        unsafe { self.st.f.build(msg, payload, remote, scheduled || full) };
+        if scheduled {
+            self.st.next_signal += self.st.signal_every;
+        }
+        self.st.f.seq = seq + 1;
+        if post || full || seq + 1 - self.st.posted >= self.st.batch {
+            self.ring_doorbell();
+        }
+        self.st.f.event = self.event_at();
+        Ok(seq)
+    }
+
+    /// Announces the staged WQEs: doorbell record, then BlueFlame or the 8-byte doorbell,
+    /// as `post_send_db()` (see the [module docs](super) for each barrier).
+    #[inline]
+    fn ring_doorbell(&mut self) {
+        let n = self.st.f.seq - self.st.posted;
+        if n == 0 {
+            return;
+        }
+        let st = &mut self.st;
+        let db = &mut self.db;
+        db.to_device_barrier();
+        // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame
+        // source is the last WQE's `ceil(ds / 4)` basic blocks in the SQ, wrapping at its
+        // end exactly where the WQE itself wrapped.
+        unsafe {
+            db.write_dbr(st.dbrec.add(super::SND_DBR), (st.f.cur & 0xffff).to_be());
+            db.wc_start();
+            let dst = st.bf_reg.add(st.bf_offset as usize).cast::<u64>();
+            let ds = st.f.last_bf;
+            if n == 1 && ds > 1 && ds <= st.bf_max_ds {
+                let mut src = st.f.last.cast::<u64>().cast_const();
+                let mut d = dst;
+                for _ in 0..ds.div_ceil(4) {
+                    for i in 0..8 {
+                        db.write64(d.add(i), src.add(i).read());
+                    }
+                    d = d.add(8);
+                    src = src.add(8);
+                    if src == st.f.qend.cast::<u64>().cast_const() {
+                        src = st.f.sq.cast::<u64>().cast_const();
+                    }
+                }
+            } else {
+                db.write64(dst, st.f.last.cast::<u64>().read());
+            }
+        }
+        db.flush_writes();
+        st.bf_offset ^= st.bf_size;
+        st.posted = st.f.seq;
+        st.posted_cur = st.f.cur;
+    }
+
+    /// Stages one message, like [`SendRing::stage`](crate::SendRing::stage). Returns its
+    /// sequence number.
+    ///
+    /// # Safety
+    /// For a [`Local::Buf`] the NIC reads or writes: the memory stays registered and valid,
+    /// and is not written (SEND / WRITE source) or not accessed (READ / atomic destination)
+    /// until `self.is_retired(seq)` or the unsafe [`reset`](Self::reset) returned. A buffer
+    /// of at most `max_inline` bytes for SEND / WRITE is copied during the call.
+    #[inline(always)]
+    pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let mut f = self.st.f;
+        let (p, len, inline) = f.payload(&msg);
+        let r = self.stage_fast(&mut f, &msg, p, len, inline, false);
+        self.st.f = f;
+        r
+    }
+
+    /// Stages `msg` and posts it at once with anything already staged (one doorbell). Only
+    /// inline or empty payloads ([`SendError::NotInline`]).
+    #[inline(always)]
+    pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        if !msg.is_borrow_free() {
+            return Err(SendError::NotInline);
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let mut f = self.st.f;
+        let (p, len, inline) = f.payload(&msg);
+        let r = self.stage_fast(&mut f, &msg, p, len, inline, true);
+        self.st.f = f;
+        r
+    }
+
+    /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the inline gather
+    /// list `parts`, copied into one inline segment now. Returns its sequence number.
+    pub fn stage_inline_gather(&mut self, msg: Msg<'_>, parts: &[&[u8]]) -> Result<u64, SendError> {
+        if !matches!(msg.local, Local::Empty)
+            || !matches!(
+                msg.op,
+                Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+            )
+        {
+            return Err(SendError::NotInline);
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut f = self.st.f;
+        let r = self.stage_fast(&mut f, &msg, Payload::InlineList(parts), len, true, false);
+        self.st.f = f;
+        r
+    }
+
+    /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the scatter/gather
+    /// list `sges` (1 to the QP's `max_send_sge` entries; zero-length entries get no
+    /// segment, as in libmlx5). Returns its sequence number.
+    ///
+    /// # Safety
+    /// As [`stage`](Self::stage) for every buffer of `sges`.
+    pub unsafe fn stage_gather(
+        &mut self,
+        msg: Msg<'_>,
+        sges: &[LocalBuf],
+    ) -> Result<u64, SendError> {
+        if !matches!(msg.local, Local::Empty) {
+            return Err(SendError::NotInline);
+        }
+        if sges.is_empty() || sges.len() > self.st.max_sge as usize {
+            return Err(SendError::Config(ConfigError::Slots));
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let len: u64 = sges.iter().map(|b| b.len as u64).sum();
+        let mut f = self.st.f;
+        let r = self.stage_fast(&mut f, &msg, Payload::Sges(sges), len, false, false);
+        self.st.f = f;
+        r
+    }
+
+    /// Opens a batch of inline messages, posted with one doorbell when the batch
+    /// auto-flushes, on [`DirectBatch::finish`], or when it is dropped.
+    #[inline]
+    pub fn batch<'d>(&mut self) -> DirectBatch<'_, 'd, D> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.st.batch_open = true;
+        DirectBatch {
+            f: self.st.f,
+            ring: self,
+            _data: PhantomData,
+        }
+    }
+
+    /// A [`DirectBatch`] was leaked (`mem::forget`): its WQEs were written but never
+    /// announced, so the ring goes back to its posted count (the device never saw them).
+    #[cold]
+    #[inline(never)]
+    fn drop_leaked_batch(&mut self) {
+        self.st.batch_open = false;
+        self.unstage_to_posted();
+    }
+
+    /// Posts what is staged with one doorbell. Never fails: the device is told by plain
+    /// stores.
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), SendError> {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.ring_doorbell();
+        Ok(())
+    }
+
+    /// Drops the staged WRs (their WQE bytes stay in the SQ, unannounced) and rewinds
+    /// the signal schedule and `cur_post` to the last doorbell.
+    #[cold]
+    fn unstage_to_posted(&mut self) {
+        let seq = self.st.posted;
+        self.st.f.seq = seq;
+        self.st.f.cur = self.st.posted_cur;
+        let st = &mut self.st;
+        while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
+            st.next_signal -= st.signal_every;
+        }
+        self.st.f.event = self.event_at();
+    }
+
+    /// Retires the WRs covered by a send completion of this ring, exactly as
+    /// [`SendRing::on_completion`](crate::SendRing::on_completion).
+    #[inline]
+    pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
+        let st = &mut self.st;
+        if (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
+            return Ok(0);
+        }
+        let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
+            return Ok(0);
+        };
+        let n = s + 1 - st.retired;
+        st.retired = s + 1;
+        match c.status() {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.enter_error(e);
+                Err(e)
+            }
+        }
+    }
+
+    #[cold]
+    fn enter_error(&mut self, e: WcError) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+        self.st.limit = 0;
+        self.st.f.event = self.st.f.seq;
+    }
+
+    fn retire_to(&mut self, retired: u64) {
+        if retired > self.st.retired && retired <= self.st.posted {
+            self.st.retired = retired;
+        }
+    }
+
+    /// Split mode: counters and a retirer for the poller thread, as
+    /// [`SendRing::split`](crate::SendRing::split).
+    pub fn split(&mut self) -> (crate::split::SendCounters, crate::split::SendRetirer) {
+        let key = crate::split::new_key();
+        self.st.split_key = key;
+        (
+            crate::split::SendCounters::keyed(key, self.st.posted, self.st.retired),
+            crate::split::SendRetirer::keyed(
+                key,
+                self.ring_id(),
+                self.st.qp_num,
+                self.st.depth,
+                self.st.retired,
+            ),
+        )
+    }
+
+    /// Split mode, poster side, as [`SendRing::sync`](crate::SendRing::sync).
+    ///
+    /// # Panics
+    /// If `shared` are not the counters of this ring's latest [`split`](Self::split).
+    #[inline]
+    pub fn sync<O: crate::split::Orderings>(&mut self, shared: &crate::split::SendCounters<O>) {
+        if shared.key() != self.st.split_key || shared.key() == 0 {
+            panic!(
+                "DirectRing::sync: counters of another ring or split (key {}, this ring's \
+                 latest split has key {}): use the counters DirectRing::split returned",
+                shared.key(),
+                self.st.split_key
+            );
+        }
+        self.retire_to(shared.observe_retired());
+        if let Some(e) = shared.observe_error() {
+            self.enter_error(e);
+        }
+        shared.publish_posted(self.st.posted);
+    }
+
+    /// Forgets every staged and outstanding WR and leaves the error state; `cur_post` goes
+    /// back to 0, as libmlx5's `mlx5_init_qp_indices` on the move to RESET (the device's
+    /// counter restarts there). Returns the number of WRs that never completed.
+    ///
+    /// # Safety
+    /// As [`SendRing::reset`](crate::SendRing::reset): the QP went to RESET (the device no
+    /// longer uses any WR of this ring, and libibverbs cleared the doorbell record), and in
+    /// split mode no retirer is running.
+    pub unsafe fn reset(&mut self) -> u64 {
+        self.st.batch_open = false;
+        let dropped = self.st.f.seq - self.st.retired;
+        let posted = self.st.posted;
+        self.st.f.seq = posted;
+        self.st.retired = posted;
+        self.st.f.cur = 0;
+        self.st.posted_cur = 0;
+        self.error = None;
+        self.st.limit = self.st.depth;
+        self.st.next_signal = posted + self.st.signal_every - 1;
+        self.st.f.event = self.event_at();
+        dropped
+    }
+
+    /// Makes the next staged WR signaled, whatever the schedule says.
+    #[inline]
+    pub fn signal_next(&mut self) {
+        self.st.next_signal = self.st.f.seq;
+        self.st.f.event = self.st.f.seq;
+    }
+
+    /// True once the WR with sequence `seq` is retired.
+    #[inline(always)]
+    pub fn is_retired(&self, seq: u64) -> bool {
+        seq < self.st.retired
+    }
+    /// WRs posted and not yet retired.
+    #[inline(always)]
+    pub fn outstanding(&self) -> u64 {
+        self.st.posted - self.st.retired
+    }
+    /// Retired and outstanding counts for a [`StallWatch`](crate::StallWatch).
+    #[inline(always)]
+    pub fn progress(&self) -> crate::Progress {
+        crate::Progress {
+            retired: self.st.retired,
+            outstanding: self.st.posted - self.st.retired,
+        }
+    }
+    /// WRs staged and not yet posted.
+    #[inline(always)]
+    pub fn staged(&self) -> u64 {
+        self.st.f.seq - self.st.posted
+    }
+    /// Messages that may still be staged (0 in the error state).
+    #[inline(always)]
+    pub fn free(&self) -> u64 {
+        self.st
+            .limit
+            .saturating_sub(self.st.f.seq - self.st.retired)
+    }
+    /// Total WRs posted since creation.
+    #[inline(always)]
+    pub fn posted_total(&self) -> u64 {
+        self.st.posted
+    }
+    /// Total WRs retired since creation.
+    #[inline(always)]
+    pub fn retired_total(&self) -> u64 {
+        self.st.retired
+    }
+    /// The configured depth.
+    #[inline(always)]
+    pub fn depth(&self) -> u64 {
+        self.st.depth
+    }
+    /// The signal period.
+    #[inline(always)]
+    pub fn signal_every(&self) -> u64 {
+        self.st.signal_every
+    }
+    /// The first error completion seen since creation or the last reset.
+    #[inline(always)]
+    pub fn error(&self) -> Option<WcError> {
+        self.error
+    }
+    /// The ring id in its `wr_id`s.
+    #[inline(always)]
+    pub fn ring_id(&self) -> u8 {
+        wr_id::ring_of(self.st.f.id_bits)
+    }
+    /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE.
+    #[inline(always)]
+    pub fn cur_post(&self) -> u32 {
+        self.st.f.cur
+    }
+    /// The BlueFlame buffer offset the next doorbell uses.
+    #[inline(always)]
+    pub fn bf_offset(&self) -> u32 {
+        self.st.bf_offset
+    }
+}
+
+/// Inline messages staged for one doorbell; see [`DirectRing::batch`].
+#[must_use = "a batch posts its messages on finish() or drop"]
+pub struct DirectBatch<'r, 'd, D: Doorbell = Mmio> {
+    ring: &'r mut DirectRing<D>,
+    f: Fast,
+    _data: PhantomData<&'d [u8]>,
+}
+
+impl<D: Doorbell> core::fmt::Debug for DirectBatch<'_, '_, D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DirectBatch")
+            .field("ring", &self.ring)
+            .field("staged", &self.staged())
+            .finish()
+    }
+}
+
+impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
+    /// Stages one inline or empty message (auto-flushing at the batch size or when the ring
+    /// fills). Returns its sequence number.
+    #[inline(always)]
+    pub fn push(&mut self, msg: Msg<'d>) -> Result<u64, SendError> {
+        if !msg.is_borrow_free() {
+            return Err(SendError::NotInline);
+        }
+        let (p, len, inline) = self.f.payload(&msg);
+        let mut f = self.f;
+        let r = self.ring.stage_fast(&mut f, &msg, p, len, inline, false);
+        self.f = f;
+        r
+    }
+
+    /// Number of messages staged and not yet posted.
+    #[inline(always)]
+    pub fn staged(&self) -> u64 {
+        self.f.seq - self.ring.st.posted
+    }
+
+    /// Posts what is staged and closes the batch.
+    #[inline]
+    pub fn finish(self) -> Result<(), SendError> {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        this.ring.st.f = this.f;
+        this.ring.st.batch_open = false;
+        this.ring.ring_doorbell();
+        Ok(())
+    }
+}
+
+impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
+    fn drop(&mut self) {
+        self.ring.st.f = self.f;
+        self.ring.st.batch_open = false;
+        self.ring.ring_doorbell();
+    }
+}

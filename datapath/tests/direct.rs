@@ -1,0 +1,408 @@
+//! The mlx5 direct path on plain memory (softnic's `Mlx5Sim`): known WQE bytes and doorbell
+//! sequences, ring semantics (batching, signals, back-pressure, errors, reset, leaked
+//! batches) and the poller's refusals. Byte equality with libmlx5 itself is the golden
+//! test's (`cargo xtask golden`).
+
+use hotverbs_datapath::mlx5::{
+    DirectCq, DirectError, DirectSq, MmioEvent, RecordingDoorbell, CTRL_CQ_UPDATE,
+};
+use hotverbs_datapath::{
+    ConfigError, DirectPoller, DirectRing, Local, LocalBuf, Msg, RemoteBuf, SendConfig, SendError,
+    WcError,
+};
+use hotverbs_softnic::mlx5sim::{Mlx5Sim, POISON};
+
+const QPN: u32 = 0xabc;
+
+fn sq_of(sim: &mut Mlx5Sim, max_inline: u32) -> DirectSq {
+    let p = sim.ptrs();
+    DirectSq {
+        buf: p.sq,
+        wqe_cnt: sim.wqe_cnt,
+        stride: 64,
+        dbrec: p.qp_dbrec,
+        bf_reg: p.bf_reg,
+        bf_size: 256,
+        bf_offset: 0,
+        qp_num: QPN,
+        ud: false,
+        max_inline,
+        max_sge: 4,
+        wrid: p.wrid,
+    }
+}
+
+fn cq_of(sim: &mut Mlx5Sim) -> DirectCq {
+    let p = sim.ptrs();
+    DirectCq {
+        buf: p.cq,
+        cqe_cnt: sim.cqe_cnt,
+        cqe_size: 64,
+        dbrec: p.cq_dbrec,
+        cqn: 0x77,
+        cons_index: 0,
+    }
+}
+
+fn ring(sim: &mut Mlx5Sim, cfg: SendConfig) -> DirectRing<RecordingDoorbell> {
+    let sq = sq_of(sim, cfg.max_inline_of());
+    // SAFETY: the simulator's memory outlives the ring; nothing else posts.
+    unsafe { DirectRing::with_doorbell(sq, cfg, None, RecordingDoorbell::new(sq.bf_reg)) }.unwrap()
+}
+
+fn poller(sim: &mut Mlx5Sim) -> DirectPoller<16> {
+    let sq = sq_of(sim, 0);
+    let cq = cq_of(sim);
+    // SAFETY: the simulator's CQ and wrid table outlive the poller.
+    let mut p = unsafe { DirectPoller::<16>::new(cq) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.attach(&sq) }.unwrap();
+    p
+}
+
+fn payload() -> [u8; 64] {
+    std::array::from_fn(|i| 0x40 + i as u8)
+}
+
+#[test]
+fn lone_inline_send_is_libmlx5s_wqe_and_a_blueflame_copy() {
+    // The bytes libmlx5 v55 wrote for this WR in the golden spike (mlx5-golden's output (a)).
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut r = ring(&mut sim, SendConfig::new(1, 8, 64).signal_every(1));
+    let data = payload();
+    let seq = r.send_now(Msg::send(Local::Inline(&data[..32]))).unwrap();
+    assert_eq!(seq, 0);
+    let sq = sim.sq();
+    let mut want = vec![
+        0x00, 0x00, 0x00, 0x0a, 0x00, 0x0a, 0xbc, 0x04, 0x00, 0x00, 0x00, 0x08, 0, 0, 0, 0, 0x80,
+        0x00, 0x00, 0x20,
+    ];
+    want.extend_from_slice(&data[..32]);
+    want.extend_from_slice(&[POISON; 12]);
+    assert_eq!(&sq[..64], &want[..]);
+    assert!(
+        sq[64..].iter().all(|&b| b == POISON),
+        "nothing past the WQE"
+    );
+    assert_eq!(sim.sq_dbr(), 1);
+    let ev = &r.doorbell().events;
+    assert_eq!(
+        ev[..3],
+        [
+            MmioEvent::ToDeviceBarrier,
+            MmioEvent::Dbr(1),
+            MmioEvent::WcStart
+        ]
+    );
+    assert_eq!(*ev.last().unwrap(), MmioEvent::FlushWrites);
+    let stores = r.doorbell().stores();
+    assert_eq!(
+        stores.len(),
+        8,
+        "the whole 64-byte WQE goes through BlueFlame"
+    );
+    for (i, (off, raw)) in stores.iter().enumerate() {
+        assert_eq!(*off, i * 8);
+        assert_eq!(raw.to_ne_bytes(), want[i * 8..i * 8 + 8]);
+    }
+    assert_eq!(&sim.bf_page()[..64], &want[..]);
+    assert_eq!(r.bf_offset(), 256, "BlueFlame buffers alternate");
+}
+
+#[test]
+fn a_batch_rings_one_8_byte_doorbell_with_the_last_ctrl() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let remote = RemoteBuf::new(0x55_0000_0000, 1 << 20, 0x3330);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 8, 16)
+            .signal_every(4)
+            .batch(8)
+            .remote(remote),
+    );
+    let buf = vec![0u8; 4096];
+    for i in 0..4u64 {
+        let b = LocalBuf::new(buf.as_ptr() as u64 + i * 0x100, 0x100 + i as u32, 0x2220);
+        // SAFETY: `buf` outlives the test; the simulated device never reads it.
+        unsafe { r.stage(Msg::write(Local::Buf(b), i * 0x1000)) }.unwrap();
+    }
+    assert!(r.doorbell().events.is_empty(), "staged, not announced");
+    assert_eq!(sim.sq_dbr(), 0);
+    r.flush().unwrap();
+    assert_eq!(sim.sq_dbr(), 4);
+    let stores = r.doorbell().stores();
+    assert_eq!(stores.len(), 1, "no BlueFlame for a list");
+    let sq = sim.sq();
+    assert_eq!(
+        stores[0],
+        (0, u64::from_ne_bytes(sq[192..200].try_into().unwrap()))
+    );
+    for i in 0..4 {
+        let w = &sq[i * 64..i * 64 + 64];
+        assert_eq!(
+            w[..8],
+            [0, 0, i as u8, 0x08, 0x00, 0x0a, 0xbc, 0x03],
+            "WQE {i}"
+        );
+        assert_eq!(w[11], if i == 3 { CTRL_CQ_UPDATE } else { 0 });
+        // raddr: be64 addr, be32 rkey, 0
+        let raddr = 0x55_0000_0000u64 + i as u64 * 0x1000;
+        assert_eq!(w[16..24], raddr.to_be_bytes());
+        assert_eq!(w[24..32], [0, 0, 0x33, 0x30, 0, 0, 0, 0]);
+        // data: be32 len, be32 lkey, be64 addr
+        assert_eq!(w[32..36], (0x100 + i as u32).to_be_bytes());
+        assert_eq!(w[36..40], 0x2220u32.to_be_bytes());
+        assert_eq!(
+            w[48..64],
+            [POISON; 16],
+            "the rest of the block is not written"
+        );
+    }
+}
+
+#[test]
+fn inline_data_wraps_at_the_end_of_the_sq() {
+    let mut sim = Mlx5Sim::new(64, 64, QPN);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 16, 188).signal_every(8).batch(16),
+    );
+    let mut p = poller(&mut sim);
+    let data: Vec<u8> = (0..188u32).map(|i| i as u8).collect();
+    // 63 one-block WQEs, then a 188-byte inline SEND (ds 13, 4 blocks) from block 63.
+    let mut sent = 0;
+    while r.cur_post() < 63 {
+        match r.send_now(Msg::send(Local::Inline(&data[..8]))) {
+            Ok(_) => sent += 1,
+            Err(SendError::WouldBlock) => {}
+            Err(e) => panic!("{e}"),
+        }
+        sim.process();
+        for c in p.poll().unwrap().iter() {
+            r.on_completion(c).unwrap();
+        }
+    }
+    assert!(sent >= 63);
+    r.signal_next();
+    r.send_now(Msg::send(Local::Inline(&data))).unwrap();
+    let sq = sim.sq();
+    let w = &sq[63 * 64..];
+    assert_eq!(w[4..8], [0x00, 0x0a, 0xbc, 13]);
+    assert_eq!(w[16..20], (188u32 | 0x8000_0000).to_be_bytes());
+    assert_eq!(w[20..64], data[..44]);
+    assert_eq!(sq[..144], data[44..188], "the rest continues at block 0");
+    assert_eq!(r.cur_post(), 67);
+    // The BlueFlame copy follows the WQE across the wrap: 4 blocks, 256 bytes.
+    let stores = r.doorbell().stores();
+    let last: Vec<_> = stores[stores.len() - 32..].to_vec();
+    assert_eq!(
+        last[8].1.to_ne_bytes(),
+        sq[..8],
+        "block 2 of the copy is SQ block 0"
+    );
+}
+
+#[test]
+fn ten_thousand_messages_round_trip_through_the_simulated_device() {
+    let mut sim = Mlx5Sim::new(256, 64, QPN);
+    let remote = RemoteBuf::new(0x1000, 1 << 20, 7);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(3, 32, 100).signal_every(8).remote(remote),
+    );
+    let mut p = poller(&mut sim);
+    let data = [0x5au8; 100];
+    let mut next = 0u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    while r.retired_total() < 10_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let len = (rng % 101) as usize;
+        let m = match rng >> 60 {
+            0..=5 => Msg::send(Local::Inline(&data[..len])),
+            6..=9 => Msg::write(Local::Inline(&data[..len]), rng % 1000),
+            10 => Msg::send_imm(Local::Empty, 9),
+            _ => Msg::write_imm(Local::Inline(&data[..len]), 0, 1),
+        };
+        let res = if rng & 1 == 0 {
+            r.send_now(m)
+        } else {
+            let mut b = r.batch();
+            let x = b
+                .push(m)
+                .and_then(|s| b.push(Msg::send(Local::Inline(&data[..4]))).map(|_| s));
+            b.finish().unwrap();
+            x
+        };
+        match res {
+            Ok(s) => assert!(s >= next),
+            Err(SendError::WouldBlock) => {}
+            Err(e) => panic!("{e}"),
+        }
+        next = r.posted_total();
+        sim.process();
+        for c in p.poll().unwrap().iter() {
+            assert_eq!(c.ring(), 3);
+            r.on_completion(c).unwrap();
+        }
+    }
+    assert_eq!(sim.cq_ci(), p.cons_index());
+    assert!(r.outstanding() <= 32);
+}
+
+#[test]
+fn an_error_completion_retires_exactly_and_flushes_the_rest() {
+    let mut sim = Mlx5Sim::new(64, 64, QPN);
+    let mut r = ring(&mut sim, SendConfig::new(1, 16, 32).signal_every(4));
+    let mut p = poller(&mut sim);
+    for _ in 0..3 {
+        r.send_now(Msg::send(Local::Inline(b"ok"))).unwrap();
+    }
+    assert_eq!(sim.process(), 0, "unsignaled, no CQE");
+    sim.fail_next(0x13, 0x88); // REMOTE_ACCESS_ERR on the 4th
+    for _ in 0..3 {
+        // The 4th is signaled by the schedule; the 5th and 6th are flushed.
+        r.send_now(Msg::send(Local::Inline(b"x"))).unwrap();
+    }
+    assert_eq!(sim.process(), 3, "one error CQE, two flush CQEs");
+    let mut cs = [hotverbs_datapath::Completion::PLACEHOLDER; 4];
+    assert_eq!(p.poll_into(&mut cs).unwrap(), 3);
+    assert_eq!(cs[0].as_raw().vendor_err, 0x88);
+    assert_eq!(r.on_completion(&cs[0]), Err(WcError::RemAccess));
+    assert_eq!(r.outstanding(), 2, "the error CQE retired WRs 0..=3");
+    assert!(matches!(
+        r.send_now(Msg::send(Local::Inline(b"no"))),
+        Err(SendError::QpError(WcError::RemAccess))
+    ));
+    assert!(r.on_completion(&cs[1]).is_err());
+    assert!(r.on_completion(&cs[2]).is_err());
+    assert_eq!(r.outstanding(), 0, "every WR accounted");
+    // RESET -> RTS: the device restarts at index 0, and so does the ring.
+    sim.reset_qp();
+    // SAFETY: the simulated QP went to RESET.
+    assert_eq!(unsafe { r.reset() }, 0);
+    assert_eq!(r.cur_post(), 0);
+    r.signal_next();
+    r.send_now(Msg::send(Local::Inline(b"again"))).unwrap();
+    assert_eq!(sim.process(), 1);
+    let c = &p.poll().unwrap()[0];
+    assert_eq!(r.on_completion(c), Ok(1));
+}
+
+#[test]
+fn refused_messages_leave_the_sq_untouched() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut r = ring(&mut sim, SendConfig::new(1, 8, 16));
+    let before = sim.sq().to_vec();
+    let big = [1u8; 17];
+    assert!(matches!(
+        r.send_now(Msg::send(Local::Inline(&big))),
+        Err(SendError::InlineTooLong { len: 17, max: 16 })
+    ));
+    assert!(matches!(
+        r.send_now(Msg::write(Local::Inline(b"x"), 0)),
+        Err(SendError::NoRemote)
+    ));
+    assert_eq!(sim.sq(), &before[..]);
+    assert_eq!((r.cur_post(), r.posted_total(), sim.sq_dbr()), (0, 0, 0));
+    assert!(r.doorbell().events.is_empty());
+}
+
+#[test]
+fn a_leaked_batch_is_never_announced_and_its_blocks_are_reused() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 16, 16).batch(16).signal_every(8),
+    );
+    let mut b = r.batch();
+    b.push(Msg::send(Local::Inline(b"lost"))).unwrap();
+    b.push(Msg::send(Local::Inline(b"lost"))).unwrap();
+    std::mem::forget(b);
+    assert_eq!(sim.sq_dbr(), 0);
+    r.send_now(Msg::send(Local::Inline(b"kept"))).unwrap();
+    assert_eq!((r.cur_post(), r.posted_total(), sim.sq_dbr()), (1, 1, 1));
+}
+
+#[test]
+fn a_too_small_sq_and_unmodelled_queues_are_refused_by_name() {
+    let mut sim = Mlx5Sim::new(16, 16, QPN);
+    let sq = sq_of(&mut sim, 256);
+    // SAFETY: never posts (construction fails).
+    let e = unsafe { DirectRing::new(sq, SendConfig::new(1, 16, 256), None) }.unwrap_err();
+    assert!(matches!(
+        e,
+        ConfigError::Direct(DirectError::SqTooSmall { have: 16, .. })
+    ));
+    assert!(e.to_string().contains("basic blocks"), "{e}");
+    let mut sq2 = sq_of(&mut sim, 0);
+    sq2.stride = 128;
+    // SAFETY: as above.
+    let e = unsafe { DirectRing::new(sq2, SendConfig::new(1, 4, 0), None) }.unwrap_err();
+    assert!(e.to_string().contains("stride"), "{e}");
+    let mut cq = cq_of(&mut sim);
+    cq.cqe_size = 128;
+    // SAFETY: construction fails.
+    let e = unsafe { DirectPoller::<4>::new(cq) }.unwrap_err();
+    assert!(e.to_string().contains("64 bytes"), "{e}");
+}
+
+#[test]
+fn the_poller_refuses_cqes_it_does_not_model_and_leaves_them() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut p = poller(&mut sim);
+    sim.write_cqe(0, 0x0a, 0, 0, 0);
+    // Responder CQE (RESP_SEND) next.
+    sim.write_cqe(2, 0, 0, 0, 0);
+    assert_eq!(p.poll().unwrap().len(), 1, "the requester CQE before it");
+    for _ in 0..2 {
+        assert_eq!(
+            p.poll().unwrap_err(),
+            DirectError::CqeOpcode {
+                opcode: 2,
+                index: 1
+            }
+        );
+    }
+    assert_eq!(p.cons_index(), 1);
+    // Compressed format bits.
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut p = poller(&mut sim);
+    sim.write_cqe(0, 0x0a, 0, 0, 0);
+    let c = sim.ptrs().cq;
+    // SAFETY: CQE 0's op_own byte in the simulator's CQ.
+    unsafe { *c.add(63) |= 0x0c };
+    assert!(matches!(
+        p.poll(),
+        Err(DirectError::CqeFormat { index: 0, .. })
+    ));
+    // A QP nobody attached.
+    let mut sim = Mlx5Sim::new(64, 16, 0x999);
+    let cq = cq_of(&mut sim);
+    // SAFETY: the simulator outlives the poller.
+    let mut p = unsafe { DirectPoller::<4>::new(cq) }.unwrap();
+    sim.write_cqe(0, 0x0a, 0, 0, 0);
+    assert_eq!(p.poll().unwrap_err(), DirectError::UnknownQp(0x999));
+    assert!(p.poll().unwrap_err().to_string().contains("attach"));
+}
+
+#[test]
+fn owner_bit_wraps_over_many_passes() {
+    let mut sim = Mlx5Sim::new(64, 4, QPN);
+    let mut r = ring(&mut sim, SendConfig::new(1, 2, 8).signal_every(1));
+    let mut p = poller(&mut sim);
+    for i in 0..1000u32 {
+        r.send_now(Msg::send(Local::Inline(&i.to_le_bytes())))
+            .unwrap();
+        assert_eq!(sim.process(), 1);
+        let cs = p.poll().unwrap();
+        assert_eq!(cs.len(), 1, "message {i}");
+        assert_eq!(r.on_completion(&cs[0]), Ok(1));
+        assert!(
+            p.poll().unwrap().is_empty(),
+            "a stale CQE of the last pass is not new"
+        );
+    }
+    assert_eq!(p.cons_index(), 1000);
+}

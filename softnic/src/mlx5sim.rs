@@ -1,0 +1,231 @@
+//! A plain-memory stand-in for a ConnectX send queue and CQ, for testing and measuring
+//! `hotverbs-datapath`'s mlx5 direct path (`DirectRing` / `DirectPoller`) with no device.
+//!
+//! [`Mlx5Sim`] owns what `mlx5dv_init_obj(3)` would point at: the SQ (basic blocks filled
+//! with a poison byte), the QP and CQ doorbell records, a BlueFlame register page, the
+//! `wrid` table and the CQ (every CQE `INVALID`, owned by hardware). Its "device"
+//! ([`Mlx5Sim::process`]) reads the doorbell record, walks the announced WQEs by their
+//! ctrl segments and writes a requester CQE for every WQE with `CQ_UPDATE` (or, after
+//! [`fail_next`](Mlx5Sim::fail_next), an error CQE then a flush CQE per later WQE, as a
+//! QP in error does), with the owner bit of each pass over the CQ.
+//!
+//! The datapath's `mlx5::RecordingDoorbell` (feature `std`) records what a ring stores.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+/// One page-aligned zeroed allocation.
+struct Region {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Region {
+    fn new(len: usize, fill: u8) -> Region {
+        let layout = Layout::from_size_align(len.max(64), 4096).expect("layout");
+        // SAFETY: a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        // SAFETY: `len` bytes were just allocated.
+        unsafe { ptr.write_bytes(fill, len) };
+        Region { ptr, layout }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The byte every SQ basic block starts as.
+pub const POISON: u8 = 0xcc;
+
+/// A simulated mlx5 SQ + CQ pair; see the [module docs](self).
+pub struct Mlx5Sim {
+    sq: Region,
+    qp_db: Region,
+    bf: Region,
+    wrid: Vec<u64>,
+    cq: Region,
+    cq_db: Region,
+    /// Basic blocks in the SQ.
+    pub wqe_cnt: u32,
+    /// CQEs in the CQ.
+    pub cqe_cnt: u32,
+    /// QP number.
+    pub qpn: u32,
+    /// `cur_post` up to which the device has read WQEs.
+    dev_cur: u32,
+    /// CQEs the device has written.
+    dev_pi: u32,
+    fail: Option<(u8, u8)>,
+    in_error: bool,
+}
+
+// SAFETY: the regions are owned heap memory; &mut self serialises access.
+unsafe impl Send for Mlx5Sim {}
+
+impl std::fmt::Debug for Mlx5Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mlx5Sim")
+            .field("wqe_cnt", &self.wqe_cnt)
+            .field("cqe_cnt", &self.cqe_cnt)
+            .field("qpn", &self.qpn)
+            .field("dev_cur", &self.dev_cur)
+            .field("dev_pi", &self.dev_pi)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Raw pointers of a [`Mlx5Sim`], for building the datapath's `DirectSq` / `DirectCq`.
+#[derive(Clone, Copy, Debug)]
+pub struct SimPtrs {
+    /// SQ buffer (`wqe_cnt * 64` bytes).
+    pub sq: *mut u8,
+    /// QP doorbell record (two big-endian u32: receive, send).
+    pub qp_dbrec: *mut u32,
+    /// BlueFlame register page (4 KiB; buffers of 256 bytes at 0 and 256).
+    pub bf_reg: *mut u8,
+    /// `wrid` table (`wqe_cnt` entries).
+    pub wrid: *mut u64,
+    /// CQ buffer (`cqe_cnt * 64` bytes).
+    pub cq: *mut u8,
+    /// CQ doorbell record (big-endian consumer index at 0).
+    pub cq_dbrec: *mut u32,
+}
+
+impl Mlx5Sim {
+    /// A simulated SQ of `wqe_cnt` basic blocks and CQ of `cqe_cnt` CQEs (powers of two).
+    pub fn new(wqe_cnt: u32, cqe_cnt: u32, qpn: u32) -> Mlx5Sim {
+        assert!(wqe_cnt.is_power_of_two() && cqe_cnt.is_power_of_two());
+        let cq = Region::new(cqe_cnt as usize * 64, 0);
+        for i in 0..cqe_cnt as usize {
+            // SAFETY: inside the CQ region.
+            unsafe { cq.ptr.add(i * 64 + 63).write(0xf0) };
+        }
+        Mlx5Sim {
+            sq: Region::new(wqe_cnt as usize * 64, POISON),
+            qp_db: Region::new(64, 0),
+            bf: Region::new(4096, 0),
+            wrid: vec![0; wqe_cnt as usize],
+            cq,
+            cq_db: Region::new(64, 0),
+            wqe_cnt,
+            cqe_cnt,
+            qpn,
+            dev_cur: 0,
+            dev_pi: 0,
+            fail: None,
+            in_error: false,
+        }
+    }
+
+    /// The raw pointers.
+    pub fn ptrs(&mut self) -> SimPtrs {
+        SimPtrs {
+            sq: self.sq.ptr,
+            qp_dbrec: self.qp_db.ptr.cast(),
+            bf_reg: self.bf.ptr,
+            wrid: self.wrid.as_mut_ptr(),
+            cq: self.cq.ptr,
+            cq_dbrec: self.cq_db.ptr.cast(),
+        }
+    }
+
+    /// The SQ bytes.
+    pub fn sq(&self) -> &[u8] {
+        // SAFETY: the region holds wqe_cnt * 64 initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.sq.ptr, self.wqe_cnt as usize * 64) }
+    }
+
+    /// The send doorbell record, host order.
+    pub fn sq_dbr(&self) -> u32 {
+        // SAFETY: inside the doorbell region.
+        u32::from_be(unsafe { self.qp_db.ptr.cast::<u32>().add(1).read_volatile() })
+    }
+
+    /// The CQ consumer index the poller published, host order.
+    pub fn cq_ci(&self) -> u32 {
+        // SAFETY: inside the doorbell region.
+        u32::from_be(unsafe { self.cq_db.ptr.cast::<u32>().read_volatile() })
+    }
+
+    /// The BlueFlame register page.
+    pub fn bf_page(&self) -> &[u8] {
+        // SAFETY: 4096 initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.bf.ptr, 4096) }
+    }
+
+    /// The next WQE the device reads completes with `syndrome` (vendor syndrome `vendor`),
+    /// and every later one is flushed.
+    pub fn fail_next(&mut self, syndrome: u8, vendor: u8) {
+        self.fail = Some((syndrome, vendor));
+    }
+
+    /// The device's QP went back to RESET: counters restart at 0 (the CQ keeps going).
+    pub fn reset_qp(&mut self) {
+        self.dev_cur = 0;
+        self.in_error = false;
+        self.fail = None;
+        // SAFETY: inside the doorbell region.
+        unsafe { self.qp_db.ptr.cast::<u32>().add(1).write_volatile(0) };
+    }
+
+    /// Writes one CQE at the device's producer index.
+    pub fn write_cqe(&mut self, op: u8, wqe_op: u8, wqe_counter: u16, syndrome: u8, vendor: u8) {
+        let i = (self.dev_pi & (self.cqe_cnt - 1)) as usize;
+        let mut c = [0u8; 64];
+        c[56..60].copy_from_slice(&((wqe_op as u32) << 24 | self.qpn).to_be_bytes());
+        c[60..62].copy_from_slice(&wqe_counter.to_be_bytes());
+        c[44..48].copy_from_slice(&32u32.to_be_bytes());
+        if op == 13 {
+            c[54] = vendor;
+            c[55] = syndrome;
+        }
+        c[63] = op << 4 | ((self.dev_pi & self.cqe_cnt) != 0) as u8;
+        // SAFETY: CQE i is inside the CQ; the owner byte is written last.
+        unsafe {
+            let p = self.cq.ptr.add(i * 64);
+            std::ptr::copy_nonoverlapping(c.as_ptr(), p, 63);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            p.add(63).write_volatile(c[63]);
+        }
+        self.dev_pi = self.dev_pi.wrapping_add(1);
+    }
+
+    /// Runs the device: every WQE announced by the doorbell record since the last call
+    /// is "executed" and completed (see the [module docs](self)). Returns how many CQEs it
+    /// wrote.
+    pub fn process(&mut self) -> u32 {
+        let target = self.sq_dbr() & 0xffff;
+        let mut n = 0;
+        while self.dev_cur & 0xffff != target {
+            let idx = (self.dev_cur & (self.wqe_cnt - 1)) as usize;
+            let w = &self.sq()[idx * 64..idx * 64 + 16];
+            let oio = u32::from_be_bytes(w[0..4].try_into().unwrap());
+            let ds = u32::from_be_bytes(w[4..8].try_into().unwrap()) & 0x3f;
+            let signaled = w[11] & 0x08 != 0;
+            let wqe_op = (oio & 0xff) as u8;
+            let ctr = ((oio >> 8) & 0xffff) as u16;
+            assert_eq!(
+                ctr,
+                (self.dev_cur & 0xffff) as u16,
+                "WQE index out of order"
+            );
+            if let Some((s, v)) = self.fail.take() {
+                self.write_cqe(13, wqe_op, ctr, s, v);
+                self.in_error = true;
+                n += 1;
+            } else if self.in_error {
+                self.write_cqe(13, wqe_op, ctr, 0x05, 0);
+                n += 1;
+            } else if signaled {
+                self.write_cqe(0, wqe_op, ctr, 0, 0);
+                n += 1;
+            }
+            self.dev_cur = self.dev_cur.wrapping_add(ds.div_ceil(4).max(1));
+        }
+        n
+    }
+}

@@ -27,6 +27,7 @@
 // Bench and test harness types, not an API: no Debug needed.
 #![allow(missing_debug_implementations)]
 
+pub mod direct;
 pub mod naive;
 
 use std::mem::MaybeUninit;
@@ -821,6 +822,15 @@ pub const WORKLOADS: &[(&str, &str)] = &[
         "ExCqPoller, 32 per ibv_start_poll..ibv_end_poll",
     ),
     (
+        "stream-directnow-sim",
+        "DirectRing::send_now per message (BlueFlame), simulated mlx5 queues",
+    ),
+    (
+        "stream-direct32-sim",
+        "DirectRing post list 32, simulated mlx5 queues",
+    ),
+    ("poll-direct-sim", "DirectPoller, 32 CQEs per poll"),
+    (
         "pingpong-naive-softnic",
         "naive ping-pong round trip, softnic",
     ),
@@ -990,6 +1000,30 @@ pub const ROWS: &[Row] = &[
         "completion",
     ),
     row(
+        "direct send_now, mlx5 sim",
+        "stream-sendnow-counting",
+        "stream-directnow-sim",
+        None,
+        Some(40.0),
+        "msg",
+    ),
+    row(
+        "direct batch 32, mlx5 sim",
+        "stream-ring32-counting",
+        "stream-direct32-sim",
+        None,
+        Some(20.0),
+        "msg",
+    ),
+    row(
+        "poll direct per completion, mlx5 sim",
+        "poll-batch-counting",
+        "poll-direct-sim",
+        None,
+        None,
+        "completion",
+    ),
+    row(
         "ping-pong round trip, softnic",
         "pingpong-naive-softnic",
         "pingpong-ring-softnic",
@@ -1082,6 +1116,17 @@ pub fn run_workload(name: &str, n: u64) -> Result<u64, String> {
             }
             Ok(done)
         }
+        "stream-directnow-sim" => {
+            let mut r = direct::DirectStream::new(SIGNAL_EVERY)?;
+            direct::hv_measured_stream_direct_now(&mut r, &MSG, warm)?;
+            direct::hv_measured_stream_direct_now(&mut r, &MSG, n)
+        }
+        "stream-direct32-sim" => {
+            let mut r = direct::DirectStream::new(32)?;
+            direct::hv_measured_stream_direct(&mut r, &MSG, warm)?;
+            direct::hv_measured_stream_direct(&mut r, &MSG, n)
+        }
+        "poll-direct-sim" => direct::poll_direct(n),
         "pingpong-naive-softnic" => {
             let pair = SoftnicPair::new()?;
             let mut pp = NaivePingPong::new(&pair)?;

@@ -55,12 +55,7 @@ pub struct Mlx5Sim {
     pub cqe_cnt: u32,
     /// QP number.
     pub qpn: u32,
-    /// `cur_post` up to which the device has read WQEs.
-    dev_cur: u32,
-    /// CQEs the device has written.
-    dev_pi: u32,
-    fail: Option<(u8, u8)>,
-    in_error: bool,
+    dev: SimDevice,
 }
 
 // SAFETY: the regions are owned heap memory; &mut self serialises access.
@@ -72,8 +67,7 @@ impl std::fmt::Debug for Mlx5Sim {
             .field("wqe_cnt", &self.wqe_cnt)
             .field("cqe_cnt", &self.cqe_cnt)
             .field("qpn", &self.qpn)
-            .field("dev_cur", &self.dev_cur)
-            .field("dev_pi", &self.dev_pi)
+            .field("dev", &self.dev)
             .finish_non_exhaustive()
     }
 }
@@ -104,9 +98,14 @@ impl Mlx5Sim {
             // SAFETY: inside the CQ region.
             unsafe { cq.ptr.add(i * 64 + 63).write(0xf0) };
         }
+        let sq = Region::new(wqe_cnt as usize * 64, POISON);
+        let qp_db = Region::new(64, 0);
+        // SAFETY: the regions live as long as the simulator, which owns the device.
+        let dev =
+            unsafe { SimDevice::new(sq.ptr, wqe_cnt, qp_db.ptr.cast(), cq.ptr, cqe_cnt, qpn) };
         Mlx5Sim {
-            sq: Region::new(wqe_cnt as usize * 64, POISON),
-            qp_db: Region::new(64, 0),
+            sq,
+            qp_db,
             bf: Region::new(4096, 0),
             wrid: vec![0; wqe_cnt as usize],
             cq,
@@ -114,10 +113,7 @@ impl Mlx5Sim {
             wqe_cnt,
             cqe_cnt,
             qpn,
-            dev_cur: 0,
-            dev_pi: 0,
-            fail: None,
-            in_error: false,
+            dev,
         }
     }
 
@@ -160,16 +156,90 @@ impl Mlx5Sim {
     /// The next WQE the device reads completes with `syndrome` (vendor syndrome `vendor`),
     /// and every later one is flushed.
     pub fn fail_next(&mut self, syndrome: u8, vendor: u8) {
-        self.fail = Some((syndrome, vendor));
+        self.dev.fail_next(syndrome, vendor);
     }
 
     /// The device's QP went back to RESET: counters restart at 0 (the CQ keeps going).
     pub fn reset_qp(&mut self) {
+        self.dev.reset_qp();
+        // SAFETY: inside the doorbell region.
+        unsafe { self.qp_db.ptr.cast::<u32>().add(1).write_volatile(0) };
+    }
+
+    /// Writes one CQE at the device's producer index.
+    pub fn write_cqe(&mut self, op: u8, wqe_op: u8, wqe_counter: u16, syndrome: u8, vendor: u8) {
+        self.dev
+            .write_cqe(op, wqe_op, wqe_counter, syndrome, vendor);
+    }
+
+    /// Runs the device ([`SimDevice::process`]). Never inlined, so instruction counts
+    /// attribute it to the device.
+    #[inline(never)]
+    pub fn process(&mut self) -> u32 {
+        self.dev.process()
+    }
+}
+
+/// The simulated device side over memory someone else owns (a [`Mlx5Sim`]'s, or the fake
+/// objects of libmlx5's golden model): reads announced WQEs, writes CQEs.
+#[derive(Debug)]
+pub struct SimDevice {
+    sq: *const u8,
+    wqe_cnt: u32,
+    sq_dbrec: *const u32,
+    cq: *mut u8,
+    cqe_cnt: u32,
+    qpn: u32,
+    /// `cur_post` up to which the device has read WQEs.
+    dev_cur: u32,
+    /// CQEs the device has written.
+    dev_pi: u32,
+    fail: Option<(u8, u8)>,
+    in_error: bool,
+}
+
+// SAFETY: raw pointers to memory the owner keeps alive; &mut self serialises access.
+unsafe impl Send for SimDevice {}
+
+impl SimDevice {
+    /// A device over an SQ of `wqe_cnt` basic blocks at `sq` with the QP doorbell record
+    /// `sq_dbrec` (send counter at index 1), and a CQ of `cqe_cnt` 64-byte CQEs at `cq`.
+    ///
+    /// # Safety
+    /// The memory is valid (and the CQ writable) for as long as the device is used.
+    pub unsafe fn new(
+        sq: *const u8,
+        wqe_cnt: u32,
+        sq_dbrec: *const u32,
+        cq: *mut u8,
+        cqe_cnt: u32,
+        qpn: u32,
+    ) -> SimDevice {
+        SimDevice {
+            sq,
+            wqe_cnt,
+            sq_dbrec,
+            cq,
+            cqe_cnt,
+            qpn,
+            dev_cur: 0,
+            dev_pi: 0,
+            fail: None,
+            in_error: false,
+        }
+    }
+
+    /// The next WQE the device reads completes with `syndrome` (vendor syndrome `vendor`),
+    /// and every later one is flushed.
+    pub fn fail_next(&mut self, syndrome: u8, vendor: u8) {
+        self.fail = Some((syndrome, vendor));
+    }
+
+    /// The QP went back to RESET: the WQE counter restarts at 0.
+    pub fn reset_qp(&mut self) {
         self.dev_cur = 0;
         self.in_error = false;
         self.fail = None;
-        // SAFETY: inside the doorbell region.
-        unsafe { self.qp_db.ptr.cast::<u32>().add(1).write_volatile(0) };
     }
 
     /// Writes one CQE at the device's producer index.
@@ -184,9 +254,9 @@ impl Mlx5Sim {
             c[55] = syndrome;
         }
         c[63] = op << 4 | ((self.dev_pi & self.cqe_cnt) != 0) as u8;
-        // SAFETY: CQE i is inside the CQ; the owner byte is written last.
+        // SAFETY: CQE i is inside the CQ (new's contract); the owner byte is written last.
         unsafe {
-            let p = self.cq.ptr.add(i * 64);
+            let p = self.cq.add(i * 64);
             std::ptr::copy_nonoverlapping(c.as_ptr(), p, 63);
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
             p.add(63).write_volatile(c[63]);
@@ -197,12 +267,16 @@ impl Mlx5Sim {
     /// Runs the device: every WQE announced by the doorbell record since the last call
     /// is "executed" and completed (see the [module docs](self)). Returns how many CQEs it
     /// wrote.
+    #[inline(never)]
     pub fn process(&mut self) -> u32 {
-        let target = self.sq_dbr() & 0xffff;
+        // SAFETY: the doorbell record (new's contract).
+        let target = u32::from_be(unsafe { self.sq_dbrec.add(1).read_volatile() }) & 0xffff;
         let mut n = 0;
         while self.dev_cur & 0xffff != target {
             let idx = (self.dev_cur & (self.wqe_cnt - 1)) as usize;
-            let w = &self.sq()[idx * 64..idx * 64 + 16];
+            let mut w = [0u8; 16];
+            // SAFETY: a ctrl segment inside the SQ (new's contract).
+            unsafe { std::ptr::copy_nonoverlapping(self.sq.add(idx * 64), w.as_mut_ptr(), 16) };
             let oio = u32::from_be_bytes(w[0..4].try_into().unwrap());
             let ds = u32::from_be_bytes(w[4..8].try_into().unwrap()) & 0x3f;
             let signaled = w[11] & 0x08 != 0;

@@ -160,100 +160,103 @@ impl<const B: usize> DirectPoller<B> {
     }
 }
 
+/// Per WQE opcode (the low 5 bits of a requester CQE's `sop_drop_qpn >> 24`), as libmlx5's
+/// `handle_good_req`: `ibv_wc_opcode` in bits 0..8, `wc_flags` in 8..16, and the byte_len
+/// rule in 16..24 (0: left 0; 1: the CQE's `byte_cnt` (READ); 2: 8 (atomics)).
+const REQ_WC: [u32; 32] = {
+    const fn e(op: u32, flags: u32, rule: u32) -> u32 {
+        op | flags << 8 | rule << 16
+    }
+    let mut t = [e(IBV_WC_SEND, 0, 0); 32];
+    t[super::opcode::RDMA_WRITE as usize] = e(IBV_WC_RDMA_WRITE, 0, 0);
+    t[super::opcode::RDMA_WRITE_IMM as usize] = e(IBV_WC_RDMA_WRITE, IBV_WC_WITH_IMM, 0);
+    t[super::opcode::SEND_IMM as usize] = e(IBV_WC_SEND, IBV_WC_WITH_IMM, 0);
+    t[super::opcode::RDMA_READ as usize] = e(IBV_WC_RDMA_READ, 0, 1);
+    t[super::opcode::ATOMIC_CS as usize] = e(IBV_WC_COMP_SWAP, 0, 2);
+    t[super::opcode::ATOMIC_FA as usize] = e(IBV_WC_FETCH_ADD, 0, 2);
+    t
+};
+
+/// An `ibv_wc` from its six 8-byte words (the struct's layout on 64-bit Linux).
+#[inline(always)]
+fn wc_from_words(w: [u64; 6]) -> ibv_wc {
+    const _: () = assert!(core::mem::size_of::<ibv_wc>() == 48);
+    const _: () = assert!(core::mem::offset_of!(ibv_wc, status) == 8);
+    const _: () = assert!(core::mem::offset_of!(ibv_wc, vendor_err) == 16);
+    const _: () = assert!(core::mem::offset_of!(ibv_wc, qp_num) == 28);
+    const _: () = assert!(core::mem::offset_of!(ibv_wc, wc_flags) == 36);
+    // SAFETY: same size, every field of ibv_wc is an integer (or a union of integers), so
+    // any bytes are a valid value; the padding is zero.
+    unsafe { core::mem::transmute::<[u64; 6], ibv_wc>(w) }
+}
+
 impl CqState {
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
+        let buf = self.buf;
+        let mask = self.mask;
+        let cnt = self.cqe_cnt;
+        let mut cons = self.cons;
+        let mut slot = self.qps[self.last % MAX_QPS];
         let mut n = 0;
         let mut err = None;
         while n < out.len() {
-            match self.next() {
-                Ok(Some(wc)) => {
-                    out[n] = wc;
-                    n += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    err = Some(e);
-                    break;
+            // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
+            let c = unsafe { buf.add(((cons & mask) as usize) << 6) };
+            // SAFETY: as above; the device writes op_own last, so read it first.
+            let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
+            let opcode = op_own >> 4;
+            if opcode == cqe::INVALID || (op_own & cqe::OWNER_MASK) != ((cons & cnt) != 0) as u8 {
+                break;
+            }
+            from_device_barrier();
+            if op_own & cqe::FORMAT_MASK != 0 {
+                err = Some(DirectError::CqeFormat {
+                    op_own,
+                    index: cons,
+                });
+                break;
+            }
+            // SAFETY: the whole 64-byte CQE is inside the buffer; read after the barrier.
+            let (sop, ctr) = unsafe {
+                (
+                    u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
+                    u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
+                )
+            };
+            let qpn = sop & 0xff_ffff;
+            if slot.qpn != qpn {
+                match self
+                    .qps
+                    .iter()
+                    .position(|s| s.qpn == qpn && !s.wrid.is_null())
+                {
+                    Some(i) => {
+                        self.last = i;
+                        slot = self.qps[i];
+                    }
+                    None => {
+                        err = Some(DirectError::UnknownQp(qpn));
+                        break;
+                    }
                 }
             }
-        }
-        // SAFETY: the CQ's doorbell record (new's contract).
-        unsafe {
-            self.dbrec
-                .add(super::CQ_SET_CI)
-                .write_volatile((self.cons & 0xff_ffff).to_be())
-        };
-        match err {
-            Some(e) if n == 0 => Err(e),
-            _ => Ok(n),
-        }
-    }
-
-    /// The next CQE as a completion, consumed; `None` when the device has not written it.
-    #[inline(always)]
-    fn next(&mut self) -> Result<Option<Completion>, DirectError> {
-        let cons = self.cons;
-        // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
-        let c = unsafe { self.buf.add(((cons & self.mask) as usize) << 6) };
-        // SAFETY: as above; the device writes op_own last, so read it first.
-        let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
-        let opcode = op_own >> 4;
-        if opcode == cqe::INVALID
-            || (op_own & cqe::OWNER_MASK) != ((cons & self.cqe_cnt) != 0) as u8
-        {
-            return Ok(None);
-        }
-        from_device_barrier();
-        if op_own & cqe::FORMAT_MASK != 0 {
-            return Err(DirectError::CqeFormat {
-                op_own,
-                index: cons,
-            });
-        }
-        // SAFETY: the whole 64-byte CQE is inside the buffer; read after the barrier.
-        let (sop, ctr) = unsafe {
-            (
-                u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
-                u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
-            )
-        };
-        let qpn = sop & 0xff_ffff;
-        let mut slot = self.qps[self.last % MAX_QPS];
-        if slot.qpn != qpn {
-            match self
-                .qps
-                .iter()
-                .position(|s| s.qpn == qpn && !s.wrid.is_null())
-            {
-                Some(i) => {
-                    self.last = i;
-                    slot = self.qps[i];
-                }
-                None => return Err(DirectError::UnknownQp(qpn)),
-            }
-        }
-        let (status, vendor_err, op, flags, byte_len) = match opcode {
-            cqe::REQ => {
-                let (op, flags, byte_len) = match (sop >> 24) as u8 {
-                    super::opcode::RDMA_WRITE_IMM => (IBV_WC_RDMA_WRITE, IBV_WC_WITH_IMM, 0),
-                    super::opcode::RDMA_WRITE => (IBV_WC_RDMA_WRITE, 0, 0),
-                    super::opcode::SEND_IMM => (IBV_WC_SEND, IBV_WC_WITH_IMM, 0),
-                    super::opcode::RDMA_READ => (
-                        IBV_WC_RDMA_READ,
-                        0,
-                        // SAFETY: inside the CQE, read after the barrier.
-                        unsafe {
-                            u32::from_be(c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile())
-                        },
-                    ),
-                    super::opcode::ATOMIC_CS => (IBV_WC_COMP_SWAP, 0, 8),
-                    super::opcode::ATOMIC_FA => (IBV_WC_FETCH_ADD, 0, 8),
-                    _ => (IBV_WC_SEND, 0, 0),
+            let (w1, w2, w4) = if opcode == cqe::REQ {
+                let e = REQ_WC[(sop >> 24) as usize & 31];
+                let rule = e >> 16;
+                let byte_len = if rule == 1 {
+                    // SAFETY: inside the CQE, read after the barrier.
+                    unsafe { u32::from_be(c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile()) }
+                } else {
+                    rule << 2
                 };
-                (IBV_WC_SUCCESS, 0, op, flags, byte_len)
-            }
-            cqe::REQ_ERR => {
+                // status SUCCESS (0) | opcode; vendor_err 0 | byte_len; src_qp 0 | wc_flags.
+                (
+                    ((e & 0xff) as u64) << 32,
+                    (byte_len as u64) << 32,
+                    ((e >> 8) & 0xff) as u64 * (1 << 32),
+                )
+            } else if opcode == cqe::REQ_ERR {
                 // SAFETY: inside the CQE, read after the barrier.
                 let (synd, vendor) = unsafe {
                     (
@@ -261,34 +264,33 @@ impl CqState {
                         c.add(cqe::OFF_VENDOR_ERR).read_volatile(),
                     )
                 };
-                (syndrome_status(synd), vendor as u32, IBV_WC_SEND, 0, 0)
-            }
-            _ => {
-                return Err(DirectError::CqeOpcode {
+                (syndrome_status(synd) as u64, vendor as u64, 0)
+            } else {
+                err = Some(DirectError::CqeOpcode {
                     opcode,
                     index: cons,
-                })
-            }
+                });
+                break;
+            };
+            // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table (attach's contract).
+            let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
+            cons = cons.wrapping_add(1);
+            // imm_data 0 | qp_num; pkey_index, slid, sl, dlid_path_bits 0.
+            let wc = wc_from_words([wr_id, w1, w2, (qpn as u64) << 32, w4, 0]);
+            // SAFETY: a completion the device reported for a WR of the attached ring.
+            out[n] = unsafe { Completion::from_raw(wc) };
+            n += 1;
+        }
+        self.cons = cons;
+        // SAFETY: the CQ's doorbell record (new's contract).
+        unsafe {
+            self.dbrec
+                .add(super::CQ_SET_CI)
+                .write_volatile((cons & 0xff_ffff).to_be())
         };
-        // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table (attach's contract).
-        let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
-        self.cons = cons.wrapping_add(1);
-        let wc = ibv_wc {
-            wr_id,
-            status,
-            opcode: op,
-            vendor_err,
-            byte_len,
-            __bindgen_anon_1: ibv_wc__bindgen_ty_1 { imm_data: 0 },
-            qp_num: qpn,
-            src_qp: 0,
-            wc_flags: flags,
-            pkey_index: 0,
-            slid: 0,
-            sl: 0,
-            dlid_path_bits: 0,
-        };
-        // SAFETY: a completion the device reported for a WR of the attached ring.
-        Ok(Some(unsafe { Completion::from_raw(wc) }))
+        match err {
+            Some(e) if n == 0 => Err(e),
+            _ => Ok(n),
+        }
     }
 }

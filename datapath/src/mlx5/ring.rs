@@ -49,6 +49,17 @@ enum Payload<'a> {
     Sges(&'a [LocalBuf]),
 }
 
+/// Extra payload forms beyond a [`Msg`]'s own [`Local`].
+#[derive(Clone, Copy)]
+enum Gather<'a> {
+    /// The message's own payload.
+    One,
+    /// Inline pieces (the message's payload is empty).
+    InlineList(&'a [&'a [u8]]),
+    /// Data segments (the message's payload is empty).
+    Sges(&'a [LocalBuf]),
+}
+
 /// What the fast path reads and writes, copied into a [`DirectBatch`] so that a push loop
 /// keeps it in registers (the WQE stores go through raw pointers the compiler cannot tell
 /// apart from the ring). Written back before anything else reads the ring.
@@ -141,9 +152,20 @@ impl Fast {
         Ok(addr)
     }
 
-    /// The payload of a plain message, its length, and whether it goes inline.
+    /// The payload of a message with `gather`, its length, and whether it goes inline.
     #[inline(always)]
-    fn payload<'a>(&self, msg: &Msg<'a>) -> (Payload<'a>, u64, bool) {
+    fn payload<'a>(&self, msg: &Msg<'a>, gather: Gather<'a>) -> (Payload<'a>, u64, bool) {
+        match gather {
+            Gather::One => {}
+            Gather::InlineList(parts) => {
+                let len = parts.iter().map(|p| p.len() as u64).sum();
+                return (Payload::InlineList(parts), len, true);
+            }
+            Gather::Sges(list) => {
+                let len = list.iter().map(|b| b.len as u64).sum();
+                return (Payload::Sges(list), len, false);
+            }
+        }
         match msg.local {
             Local::Empty => (Payload::Empty, 0, false),
             Local::Inline(d) => (Payload::Inline(d), d.len() as u64, true),
@@ -198,6 +220,90 @@ impl Fast {
     /// (the SQ basic blocks from `cur` on belong to no outstanding WQE).
     #[inline(always)]
     unsafe fn build(&mut self, msg: &Msg<'_>, payload: Payload<'_>, remote: u64, signaled: bool) {
+        // The common case in one basic block: an RC SEND / WRITE with a small inline
+        // payload. A block never crosses the end of the SQ, so nothing wraps.
+        if let (Payload::Inline(d), None) = (payload, self.ud) {
+            let raddr = matches!(msg.op, Opcode::Write | Opcode::WriteImm);
+            if d.len() <= if raddr { 28 } else { 44 }
+                && matches!(
+                    msg.op,
+                    Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+                )
+            {
+                // SAFETY: forwarded contract; the WQE is at most one block.
+                unsafe { self.build_one_block(msg, d, raddr, remote, signaled) };
+                return;
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.build_any(msg, payload, remote, signaled) }
+    }
+
+    /// [`build`](Self::build) for an RC SEND / WRITE(_IMM) with at most 44 (SEND) or 28
+    /// (WRITE) inline bytes: one basic block.
+    ///
+    /// # Safety
+    /// As [`build`](Self::build).
+    #[inline(always)]
+    unsafe fn build_one_block(
+        &mut self,
+        msg: &Msg<'_>,
+        d: &[u8],
+        raddr: bool,
+        remote: u64,
+        signaled: bool,
+    ) {
+        let idx = self.cur & self.mask;
+        // SAFETY: idx < wqe_cnt and the WQE fits the block (the caller's check).
+        unsafe {
+            let ctrl = self.sq.add((idx as usize) << 6);
+            let mut seg = ctrl.add(16);
+            let mut ds: u32 = 1;
+            if raddr {
+                raddr_seg(seg, remote, self.remote.rkey);
+                seg = seg.add(16);
+                ds = 2;
+            }
+            let len = d.len() as u32;
+            if len != 0 {
+                seg.cast::<u32>()
+                    .write_unaligned((len | INLINE_SEG).to_be());
+                copy_small(d.as_ptr(), seg.add(4), d.len());
+                ds += (len + 19) >> 4;
+            }
+            let imm = if matches!(msg.op, Opcode::SendImm | Opcode::WriteImm) {
+                msg.imm.to_be()
+            } else {
+                0
+            };
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 };
+            let w0 = ((self.cur & 0xffff) << 8 | MLX5_OP[msg.op as usize] as u32).to_be() as u64
+                | ((self.qpn8 | ds).to_be() as u64) << 32;
+            ctrl.cast::<u64>().write(w0);
+            ctrl.add(8)
+                .cast::<u64>()
+                .write((fm as u64) << 24 | (imm as u64) << 32);
+            self.wrid
+                .add(idx as usize)
+                .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
+            self.cur = self.cur.wrapping_add(1);
+            self.last = ctrl;
+            self.last_bf = ds;
+        }
+    }
+
+    /// [`build`](Self::build) for any WQE.
+    ///
+    /// # Safety
+    /// As [`build`](Self::build).
+    #[inline(never)]
+    unsafe fn build_any(
+        &mut self,
+        msg: &Msg<'_>,
+        payload: Payload<'_>,
+        remote: u64,
+        signaled: bool,
+    ) {
         let idx = self.cur & self.mask;
         // SAFETY: idx < wqe_cnt, so the ctrl segment and everything up to the end of its
         // basic block are inside the SQ; later segments wrap at `qend` (below).
@@ -354,7 +460,14 @@ unsafe fn data_seg(seg: *mut u8, b: LocalBuf, atomic: bool) {
 unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: every access is inside `0..len` of both buffers (the caller's contract).
     unsafe {
-        if (16..=32).contains(&len) {
+        if len > 32 && len <= 48 {
+            let a = src.cast::<u128>().read_unaligned();
+            let b = src.add(16).cast::<u128>().read_unaligned();
+            let c = src.add(len - 16).cast::<u128>().read_unaligned();
+            dst.cast::<u128>().write_unaligned(a);
+            dst.add(16).cast::<u128>().write_unaligned(b);
+            dst.add(len - 16).cast::<u128>().write_unaligned(c);
+        } else if (16..=32).contains(&len) {
             let a = src.cast::<u128>().read_unaligned();
             let b = src.add(len - 16).cast::<u128>().read_unaligned();
             dst.cast::<u128>().write_unaligned(a);
@@ -570,18 +683,17 @@ impl<D: Doorbell> DirectRing<D> {
 
     /// Stages one message through the fast-path copy `f`; the slow path otherwise.
     #[inline(always)]
-    fn stage_fast(
+    fn stage_fast<'a>(
         &mut self,
         f: &mut Fast,
-        msg: &Msg<'_>,
-        payload: Payload<'_>,
-        len: u64,
-        inline: bool,
+        msg: Msg<'a>,
+        gather: Gather<'a>,
         post: bool,
     ) -> Result<u64, SendError> {
         let seq = f.seq;
         if seq < f.event {
-            let remote = match f.check(msg, len, inline) {
+            let (payload, len, inline) = f.payload(&msg, gather);
+            let remote = match f.check(&msg, len, inline) {
                 Ok(r) => r,
                 Err(e) => {
                     self.st.f = *f;
@@ -589,7 +701,7 @@ impl<D: Doorbell> DirectRing<D> {
                 }
             };
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
-            unsafe { f.build(msg, payload, remote, false) };
+            unsafe { f.build(&msg, payload, remote, false) };
             f.seq = seq + 1;
             if post {
                 self.st.f = *f;
@@ -599,9 +711,37 @@ impl<D: Doorbell> DirectRing<D> {
             Ok(seq)
         } else {
             self.st.f = *f;
-            let r = self.stage_slow(msg, payload, len, inline, post);
+            let r = self.stage_slow(msg, gather, post);
             *f = self.st.f;
             r
+        }
+    }
+
+    /// [`stage_fast`](Self::stage_fast) on the ring's own fast-path state, for the lone
+    /// calls: no copy to make and write back.
+    #[inline(always)]
+    fn stage_own<'a>(
+        &mut self,
+        msg: Msg<'a>,
+        gather: Gather<'a>,
+        post: bool,
+    ) -> Result<u64, SendError> {
+        let seq = self.st.f.seq;
+        if seq < self.st.f.event {
+            let (payload, len, inline) = self.st.f.payload(&msg, gather);
+            let remote = match self.st.f.check(&msg, len, inline) {
+                Ok(r) => r,
+                Err(e) => return Err(self.refused(e)),
+            };
+            // SAFETY: checked; `seq < event` means room, no signal, no batch end.
+            unsafe { self.st.f.build(&msg, payload, remote, false) };
+            self.st.f.seq = seq + 1;
+            if post {
+                self.ring_doorbell();
+            }
+            Ok(seq)
+        } else {
+            self.stage_slow(msg, gather, post)
         }
     }
 
@@ -628,19 +768,21 @@ impl<D: Doorbell> DirectRing<D> {
     /// The slow path: signals, the end of a batch, a full ring, the error state.
     #[cold]
     #[inline(never)]
+    /// It takes the message by value: a reference would make every caller keep the message
+    /// in memory on the fast path too.
     fn stage_slow(
         &mut self,
-        msg: &Msg<'_>,
-        payload: Payload<'_>,
-        len: u64,
-        inline: bool,
+        msg: Msg<'_>,
+        gather: Gather<'_>,
         post: bool,
     ) -> Result<u64, SendError> {
+        let msg = &msg;
         let seq = self.st.f.seq;
         if !crate::split::has_room(seq, self.st.retired, self.st.limit) {
             self.st.f.event = seq;
             return Err(self.blocked());
         }
+        let (payload, len, inline) = self.st.f.payload(msg, gather);
         let remote = self.st.f.check(msg, len, inline)?;
         let full = seq + 1 - self.st.retired == self.st.limit;
         let scheduled = seq == self.st.next_signal;
@@ -678,7 +820,13 @@ impl<D: Doorbell> DirectRing<D> {
             db.wc_start();
             let dst = st.bf_reg.add(st.bf_offset as usize).cast::<u64>();
             let ds = st.f.last_bf;
-            if n == 1 && ds > 1 && ds <= st.bf_max_ds {
+            if n == 1 && ds > 1 && ds <= 4 && st.bf_max_ds >= 4 {
+                // One block: the common lone inline message, unrolled.
+                let src = st.f.last.cast::<u64>().cast_const();
+                for i in 0..8 {
+                    db.write64(dst.add(i), src.add(i).read());
+                }
+            } else if n == 1 && ds > 1 && ds <= st.bf_max_ds {
                 let mut src = st.f.last.cast::<u64>().cast_const();
                 let mut d = dst;
                 for _ in 0..ds.div_ceil(4) {
@@ -714,11 +862,7 @@ impl<D: Doorbell> DirectRing<D> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        let mut f = self.st.f;
-        let (p, len, inline) = f.payload(&msg);
-        let r = self.stage_fast(&mut f, &msg, p, len, inline, false);
-        self.st.f = f;
-        r
+        self.stage_own(msg, Gather::One, false)
     }
 
     /// Stages `msg` and posts it at once with anything already staged (one doorbell). Only
@@ -731,11 +875,7 @@ impl<D: Doorbell> DirectRing<D> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        let mut f = self.st.f;
-        let (p, len, inline) = f.payload(&msg);
-        let r = self.stage_fast(&mut f, &msg, p, len, inline, true);
-        self.st.f = f;
-        r
+        self.stage_own(msg, Gather::One, true)
     }
 
     /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the inline gather
@@ -752,11 +892,7 @@ impl<D: Doorbell> DirectRing<D> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let mut f = self.st.f;
-        let r = self.stage_fast(&mut f, &msg, Payload::InlineList(parts), len, true, false);
-        self.st.f = f;
-        r
+        self.stage_own(msg, Gather::InlineList(parts), false)
     }
 
     /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the scatter/gather
@@ -779,11 +915,7 @@ impl<D: Doorbell> DirectRing<D> {
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
-        let len: u64 = sges.iter().map(|b| b.len as u64).sum();
-        let mut f = self.st.f;
-        let r = self.stage_fast(&mut f, &msg, Payload::Sges(sges), len, false, false);
-        self.st.f = f;
-        r
+        self.stage_own(msg, Gather::Sges(sges), false)
     }
 
     /// Opens a batch of inline messages, posted with one doorbell when the batch
@@ -1037,11 +1169,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
-        let (p, len, inline) = self.f.payload(&msg);
-        let mut f = self.f;
-        let r = self.ring.stage_fast(&mut f, &msg, p, len, inline, false);
-        self.f = f;
-        r
+        self.ring.stage_fast(&mut self.f, msg, Gather::One, false)
     }
 
     /// Number of messages staged and not yet posted.

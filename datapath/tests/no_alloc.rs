@@ -277,3 +277,80 @@ fn one_million_messages_through_the_extended_verbs_allocate_nothing() {
         "allocations in the extended hot loop (datapath + softnic)"
     );
 }
+
+#[test]
+fn one_million_messages_through_the_mlx5_direct_path_allocate_nothing() {
+    use hotverbs_datapath::mlx5::{DirectCq, DirectSq};
+    use hotverbs_softnic::mlx5sim::Mlx5Sim;
+    let mut sim = Mlx5Sim::new(1024, 256, 0x1234);
+    let p = sim.ptrs();
+    let sq = DirectSq {
+        buf: p.sq,
+        wqe_cnt: 1024,
+        stride: 64,
+        dbrec: p.qp_dbrec,
+        bf_reg: p.bf_reg,
+        bf_size: 256,
+        bf_offset: 0,
+        qp_num: 0x1234,
+        ud: false,
+        max_inline: 64,
+        max_sge: 1,
+        wrid: p.wrid,
+    };
+    let cq = DirectCq {
+        buf: p.cq,
+        cqe_cnt: 256,
+        cqe_size: 64,
+        dbrec: p.cq_dbrec,
+        cqn: 1,
+        cons_index: 0,
+    };
+    // SAFETY: the simulator outlives the ring and the poller, its only users.
+    let (mut ring, mut poller) = unsafe {
+        let ring = DirectRing::new(
+            sq,
+            SendConfig::new(S, 256, 64).signal_every(32).batch(16),
+            None,
+        )
+        .unwrap();
+        let mut poller = DirectPoller::<64>::new(cq).unwrap();
+        poller.attach(&sq).unwrap();
+        (ring, poller)
+    };
+    let payload = [7u8; 48];
+    let (allocs, sent) = CountingAlloc::count(|| {
+        let mut sent = 0u64;
+        while sent < MESSAGES {
+            let k = sent;
+            let m = Msg::send(Local::Inline(&payload[..(k % 49) as usize]));
+            let r = if k % 3 == 0 {
+                ring.send_now(m)
+            } else {
+                let mut b = ring.batch();
+                let r = b.push(m);
+                b.finish().unwrap();
+                r
+            };
+            match r {
+                Ok(_) => sent += 1,
+                Err(SendError::WouldBlock) => {}
+                Err(e) => panic!("{e}"),
+            }
+            sim.process();
+            for c in poller.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+        }
+        while ring.outstanding() > 0 {
+            ring.signal_next();
+            sim.process();
+            for c in poller.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+        }
+        sent
+    });
+    assert_eq!(sent, MESSAGES);
+    assert_eq!(allocs, 0, "allocations in the mlx5 direct hot loop");
+}

@@ -296,7 +296,7 @@ impl Fast {
     ///
     /// # Safety
     /// As [`build`](Self::build).
-    #[inline(never)]
+    #[inline(always)]
     unsafe fn build_any(
         &mut self,
         msg: &Msg<'_>,
@@ -691,15 +691,12 @@ impl<D: Doorbell> DirectRing<D> {
         post: bool,
     ) -> Result<u64, SendError> {
         let seq = f.seq;
+        let (payload, len, inline) = f.payload(&msg, gather);
+        let remote = match f.check(&msg, len, inline) {
+            Ok(r) => r,
+            Err(e) => return Err(self.refused(seq, e)),
+        };
         if seq < f.event {
-            let (payload, len, inline) = f.payload(&msg, gather);
-            let remote = match f.check(&msg, len, inline) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.st.f = *f;
-                    return Err(self.refused(e));
-                }
-            };
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
             unsafe { f.build(&msg, payload, remote, false) };
             f.seq = seq + 1;
@@ -708,13 +705,16 @@ impl<D: Doorbell> DirectRing<D> {
                 self.ring_doorbell();
                 *f = self.st.f;
             }
-            Ok(seq)
         } else {
+            let signaled = self.slow_decide(seq)?;
+            // SAFETY: checked, and slow_decide found room.
+            unsafe { f.build(&msg, payload, remote, signaled) };
+            f.seq = seq + 1;
             self.st.f = *f;
-            let r = self.stage_slow(msg, gather, post);
+            self.slow_after(seq, post);
             *f = self.st.f;
-            r
         }
+        Ok(seq)
     }
 
     /// [`stage_fast`](Self::stage_fast) on the ring's own fast-path state, for the lone
@@ -727,30 +727,34 @@ impl<D: Doorbell> DirectRing<D> {
         post: bool,
     ) -> Result<u64, SendError> {
         let seq = self.st.f.seq;
+        let (payload, len, inline) = self.st.f.payload(&msg, gather);
+        let remote = match self.st.f.check(&msg, len, inline) {
+            Ok(r) => r,
+            Err(e) => return Err(self.refused(seq, e)),
+        };
         if seq < self.st.f.event {
-            let (payload, len, inline) = self.st.f.payload(&msg, gather);
-            let remote = match self.st.f.check(&msg, len, inline) {
-                Ok(r) => r,
-                Err(e) => return Err(self.refused(e)),
-            };
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
             unsafe { self.st.f.build(&msg, payload, remote, false) };
             self.st.f.seq = seq + 1;
             if post {
                 self.ring_doorbell();
             }
-            Ok(seq)
         } else {
-            self.stage_slow(msg, gather, post)
+            let signaled = self.slow_decide(seq)?;
+            // SAFETY: checked, and slow_decide found room.
+            unsafe { self.st.f.build(&msg, payload, remote, signaled) };
+            self.st.f.seq = seq + 1;
+            self.slow_after(seq, post);
         }
+        Ok(seq)
     }
 
     /// A message failed validation: the error it gets, unless the ring is full or in the
     /// error state, which takes precedence.
     #[cold]
     #[inline(never)]
-    fn refused(&self, e: SendError) -> SendError {
-        if !crate::split::has_room(self.st.f.seq, self.st.retired, self.st.limit) {
+    fn refused(&self, seq: u64, e: SendError) -> SendError {
+        if !crate::split::has_room(seq, self.st.retired, self.st.limit) {
             self.blocked()
         } else {
             e
@@ -765,40 +769,36 @@ impl<D: Doorbell> DirectRing<D> {
         }
     }
 
-    /// The slow path: signals, the end of a batch, a full ring, the error state.
+    /// The slow path, before the WQE of sequence `seq` is written (signals, the end of a
+    /// batch, a full ring, the error state): whether there is room, and whether the WQE is
+    /// signaled. The WR that fills the ring is signaled (and posted at once by
+    /// [`slow_after`](Self::slow_after)), so a full ring always has a signaled WR in flight.
+    /// It never sees the message, so the fast path never keeps one in memory for it.
     #[cold]
     #[inline(never)]
-    /// It takes the message by value: a reference would make every caller keep the message
-    /// in memory on the fast path too.
-    fn stage_slow(
-        &mut self,
-        msg: Msg<'_>,
-        gather: Gather<'_>,
-        post: bool,
-    ) -> Result<u64, SendError> {
-        let msg = &msg;
-        let seq = self.st.f.seq;
+    fn slow_decide(&mut self, seq: u64) -> Result<bool, SendError> {
         if !crate::split::has_room(seq, self.st.retired, self.st.limit) {
             self.st.f.event = seq;
             return Err(self.blocked());
         }
-        let (payload, len, inline) = self.st.f.payload(msg, gather);
-        let remote = self.st.f.check(msg, len, inline)?;
         let full = seq + 1 - self.st.retired == self.st.limit;
         let scheduled = seq == self.st.next_signal;
-        // The WR that fills the ring is signaled and posted at once, so a full ring always
-        // has a signaled WR in flight.
-        // SAFETY: checked above, with room.
-        unsafe { self.st.f.build(msg, payload, remote, scheduled || full) };
         if scheduled {
             self.st.next_signal += self.st.signal_every;
         }
-        self.st.f.seq = seq + 1;
+        Ok(scheduled || full)
+    }
+
+    /// The slow path after the WQE of `seq` was written: the doorbell when posting, at the
+    /// end of a batch or when the ring is full; the next event.
+    #[cold]
+    #[inline(never)]
+    fn slow_after(&mut self, seq: u64, post: bool) {
+        let full = seq + 1 - self.st.retired == self.st.limit;
         if post || full || seq + 1 - self.st.posted >= self.st.batch {
             self.ring_doorbell();
         }
         self.st.f.event = self.event_at();
-        Ok(seq)
     }
 
     /// Announces the staged WQEs: doorbell record, then BlueFlame or the 8-byte doorbell,

@@ -57,6 +57,9 @@ use crate::qp::{Qp, QpType, SendOps};
 pub(crate) struct CqRings {
     state: Mutex<RingState>,
     poller: AtomicBool,
+    /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
+    /// by the CQ so a direct poller never reads a freed one.
+    wrid_tables: Mutex<Vec<Box<[u64]>>>,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +97,32 @@ impl CqRings {
         Ok(id as u8)
     }
 
+    /// Takes the CQ's one poller slot; true if it was already taken.
+    pub(crate) fn take_poller(&self) -> bool {
+        self.poller.swap(true, Ordering::AcqRel)
+    }
+
+    /// Frees the poller slot.
+    pub(crate) fn release_poller(&self) {
+        self.poller.store(false, Ordering::Release);
+    }
+
+    /// A zeroed `wrid` table of `n` entries owned by the CQ (freed with it).
+    pub(crate) fn wrid_table(&self, n: usize) -> *mut u64 {
+        let mut t = vec![0u64; n].into_boxed_slice();
+        let p = t.as_mut_ptr();
+        self.wrid_tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(t);
+        p
+    }
+
+    /// Gives back a ring id and its reserved completions (a ring that was not built).
+    pub(crate) fn release_ring(&self, id: u8, n: u32) {
+        self.release(id, n);
+    }
+
     fn release(&self, id: u8, n: u32) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.ids[usize::from(id / 64)] &= !(1 << (id % 64));
@@ -111,6 +140,10 @@ pub(crate) struct RingReservation {
 }
 
 impl RingReservation {
+    pub(crate) fn new(cq: Cq, id: u8, n: u32) -> Self {
+        RingReservation { cq, id, n }
+    }
+
     pub(crate) fn release(self) {
         self.cq.inner.rings.release(self.id, self.n);
     }
@@ -391,7 +424,7 @@ impl Cq {
 
 impl Qp {
     /// Takes the send queue for a ring and reserves its completions on the send CQ.
-    fn claim_send_queue(&self, verb: &'static str, depth: u32) -> Result<u8> {
+    pub(crate) fn claim_send_queue(&self, verb: &'static str, depth: u32) -> Result<u8> {
         if self.sq_sig_all() {
             return Err(Error::new(verb, libc::EINVAL).with_hint(
                 "the QP was built with sq_sig_all: rings signal selectively (sq_sig_all(false))",

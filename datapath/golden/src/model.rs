@@ -1,0 +1,336 @@
+//! The C model's Rust side (built only when the rdma-core source was prepared).
+
+use std::ffi::c_void;
+
+use hotverbs_ffi::{ibv_ah, ibv_cq, ibv_qp, ibv_qp_ex, ibv_sge, ibv_wc};
+
+use crate::available;
+
+/// One MMIO store libmlx5 made: offset from the BlueFlame register base, size in bytes,
+/// the value as stored (bytes in memory order, as `u64::from_ne_bytes`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Store {
+    /// Offset from the register base.
+    pub off: i64,
+    /// Bytes stored.
+    pub size: u32,
+    /// The stored bytes.
+    pub raw: u64,
+}
+
+/// One barrier libmlx5 issued, with the send doorbell record (host order) at that moment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Barrier {
+    /// 1 `udma_to_device_barrier`, 2 `mmio_wc_start`, 3 `mmio_flush_writes`,
+    /// 4 `udma_from_device_barrier`.
+    pub kind: i32,
+    /// The send doorbell record then.
+    pub dbr: u32,
+}
+
+/// A work request in the C shim's form (`struct hv_wr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Wr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `enum ibv_wr_opcode`.
+    pub opcode: u32,
+    /// `IBV_SEND_*`.
+    pub send_flags: u32,
+    /// Immediate, big-endian as `ibv_send_wr::imm_data`.
+    pub imm_be: u32,
+    /// Remote key.
+    pub rkey: u32,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Atomic compare (CAS) or add (FAA).
+    pub compare_add: u64,
+    /// Atomic swap (CAS).
+    pub swap: u64,
+    /// Scatter/gather list (inline: the bytes at `addr`).
+    pub sges: *const ibv_sge,
+    /// Entries in `sges`.
+    pub num_sge: u32,
+    /// UD: remote QP number.
+    pub remote_qpn: u32,
+    /// UD: Q_Key.
+    pub remote_qkey: u32,
+    /// Padding.
+    pub pad: u32,
+    /// UD: the address handle ([`Model::new_ah`]); NULL otherwise.
+    pub ah: *mut ibv_ah,
+}
+
+#[repr(C)]
+struct Env {
+    _opaque: [u8; 0],
+}
+
+extern "C" {
+    fn hv_env_new(
+        ud: i32,
+        wqe_cnt: u32,
+        max_gs: u32,
+        max_inline: u32,
+        qpn: u32,
+        ncqe: u32,
+        poison: u8,
+    ) -> *mut Env;
+    fn hv_new_ah(e: *mut Env, av: *const u8) -> *mut ibv_ah;
+    fn hv_qp(e: *mut Env) -> *mut ibv_qp;
+    fn hv_qp_ex(e: *mut Env) -> *mut ibv_qp_ex;
+    fn hv_cq(e: *mut Env) -> *mut ibv_cq;
+    fn hv_sq(e: *mut Env) -> *mut u8;
+    fn hv_uar(e: *mut Env) -> *mut u8;
+    fn hv_qp_dbrec(e: *mut Env) -> *mut u32;
+    fn hv_cq_dbrec(e: *mut Env) -> *mut u32;
+    fn hv_cq_buf(e: *mut Env) -> *mut u8;
+    fn hv_sq_wrid(e: *mut Env) -> *mut u64;
+    fn hv_bf_offset(e: *mut Env) -> u32;
+    fn hv_cur_post(e: *mut Env) -> u32;
+    fn hv_cq_cons(e: *mut Env) -> u32;
+    fn hv_drain(e: *mut Env);
+    fn hv_record(e: *mut Env);
+    fn hv_stores(e: *mut Env, out: *mut *const Store) -> i32;
+    fn hv_barriers(e: *mut Env, out: *mut *const Barrier) -> i32;
+    fn hv_post_send(e: *mut Env, w: *const Wr, n: i32, bad: *mut i32) -> i32;
+    fn hv_post_ex(e: *mut Env, w: *const Wr, n: i32) -> i32;
+    fn hv_poll_cq(e: *mut Env, n: i32, wc: *mut ibv_wc) -> i32;
+    fn hv_measured_c_post_send(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
+    fn hv_measured_c_post_wr(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
+    fn hv_measured_c_poll(e: *mut Env, n: u64) -> i32;
+}
+
+/// The shape of a fake QP / CQ.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelCfg {
+    /// UD (datagram segment in every WQE) instead of RC.
+    pub ud: bool,
+    /// Basic blocks in the SQ (a power of two).
+    pub wqe_cnt: u32,
+    /// `max_send_sge`.
+    pub max_gs: u32,
+    /// `max_inline_data`.
+    pub max_inline: u32,
+    /// QP number.
+    pub qpn: u32,
+    /// CQEs in the CQ (a power of two).
+    pub cqe_cnt: u32,
+    /// The byte the SQ starts filled with.
+    pub poison: u8,
+}
+
+/// One fake mlx5 environment driven by libmlx5's own code. Leaked on drop (a test's few).
+#[derive(Debug)]
+pub struct Model {
+    e: *mut Env,
+    /// Its shape.
+    pub cfg: ModelCfg,
+}
+
+impl Model {
+    /// A fresh environment.
+    ///
+    /// # Panics
+    /// If the C model is not linked ([`available`] false).
+    pub fn new(cfg: ModelCfg) -> Model {
+        assert!(
+            available(),
+            "golden model not built: run `cargo xtask golden`"
+        );
+        assert!(cfg.wqe_cnt.is_power_of_two() && cfg.cqe_cnt.is_power_of_two());
+        // SAFETY: plain values; the shim allocates everything.
+        let e = unsafe {
+            hv_env_new(
+                cfg.ud as i32,
+                cfg.wqe_cnt,
+                cfg.max_gs,
+                cfg.max_inline,
+                cfg.qpn,
+                cfg.cqe_cnt,
+                cfg.poison,
+            )
+        };
+        Model { e, cfg }
+    }
+
+    /// A fake `mlx5_ah` whose address vector is `av`.
+    pub fn new_ah(&mut self, av: &[u8; 48]) -> *mut ibv_ah {
+        // SAFETY: a live env; 48 readable bytes.
+        unsafe { hv_new_ah(self.e, av.as_ptr()) }
+    }
+
+    /// The fake QP as libibverbs hands it out (its context's `post_send` is
+    /// `mlx5_post_send`).
+    pub fn qp(&self) -> *mut ibv_qp {
+        // SAFETY: a live env.
+        unsafe { hv_qp(self.e) }
+    }
+    /// The fake QP's `ibv_qp_ex` (libmlx5's `ibv_wr_*` table).
+    pub fn qp_ex(&self) -> *mut ibv_qp_ex {
+        // SAFETY: a live env.
+        unsafe { hv_qp_ex(self.e) }
+    }
+    /// The fake CQ (its context's `poll_cq` is `mlx5_poll_cq`).
+    pub fn cq(&self) -> *mut ibv_cq {
+        // SAFETY: a live env.
+        unsafe { hv_cq(self.e) }
+    }
+
+    /// The SQ buffer.
+    pub fn sq(&self) -> &[u8] {
+        // SAFETY: wqe_cnt * 64 bytes owned by the env.
+        unsafe { std::slice::from_raw_parts(hv_sq(self.e), self.cfg.wqe_cnt as usize * 64) }
+    }
+    /// The SQ buffer, writable (to refill it with a pattern).
+    pub fn sq_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as sq().
+        unsafe { std::slice::from_raw_parts_mut(hv_sq(self.e), self.cfg.wqe_cnt as usize * 64) }
+    }
+    /// The BlueFlame register page (4 KiB).
+    pub fn uar(&self) -> *mut u8 {
+        // SAFETY: a live env.
+        unsafe { hv_uar(self.e) }
+    }
+    /// The QP doorbell record (two big-endian u32: receive, send).
+    pub fn qp_dbrec(&self) -> *mut u32 {
+        // SAFETY: a live env.
+        unsafe { hv_qp_dbrec(self.e) }
+    }
+    /// The send doorbell record, host order.
+    pub fn dbr(&self) -> u32 {
+        // SAFETY: the env's doorbell record.
+        u32::from_be(unsafe { self.qp_dbrec().add(1).read_volatile() })
+    }
+    /// `bf->offset`.
+    pub fn bf_offset(&self) -> u32 {
+        // SAFETY: a live env.
+        unsafe { hv_bf_offset(self.e) }
+    }
+    /// `sq.cur_post`.
+    pub fn cur_post(&self) -> u32 {
+        // SAFETY: a live env.
+        unsafe { hv_cur_post(self.e) }
+    }
+    /// `sq.wrid`.
+    pub fn wrid(&self) -> &[u64] {
+        // SAFETY: wqe_cnt entries owned by the env.
+        unsafe { std::slice::from_raw_parts(hv_sq_wrid(self.e), self.cfg.wqe_cnt as usize) }
+    }
+    /// `sq.wrid`, writable.
+    pub fn wrid_mut(&mut self) -> &mut [u64] {
+        // SAFETY: as wrid().
+        unsafe { std::slice::from_raw_parts_mut(hv_sq_wrid(self.e), self.cfg.wqe_cnt as usize) }
+    }
+    /// Pretends every posted WQE completed (`sq.tail = sq.head`).
+    pub fn drain(&mut self) {
+        // SAFETY: a live env.
+        unsafe { hv_drain(self.e) }
+    }
+    /// The CQ buffer (`cqe_cnt * 64` bytes).
+    pub fn cq_buf(&self) -> *mut u8 {
+        // SAFETY: a live env.
+        unsafe { hv_cq_buf(self.e) }
+    }
+    /// The CQ doorbell record (consumer index, big-endian, at 0).
+    pub fn cq_dbrec(&self) -> *mut u32 {
+        // SAFETY: a live env.
+        unsafe { hv_cq_dbrec(self.e) }
+    }
+    /// `cq->cons_index`.
+    pub fn cons_index(&self) -> u32 {
+        // SAFETY: a live env.
+        unsafe { hv_cq_cons(self.e) }
+    }
+
+    /// Starts recording this env's stores and barriers (forgetting earlier ones).
+    pub fn record(&mut self) {
+        // SAFETY: a live env; the shim's hooks write into it.
+        unsafe { hv_record(self.e) }
+    }
+    /// The stores recorded since [`record`](Self::record) (empty in the plain build).
+    pub fn stores(&self) -> Vec<Store> {
+        let mut p = std::ptr::null();
+        // SAFETY: the shim returns its log and its length.
+        let n = unsafe { hv_stores(self.e, &mut p) };
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p, n as usize) }.to_vec()
+    }
+    /// The barriers recorded since [`record`](Self::record).
+    pub fn barriers(&self) -> Vec<Barrier> {
+        let mut p = std::ptr::null();
+        // SAFETY: the shim returns its log and its length.
+        let n = unsafe { hv_barriers(self.e, &mut p) };
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p, n as usize) }.to_vec()
+    }
+
+    /// `mlx5_post_send` of the chain `wrs` (1 to 64): `Err((errno, index of bad_wr))`.
+    ///
+    /// # Safety
+    /// Every SGE of an inline WR points at readable bytes; AHs came from this model.
+    pub unsafe fn post_send(&mut self, wrs: &[Wr]) -> Result<(), (i32, i32)> {
+        let mut bad = -1;
+        // SAFETY: the caller's contract; the shim copies the chain into ibv_send_wrs.
+        let rc = unsafe { hv_post_send(self.e, wrs.as_ptr(), wrs.len() as i32, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err((rc, bad))
+        }
+    }
+
+    /// The same chain through libmlx5's `ibv_wr_start` .. `ibv_wr_complete`.
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send).
+    pub unsafe fn post_ex(&mut self, wrs: &[Wr]) -> Result<(), i32> {
+        // SAFETY: the caller's contract.
+        match unsafe { hv_post_ex(self.e, wrs.as_ptr(), wrs.len() as i32) } {
+            0 => Ok(()),
+            rc => Err(rc),
+        }
+    }
+
+    /// `mlx5_poll_cq` for up to `n` completions, each pre-filled with `0xa5` bytes (the
+    /// fields libmlx5 leaves alone keep the pattern).
+    pub fn poll_cq(&mut self, n: usize) -> Vec<ibv_wc> {
+        // SAFETY: ibv_wc is plain integers; any bytes are valid.
+        let mut wcs: Vec<ibv_wc> =
+            vec![unsafe { std::mem::transmute::<[u8; 48], ibv_wc>([0xa5; 48]) }; n];
+        // SAFETY: room for n completions.
+        let k = unsafe { hv_poll_cq(self.e, n as i32, wcs.as_mut_ptr()) };
+        assert!(k >= 0, "mlx5_poll_cq returned {k}");
+        wcs.truncate(k as usize);
+        wcs
+    }
+
+    /// Instruction workload: `n` 32-byte inline SENDs in chains of `chain` through
+    /// `mlx5_post_send` (C loop, `hv_measured_c_post_send`).
+    pub fn bench_post_send(&mut self, msg: &[u8], n: u64, chain: u32) {
+        // SAFETY: msg readable for its length.
+        let rc =
+            unsafe { hv_measured_c_post_send(self.e, msg.as_ptr(), msg.len() as u32, n, chain) };
+        assert_eq!(rc, 0);
+    }
+    /// Instruction workload: the same through `ibv_wr_*` (`hv_measured_c_post_wr`).
+    pub fn bench_post_wr(&mut self, msg: &[u8], n: u64, chain: u32) {
+        // SAFETY: msg readable for its length.
+        let rc = unsafe { hv_measured_c_post_wr(self.e, msg.as_ptr(), msg.len() as u32, n, chain) };
+        assert_eq!(rc, 0);
+    }
+    /// Instruction workload: drains `n` completions with `mlx5_poll_cq`, 32 per call.
+    pub fn bench_poll(&mut self, n: u64) {
+        // SAFETY: a live env.
+        let rc = unsafe { hv_measured_c_poll(self.e, n) };
+        assert_eq!(rc, 0);
+    }
+
+    /// The raw env, for code that needs it as `*mut c_void`.
+    pub fn raw(&self) -> *mut c_void {
+        self.e.cast()
+    }
+}

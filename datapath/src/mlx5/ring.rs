@@ -879,7 +879,8 @@ impl<D: Doorbell> DirectRing<D> {
     }
 
     /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the inline gather
-    /// list `parts`, copied into one inline segment now. Returns its sequence number.
+    /// list `parts` (1 to the QP's `max_send_sge` pieces, as for SGEs), copied into one
+    /// inline segment now. Returns its sequence number.
     pub fn stage_inline_gather(&mut self, msg: Msg<'_>, parts: &[&[u8]]) -> Result<u64, SendError> {
         if !matches!(msg.local, Local::Empty)
             || !matches!(
@@ -889,15 +890,20 @@ impl<D: Doorbell> DirectRing<D> {
         {
             return Err(SendError::NotInline);
         }
+        // Each piece is one SGE to the device's limit (libmlx5 refuses more with ENOMEM).
+        if parts.is_empty() || parts.len() > self.st.max_sge as usize {
+            return Err(SendError::Config(ConfigError::Slots));
+        }
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
         self.stage_own(msg, Gather::InlineList(parts), false)
     }
 
-    /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the scatter/gather
-    /// list `sges` (1 to the QP's `max_send_sge` entries; zero-length entries get no
-    /// segment, as in libmlx5). Returns its sequence number.
+    /// Stages `msg` with the scatter/gather list `sges` (1 to the QP's `max_send_sge`
+    /// entries; zero-length entries get no segment, as in libmlx5) instead of its own
+    /// payload, which must be empty ([`Local::Empty`], or a zero-length buffer for the
+    /// READ / atomic constructors). Returns its sequence number.
     ///
     /// # Safety
     /// As [`stage`](Self::stage) for every buffer of `sges`.
@@ -906,7 +912,7 @@ impl<D: Doorbell> DirectRing<D> {
         msg: Msg<'_>,
         sges: &[LocalBuf],
     ) -> Result<u64, SendError> {
-        if !matches!(msg.local, Local::Empty) {
+        if !matches!(msg.local, Local::Empty) && !matches!(msg.local, Local::Buf(b) if b.len == 0) {
             return Err(SendError::NotInline);
         }
         if sges.is_empty() || sges.len() > self.st.max_sge as usize {

@@ -1,0 +1,941 @@
+//! hotverbs' mlx5 direct path against libmlx5's own code, byte for byte.
+//!
+//! **Send side.** Random messages (every opcode the ring posts, inline payloads of 0 to
+//! `max_inline` bytes including multi-block WQEs that wrap at the end of the SQ, inline
+//! gather lists, 1 to `max_sge` data segments, chains of 1 to 64, RC and UD, thousands of
+//! ring wraps) go through a [`DirectRing`] on one set of memory and, as the equivalent
+//! `ibv_send_wr` chain, through libmlx5's `mlx5_post_send` on a fake QP whose SQ started
+//! with the same bytes. After every chain: the whole SQ, the doorbell record, `cur_post`,
+//! the BlueFlame offset, the `wrid` entries, the sequence of UAR stores (offset, size,
+//! value) and the barriers (kind, doorbell record at that moment) must be equal. Every
+//! fourth chain also goes through libmlx5's `ibv_wr_*` path on a third QP (equal except
+//! `ctrl.imm` of opcodes without an immediate, which that path never writes).
+//!
+//! **Completions.** A simulated device completes the signaled WQEs of both QPs with the
+//! same CQEs; [`DirectPoller`] and `mlx5_poll_cq` must report the same completions, which
+//! then retire the ring's WRs. A second test writes random CQE streams (success of every
+//! opcode, every error syndrome and unknown ones, flushes, the owner bit over many passes)
+//! into both CQs and compares what the two pollers make of them.
+//!
+//! **Planted bugs.** The same comparison with one wrong byte in a segment, and with a
+//! missing BlueFlame copy, must report differences.
+//!
+//! Ends with `golden: <N> WRs and <M> CQEs compared, <D> differences`.
+
+#[cfg(golden_missing)]
+#[test]
+fn skipped() {
+    eprintln!("{}", hotverbs_mlx5_golden::SKIPPED);
+}
+
+#[cfg(not(golden_missing))]
+mod real {
+    use hotverbs_datapath::mlx5::{
+        DirectCq, DirectSq, DirectUd, Doorbell, MmioEvent, RecordingDoorbell, CTRL_CQ_UPDATE,
+    };
+    use hotverbs_datapath::{
+        wr_id, Completion, DirectPoller, DirectRing, Local, LocalBuf, Msg, Opcode, RemoteBuf,
+        SendConfig,
+    };
+    use hotverbs_ffi::*;
+    use hotverbs_mlx5_golden::{Barrier, Model, ModelCfg, Store, Wr};
+    use hotverbs_softnic::mlx5sim::{Mlx5Sim, SimDevice};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const QPN: u32 = 0x0abc;
+    const POISON: u8 = 0xcc;
+    const RING_ID: u8 = 7;
+    const DEPTH: u32 = 128;
+    const SIGNAL: u32 = 16;
+
+    static WRS: AtomicU64 = AtomicU64::new(0);
+    static CQES: AtomicU64 = AtomicU64::new(0);
+    static DIFFS: AtomicU64 = AtomicU64::new(0);
+    /// Planted runs count their differences without printing them.
+    static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// What the comparison plants in our side, to prove it sees it.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Plant {
+        None,
+        /// One byte of one segment of the newest WQE flipped after the ring wrote it.
+        WrongByte,
+        /// The BlueFlame copy replaced by the 8-byte doorbell.
+        NoBlueFlame,
+    }
+
+    /// A recording doorbell that can drop the BlueFlame copy (a planted bug).
+    struct TestDoorbell {
+        rec: RecordingDoorbell,
+        no_bf: bool,
+        in_copy: usize,
+    }
+
+    // SAFETY: forwards to RecordingDoorbell, which stores as the hardware doorbell does;
+    // the planted mode only drops stores to plain memory.
+    unsafe impl Doorbell for TestDoorbell {
+        fn to_device_barrier(&mut self) {
+            self.rec.to_device_barrier();
+        }
+        fn wc_start(&mut self) {
+            self.in_copy = 0;
+            self.rec.wc_start();
+        }
+        fn flush_writes(&mut self) {
+            self.rec.flush_writes();
+        }
+        unsafe fn write_dbr(&mut self, dst: *mut u32, val: u32) {
+            // SAFETY: forwarded contract.
+            unsafe { self.rec.write_dbr(dst, val) }
+        }
+        unsafe fn write64(&mut self, dst: *mut u64, val: u64) {
+            self.in_copy += 1;
+            if self.no_bf && self.in_copy > 1 {
+                return;
+            }
+            // SAFETY: forwarded contract.
+            unsafe { self.rec.write64(dst, val) }
+        }
+    }
+
+    /// Our side: simulated queues (same shape and initial bytes as the model's), the ring,
+    /// the poller.
+    struct Ours {
+        sim: Box<Mlx5Sim>,
+        ring: DirectRing<TestDoorbell>,
+        poller: DirectPoller<64>,
+    }
+
+    struct Shape {
+        ud: bool,
+        wqe_cnt: u32,
+        max_gs: u32,
+        max_inline: u32,
+    }
+
+    fn model(s: &Shape) -> Model {
+        Model::new(ModelCfg {
+            ud: s.ud,
+            wqe_cnt: s.wqe_cnt,
+            max_gs: s.max_gs,
+            max_inline: s.max_inline,
+            qpn: QPN,
+            cqe_cnt: 256,
+            poison: POISON,
+        })
+    }
+
+    fn ours(s: &Shape, remote: RemoteBuf, ud: Option<DirectUd>, plant: Plant) -> Ours {
+        let mut sim = Box::new(Mlx5Sim::new(s.wqe_cnt, 256, QPN));
+        let p = sim.ptrs();
+        let sq = DirectSq {
+            buf: p.sq,
+            wqe_cnt: s.wqe_cnt,
+            stride: 64,
+            dbrec: p.qp_dbrec,
+            bf_reg: p.bf_reg,
+            bf_size: 256,
+            bf_offset: 0,
+            qp_num: QPN,
+            ud: s.ud,
+            max_inline: s.max_inline,
+            max_sge: s.max_gs,
+            wrid: p.wrid,
+        };
+        let mut cfg = SendConfig::new(RING_ID, DEPTH, s.max_inline)
+            .signal_every(SIGNAL)
+            .batch(DEPTH);
+        if !s.ud {
+            cfg = cfg.remote(remote);
+        }
+        let db = TestDoorbell {
+            rec: RecordingDoorbell::new(p.bf_reg),
+            no_bf: plant == Plant::NoBlueFlame,
+            in_copy: 0,
+        };
+        // SAFETY: the boxed simulator outlives the ring and the poller, its only users.
+        unsafe {
+            let ring = DirectRing::with_doorbell(sq, cfg, ud, db).unwrap();
+            let mut poller = DirectPoller::new(DirectCq {
+                buf: p.cq,
+                cqe_cnt: 256,
+                cqe_size: 64,
+                dbrec: p.cq_dbrec,
+                cqn: 1,
+                cons_index: 0,
+            })
+            .unwrap();
+            poller.attach(&sq).unwrap();
+            Ours { sim, ring, poller }
+        }
+    }
+
+    /// A message and how libmlx5 is to see it.
+    struct Gen {
+        msg_op: Opcode,
+        imm: u32,
+        remote_off: u64,
+        compare_add: u64,
+        swap: u64,
+        kind: Payload,
+    }
+
+    enum Payload {
+        Empty,
+        Inline(Vec<u8>),
+        InlineList(Vec<Vec<u8>>),
+        Buf(LocalBuf),
+        Sges(Vec<LocalBuf>),
+    }
+
+    fn gen(r: &mut Rng, s: &Shape, mem: &[u8]) -> Gen {
+        let ops: &[Opcode] = if s.ud {
+            &[Opcode::Send, Opcode::SendImm]
+        } else {
+            &[
+                Opcode::Send,
+                Opcode::SendImm,
+                Opcode::Write,
+                Opcode::WriteImm,
+                Opcode::Read,
+                Opcode::FetchAdd,
+                Opcode::CmpSwap,
+            ]
+        };
+        let op = ops[r.below(ops.len() as u64) as usize];
+        let atomic = matches!(op, Opcode::FetchAdd | Opcode::CmpSwap);
+        let carries = matches!(
+            op,
+            Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+        );
+        let real_buf = |r: &mut Rng, len: u32| -> LocalBuf {
+            let off = r.below((mem.len() - len as usize) as u64 + 1);
+            LocalBuf::new(mem.as_ptr() as u64 + off, len, r.next() as u32)
+        };
+        let kind = if atomic {
+            Payload::Buf(LocalBuf::new(r.next() & !7, 8, r.next() as u32))
+        } else if op == Opcode::Read {
+            match r.below(3) {
+                0 => Payload::Buf(LocalBuf::new(
+                    r.next(),
+                    (r.next() % 100_000) as u32 + 1,
+                    r.next() as u32,
+                )),
+                1 => Payload::Sges(
+                    (0..1 + r.below(s.max_gs as u64))
+                        .map(|_| {
+                            LocalBuf::new(
+                                r.next(),
+                                (r.next() % 5000) as u32 * (r.below(5).min(1)) as u32,
+                                r.next() as u32,
+                            )
+                        })
+                        .collect(),
+                ),
+                _ => Payload::Empty,
+            }
+        } else {
+            match r.below(10) {
+                0..=3 => {
+                    // Small ones often (one block), up to max_inline (multi-block, wrap).
+                    let max = if r.below(2) == 0 {
+                        44.min(s.max_inline)
+                    } else {
+                        s.max_inline
+                    };
+                    let len = r.below(max as u64 + 1) as usize;
+                    Payload::Inline((0..len).map(|_| r.next() as u8).collect())
+                }
+                4 => {
+                    let mut left = r.below(s.max_inline as u64 + 1) as usize;
+                    let n = 1 + r.below(4.min(s.max_gs as u64)) as usize;
+                    let mut parts = Vec::new();
+                    for i in 0..n {
+                        let take = if i + 1 == n {
+                            left
+                        } else {
+                            r.below(left as u64 + 1) as usize
+                        };
+                        left -= take;
+                        parts.push((0..take).map(|_| r.next() as u8).collect());
+                    }
+                    Payload::InlineList(parts)
+                }
+                5 | 6 => {
+                    // Registered memory: inlined by the ring when it fits max_inline.
+                    let len = if r.below(2) == 0 {
+                        r.below(s.max_inline as u64 + 1) as u32
+                    } else {
+                        r.below(4096) as u32
+                    };
+                    Payload::Buf(real_buf(r, len))
+                }
+                7 | 8 => Payload::Sges(
+                    (0..1 + r.below(s.max_gs as u64))
+                        .map(|_| {
+                            let len = if r.below(6) == 0 {
+                                0
+                            } else {
+                                (r.next() % 70_000) as u32
+                            };
+                            LocalBuf::new(r.next(), len, r.next() as u32)
+                        })
+                        .collect(),
+                ),
+                _ => Payload::Empty,
+            }
+        };
+        let len: u64 = match &kind {
+            Payload::Empty => 0,
+            Payload::Inline(d) => d.len() as u64,
+            Payload::InlineList(p) => p.iter().map(|x| x.len() as u64).sum(),
+            Payload::Buf(b) => b.len as u64,
+            Payload::Sges(l) => l.iter().map(|b| b.len as u64).sum(),
+        };
+        let remote_off = if atomic {
+            r.below(1 << 30) & !7
+        } else {
+            r.below((1u64 << 40) - len)
+        };
+        let _ = carries;
+        Gen {
+            msg_op: op,
+            imm: r.next() as u32,
+            remote_off,
+            compare_add: r.next(),
+            swap: r.next(),
+            kind,
+        }
+    }
+
+    fn msg<'a>(g: &'a Gen) -> Msg<'a> {
+        let local = match &g.kind {
+            Payload::Empty | Payload::InlineList(_) | Payload::Sges(_) => Local::Empty,
+            Payload::Inline(d) => Local::Inline(d),
+            Payload::Buf(b) => Local::Buf(*b),
+        };
+        match g.msg_op {
+            Opcode::Send => Msg::send(local),
+            Opcode::SendImm => Msg::send_imm(local, g.imm),
+            Opcode::Write => Msg::write(local, g.remote_off),
+            Opcode::WriteImm => Msg::write_imm(local, g.remote_off, g.imm),
+            Opcode::Read => match local {
+                Local::Buf(b) => Msg::read(b, g.remote_off),
+                _ => Msg::read(LocalBuf::new(0, 0, 0), g.remote_off),
+            },
+            Opcode::FetchAdd => match local {
+                Local::Buf(b) => Msg::fetch_add(b, g.remote_off, g.compare_add),
+                _ => unreachable!(),
+            },
+            Opcode::CmpSwap => match local {
+                Local::Buf(b) => Msg::cmp_swap(b, g.remote_off, g.compare_add, g.swap),
+                _ => unreachable!(),
+            },
+            _ => unreachable!("an opcode this test does not generate"),
+        }
+    }
+
+    fn ibv_opcode(op: Opcode) -> u32 {
+        match op {
+            Opcode::Send => IBV_WR_SEND,
+            Opcode::SendImm => IBV_WR_SEND_WITH_IMM,
+            Opcode::Write => IBV_WR_RDMA_WRITE,
+            Opcode::WriteImm => IBV_WR_RDMA_WRITE_WITH_IMM,
+            Opcode::Read => IBV_WR_RDMA_READ,
+            Opcode::FetchAdd => IBV_WR_ATOMIC_FETCH_AND_ADD,
+            Opcode::CmpSwap => IBV_WR_ATOMIC_CMP_AND_SWP,
+            _ => unreachable!("an opcode this test does not generate"),
+        }
+    }
+
+    /// Reports a difference in full (the first few), counts every one.
+    fn diff(what: &str, detail: String) {
+        let n = DIFFS.fetch_add(1, Ordering::Relaxed);
+        if n < 8 && !QUIET.load(Ordering::Relaxed) {
+            eprintln!("golden DIFFERENCE: {what}\n{detail}");
+        }
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.chunks(16)
+            .map(|c| {
+                c.iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    }
+
+    /// Our recorded doorbell events as libmlx5's (stores; barriers with the doorbell
+    /// record at that moment), from `dbr0` (the record before the post).
+    fn our_log(ev: &[MmioEvent], mut dbr: u32) -> (Vec<Store>, Vec<Barrier>) {
+        let (mut st, mut ba) = (Vec::new(), Vec::new());
+        for e in ev {
+            match *e {
+                MmioEvent::ToDeviceBarrier => ba.push(Barrier { kind: 1, dbr }),
+                MmioEvent::WcStart => ba.push(Barrier { kind: 2, dbr }),
+                MmioEvent::FlushWrites => ba.push(Barrier { kind: 3, dbr }),
+                MmioEvent::Dbr(v) => dbr = v,
+                MmioEvent::Store64 { offset, raw } => st.push(Store {
+                    off: offset as i64,
+                    size: 8,
+                    raw,
+                }),
+            }
+        }
+        (st, ba)
+    }
+
+    fn compare_wc(what: &str, ours: &Completion, theirs: &ibv_wc) {
+        let o = ours.as_raw();
+        let ok = o.wr_id == theirs.wr_id
+            && o.status == theirs.status
+            && o.qp_num == theirs.qp_num
+            && if theirs.status == IBV_WC_SUCCESS {
+                o.opcode == theirs.opcode
+                    && o.wc_flags == theirs.wc_flags
+                    && (!matches!(
+                        theirs.opcode,
+                        IBV_WC_RDMA_READ | IBV_WC_COMP_SWAP | IBV_WC_FETCH_ADD
+                    ) || o.byte_len == theirs.byte_len)
+            } else {
+                o.vendor_err == theirs.vendor_err
+            };
+        if !ok {
+            diff(
+                what,
+                format!(
+                    "  ours:    wr_id {:#x} status {} opcode {} wc_flags {:#x} byte_len {} qp_num {:#x} vendor_err {:#x}\n  libmlx5: wr_id {:#x} status {} opcode {} wc_flags {:#x} byte_len {} qp_num {:#x} vendor_err {:#x}",
+                    o.wr_id, o.status, o.opcode, o.wc_flags, o.byte_len, o.qp_num, o.vendor_err,
+                    theirs.wr_id, theirs.status, theirs.opcode, theirs.wc_flags, theirs.byte_len, theirs.qp_num, theirs.vendor_err
+                ),
+            );
+        }
+    }
+
+    /// Runs `chains` random chains on one shape; returns WRs compared.
+    fn run(seed: u64, s: &Shape, wr_target: u64, plant: Plant) -> u64 {
+        let mut r = Rng(seed);
+        let mem: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + 3) as u8).collect();
+        let remote = RemoteBuf::new(0x5500_0000_0000, 1 << 40, 0x3330_1234);
+        let mut lib = model(s);
+        let mut ex = model(s);
+        let av: [u8; 48] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x5a);
+        let (ah, ah_ex) = if s.ud {
+            (lib.new_ah(&av), ex.new_ah(&av))
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let (remote_qpn, qkey) = (0x00ab_cdef, 0x1111_2222);
+        let ud = s.ud.then_some(DirectUd {
+            av: av.as_ptr(),
+            remote_qpn,
+            remote_qkey: qkey,
+        });
+        let mut us = ours(s, remote, ud, plant);
+        // The simulated device over libmlx5's memory, completing its signaled WQEs.
+        // SAFETY: the model's memory lives as long as `lib`.
+        let mut lib_dev = unsafe {
+            SimDevice::new(
+                lib.sq().as_ptr(),
+                s.wqe_cnt,
+                lib.qp_dbrec(),
+                lib.cq_buf(),
+                256,
+                QPN,
+            )
+        };
+        let mut wrs = 0u64;
+        let mut chain_no = 0u64;
+        while wrs < wr_target {
+            chain_no += 1;
+            let n = if r.below(3) == 0 { 1 } else { 1 + r.below(64) } as usize;
+            let gens: Vec<Gen> = (0..n).map(|_| gen(&mut r, s, &mem)).collect();
+            let dbr0 = lib.dbr();
+            us.ring.doorbell().rec.events.clear();
+            let mut seqs = Vec::with_capacity(n);
+            let mut curs = Vec::with_capacity(n);
+            for g in &gens {
+                curs.push(us.ring.cur_post());
+                let m = msg(g);
+                // SAFETY: registered-memory payloads point into `mem` (inlined ones) or are
+                // never dereferenced (the simulated device reads no data).
+                let seq = unsafe {
+                    match &g.kind {
+                        Payload::InlineList(p) => {
+                            let parts: Vec<&[u8]> = p.iter().map(|x| &x[..]).collect();
+                            us.ring.stage_inline_gather(m, &parts)
+                        }
+                        Payload::Sges(l) => us.ring.stage_gather(m, l),
+                        _ => us.ring.stage(m),
+                    }
+                }
+                .unwrap_or_else(|e| panic!("chain {chain_no}: {e} ({:?})", g.msg_op));
+                seqs.push(seq);
+            }
+            if plant == Plant::WrongByte && n > 0 {
+                // One byte of the newest WQE's second segment (raddr, datagram or data).
+                let at =
+                    (curs[n - 1] & (s.wqe_cnt - 1)) as usize * 64 + 16 + (chain_no as usize % 8);
+                // SAFETY: inside the simulator's SQ.
+                unsafe { *us.sim.ptrs().sq.add(at) ^= 0x40 };
+            }
+            us.ring.flush().unwrap();
+            // The same chain for libmlx5.
+            let our_sq = us.sim.sq().to_vec();
+            let mut sge_store: Vec<Vec<ibv_sge>> = Vec::with_capacity(n);
+            let mut lib_wrs = Vec::with_capacity(n);
+            for (i, g) in gens.iter().enumerate() {
+                let idx = (curs[i] & (s.wqe_cnt - 1)) as usize * 64;
+                let signaled = our_sq[idx + 11] & CTRL_CQ_UPDATE != 0;
+                let carries = matches!(
+                    g.msg_op,
+                    Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
+                );
+                let (sges, inline): (Vec<ibv_sge>, bool) = match &g.kind {
+                    Payload::Empty => (vec![], false),
+                    Payload::Inline(d) => (
+                        vec![ibv_sge {
+                            addr: d.as_ptr() as u64,
+                            length: d.len() as u32,
+                            lkey: 0,
+                        }],
+                        true,
+                    ),
+                    Payload::InlineList(p) => (
+                        p.iter()
+                            .map(|d| ibv_sge {
+                                addr: d.as_ptr() as u64,
+                                length: d.len() as u32,
+                                lkey: 0,
+                            })
+                            .collect(),
+                        true,
+                    ),
+                    Payload::Buf(b) => (
+                        vec![ibv_sge {
+                            addr: b.addr,
+                            length: b.len,
+                            lkey: b.lkey,
+                        }],
+                        carries && b.len <= s.max_inline,
+                    ),
+                    Payload::Sges(l) => (
+                        l.iter()
+                            .map(|b| ibv_sge {
+                                addr: b.addr,
+                                length: b.len,
+                                lkey: b.lkey,
+                            })
+                            .collect(),
+                        false,
+                    ),
+                };
+                sge_store.push(sges);
+                let sg = sge_store.last().unwrap();
+                lib_wrs.push(Wr {
+                    wr_id: wr_id::encode(RING_ID, seqs[i]),
+                    opcode: ibv_opcode(g.msg_op),
+                    send_flags: if inline { IBV_SEND_INLINE } else { 0 }
+                        | if signaled { IBV_SEND_SIGNALED } else { 0 },
+                    imm_be: g.imm.to_be(),
+                    rkey: remote.rkey,
+                    remote_addr: remote.addr.wrapping_add(g.remote_off),
+                    compare_add: g.compare_add,
+                    swap: g.swap,
+                    sges: sg.as_ptr(),
+                    num_sge: sg.len() as u32,
+                    remote_qpn,
+                    remote_qkey: qkey,
+                    pad: 0,
+                    ah,
+                });
+            }
+            let pre = lib.sq().to_vec();
+            lib.record();
+            // SAFETY: inline SGEs point at live vectors; the AH is the model's.
+            if let Err((rc, bad)) = unsafe { lib.post_send(&lib_wrs) } {
+                let w = &lib_wrs[bad.max(0) as usize];
+                // SAFETY: the WR's SGE list is live.
+                let sg: Vec<(u64, u32)> =
+                    unsafe { std::slice::from_raw_parts(w.sges, w.num_sge as usize) }
+                        .iter()
+                        .map(|g| (g.addr, g.length))
+                        .collect();
+                panic!(
+                    "mlx5_post_send refused chain {chain_no}: errno {rc} at WR {bad}: {w:x?} {sg:?}"
+                );
+            }
+            let (lib_st, lib_ba) = (lib.stores(), lib.barriers());
+            lib.record();
+            let (our_st, our_ba) = our_log(&us.ring.doorbell().rec.events, dbr0);
+            // Compare.
+            let their_sq = lib.sq();
+            if our_sq != their_sq {
+                let first = our_sq
+                    .iter()
+                    .zip(their_sq)
+                    .position(|(a, b)| a != b)
+                    .unwrap();
+                let blk = first / 64 * 64;
+                diff(
+                    &format!("SQ bytes, chain {chain_no} (seed {seed:#x}), first at byte {first} (block {})", first / 64),
+                    format!("  ours:    {}\n  libmlx5: {}", hex(&our_sq[blk..blk + 64]), hex(&their_sq[blk..blk + 64])),
+                );
+                // Go on from libmlx5's bytes.
+                // SAFETY: the simulator's SQ has exactly this length.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        their_sq.as_ptr(),
+                        us.sim.ptrs().sq,
+                        their_sq.len(),
+                    )
+                };
+            }
+            if us.sim.sq_dbr() != lib.dbr() || us.ring.cur_post() != lib.cur_post() {
+                diff(
+                    &format!("doorbell record / cur_post, chain {chain_no}"),
+                    format!(
+                        "  ours {} / {}, libmlx5 {} / {}",
+                        us.sim.sq_dbr(),
+                        us.ring.cur_post(),
+                        lib.dbr(),
+                        lib.cur_post()
+                    ),
+                );
+            }
+            if us.ring.bf_offset() != lib.bf_offset() {
+                diff(
+                    &format!("bf offset, chain {chain_no}"),
+                    format!("  ours {} libmlx5 {}", us.ring.bf_offset(), lib.bf_offset()),
+                );
+            }
+            if our_st != lib_st {
+                diff(
+                    &format!("UAR stores, chain {chain_no} ({n} WRs)"),
+                    format!("  ours:    {our_st:x?}\n  libmlx5: {lib_st:x?}"),
+                );
+            }
+            if our_ba != lib_ba {
+                diff(
+                    &format!("barriers, chain {chain_no}"),
+                    format!("  ours:    {our_ba:?}\n  libmlx5: {lib_ba:?}"),
+                );
+            }
+            let ours_wrid: Vec<u64> = curs
+                .iter()
+                // SAFETY: the simulator's wrid table has wqe_cnt entries.
+                .map(|c| unsafe { *us.sim.ptrs().wrid.add((c & (s.wqe_cnt - 1)) as usize) })
+                .collect();
+            let lib_wrid: Vec<u64> = curs
+                .iter()
+                .map(|c| lib.wrid()[(c & (s.wqe_cnt - 1)) as usize])
+                .collect();
+            if ours_wrid != lib_wrid {
+                diff(
+                    &format!("wrid, chain {chain_no}"),
+                    format!("  ours {ours_wrid:x?}\n  libmlx5 {lib_wrid:x?}"),
+                );
+            }
+            // The extended path on a third QP that follows the same chains: equal SQ bytes
+            // and doorbell record, except `ctrl.imm` of opcodes without an immediate (that
+            // path never writes it; legacy writes 0).
+            if plant == Plant::None {
+                let ex_wrs: Vec<Wr> = lib_wrs
+                    .iter()
+                    .map(|w| Wr {
+                        ah: if s.ud { ah_ex } else { std::ptr::null_mut() },
+                        ..*w
+                    })
+                    .collect();
+                // The same starting bytes (stale bytes the WQEs do not cover included).
+                ex.sq_mut().copy_from_slice(&pre);
+                let before = ex.cur_post();
+                if before != curs[0] {
+                    diff(
+                        &format!("ibv_wr_* cur_post, chain {chain_no}"),
+                        format!("  {before} vs {}", curs[0]),
+                    );
+                }
+                // SAFETY: as for post_send.
+                unsafe { ex.post_ex(&ex_wrs) }.unwrap_or_else(|rc| panic!("ibv_wr_complete: {rc}"));
+                let mut exq = ex.sq().to_vec();
+                for (c, w) in curs.iter().zip(&lib_wrs) {
+                    let at = (c & (s.wqe_cnt - 1)) as usize * 64;
+                    if !matches!(w.opcode, IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM) {
+                        exq[at + 12..at + 16].copy_from_slice(&lib.sq()[at + 12..at + 16]);
+                    }
+                }
+                // Compare the blocks of this chain.
+                let mut bad = None;
+                let mut b = before;
+                while b != lib.cur_post() {
+                    let at = (b & (s.wqe_cnt - 1)) as usize * 64;
+                    if exq[at..at + 64] != lib.sq()[at..at + 64] {
+                        bad = Some(at);
+                        break;
+                    }
+                    b = b.wrapping_add(1);
+                }
+                if let Some(at) = bad {
+                    diff(
+                        &format!(
+                            "ibv_wr_* SQ bytes, chain {chain_no}, block {} (WQE starts {:?}, ops {:?})",
+                            at / 64,
+                            curs.iter().map(|c| c & (s.wqe_cnt - 1)).collect::<Vec<_>>(),
+                            lib_wrs.iter().map(|w| w.opcode).collect::<Vec<_>>()
+                        ),
+                        format!("  ibv_wr_*: {}\n  legacy:   {}", hex(&exq[at..at + 64]), hex(&lib.sq()[at..at + 64])),
+                    );
+                }
+                if ex.dbr() != lib.dbr() {
+                    diff(
+                        &format!("ibv_wr_* doorbell record, chain {chain_no}"),
+                        format!("  {} vs {}", ex.dbr(), lib.dbr()),
+                    );
+                }
+                ex.drain();
+            }
+            // Completions: the device completes both sides' signaled WQEs alike.
+            let k_ours = us.sim.process();
+            let k_lib = lib_dev.process();
+            assert_eq!(k_ours, k_lib, "CQEs written for chain {chain_no}");
+            let theirs = lib.poll_cq(64);
+            let mut got = [Completion::PLACEHOLDER; 64];
+            let k = us.poller.poll_into(&mut got).unwrap();
+            if k != theirs.len() {
+                diff(
+                    &format!("completion count, chain {chain_no}"),
+                    format!("  ours {k} libmlx5 {}", theirs.len()),
+                );
+            }
+            for (o, t) in got[..k.min(theirs.len())].iter().zip(&theirs) {
+                compare_wc(&format!("completion, chain {chain_no}"), o, t);
+                CQES.fetch_add(1, Ordering::Relaxed);
+            }
+            for c in &got[..k] {
+                us.ring.on_completion(c).unwrap();
+            }
+            lib.drain();
+            wrs += n as u64;
+        }
+        wrs
+    }
+
+    const SHAPES: [Shape; 4] = [
+        Shape {
+            ud: false,
+            wqe_cnt: 1024,
+            max_gs: 4,
+            max_inline: 188,
+        },
+        Shape {
+            ud: false,
+            wqe_cnt: 512,
+            max_gs: 8,
+            max_inline: 60,
+        },
+        Shape {
+            ud: true,
+            wqe_cnt: 1024,
+            max_gs: 2,
+            max_inline: 120,
+        },
+        Shape {
+            ud: false,
+            wqe_cnt: 2048,
+            max_gs: 16,
+            max_inline: 412,
+        },
+    ];
+
+    #[test]
+    fn a_million_random_wrs_equal_libmlx5s() {
+        // One test at a time in this process: the C model's hooks record into one place.
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let per_shape = std::env::var("HOTVERBS_GOLDEN_WRS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1_000_000)
+            / SHAPES.len() as u64;
+        let mut total = 0;
+        for (i, s) in SHAPES.iter().enumerate() {
+            total += run(
+                0x9e37_79b9_7f4a_7c15 ^ (i as u64 * 0x1234_5678_9abc),
+                s,
+                per_shape,
+                Plant::None,
+            );
+        }
+        WRS.fetch_add(total, Ordering::Relaxed);
+        cqe_streams(200_000);
+        let (w, c, d) = (
+            WRS.load(Ordering::Relaxed),
+            CQES.load(Ordering::Relaxed),
+            DIFFS.load(Ordering::Relaxed),
+        );
+        println!("golden: {w} WRs and {c} CQEs compared, {d} differences");
+        assert_eq!(d, 0, "golden: {d} differences (printed above)");
+        assert!(
+            w >= 1_000_000 || std::env::var("HOTVERBS_GOLDEN_WRS").is_ok(),
+            "{w} WRs"
+        );
+    }
+
+    /// Random CQE streams into both CQs; both pollers must agree. Returns CQEs compared.
+    fn cqe_streams(target: u64) {
+        let mut r = Rng(0x5eed_cafe_f00d_0001);
+        let s = Shape {
+            ud: false,
+            wqe_cnt: 256,
+            max_gs: 4,
+            max_inline: 64,
+        };
+        let mut lib = model(&s);
+        let mut sim = Box::new(Mlx5Sim::new(256, 256, QPN));
+        let p = sim.ptrs();
+        for i in 0..256 {
+            let v = r.next();
+            lib.wrid_mut()[i] = v;
+            // SAFETY: the simulator's wrid table has 256 entries.
+            unsafe { *p.wrid.add(i) = v };
+        }
+        // SAFETY: the simulator outlives the poller.
+        let mut poller = unsafe {
+            let mut q = DirectPoller::<64>::new(DirectCq {
+                buf: p.cq,
+                cqe_cnt: 256,
+                cqe_size: 64,
+                dbrec: p.cq_dbrec,
+                cqn: 1,
+                cons_index: 0,
+            })
+            .unwrap();
+            q.attach(&DirectSq {
+                buf: p.sq,
+                wqe_cnt: 256,
+                stride: 64,
+                dbrec: p.qp_dbrec,
+                bf_reg: p.bf_reg,
+                bf_size: 256,
+                bf_offset: 0,
+                qp_num: QPN,
+                ud: false,
+                max_inline: 64,
+                max_sge: 4,
+                wrid: p.wrid,
+            })
+            .unwrap();
+            q
+        };
+        // SAFETY: the model's CQ lives as long as `lib`.
+        let mut lib_dev = unsafe {
+            SimDevice::new(
+                lib.sq().as_ptr(),
+                256,
+                lib.qp_dbrec(),
+                lib.cq_buf(),
+                256,
+                QPN,
+            )
+        };
+        let syndromes = [
+            0x01u8, 0x02, 0x04, 0x05, 0x06, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x22, 0x07,
+            0x30, 0xff,
+        ];
+        let wqe_ops = [0x08u8, 0x09, 0x0a, 0x0b, 0x10, 0x11, 0x12];
+        let mut compared = 0u64;
+        let mut outstanding = 0u32;
+        while compared < target {
+            // Write up to the CQ's free room, never past what the pollers consumed.
+            let room = 256 - outstanding;
+            let k = r.below(room as u64 + 1) as u32;
+            for _ in 0..k {
+                let err = r.below(4) == 0;
+                let op = if err { 13 } else { 0 };
+                let wop = wqe_ops[r.below(wqe_ops.len() as u64) as usize];
+                let ctr = r.next() as u16;
+                let syn = syndromes[r.below(syndromes.len() as u64) as usize];
+                let vendor = r.next() as u8;
+                sim.write_cqe(op, wop, ctr, syn, vendor);
+                lib_dev.write_cqe(op, wop, ctr, syn, vendor);
+            }
+            outstanding += k;
+            // Drain in random batch sizes.
+            while outstanding > 0 {
+                let b = 1 + r.below(64) as usize;
+                let theirs = lib.poll_cq(b);
+                let mut got = [Completion::PLACEHOLDER; 64];
+                let n = poller.poll_into(&mut got[..b]).unwrap();
+                if n != theirs.len() {
+                    diff(
+                        "CQE stream: completion count",
+                        format!("  ours {n} libmlx5 {}", theirs.len()),
+                    );
+                    return;
+                }
+                for (o, t) in got[..n].iter().zip(&theirs) {
+                    compare_wc("CQE stream", o, t);
+                }
+                compared += n as u64;
+                outstanding -= n as u32;
+                if n == 0 {
+                    break;
+                }
+            }
+            if poller.cons_index() != lib.cons_index()
+                || sim.cq_ci()
+                    != u32::from_be(
+                        // SAFETY: the model's CQ doorbell record.
+                        unsafe { lib.cq_dbrec().read_volatile() },
+                    )
+            {
+                diff(
+                    "CQ consumer index / doorbell record",
+                    format!(
+                        "  ours {} libmlx5 {}",
+                        poller.cons_index(),
+                        lib.cons_index()
+                    ),
+                );
+            }
+        }
+        CQES.fetch_add(compared, Ordering::Relaxed);
+    }
+
+    fn planted(p: Plant) -> u64 {
+        let before = DIFFS.load(Ordering::Relaxed);
+        QUIET.store(true, Ordering::Relaxed);
+        run(0x1111, &SHAPES[0], 5_000, p);
+        QUIET.store(false, Ordering::Relaxed);
+        DIFFS.swap(before, Ordering::Relaxed) - before
+    }
+
+    #[test]
+    fn planted_bugs_are_caught() {
+        // Serialised with the main run (the hooks' one log, the DIFFS counter).
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let wrong = planted(Plant::WrongByte);
+        let no_bf = planted(Plant::NoBlueFlame);
+        println!("planted bugs: one wrong byte -> {wrong} differences, no BlueFlame -> {no_bf}");
+        assert!(wrong > 0, "a wrong byte in a segment went unnoticed");
+        assert!(no_bf > 0, "a missing BlueFlame copy went unnoticed");
+    }
+
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+}

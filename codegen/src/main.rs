@@ -31,6 +31,7 @@ const PINNED_RDMA_CORE: &str = "44";
 
 const LIBIBVERBS: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
 const LIBRDMACM: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+const LIBMLX5: &str = "/usr/lib/x86_64-linux-gnu/libmlx5.so.1";
 
 fn main() -> ExitCode {
     match run() {
@@ -147,30 +148,77 @@ fn generate(root: &Path) -> Result<BTreeMap<String, String>, String> {
     text.push_str(&types);
     files.insert("types.rs".to_string(), text);
 
+    // 1b. The mlx5 direct-verbs types and constants (mlx5dv.h), referring to the verbs
+    // types of types.rs rather than repeating them.
+    let mlx5_header = root.join("codegen/wrapper_mlx5.h");
+    let mlx5_header = mlx5_header.to_str().ok_or("non-UTF-8 path")?;
+    let mlx5_types = base_builder(mlx5_header)
+        .allowlist_type("(mlx5dv|mlx5|_mlx5dv|_mlx5)_.*|off_t|__off_t|ibv_tmh|ibv_tmh_op")
+        .allowlist_var("(MLX5|MLX5DV)_.*")
+        .allowlist_recursively(false)
+        .raw_line("use super::types::*;")
+        .generate()
+        .map_err(|e| format!("bindgen (mlx5dv types): {e}"))?
+        .to_string();
+    // `struct mlx5_wqe_ctrl_seg` is `__packed__` *and* `__aligned__(4)`: bindgen renders
+    // that as `packed(4)`, which pads the `__be16` at offset 9 to 10 (20 bytes instead of
+    // 16). Plain `packed` gives the C offsets and size (alignment 1 instead of 4, which
+    // only matters when embedding it); the equiv layout test checks every offset.
+    let bad = "#[repr(C, packed(4))]\npub struct mlx5_wqe_ctrl_seg {";
+    if !mlx5_types.contains(bad) {
+        return Err(
+            "mlx5dv.h: bindgen no longer renders mlx5_wqe_ctrl_seg as packed(4): \
+                    re-check its layout and drop this fix-up"
+                .into(),
+        );
+    }
+    let mlx5_types = mlx5_types.replace(bad, "#[repr(C, packed)]\npub struct mlx5_wqe_ctrl_seg {");
+    let mut text = preamble(
+        &version,
+        "Types, enum constants and #defines of infiniband/mlx5dv.h (the verbs types come from types.rs).",
+    );
+    text.push_str(&mlx5_types);
+    files.insert("mlx5dv.rs".to_string(), text);
+
     // 2. Function tables with symbol versions from the libraries themselves.
-    for (lib, path, pattern, table, file) in [
+    for (lib, path, hdr, pattern, table, file, uses) in [
         (
             "libibverbs.so.1",
             LIBIBVERBS,
+            header,
             "_?ibv_.*",
             "IbvFns",
             "ibverbs.rs",
+            &["types"][..],
         ),
         (
             "librdmacm.so.1",
             LIBRDMACM,
+            header,
             "rdma_.*",
             "RdmaCmFns",
             "rdmacm.rs",
+            &["types"][..],
+        ),
+        (
+            "libmlx5.so.1",
+            LIBMLX5,
+            mlx5_header,
+            "mlx5dv_.*",
+            "Mlx5Fns",
+            "mlx5.rs",
+            &["types", "mlx5dv"][..],
         ),
     ] {
         let versions = symbol_versions(path)?;
-        let decls = base_builder(header)
+        let decls = base_builder(hdr)
             .allowlist_function(pattern)
+            // Debug dumps to a `FILE *`: no use here, and they would drag stdio's types in.
+            .blocklist_function("mlx5dv_dump_.*")
             .generate()
             .map_err(|e| format!("bindgen ({lib} functions): {e}"))?
             .to_string();
-        let body = function_table(&decls, &versions, lib, table)?;
+        let body = function_table(&decls, &versions, lib, table, uses)?;
         let mut text = preamble(
             &version,
             &format!("Runtime-loaded function table of {lib} (default symbol versions)."),
@@ -244,6 +292,7 @@ fn function_table(
     versions: &BTreeMap<String, String>,
     lib: &str,
     table: &str,
+    uses: &[&str],
 ) -> Result<String, String> {
     let file = syn::parse_file(decls).map_err(|e| format!("parsing bindgen output: {e}"))?;
     let mut fns = BTreeMap::new();
@@ -273,7 +322,9 @@ fn function_table(
         let inputs = &sig.inputs;
         let output = &sig.output;
         if sig.variadic.is_some() {
-            return Err(format!("{name} is variadic; the table cannot express it"));
+            // No bound library exports one the hot path needs; the table cannot express it.
+            eprintln!("codegen: skipping variadic {name} of {lib}");
+            continue;
         }
         let doc = format!(" `{name}@{ver}`");
         fields.push(quote::quote! {
@@ -298,9 +349,12 @@ fn function_table(
          library lacks the symbol (older rdma-core) or the table was filled by a software\n \
          device that does not implement the verb."
     );
-    let n = fns.len();
+    let n = syms.len();
+    let use_mods = uses
+        .iter()
+        .map(|m| syn::Ident::new(m, proc_macro2::Span::call_site()));
     let tokens = quote::quote! {
-        use super::types::*;
+        #(use super::#use_mods::*;)*
 
         #[doc = #doc]
         #[derive(Clone, Copy)]

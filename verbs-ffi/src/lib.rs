@@ -64,6 +64,17 @@ pub mod generated {
     pub mod ibverbs;
     #[rustfmt::skip]
     pub mod rdmacm;
+    #[rustfmt::skip]
+    pub mod mlx5dv;
+    #[rustfmt::skip]
+    pub mod mlx5;
+}
+
+/// The mlx5 direct-verbs types and constants (`infiniband/mlx5dv.h`): WQE segments, CQEs,
+/// `mlx5dv_qp` / `mlx5dv_cq` / `mlx5dv_ah` / `mlx5dv_obj`. The functions are in
+/// [`Mlx5Fns`], loaded by [`loader::mlx5`].
+pub mod mlx5dv {
+    pub use crate::generated::mlx5dv::*;
 }
 
 pub mod device_list;
@@ -73,11 +84,12 @@ mod layout;
 pub mod loader;
 
 pub use generated::ibverbs::IbvFns;
+pub use generated::mlx5::Mlx5Fns;
 pub use generated::rdmacm::RdmaCmFns;
 pub use generated::types::*;
 #[cfg(feature = "rdmacm")]
 pub use loader::rdmacm;
-pub use loader::{ibverbs, LoadError};
+pub use loader::{ibverbs, mlx5, LoadError};
 
 /// `__VERBS_ABI_IS_EXTENDED` of verbs.h: the value of `ibv_context.abi_compat` that marks
 /// the context as the last member of a `verbs_context` (a `#define` of a cast, which bindgen

@@ -16,9 +16,9 @@ use core::fmt;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, Ordering};
 
-use crate::IbvFns;
 #[cfg(feature = "rdmacm")]
 use crate::RdmaCmFns;
+use crate::{IbvFns, Mlx5Fns};
 
 /// A library could not be opened. Small (< 128 bytes) and `Copy`: it is cached for the
 /// life of the process and returned by value; the `dlerror` text is kept up to 80 bytes.
@@ -181,6 +181,45 @@ pub fn ibverbs() -> Result<&'static IbvFns, LoadError> {
     }
 }
 
+static MLX5: Once<Loaded<Mlx5Fns>> = Once::new();
+
+/// The libmlx5 direct-verbs function table (`mlx5dv_*`), loading `libmlx5.so.1` on first
+/// use, after libibverbs (which it links against; opened GLOBAL, so libmlx5 binds to the
+/// same copy). `mlx5dv_init_obj` binds its default version (`MLX5_1.2`, not the compat
+/// `MLX5_1.0`), as for every entry.
+///
+/// An absent library means "not an mlx5 system", never a failure of anything else: the
+/// caller falls back to the verbs path.
+///
+/// # Errors
+/// [`LoadError`] when libibverbs or libmlx5 is not installed (package `ibverbs-providers`).
+///
+/// # References
+/// `mlx5dv(7)`, `mlx5dv_init_obj(3)`.
+pub fn mlx5() -> Result<&'static Mlx5Fns, LoadError> {
+    let loaded = MLX5.get_or_init(|| Loaded {
+        result: match ibverbs().and_then(|_| {
+            open(c"libmlx5.so.1").map_err(|detail| {
+                LoadError::new(
+                    "libmlx5.so.1",
+                    "rdma-core's mlx5 provider (Debian/Ubuntu: ibverbs-providers; Fedora/RHEL: \
+                     libibverbs)",
+                    detail,
+                )
+            })
+        }) {
+            // SAFETY: `dlvsym` on this handle returns null or the named, versioned symbol
+            // of libmlx5, whose C signature the generated table declares.
+            Ok(h) => Ok(unsafe { Mlx5Fns::load_with(|n, v| dlvsym(h, n, v)) }),
+            Err(e) => Err(e),
+        },
+    });
+    match &loaded.result {
+        Ok(t) => Ok(t),
+        Err(e) => Err(*e),
+    }
+}
+
 #[cfg(feature = "rdmacm")]
 static RDMACM: Once<Loaded<RdmaCmFns>> = Once::new();
 
@@ -256,6 +295,38 @@ mod tests {
         assert!(IbvFns::SYMBOLS
             .iter()
             .any(|(n, _)| n.to_bytes() == b"ibv_query_port"));
+    }
+
+    #[test]
+    fn mlx5_binds_the_default_versions() {
+        // mlx5dv_init_obj has a compat MLX5_1.0 (fewer object kinds) and the default
+        // MLX5_1.2; the table must name the default.
+        let find = |want: &str| {
+            crate::Mlx5Fns::SYMBOLS
+                .iter()
+                .find(|(n, _)| n.to_bytes() == want.as_bytes())
+                .map(|(_, v)| v.to_str().unwrap())
+        };
+        assert_eq!(find("mlx5dv_init_obj"), Some("MLX5_1.2"));
+        assert_eq!(find("mlx5dv_query_device"), Some("MLX5_1.0"));
+        assert_eq!(find("mlx5dv_is_supported"), Some("MLX5_1.8"));
+        for (n, v) in crate::Mlx5Fns::SYMBOLS {
+            let v = v.to_str().unwrap();
+            assert!(v.starts_with("MLX5_1."), "{n:?}@{v}");
+        }
+        // Loading never panics: without libmlx5 it is an error naming the package; with it
+        // (ibverbs-providers installed) the three entries the direct path uses are bound.
+        match mlx5() {
+            Ok(t) => {
+                assert!(t.mlx5dv_init_obj.is_some());
+                assert!(t.mlx5dv_query_device.is_some());
+                assert!(t.mlx5dv_is_supported.is_some());
+            }
+            Err(e) => assert!(
+                e.to_string().contains("libmlx5") || e.to_string().contains("libibverbs"),
+                "{e}"
+            ),
+        }
     }
 
     #[test]

@@ -723,6 +723,27 @@ impl Context {
         }
         Ok(self.query_device()?.vendor_id() != RXE_VENDOR_ID)
     }
+
+    /// True when this is a ConnectX (mlx5) device, on which the direct path
+    /// ([`Qp::direct_ring`](crate::Qp::direct_ring), [`Cq::direct_poller`]) works:
+    /// `mlx5dv_is_supported(3)`. False for softnic, rxe and any other provider, and when
+    /// libmlx5 is not installed; never an error.
+    pub fn is_mlx5(&self) -> bool {
+        if self.kind() == crate::DeviceKind::Softnic {
+            // Not a libibverbs device: mlx5dv_is_supported would read a verbs_device
+            // softnic does not have.
+            return false;
+        }
+        let Ok(fns) = hotverbs_ffi::loader::mlx5() else {
+            return false;
+        };
+        let Some(f) = fns.mlx5dv_is_supported else {
+            return false;
+        };
+        // SAFETY: a live context opened through libibverbs; its device is a verbs_device
+        // of whatever provider drives it, which is what mlx5dv_is_supported inspects.
+        unsafe { f((*self.as_raw()).device) }
+    }
 }
 
 /// The hint for completion fields `refused` (non-empty) by device `device`.

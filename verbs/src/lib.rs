@@ -94,6 +94,7 @@ mod clock;
 pub mod cm;
 mod cq;
 mod device;
+mod direct;
 mod error;
 pub mod exchange;
 mod mr;
@@ -115,6 +116,7 @@ pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
     GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC,
 };
+pub use direct::{DirectPoller, DirectRing};
 pub use error::{take_drop_errors, Error, Result};
 pub use exchange::{Endpoint, ExchangeError};
 /// The datapath crate (`no_std` rings and poller), re-exported for its message and

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <infiniband/verbs.h>
+#include <infiniband/mlx5dv.h>
 
 /* ---- the five legacy hot verbs (dispatch through context->ops) ---------------------- */
 
@@ -241,6 +242,40 @@ struct hv_layout {
 };
 
 static const struct hv_layout hv_layout_table[] = {
+	{"sizeof mlx5_wqe_ctrl_seg", sizeof(struct mlx5_wqe_ctrl_seg)},
+	{"mlx5_wqe_ctrl_seg.qpn_ds", offsetof(struct mlx5_wqe_ctrl_seg, qpn_ds)},
+	{"mlx5_wqe_ctrl_seg.fm_ce_se", offsetof(struct mlx5_wqe_ctrl_seg, fm_ce_se)},
+	{"mlx5_wqe_ctrl_seg.imm", offsetof(struct mlx5_wqe_ctrl_seg, imm)},
+	{"sizeof mlx5_wqe_raddr_seg", sizeof(struct mlx5_wqe_raddr_seg)},
+	{"mlx5_wqe_raddr_seg.rkey", offsetof(struct mlx5_wqe_raddr_seg, rkey)},
+	{"sizeof mlx5_wqe_atomic_seg", sizeof(struct mlx5_wqe_atomic_seg)},
+	{"mlx5_wqe_atomic_seg.compare", offsetof(struct mlx5_wqe_atomic_seg, compare)},
+	{"sizeof mlx5_wqe_data_seg", sizeof(struct mlx5_wqe_data_seg)},
+	{"mlx5_wqe_data_seg.lkey", offsetof(struct mlx5_wqe_data_seg, lkey)},
+	{"mlx5_wqe_data_seg.addr", offsetof(struct mlx5_wqe_data_seg, addr)},
+	{"sizeof mlx5_wqe_av", sizeof(struct mlx5_wqe_av)},
+	{"mlx5_wqe_av.dqp_dct", offsetof(struct mlx5_wqe_av, dqp_dct)},
+	{"sizeof mlx5_wqe_datagram_seg", sizeof(struct mlx5_wqe_datagram_seg)},
+	{"sizeof mlx5_cqe64", sizeof(struct mlx5_cqe64)},
+	{"mlx5_cqe64.byte_cnt", offsetof(struct mlx5_cqe64, byte_cnt)},
+	{"mlx5_cqe64.sop_drop_qpn", offsetof(struct mlx5_cqe64, sop_drop_qpn)},
+	{"mlx5_cqe64.wqe_counter", offsetof(struct mlx5_cqe64, wqe_counter)},
+	{"mlx5_cqe64.op_own", offsetof(struct mlx5_cqe64, op_own)},
+	{"sizeof mlx5_err_cqe", sizeof(struct mlx5_err_cqe)},
+	{"mlx5_err_cqe.vendor_err_synd", offsetof(struct mlx5_err_cqe, vendor_err_synd)},
+	{"mlx5_err_cqe.syndrome", offsetof(struct mlx5_err_cqe, syndrome)},
+	{"sizeof mlx5dv_qp", sizeof(struct mlx5dv_qp)},
+	{"mlx5dv_qp.sq", offsetof(struct mlx5dv_qp, sq)},
+	{"mlx5dv_qp.bf", offsetof(struct mlx5dv_qp, bf)},
+	{"mlx5dv_qp.comp_mask", offsetof(struct mlx5dv_qp, comp_mask)},
+	{"mlx5dv_qp.sqn", offsetof(struct mlx5dv_qp, sqn)},
+	{"sizeof mlx5dv_cq", sizeof(struct mlx5dv_cq)},
+	{"mlx5dv_cq.cqe_cnt", offsetof(struct mlx5dv_cq, cqe_cnt)},
+	{"mlx5dv_cq.cqn", offsetof(struct mlx5dv_cq, cqn)},
+	{"sizeof mlx5dv_ah", sizeof(struct mlx5dv_ah)},
+	{"sizeof mlx5dv_obj", sizeof(struct mlx5dv_obj)},
+	{"mlx5dv_obj.cq", offsetof(struct mlx5dv_obj, cq)},
+	{"mlx5dv_obj.ah", offsetof(struct mlx5dv_obj, ah)},
 	{"sizeof ibv_sge", sizeof(struct ibv_sge)},
 	{"alignof ibv_sge", _Alignof(struct ibv_sge)},
 	{"ibv_sge.addr", offsetof(struct ibv_sge, addr)},

@@ -6,12 +6,80 @@
 
 use core::mem::{align_of, offset_of, size_of};
 
+use hotverbs_ffi::mlx5dv::*;
 use hotverbs_ffi::*;
 use hotverbs_ffi_equiv::c::hv_c_layout;
 
 /// The same names, computed by rustc from the generated types.
 fn rust_layout() -> Vec<(&'static str, usize)> {
     vec![
+        ("sizeof mlx5_wqe_ctrl_seg", size_of::<mlx5_wqe_ctrl_seg>()),
+        (
+            "mlx5_wqe_ctrl_seg.qpn_ds",
+            offset_of!(mlx5_wqe_ctrl_seg, qpn_ds),
+        ),
+        (
+            "mlx5_wqe_ctrl_seg.fm_ce_se",
+            offset_of!(mlx5_wqe_ctrl_seg, fm_ce_se),
+        ),
+        ("mlx5_wqe_ctrl_seg.imm", offset_of!(mlx5_wqe_ctrl_seg, imm)),
+        ("sizeof mlx5_wqe_raddr_seg", size_of::<mlx5_wqe_raddr_seg>()),
+        (
+            "mlx5_wqe_raddr_seg.rkey",
+            offset_of!(mlx5_wqe_raddr_seg, rkey),
+        ),
+        (
+            "sizeof mlx5_wqe_atomic_seg",
+            size_of::<mlx5_wqe_atomic_seg>(),
+        ),
+        (
+            "mlx5_wqe_atomic_seg.compare",
+            offset_of!(mlx5_wqe_atomic_seg, compare),
+        ),
+        ("sizeof mlx5_wqe_data_seg", size_of::<mlx5_wqe_data_seg>()),
+        (
+            "mlx5_wqe_data_seg.lkey",
+            offset_of!(mlx5_wqe_data_seg, lkey),
+        ),
+        (
+            "mlx5_wqe_data_seg.addr",
+            offset_of!(mlx5_wqe_data_seg, addr),
+        ),
+        ("sizeof mlx5_wqe_av", size_of::<mlx5_wqe_av>()),
+        ("mlx5_wqe_av.dqp_dct", offset_of!(mlx5_wqe_av, dqp_dct)),
+        (
+            "sizeof mlx5_wqe_datagram_seg",
+            size_of::<mlx5_wqe_datagram_seg>(),
+        ),
+        ("sizeof mlx5_cqe64", size_of::<mlx5_cqe64>()),
+        ("mlx5_cqe64.byte_cnt", offset_of!(mlx5_cqe64, byte_cnt)),
+        (
+            "mlx5_cqe64.sop_drop_qpn",
+            offset_of!(mlx5_cqe64, sop_drop_qpn),
+        ),
+        (
+            "mlx5_cqe64.wqe_counter",
+            offset_of!(mlx5_cqe64, wqe_counter),
+        ),
+        ("mlx5_cqe64.op_own", offset_of!(mlx5_cqe64, op_own)),
+        ("sizeof mlx5_err_cqe", size_of::<mlx5_err_cqe>()),
+        (
+            "mlx5_err_cqe.vendor_err_synd",
+            offset_of!(mlx5_err_cqe, vendor_err_synd),
+        ),
+        ("mlx5_err_cqe.syndrome", offset_of!(mlx5_err_cqe, syndrome)),
+        ("sizeof mlx5dv_qp", size_of::<mlx5dv_qp>()),
+        ("mlx5dv_qp.sq", offset_of!(mlx5dv_qp, sq)),
+        ("mlx5dv_qp.bf", offset_of!(mlx5dv_qp, bf)),
+        ("mlx5dv_qp.comp_mask", offset_of!(mlx5dv_qp, comp_mask)),
+        ("mlx5dv_qp.sqn", offset_of!(mlx5dv_qp, sqn)),
+        ("sizeof mlx5dv_cq", size_of::<mlx5dv_cq>()),
+        ("mlx5dv_cq.cqe_cnt", offset_of!(mlx5dv_cq, cqe_cnt)),
+        ("mlx5dv_cq.cqn", offset_of!(mlx5dv_cq, cqn)),
+        ("sizeof mlx5dv_ah", size_of::<mlx5dv_ah>()),
+        ("sizeof mlx5dv_obj", size_of::<mlx5dv_obj>()),
+        ("mlx5dv_obj.cq", offset_of!(mlx5dv_obj, cq)),
+        ("mlx5dv_obj.ah", offset_of!(mlx5dv_obj, ah)),
         ("sizeof ibv_sge", size_of::<ibv_sge>()),
         ("alignof ibv_sge", align_of::<ibv_sge>()),
         ("ibv_sge.addr", offset_of!(ibv_sge, addr)),

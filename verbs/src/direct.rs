@@ -1,0 +1,331 @@
+//! The mlx5 direct path from setup objects: a [`DirectPoller`] on a [`Cq`] and
+//! [`DirectRing`]s on the [`Qp`]s it completes, built from `mlx5dv_init_obj(3)`, with no
+//! `unsafe` in user code for inline sends and polling.
+//!
+//! On a ConnectX the datapath's [`hotverbs_datapath::DirectRing`] writes WQEs straight into
+//! the send queue (no `ibv_post_send`, no provider call at all) and
+//! [`hotverbs_datapath::DirectPoller`] reads CQEs straight from the CQ. On any other device
+//! (rxe, softnic, another vendor) both constructors fail with `EOPNOTSUPP` "not an mlx5
+//! device" and the verbs rings ([`Qp::send_ring`], [`Cq::poller`]) remain the path.
+//!
+//! The bridge meets the datapath's contracts as the other rings do (lifetimes, one ring per
+//! send queue, completions reserved on the CQ, ring ids from the CQ), plus:
+//! - **The poller first**: a ring is built *with* the poller of its send CQ
+//!   ([`Qp::direct_ring`] takes it), which attaches the ring's `wrid` table to it; the
+//!   table is owned by the CQ and freed with it, so the poller never reads freed memory.
+//! - **The CQ is the poller's alone**: `Cq::poll`, a `CqPoller` and an `ExCqPoller` are
+//!   refused while it lives (libmlx5's own consumer index would fall behind). Its
+//!   consumer index starts where libmlx5's left it (read from the CQ's doorbell record).
+//! - **Send CQs only**: the poller parses requester CQEs; give receives their own CQ.
+//! - **A QP posted on before**: the ring starts at the QP's `cur_post` (its doorbell
+//!   record).
+
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+
+use hotverbs_datapath as dp;
+use hotverbs_datapath::mlx5::{DirectCq, DirectSq, DirectUd};
+use hotverbs_datapath::SendConfig;
+use hotverbs_ffi::mlx5dv::{
+    mlx5dv_ah, mlx5dv_cq, mlx5dv_obj, mlx5dv_qp, MLX5DV_OBJ_AH, MLX5DV_OBJ_CQ, MLX5DV_OBJ_QP,
+};
+
+use crate::ah::Ah;
+use crate::bridge::RingReservation;
+use crate::cq::Cq;
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::qp::{Qp, QpType};
+
+/// `mlx5dv_init_obj` for one object kind, or the reason this is not an mlx5 device.
+fn init_obj(verb: &'static str, ctx: &Context, obj: &mut mlx5dv_obj, kind: u32) -> Result<()> {
+    if !ctx.is_mlx5() {
+        return Err(not_mlx5(verb, ctx));
+    }
+    let fns = hotverbs_ffi::loader::mlx5().map_err(|e| {
+        Error::new(verb, libc::EOPNOTSUPP).with_hint(format!(
+            "not an mlx5 device: libmlx5 does not load ({e}); use the verbs rings"
+        ))
+    })?;
+    let Some(f) = fns.mlx5dv_init_obj else {
+        return Err(Error::new(verb, libc::EOPNOTSUPP)
+            .with_hint("libmlx5 has no mlx5dv_init_obj: use the verbs rings"));
+    };
+    // SAFETY: `obj` holds live verbs objects of this mlx5 context in its `in` fields and
+    // valid `out` structs for the kinds in `kind`.
+    let rc = unsafe { f(obj, u64::from(kind)) };
+    if rc != 0 {
+        return Err(Error::new("mlx5dv_init_obj", rc.abs())
+            .with_hint("libmlx5 could not describe the object: use the verbs rings"));
+    }
+    Ok(())
+}
+
+fn not_mlx5(verb: &'static str, ctx: &Context) -> Error {
+    Error::new(verb, libc::EOPNOTSUPP).with_hint(format!(
+        "not an mlx5 device ({}): the direct path writes ConnectX WQEs; use the verbs rings \
+         (Qp::send_ring / Qp::wr_ring, Cq::poller)",
+        ctx.name()
+    ))
+}
+
+fn config_error(verb: &'static str, e: dp::ConfigError) -> Error {
+    Error::new(verb, libc::EINVAL).with_hint(e.to_string())
+}
+
+/// A [`hotverbs_datapath::DirectPoller`] on an mlx5 [`Cq`], borrowing it; made by
+/// [`Cq::direct_poller`]. While it exists it is the CQ's only poller. Derefs to the
+/// datapath poller (`poll`, `poll_into`).
+pub struct DirectPoller<'c, const B: usize> {
+    poller: dp::DirectPoller<B>,
+    cq: &'c Cq,
+}
+
+impl<const B: usize> Deref for DirectPoller<'_, B> {
+    type Target = dp::DirectPoller<B>;
+    fn deref(&self) -> &dp::DirectPoller<B> {
+        &self.poller
+    }
+}
+
+impl<const B: usize> DerefMut for DirectPoller<'_, B> {
+    fn deref_mut(&mut self) -> &mut dp::DirectPoller<B> {
+        &mut self.poller
+    }
+}
+
+impl<const B: usize> Drop for DirectPoller<'_, B> {
+    fn drop(&mut self) {
+        // libmlx5 polls from here on: give it the consumer index we reached, as its own
+        // polls would have (the doorbell record already holds it).
+        self.cq.inner.rings.release_poller();
+    }
+}
+
+impl<const B: usize> std::fmt::Debug for DirectPoller<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectPoller")
+            .field("poller", &self.poller)
+            .finish()
+    }
+}
+
+/// A [`hotverbs_datapath::DirectRing`] on an mlx5 [`Qp`]'s send queue, borrowing the QP;
+/// made by [`Qp::direct_ring`] / [`Qp::direct_ring_ud`]. Derefs to the datapath ring. It
+/// takes the send queue as the other rings do: a QP has one ring of any kind.
+pub struct DirectRing<'q> {
+    ring: dp::DirectRing,
+    _qp: PhantomData<&'q Qp>,
+}
+
+impl Deref for DirectRing<'_> {
+    type Target = dp::DirectRing;
+    fn deref(&self) -> &dp::DirectRing {
+        &self.ring
+    }
+}
+
+impl DerefMut for DirectRing<'_> {
+    fn deref_mut(&mut self) -> &mut dp::DirectRing {
+        &mut self.ring
+    }
+}
+
+impl std::fmt::Debug for DirectRing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectRing")
+            .field("ring", &self.ring)
+            .finish()
+    }
+}
+
+impl Cq {
+    /// The mlx5 direct poller of this CQ (`B` completions per poll), borrowing it. One
+    /// poller at a time, of any kind; `Cq::poll` is refused while it lives.
+    ///
+    /// # Errors
+    /// `DirectPoller: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX (use
+    /// [`poller`](Self::poller)); `EINVAL` for a CQ the direct path does not model (CQEs
+    /// of 128 bytes, named); `EBUSY` when the CQ already has a poller.
+    pub fn direct_poller<const B: usize>(&self) -> Result<DirectPoller<'_, B>> {
+        const VERB: &str = "DirectPoller";
+        // SAFETY: plain C structs; all-zero is valid (NULL pointers, 0 counts).
+        let mut out: mlx5dv_cq = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.cq.in_ = self.as_raw();
+        obj.cq.out = &mut out;
+        init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
+        if self.inner.rings.take_poller() {
+            return Err(Error::new(VERB, libc::EBUSY)
+                .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
+        }
+        // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
+        // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
+        let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });
+        let desc = DirectCq {
+            buf: out.buf.cast(),
+            cqe_cnt: out.cqe_cnt,
+            cqe_size: out.cqe_size,
+            dbrec: out.dbrec.cast(),
+            cqn: out.cqn,
+            cons_index: ci,
+        };
+        // SAFETY: libmlx5's description of this live CQ, borrowed for the poller's life;
+        // the flag just taken makes this its only consumer (Cq::poll and other pollers
+        // are refused); direct rings attach only their own wrid tables, owned by this CQ.
+        match unsafe { dp::DirectPoller::new(desc) } {
+            Ok(poller) => Ok(DirectPoller { poller, cq: self }),
+            Err(e) => {
+                self.inner.rings.release_poller();
+                Err(config_error(VERB, dp::ConfigError::Direct(e)))
+            }
+        }
+    }
+}
+
+impl Qp {
+    /// A [`DirectRing`] writing this mlx5 RC/UC QP's WQEs itself, its completions read by
+    /// `poller` (the direct poller of the QP's send CQ, to which the ring's `wrid` table is
+    /// attached). Otherwise as [`send_ring`](Self::send_ring): the send queue is handed out
+    /// once, `depth` completions are reserved on the send CQ, the ring id is assigned by
+    /// the CQ.
+    ///
+    /// For a doorbell register no other thread rings, create the QP in a thread domain
+    /// ([`Pd::alloc_parent_domain`](crate::Pd::alloc_parent_domain)).
+    ///
+    /// # Errors
+    /// `DirectRing: EOPNOTSUPP` "not an mlx5 device" elsewhere; `EINVAL` when `poller` is
+    /// not the send CQ's, for a UD QP (use [`direct_ring_ud`](Self::direct_ring_ud)), a send
+    /// queue the writer does not model or one too small for `depth` WQEs of the largest
+    /// size (named); `EBUSY` / `ENOSPC` as `send_ring`.
+    pub fn direct_ring<'q, const B: usize>(
+        &'q self,
+        poller: &mut DirectPoller<'_, B>,
+        cfg: SendConfig,
+    ) -> Result<DirectRing<'q>> {
+        const VERB: &str = "DirectRing";
+        if self.qp_type() == QpType::Ud || cfg.ud_dest().is_some() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("UD rings take their address handle: use Qp::direct_ring_ud"));
+        }
+        self.finish_direct(VERB, poller, cfg, None)
+    }
+
+    /// A [`DirectRing`] on this mlx5 UD QP sending to `ah` / `remote_qpn` / `qkey`
+    /// (borrowing the AH as long as the ring lives); otherwise as
+    /// [`direct_ring`](Self::direct_ring).
+    ///
+    /// # Errors
+    /// As `direct_ring`, and `EINVAL` when the QP is not UD or the AH is of another PD.
+    pub fn direct_ring_ud<'q, const B: usize>(
+        &'q self,
+        poller: &mut DirectPoller<'_, B>,
+        ah: &'q Ah,
+        remote_qpn: u32,
+        qkey: u32,
+        cfg: SendConfig,
+    ) -> Result<DirectRing<'q>> {
+        const VERB: &str = "DirectRing";
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("direct_ring_ud is for UD QPs: use Qp::direct_ring"));
+        }
+        if ah.pd().protection_raw() != self.pd().protection_raw() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the address handle belongs to another PD than the QP"));
+        }
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut out: mlx5dv_ah = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.ah.in_ = ah.as_raw();
+        obj.ah.out = &mut out;
+        init_obj(VERB, self.pd().context(), &mut obj, MLX5DV_OBJ_AH)?;
+        let ud = DirectUd {
+            av: out.av.cast_const().cast(),
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        self.finish_direct(VERB, poller, cfg, Some(ud))
+    }
+
+    fn finish_direct<'q, const B: usize>(
+        &'q self,
+        verb: &'static str,
+        poller: &mut DirectPoller<'_, B>,
+        cfg: SendConfig,
+        ud: Option<DirectUd>,
+    ) -> Result<DirectRing<'q>> {
+        if poller.cq.as_raw() != self.send_cq().as_raw() {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "the poller is not the direct poller of this QP's send CQ: build the ring \
+                 with send_cq().direct_poller()",
+            ));
+        }
+        if cfg.max_inline_of() > self.cap().max_inline_data {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                "ring max_inline {} > the QP's max_inline_data {}",
+                cfg.max_inline_of(),
+                self.cap().max_inline_data
+            )));
+        }
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.qp.in_ = self.as_raw();
+        obj.qp.out = &mut out;
+        init_obj(verb, self.pd().context(), &mut obj, MLX5DV_OBJ_QP)?;
+        let depth = cfg.depth_of();
+        let id = self.claim_send_queue(verb, depth)?;
+        let cq = self.send_cq();
+        let wrid = cq.inner.rings.wrid_table(out.sq.wqe_cnt as usize);
+        let sq = DirectSq {
+            buf: out.sq.buf.cast(),
+            wqe_cnt: out.sq.wqe_cnt,
+            stride: out.sq.stride,
+            dbrec: out.dbrec.cast(),
+            bf_reg: out.bf.reg.cast(),
+            bf_size: out.bf.size,
+            bf_offset: 0,
+            qp_num: self.qp_num(),
+            ud: ud.is_some(),
+            max_inline: self.cap().max_inline_data,
+            max_sge: self.cap().max_send_sge,
+            wrid,
+        };
+        let undo = |e: Error| {
+            cq.inner.rings.release_ring(id, depth);
+            self.sq_taken().store(false, Ordering::Release);
+            e
+        };
+        // The QP may have been posted on through libmlx5: start at its cur_post.
+        // SAFETY: libmlx5's doorbell record of this QP, valid while it lives.
+        let cur = u32::from_be(unsafe { sq.dbrec.add(dp::mlx5::SND_DBR).read_volatile() });
+        // SAFETY: libmlx5's description of this live QP (borrowed for the ring's life),
+        // created with sq_sig_all = 0 (claim_send_queue), max_send_wr >= depth (checked
+        // there) and max_inline_data >= the ring's (checked); its send queue is this ring's
+        // alone (claim_send_queue); the wrid table is owned by the send CQ and outlives
+        // every poller of it; completions come only from the direct poller (unforgeable);
+        // the ring id is unique on the CQ; a UD ring's AH is borrowed for the ring's life.
+        let ring = match unsafe { dp::DirectRing::new(sq, cfg.with_ring_id(id), ud) } {
+            Ok(r) => r,
+            Err(e) => return Err(undo(config_error(verb, e))),
+        };
+        // SAFETY: as above: the table is the CQ's and lives as long as the CQ.
+        if let Err(e) = unsafe { poller.poller.attach(&sq) } {
+            return Err(undo(config_error(verb, dp::ConfigError::Direct(e))));
+        }
+        let mut ring = ring;
+        // SAFETY: nothing staged or outstanding on the new ring; `cur` is the QP's
+        // doorbell record, libmlx5's cur_post modulo 2^16.
+        unsafe { ring.set_cur_post(cur) };
+        self.keep_reservation(RingReservation::new(cq.clone(), id, depth));
+        Ok(DirectRing {
+            ring,
+            _qp: PhantomData,
+        })
+    }
+}

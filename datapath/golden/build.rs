@@ -26,6 +26,13 @@ fn main() {
         return;
     };
     let mlx5 = src.join("providers/mlx5");
+    // A missing file counts as changed: the script runs again once `cargo xtask golden`
+    // has generated the headers.
+    println!("cargo:rerun-if-changed={}", mlx5.join("qp.c").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        build.join("include/kernel-abi/mlx5-abi.h").display()
+    );
     if !mlx5.join("qp.c").is_file() || !build.join("include/kernel-abi/mlx5-abi.h").is_file() {
         println!(
             "cargo:warning=HOTVERBS_RDMA_CORE_SRC/BUILD do not hold a configured rdma-core \

@@ -17,14 +17,18 @@
 //!    behaviour profile (`HOTVERBS_SOFTNIC_PROFILE=rxe`), the fault-scenario suite
 //!    (`--release --test fault_scenarios`) in both profiles, and the soak under faults
 //!    (`--release --test soak`: 10 million messages per profile)
-//! 10. `insn`      callgrind instructions per message vs the naive baseline, our own code
-//!     and the device apart, gated on the own-code and ratio targets
+//! 10. `golden`    the mlx5 direct path against libmlx5's own `qp.c` / `cq.c` (compiled from
+//!     the rdma-core the `ibverbs-sys` crate vendors, fetched through cargo): 1 M random
+//!     WRs and the CQE streams compared byte for byte (`cargo xtask golden`)
+//! 11. `insn`      callgrind instructions per message vs the naive baseline, our own code
+//!     and the device apart, gated on the own-code and ratio targets; and the mlx5 table
+//!     (our rings and libmlx5 in the golden environment)
 //!     (`cargo xtask insn --gate`; deterministic, so a regression gate)
-//! 11. `loom`     the loom models (`cargo xtask loom`)
-//! 12. `miri`     the soundness tests under miri, Stacked and Tree Borrows
+//! 12. `loom`     the loom models (`cargo xtask loom`)
+//! 13. `miri`     the soundness tests under miri, Stacked and Tree Borrows
 //!     (`cargo xtask miri`; installs the nightly toolchain with miri if missing)
-//! 13. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
-//! 14. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
+//! 14. `fuzz`     a time-boxed smoke run of every fuzz target (`cargo xtask fuzz`)
+//! 15. `rxe`      the real-device suite on Soft-RoCE in QEMU (`cargo xtask rxe`)
 //!
 //! `--skip a,b` and `--only a,b` select steps for local loops; CI runs them all.
 
@@ -50,8 +54,8 @@ const PACKAGES: &[&str] = &[
 ];
 
 const STEPS: &[&str] = &[
-    "packages", "fmt", "clippy", "docs", "package", "codegen", "no_std", "test", "faults", "insn",
-    "loom", "miri", "fuzz", "rxe",
+    "packages", "fmt", "clippy", "docs", "package", "codegen", "no_std", "test", "faults",
+    "golden", "insn", "loom", "miri", "fuzz", "rxe",
 ];
 
 /// Entry point of `cargo xtask ci [--skip a,b] [--only a,b]`.
@@ -95,6 +99,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "no_std" => no_std(),
             "test" => run(cargo().args(["test", "--workspace", "--locked"])),
             "faults" => faults(),
+            "golden" => crate::golden::run_golden(&[]),
             "insn" => crate::insn::run(&["--gate".to_string()]),
             "loom" => crate::verify::loom(&[]),
             "miri" => crate::miri::run_miri(&[]),
@@ -162,7 +167,7 @@ pub fn missing_packages(pkgs: &[&str]) -> Vec<String> {
 /// Installs the missing packages (ours and the rxe harness's) with apt-get when root.
 pub fn packages() -> Result<(), String> {
     let mut all: Vec<&str> = PACKAGES.to_vec();
-    for p in crate::rxe::packages() {
+    for p in crate::rxe::packages().iter().chain(crate::golden::PACKAGES) {
         if !all.contains(p) {
             all.push(p);
         }

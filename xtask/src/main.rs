@@ -8,10 +8,12 @@
 //!   licences, a verified build of each `.crate`, docs as docs.rs builds them)
 //! - `rxe [--filter S]`: the real-device suite on Soft-RoCE inside a QEMU VM
 //! - `loom`, `miri [--list]`, `fuzz [--seconds N]`, `bench`, `insn`
+//! - `golden [-- test args]`: the mlx5 direct path against libmlx5's own `qp.c` / `cq.c`
 
 use std::process::ExitCode;
 
 mod ci;
+mod golden;
 mod insn;
 mod miri;
 mod package;
@@ -33,9 +35,10 @@ fn main() -> ExitCode {
         "miri" => miri::run_miri(rest),
         "fuzz" => verify::fuzz(rest),
         "insn" => insn::run(rest),
+        "golden" => golden::run_golden(rest),
         "package" => package::run_package(rest),
         "help" | "-h" | "--help" => {
-            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | miri [--list] | fuzz [--seconds N] | bench | insn | package>");
+            println!("usage: cargo xtask <codegen [--check] | ci | rxe [--filter S] | loom | miri [--list] | fuzz [--seconds N] | bench | insn | golden | package>");
             Ok(())
         }
         other => Err(format!(

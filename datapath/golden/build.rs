@@ -77,6 +77,25 @@ fn main() {
             .compile(name);
     }
     let a = |n: &str| out.join(format!("lib{n}.a")).display().to_string();
+    // The provider's functions (and our stubs and shim), for `cargo xtask insn` to count
+    // as the device.
+    let nm = std::process::Command::new("nm")
+        .args(["--defined-only", &a("hv_golden_plain")])
+        .output()
+        .expect("nm (binutils)");
+    assert!(nm.status.success(), "nm failed on the golden library");
+    let mut syms: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && matches!(f[1], "T" | "t")).then(|| f[2].to_string())
+        })
+        .filter(|n| !n.starts_with("hv_measured_"))
+        .collect();
+    syms.sort();
+    syms.dedup();
+    std::fs::write(out.join("provider-symbols.txt"), syms.join("\n") + "\n")
+        .expect("write provider-symbols.txt");
     // The tests record stores and barriers; the instruction counts run libmlx5 unpatched.
     println!("cargo:rustc-link-arg-tests={}", a("hv_golden_hooked"));
     println!("cargo:rustc-link-arg-tests=-lpthread");

@@ -208,6 +208,12 @@ uint64_t *hv_sq_wrid(struct hv_env *e) { return e->qp->sq.wrid; }
 unsigned hv_bf_offset(struct hv_env *e) { return e->bf->offset; }
 unsigned hv_cur_post(struct hv_env *e) { return e->qp->sq.cur_post; }
 unsigned hv_cq_cons(struct hv_env *e) { return e->cq->cons_index; }
+/* The context's poll_cq (ibv_poll_cq dispatches through it): `f`, or mlx5_poll_cq. */
+void hv_set_poll_cq(struct hv_env *e, int (*f)(struct ibv_cq *, int, struct ibv_wc *))
+{
+	e->ctx->ibv_ctx.context.ops.poll_cq = f ? f : mlx5_poll_cq;
+}
+
 /* Pretend every posted WQE completed (mlx5-golden README, pitfall 4). */
 void hv_drain(struct hv_env *e) { e->qp->sq.tail = e->qp->sq.head; }
 

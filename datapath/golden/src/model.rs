@@ -64,6 +64,9 @@ pub struct Wr {
     pub ah: *mut ibv_ah,
 }
 
+/// A `poll_cq` entry of a verbs context.
+pub type PollFn = unsafe extern "C" fn(*mut ibv_cq, i32, *mut ibv_wc) -> i32;
+
 #[repr(C)]
 struct Env {
     _opaque: [u8; 0],
@@ -93,6 +96,7 @@ extern "C" {
     fn hv_cur_post(e: *mut Env) -> u32;
     fn hv_cq_cons(e: *mut Env) -> u32;
     fn hv_drain(e: *mut Env);
+    fn hv_set_poll_cq(e: *mut Env, f: Option<PollFn>);
     fn hv_record(e: *mut Env);
     fn hv_stores(e: *mut Env, out: *mut *const Store) -> i32;
     fn hv_barriers(e: *mut Env, out: *mut *const Barrier) -> i32;
@@ -230,6 +234,21 @@ impl Model {
         // SAFETY: a live env.
         unsafe { hv_drain(self.e) }
     }
+    /// Makes the context's `poll_cq` (what `ibv_poll_cq` calls) `f`, or `mlx5_poll_cq`
+    /// with `None`.
+    pub fn set_poll_cq(&mut self, f: Option<PollFn>) {
+        // SAFETY: a live env; `f` has poll_cq's signature.
+        unsafe { hv_set_poll_cq(self.e, f) }
+    }
+
+    /// `mlx5_poll_cq` itself, for a [`PollFn`] that wraps it.
+    pub fn mlx5_poll_cq() -> PollFn {
+        extern "C" {
+            fn mlx5_poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32;
+        }
+        mlx5_poll_cq
+    }
+
     /// The CQ buffer (`cqe_cnt * 64` bytes).
     pub fn cq_buf(&self) -> *mut u8 {
         // SAFETY: a live env.

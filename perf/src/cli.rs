@@ -223,6 +223,14 @@ pub struct Args {
     #[arg(long = "timestamps")]
     pub timestamps: bool,
 
+    /// ConnectX only: post by writing mlx5 WQEs straight into the send queue and read the
+    /// send CQ's CQEs directly (hotverbs' `DirectRing` / `DirectPoller`, no provider call),
+    /// instead of `ibv_wr_*` / `ibv_post_send`. Run the same test with and without it to
+    /// compare the two paths on your NIC. Sends and receives get a CQ each. Any other
+    /// device fails fast, naming it; not with --timestamps or --use_old_post_send.
+    #[arg(long = "direct")]
+    pub direct: bool,
+
     /// Print one JSON document instead of the table.
     #[arg(long = "json")]
     pub json: bool,
@@ -298,6 +306,13 @@ impl Args {
                 "--timestamps times latency iterations by their completions: send_lat, \
                  read_lat and atomic_lat have one per iteration, {test} does not"
             )));
+        }
+        if self.direct && (self.timestamps || self.use_old_post_send) {
+            return Err(PerfError::Usage(
+                "--direct is its own post path (mlx5 WQEs written directly): drop \
+                 --timestamps / --use_old_post_send"
+                    .into(),
+            ));
         }
         let sizes = if self.all {
             let mut v = Vec::new();

@@ -29,9 +29,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hotverbs::TimestampClock;
+use hotverbs_datapath::mlx5::{DirectCq, DirectSq};
 use hotverbs_datapath::{
-    Completion, CqPoller, ExCqPoller, ExFields, Local, LocalBuf, Msg, RecvConfig, RecvRing,
-    RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, WcError, WrRing,
+    Completion, CqPoller, DirectPoller, DirectRing, ExCqPoller, ExFields, Local, LocalBuf, Msg,
+    RecvConfig, RecvRing, RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, WcError, WrRing,
 };
 use hotverbs_ffi::{ibv_cq, ibv_cq_ex, ibv_qp, ibv_qp_ex};
 
@@ -115,6 +116,9 @@ pub struct Side {
     /// may be drained with `ibv_next_poll` (false on rxe; see
     /// `hotverbs::Context::ex_cq_batch_poll_safe`).
     pub timestamps: Option<(*mut ibv_cq_ex, TimestampClock, bool)>,
+    /// `--direct`: the mlx5 send queue (with its `wrid` table) and the send CQ the direct
+    /// ring and poller use; `cq` then holds the receives only.
+    pub direct: Option<(DirectSq, DirectCq)>,
 }
 
 /// The completion fields a `--timestamps` run reads from its extended CQ: what the rings
@@ -133,6 +137,8 @@ enum Poster {
     Legacy(Box<SendRing<RING_N>>),
     /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` on an extended QP.
     Wr(Box<WrRing>),
+    /// mlx5 WQEs written into the send queue (`--direct`).
+    Direct(Box<DirectRing>),
 }
 
 impl Poster {
@@ -141,6 +147,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.send_now(msg),
             Poster::Wr(r) => r.send_now(msg),
+            Poster::Direct(r) => r.send_now(msg),
         }
     }
     /// # Safety
@@ -152,6 +159,7 @@ impl Poster {
             match self {
                 Poster::Legacy(r) => r.stage(msg),
                 Poster::Wr(r) => r.stage(msg),
+                Poster::Direct(r) => r.stage(msg),
             }
         }
     }
@@ -160,6 +168,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.flush(),
             Poster::Wr(r) => r.flush(),
+            Poster::Direct(r) => r.flush(),
         }
     }
     #[inline(always)]
@@ -167,6 +176,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.free(),
             Poster::Wr(r) => r.free(),
+            Poster::Direct(r) => r.free(),
         }
     }
     #[inline(always)]
@@ -174,6 +184,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.signal_next(),
             Poster::Wr(r) => r.signal_next(),
+            Poster::Direct(r) => r.signal_next(),
         }
     }
     #[inline(always)]
@@ -181,6 +192,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.outstanding(),
             Poster::Wr(r) => r.outstanding(),
+            Poster::Direct(r) => r.outstanding(),
         }
     }
     #[inline(always)]
@@ -188,6 +200,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.is_retired(seq),
             Poster::Wr(r) => r.is_retired(seq),
+            Poster::Direct(r) => r.is_retired(seq),
         }
     }
     #[inline(always)]
@@ -195,6 +208,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.retired_total(),
             Poster::Wr(r) => r.retired_total(),
+            Poster::Direct(r) => r.retired_total(),
         }
     }
     #[inline(always)]
@@ -202,6 +216,7 @@ impl Poster {
         match self {
             Poster::Legacy(r) => r.on_completion(c),
             Poster::Wr(r) => r.on_completion(c),
+            Poster::Direct(r) => r.on_completion(c),
         }
     }
 }
@@ -214,6 +229,8 @@ impl Poster {
 enum Poller {
     Legacy(CqPoller<POLL_BURST>),
     Ex(ExCqPoller<POLL_BURST>, TimestampClock),
+    /// `--direct`: the send CQ read directly, the receive CQ through `ibv_poll_cq`.
+    Direct(Box<DirectPoller<POLL_BURST>>, CqPoller<POLL_BURST>),
 }
 
 // SAFETY: the handles are plain pointers to device objects, which verbs allow to be used
@@ -350,37 +367,61 @@ impl Hot {
             what: format!("send ring (depth {depth}, signal every {signal_every}, batch {batch})"),
             source: e,
         };
-        let send = match side.qpx {
-            // SAFETY: forwarded from this function's contract (live extended QP with enough
-            // send WRs, the ops the tests use and sq_sig_all = 0; its completions reach
-            // on_completion through `poller`).
-            Some(qpx) => Poster::Wr(Box::new(
-                unsafe { WrRing::new(qpx, cfg) }.map_err(ring_err)?,
+        let send = match (side.direct, side.qpx) {
+            (Some((sq, _)), _) => Poster::Direct(Box::new(
+                // SAFETY: forwarded from this function's contract: libmlx5's description of
+                // the side's live QP (built without sq_sig_all, with the depth's send WRs and
+                // the inline size), used by this ring only; its wrid table lives in the
+                // SideRes as long as the QP; completions come from the direct poller below.
+                unsafe { DirectRing::new(sq, cfg, None) }.map_err(ring_err)?,
             )),
-            None => {
-                let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
-                // SAFETY: forwarded from this function's contract (live QP with enough send
-                // WRs and sq_sig_all = 0; its completions reach on_completion through
-                // `poller`).
-                unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(ring_err)?;
-                // SAFETY: init_in returned Ok, so the ring is fully initialised.
-                Poster::Legacy(unsafe { boxed.assume_init() })
-            }
+            (None, qpx) => match qpx {
+                // SAFETY: forwarded from this function's contract (live extended QP with enough
+                // send WRs, the ops the tests use and sq_sig_all = 0; its completions reach
+                // on_completion through `poller`).
+                Some(qpx) => Poster::Wr(Box::new(
+                    unsafe { WrRing::new(qpx, cfg) }.map_err(ring_err)?,
+                )),
+                None => {
+                    let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
+                    // SAFETY: forwarded from this function's contract (live QP with enough send
+                    // WRs and sq_sig_all = 0; its completions reach on_completion through
+                    // `poller`).
+                    unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(ring_err)?;
+                    // SAFETY: init_in returned Ok, so the ring is fully initialised.
+                    Poster::Legacy(unsafe { boxed.assume_init() })
+                }
+            },
         };
-        let poller = match side.timestamps {
-            Some((cq, clock, batch_safe)) => {
-                // SAFETY: the extended CQ is live, was created with TS_FIELDS' readers
-                // (setup), and is polled only by this Hot (contract).
-                let p = unsafe { ExCqPoller::new(cq, TS_FIELDS, TS_FIELDS.wc_flags()) }
-                    .map_err(|e| PerfError::Ring {
-                        what: "extended CQ poller (completion timestamps)".into(),
-                        source: e,
-                    })?
-                    .one_per_poll(!batch_safe);
-                Poller::Ex(p, clock)
+        let direct_err = |e| PerfError::Ring {
+            what: "mlx5 direct poller".into(),
+            source: hotverbs_datapath::ConfigError::Direct(e),
+        };
+        let poller = match (side.direct, side.timestamps) {
+            (Some((sq, cq)), _) => {
+                // SAFETY: libmlx5's description of the side's send CQ, polled only by this
+                // Hot (contract); the attached wrid table is the ring's.
+                let mut d = Box::new(unsafe { DirectPoller::new(cq) }.map_err(direct_err)?);
+                // SAFETY: as above.
+                unsafe { d.attach(&sq) }.map_err(direct_err)?;
+                // SAFETY: the receive CQ is live and polled only by this Hot (contract).
+                Poller::Direct(d, unsafe { CqPoller::new(side.cq) })
             }
-            // SAFETY: the CQ is live and polled only by this Hot (contract).
-            None => Poller::Legacy(unsafe { CqPoller::new(side.cq) }),
+            (None, ts) => match ts {
+                Some((cq, clock, batch_safe)) => {
+                    // SAFETY: the extended CQ is live, was created with TS_FIELDS' readers
+                    // (setup), and is polled only by this Hot (contract).
+                    let p = unsafe { ExCqPoller::new(cq, TS_FIELDS, TS_FIELDS.wc_flags()) }
+                        .map_err(|e| PerfError::Ring {
+                            what: "extended CQ poller (completion timestamps)".into(),
+                            source: e,
+                        })?
+                        .one_per_poll(!batch_safe);
+                    Poller::Ex(p, clock)
+                }
+                // SAFETY: the CQ is live and polled only by this Hot (contract).
+                None => Poller::Legacy(unsafe { CqPoller::new(side.cq) }),
+            },
         };
         let rx = recv_count(p);
         let recv = if rx > 0 {
@@ -487,6 +528,29 @@ impl Hot {
                 }
                 Ok(n)
             }
+            Poller::Direct(d, r) => {
+                let mut n = 0;
+                for p in [0, 1] {
+                    let batch = if p == 0 {
+                        d.poll().map_err(|e| {
+                            PerfError::Internal(format!("polling the send CQ directly: {e}"))
+                        })?
+                    } else {
+                        r.poll()?
+                    };
+                    n += batch.len();
+                    for c in batch {
+                        dispatch(
+                            &mut self.send,
+                            &mut self.recv,
+                            &mut self.received,
+                            &mut self.last_imm,
+                            c,
+                        )?;
+                    }
+                }
+                Ok(n)
+            }
             Poller::Ex(p, _) => {
                 let (batch, ts) = p
                     .poll_ts()
@@ -515,7 +579,7 @@ impl Hot {
     pub fn timestamp_clock(&self) -> Option<TimestampClock> {
         match &self.poller {
             Poller::Ex(_, c) => Some(*c),
-            Poller::Legacy(_) => None,
+            Poller::Legacy(_) | Poller::Direct(..) => None,
         }
     }
 
@@ -524,6 +588,7 @@ impl Hot {
         match self.send {
             Poster::Legacy(_) => "ibv_post_send",
             Poster::Wr(_) => "ibv_wr_*",
+            Poster::Direct(_) => "mlx5 direct WQEs",
         }
     }
 
@@ -1113,8 +1178,8 @@ mod tests {
         let dev = Device::open("softnic", 1, None)
             .unwrap()
             .with_paths(old, timestamps);
-        let a = SideRes::new(&dev, p).unwrap();
-        let b = SideRes::new(&dev, p).unwrap();
+        let mut a = SideRes::new(&dev, p).unwrap();
+        let mut b = SideRes::new(&dev, p).unwrap();
         let (ea, eb) = (a.endpoint(&dev, p), b.endpoint(&dev, p));
         a.connect(&dev, &eb).unwrap();
         b.connect(&dev, &ea).unwrap();

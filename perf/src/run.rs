@@ -216,7 +216,8 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
 /// Opens the device with the run's post path and completion options.
 fn open_device(args: &Args, name: &str) -> Result<Device, PerfError> {
     Ok(Device::open(name, args.ib_port, args.gid_index)?
-        .with_paths(args.use_old_post_send, args.timestamps))
+        .with_paths(args.use_old_post_send, args.timestamps)
+        .with_direct(args.direct))
 }
 
 fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) -> RunInfo {
@@ -253,8 +254,8 @@ fn loopback(
     dev: &Device,
     timeout: Duration,
 ) -> Result<Vec<SizeResult>, PerfError> {
-    let a = SideRes::new(dev, p)?;
-    let b = SideRes::new(dev, p)?;
+    let mut a = SideRes::new(dev, p)?;
+    let mut b = SideRes::new(dev, p)?;
     let (ea, eb) = (a.endpoint(dev, p), b.endpoint(dev, p));
     a.connect(dev, &eb)?;
     b.connect(dev, &ea)?;
@@ -370,7 +371,7 @@ fn serve(
     ctl: &mut Control,
 ) -> Result<Vec<SizeResult>, PerfError> {
     let p = ctl.welcome(ours)?;
-    let res = SideRes::new(dev, &p)?;
+    let mut res = SideRes::new(dev, &p)?;
     let theirs = ctl.exchange(&res.endpoint(dev, &p))?;
     res.connect(dev, &theirs)?;
     // SAFETY: res outlives hot (declared before it, dropped after); the CQ is polled by
@@ -404,7 +405,7 @@ fn measure(
     ctl: &mut Control,
 ) -> Result<Vec<SizeResult>, PerfError> {
     ctl.hello(p)?;
-    let res = SideRes::new(dev, p)?;
+    let mut res = SideRes::new(dev, p)?;
     let theirs = ctl.exchange(&res.endpoint(dev, p))?;
     res.connect(dev, &theirs)?;
     // SAFETY: as in serve().

@@ -75,6 +75,8 @@ pub struct Device {
     /// Create the CQs with completion timestamps and poll them through the extended API
     /// (`--timestamps`).
     pub timestamps: bool,
+    /// Post and poll sends through the mlx5 direct path (`--direct`).
+    pub direct: bool,
 }
 
 impl Device {
@@ -105,6 +107,7 @@ impl Device {
             rd_atomic,
             old_post_send: false,
             timestamps: false,
+            direct: false,
         })
     }
 
@@ -113,6 +116,12 @@ impl Device {
     pub fn with_paths(mut self, old_post_send: bool, timestamps: bool) -> Device {
         self.old_post_send = old_post_send;
         self.timestamps = timestamps;
+        self
+    }
+
+    /// The mlx5 direct path (`--direct`): refused by name unless the device is a ConnectX.
+    pub fn with_direct(mut self, direct: bool) -> Device {
+        self.direct = direct;
         self
     }
 
@@ -131,8 +140,10 @@ impl Device {
 pub struct SideRes {
     /// The RC QP.
     pub qp: Qp,
-    /// Its CQ (send and receive).
+    /// Its CQ (send and receive; receive only with `--direct`).
     pub cq: Cq,
+    /// `--direct`: the send CQ the direct poller reads, and the ring's `wrid` table.
+    pub direct: Option<(Cq, Box<[u64]>)>,
     /// `--timestamps`: the device clock of the CQ's completion timestamps, and whether the
     /// provider's extended CQ may be drained with `ibv_next_poll`.
     pub ts: Option<(TimestampClock, bool)>,
@@ -148,6 +159,18 @@ impl SideRes {
         let depth = engine::send_depth(p);
         let rx = engine::recv_count(p);
         let cqe = depth + rx + 16;
+        if dev.direct && !dev.ctx.is_mlx5() {
+            return Err(PerfError::Usage(format!(
+                "--direct writes mlx5 (ConnectX) WQEs and {} is not an mlx5 device: drop \
+                 --direct (the default path works on every device)",
+                dev.name()
+            )));
+        }
+        let scq = if dev.direct {
+            Some(dev.ctx.create_cq(depth + 16, None)?)
+        } else {
+            None
+        };
         let (cq, ts) = if dev.timestamps {
             // A device without completion timestamps (rxe) is refused here, by name.
             let cq = CqBuilder::new(&dev.ctx, cqe)
@@ -190,14 +213,14 @@ impl SideRes {
         };
         let mut last = None;
         for inline in tries {
-            let b = QpBuilder::new(&dev.pd, &cq, &cq, QpType::Rc)
+            let b = QpBuilder::new(&dev.pd, scq.as_ref().unwrap_or(&cq), &cq, QpType::Rc)
                 .max_send_wr(depth)
                 .max_recv_wr(rx.max(1))
                 .max_send_sge(1)
                 .max_recv_sge(1)
                 .max_inline_data(inline)
                 .sq_sig_all(false);
-            let b = if dev.old_post_send {
+            let b = if dev.old_post_send || dev.direct {
                 b
             } else {
                 b.send_ops(send_ops(p))
@@ -206,10 +229,18 @@ impl SideRes {
             match r {
                 Ok(qp) => {
                     let granted = qp.cap().max_inline_data;
+                    let direct = match &scq {
+                        Some(_) => {
+                            let n = qp.mlx5_sq(std::ptr::null_mut())?.wqe_cnt as usize;
+                            Some(vec![0u64; n].into_boxed_slice())
+                        }
+                        None => None,
+                    };
                     return Ok(SideRes {
                         inline: inline.min(granted),
                         qp,
                         cq,
+                        direct: direct.map(|w| (scq.expect("direct has its send CQ"), w)),
                         ts,
                         mr,
                     });
@@ -260,7 +291,7 @@ impl SideRes {
     }
 
     /// The raw handles for the datapath, aimed at `remote`'s landing zone.
-    pub fn side(&self, remote: &Endpoint) -> Result<Side, PerfError> {
+    pub fn side(&mut self, remote: &Endpoint) -> Result<Side, PerfError> {
         let r = remote.mr.ok_or_else(|| {
             PerfError::Protocol("the peer offered no memory window: is it hotverbs-perf?".into())
         })?;
@@ -283,6 +314,10 @@ impl SideRes {
             timestamps: match (self.ts, self.cq.as_cq_ex()) {
                 (Some((clock, batch_safe)), Some(cq)) => Some((cq, clock, batch_safe)),
                 _ => None,
+            },
+            direct: match &mut self.direct {
+                Some((scq, wrid)) => Some((self.qp.mlx5_sq(wrid.as_mut_ptr())?, scq.mlx5_cq()?)),
+                None => None,
             },
         })
     }

@@ -257,3 +257,18 @@ fn histogram_is_written() {
     assert!(svg.contains("p99.9"), "markers drawn");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn direct_is_refused_by_name_off_connectx_and_with_other_paths() {
+    let o = perf(&["send_lat", "-d", "softnic", "--direct", "-n", "10"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("--direct"), "{err}");
+    assert!(err.contains("softnic is not an mlx5 device"), "{err}");
+    for extra in ["--timestamps", "--use_old_post_send"] {
+        let o = perf(&["send_lat", "-d", "softnic", "--direct", extra]);
+        let (_, err) = text(&o);
+        assert!(!o.status.success());
+        assert!(err.contains(extra), "{extra}: {err}");
+    }
+}

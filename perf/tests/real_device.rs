@@ -183,3 +183,35 @@ fn mismatched_tests_are_refused_on_both_sides() {
     assert_eq!(server_status.code(), Some(1), "server: {serr}");
     assert!(cerr.contains("refused"), "client: {cerr}");
 }
+
+/// `--direct` on a ConnectX (the mlx5 direct path, every test kind in loopback); on any
+/// other device it must be refused by name.
+#[test]
+fn direct_on_the_device() {
+    let Some(d) = device() else { return };
+    let mlx5 = hotverbs::Context::open(&d.name)
+        .map(|c| c.is_mlx5())
+        .unwrap_or(false);
+    for test in [
+        "send_lat",
+        "write_lat",
+        "read_lat",
+        "atomic_lat",
+        "send_bw",
+        "write_bw",
+    ] {
+        let mut args = vec![test.to_string(), "--loopback".into(), "--direct".into()];
+        args.extend(dev_args(&d));
+        args.extend(["-n".into(), "500".into(), "--json".into()]);
+        let o = Command::new(perf_bin()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        if !mlx5 {
+            assert!(!o.status.success(), "{test}: --direct ran on {}", d.name);
+            assert!(err.contains("not an mlx5 device"), "{test}: {err}");
+            continue;
+        }
+        assert!(o.status.success(), "{test}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["post_path"], "mlx5 direct WQEs", "{test}");
+    }
+}

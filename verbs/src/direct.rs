@@ -141,6 +141,35 @@ impl std::fmt::Debug for DirectRing<'_> {
 }
 
 impl Cq {
+    /// This mlx5 CQ as the datapath's [`DirectCq`] (`mlx5dv_init_obj(3)`), its consumer
+    /// index where libmlx5 left it: for code that builds a
+    /// [`hotverbs_datapath::DirectPoller`] itself (its constructor is `unsafe`; the safe
+    /// way is [`direct_poller`](Self::direct_poller)).
+    ///
+    /// # Errors
+    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
+    pub fn mlx5_cq(&self) -> Result<DirectCq> {
+        const VERB: &str = "mlx5dv_init_obj";
+        // SAFETY: plain C structs; all-zero is valid (NULL pointers, 0 counts).
+        let mut out: mlx5dv_cq = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.cq.in_ = self.as_raw();
+        obj.cq.out = &mut out;
+        init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
+        // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
+        // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
+        let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });
+        Ok(DirectCq {
+            buf: out.buf.cast(),
+            cqe_cnt: out.cqe_cnt,
+            cqe_size: out.cqe_size,
+            dbrec: out.dbrec.cast(),
+            cqn: out.cqn,
+            cons_index: ci,
+        })
+    }
+
     /// The mlx5 direct poller of this CQ (`B` completions per poll), borrowing it. One
     /// poller at a time, of any kind; `Cq::poll` is refused while it lives.
     ///
@@ -150,28 +179,14 @@ impl Cq {
     /// of 128 bytes, named); `EBUSY` when the CQ already has a poller.
     pub fn direct_poller<const B: usize>(&self) -> Result<DirectPoller<'_, B>> {
         const VERB: &str = "DirectPoller";
-        // SAFETY: plain C structs; all-zero is valid (NULL pointers, 0 counts).
-        let mut out: mlx5dv_cq = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
-        obj.cq.in_ = self.as_raw();
-        obj.cq.out = &mut out;
-        init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
+        if !self.context().is_mlx5() {
+            return Err(not_mlx5(VERB, self.context()));
+        }
+        let desc = self.mlx5_cq()?;
         if self.inner.rings.take_poller() {
             return Err(Error::new(VERB, libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
         }
-        // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
-        // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
-        let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });
-        let desc = DirectCq {
-            buf: out.buf.cast(),
-            cqe_cnt: out.cqe_cnt,
-            cqe_size: out.cqe_size,
-            dbrec: out.dbrec.cast(),
-            cqn: out.cqn,
-            cons_index: ci,
-        };
         // SAFETY: libmlx5's description of this live CQ, borrowed for the poller's life;
         // the flag just taken makes this its only consumer (Cq::poll and other pollers
         // are refused); direct rings attach only their own wrid tables, owned by this CQ.
@@ -186,6 +201,43 @@ impl Cq {
 }
 
 impl Qp {
+    /// This mlx5 QP's send queue as the datapath's [`DirectSq`] (`mlx5dv_init_obj(3)`),
+    /// with `wrid` as its `wrid` table (`sq.wqe_cnt` entries, which the caller provides): for
+    /// code that builds a [`hotverbs_datapath::DirectRing`] itself (its constructor is
+    /// `unsafe`; the safe way is [`direct_ring`](Self::direct_ring)). `wqe_cnt` is known
+    /// from a first call with a NULL table.
+    ///
+    /// # Errors
+    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
+    pub fn mlx5_sq(&self, wrid: *mut u64) -> Result<DirectSq> {
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.qp.in_ = self.as_raw();
+        obj.qp.out = &mut out;
+        init_obj(
+            "mlx5dv_init_obj",
+            self.pd().context(),
+            &mut obj,
+            MLX5DV_OBJ_QP,
+        )?;
+        Ok(DirectSq {
+            buf: out.sq.buf.cast(),
+            wqe_cnt: out.sq.wqe_cnt,
+            stride: out.sq.stride,
+            dbrec: out.dbrec.cast(),
+            bf_reg: out.bf.reg.cast(),
+            bf_size: out.bf.size,
+            bf_offset: 0,
+            qp_num: self.qp_num(),
+            ud: self.qp_type() == QpType::Ud,
+            max_inline: self.cap().max_inline_data,
+            max_sge: self.cap().max_send_sge,
+            wrid,
+        })
+    }
+
     /// A [`DirectRing`] writing this mlx5 RC/UC QP's WQEs itself, its completions read by
     /// `poller` (the direct poller of the QP's send CQ, to which the ring's `wrid` table is
     /// attached). Otherwise as [`send_ring`](Self::send_ring): the send queue is handed out
@@ -271,31 +323,15 @@ impl Qp {
                 self.cap().max_inline_data
             )));
         }
-        // SAFETY: plain C structs; all-zero is valid.
-        let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
-        obj.qp.in_ = self.as_raw();
-        obj.qp.out = &mut out;
-        init_obj(verb, self.pd().context(), &mut obj, MLX5DV_OBJ_QP)?;
+        if !self.pd().context().is_mlx5() {
+            return Err(not_mlx5(verb, self.pd().context()));
+        }
+        let probe = self.mlx5_sq(std::ptr::null_mut())?;
         let depth = cfg.depth_of();
         let id = self.claim_send_queue(verb, depth)?;
         let cq = self.send_cq();
-        let wrid = cq.inner.rings.wrid_table(out.sq.wqe_cnt as usize);
-        let sq = DirectSq {
-            buf: out.sq.buf.cast(),
-            wqe_cnt: out.sq.wqe_cnt,
-            stride: out.sq.stride,
-            dbrec: out.dbrec.cast(),
-            bf_reg: out.bf.reg.cast(),
-            bf_size: out.bf.size,
-            bf_offset: 0,
-            qp_num: self.qp_num(),
-            ud: ud.is_some(),
-            max_inline: self.cap().max_inline_data,
-            max_sge: self.cap().max_send_sge,
-            wrid,
-        };
+        let wrid = cq.inner.rings.wrid_table(probe.wqe_cnt as usize);
+        let sq = DirectSq { wrid, ..probe };
         let undo = |e: Error| {
             cq.inner.rings.release_ring(id, depth);
             self.sq_taken().store(false, Ordering::Release);

@@ -5,7 +5,7 @@
 //! vendored rdma-core (`cargo xtask golden` fetches it through cargo and configures it).
 //! Without it the crate builds with `cfg(golden_missing)` and [`available`] is false.
 //!
-//! [`Model`] owns one fake environment (context, QP, CQ, BlueFlame register) and posts
+//! `Model` owns one fake environment (context, QP, CQ, BlueFlame register) and posts
 //! through `mlx5_post_send` or the `ibv_wr_*` table libmlx5 fills, polls with
 //! `mlx5_poll_cq`, and (in the test build) records every MMIO store and barrier the
 //! provider makes.

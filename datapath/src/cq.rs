@@ -65,6 +65,12 @@ impl Completion {
         &self.0
     }
 
+    /// The raw `struct ibv_wc`, for a poller in this crate to fill in place.
+    #[inline(always)]
+    pub(crate) fn raw_mut(&mut self) -> &mut ibv_wc {
+        &mut self.0
+    }
+
     /// Marks the completion consumed (a receive ring does this when it accepts it): no
     /// ring accepts it again.
     #[inline(always)]

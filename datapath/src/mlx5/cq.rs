@@ -177,25 +177,67 @@ const REQ_WC: [u32; 32] = {
     t
 };
 
-/// An `ibv_wc` from its six 8-byte words (the struct's layout on 64-bit Linux).
+/// `REQ_WC` entries whose `byte_len` rule is "the CQE's byte count" (READ).
+const RULE_READ: u32 = 1 << 16;
+
+/// The `ibv_wc` words a successful requester CQE of each WQE opcode gives, ready to store:
+/// `[status | opcode << 32, vendor_err | byte_len << 32, src_qp | wc_flags << 32]` (the
+/// words at offsets 8, 16 and 32; READ's byte_len comes from the CQE, on the slow path).
+const REQ_WORDS: [[u64; 3]; 32] = {
+    let mut t = [[0u64; 3]; 32];
+    let mut i = 0;
+    while i < 32 {
+        let e = REQ_WC[i];
+        let byte_len = if (e >> 16) == 2 { 8u64 } else { 0 };
+        t[i] = [
+            ((e & 0xff) as u64) << 32,
+            byte_len << 32,
+            (((e >> 8) & 0xff) as u64) << 32,
+        ];
+        i += 1;
+    }
+    t
+};
+
+/// Stores the five words of a successful send completion (fields a send completion does
+/// not define, `imm_data` and those after `wc_flags`, are left as they are except
+/// `imm_data`, zeroed, and `src_qp`, zeroed).
+///
+/// # Safety
+/// `wc` is a valid, writable `ibv_wc` (48 bytes, 8-aligned).
 #[inline(always)]
-fn wc_from_words(w: [u64; 6]) -> ibv_wc {
-    const _: () = assert!(core::mem::size_of::<ibv_wc>() == 48);
-    const _: () = assert!(core::mem::offset_of!(ibv_wc, status) == 8);
-    const _: () = assert!(core::mem::offset_of!(ibv_wc, vendor_err) == 16);
-    const _: () = assert!(core::mem::offset_of!(ibv_wc, qp_num) == 28);
-    const _: () = assert!(core::mem::offset_of!(ibv_wc, wc_flags) == 36);
-    // SAFETY: same size, every field of ibv_wc is an integer (or a union of integers), so
-    // any bytes are a valid value; the padding is zero.
-    unsafe { core::mem::transmute::<[u64; 6], ibv_wc>(w) }
+unsafe fn store_words(wc: *mut ibv_wc, wr_id: u64, w: &[u64; 3], qpn_hi: u64) {
+    let p = wc.cast::<u64>();
+    // SAFETY: the caller's contract; offsets 0, 8, 16, 24 and 32 are inside the struct
+    // (the static asserts in `wc_layout` pin them).
+    unsafe {
+        p.write(wr_id);
+        p.add(1).write(w[0]);
+        p.add(2).write(w[1]);
+        p.add(3).write(qpn_hi);
+        p.add(4).write(w[2]);
+    }
 }
 
+const _: () = {
+    assert!(core::mem::size_of::<ibv_wc>() == 48);
+    assert!(core::mem::offset_of!(ibv_wc, status) == 8);
+    assert!(core::mem::offset_of!(ibv_wc, opcode) == 12);
+    assert!(core::mem::offset_of!(ibv_wc, vendor_err) == 16);
+    assert!(core::mem::offset_of!(ibv_wc, byte_len) == 20);
+    assert!(core::mem::offset_of!(ibv_wc, qp_num) == 28);
+    assert!(core::mem::offset_of!(ibv_wc, src_qp) == 32);
+    assert!(core::mem::offset_of!(ibv_wc, wc_flags) == 36);
+};
+
 impl CqState {
+    /// The common case inline (a successful requester CQE of the cached QP that is not a
+    /// READ); everything else, one CQE at a time, in [`slow_one`](Self::slow_one).
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
         let buf = self.buf;
         let mask = self.mask;
-        let cnt = self.cqe_cnt;
+        let shift = self.cqe_cnt.trailing_zeros();
         let mut cons = self.cons;
         let mut slot = self.qps[self.last % MAX_QPS];
         let mut n = 0;
@@ -205,81 +247,48 @@ impl CqState {
             let c = unsafe { buf.add(((cons & mask) as usize) << 6) };
             // SAFETY: as above; the device writes op_own last, so read it first.
             let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
-            let opcode = op_own >> 4;
-            if opcode == cqe::INVALID || (op_own & cqe::OWNER_MASK) != ((cons & cnt) != 0) as u8 {
-                break;
-            }
-            from_device_barrier();
-            if op_own & cqe::FORMAT_MASK != 0 {
-                err = Some(DirectError::CqeFormat {
-                    op_own,
-                    index: cons,
-                });
-                break;
-            }
-            // SAFETY: the whole 64-byte CQE is inside the buffer; read after the barrier.
-            let (sop, ctr) = unsafe {
-                (
-                    u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
-                    u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
-                )
-            };
-            let qpn = sop & 0xff_ffff;
-            if slot.qpn != qpn {
-                match self
-                    .qps
-                    .iter()
-                    .position(|s| s.qpn == qpn && !s.wrid.is_null())
-                {
-                    Some(i) => {
-                        self.last = i;
-                        slot = self.qps[i];
-                    }
-                    None => {
-                        err = Some(DirectError::UnknownQp(qpn));
-                        break;
-                    }
-                }
-            }
-            let (w1, w2, w4) = if opcode == cqe::REQ {
-                let e = REQ_WC[(sop >> 24) as usize & 31];
-                let rule = e >> 16;
-                let byte_len = if rule == 1 {
-                    // SAFETY: inside the CQE, read after the barrier.
-                    unsafe { u32::from_be(c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile()) }
-                } else {
-                    rule << 2
-                };
-                // status SUCCESS (0) | opcode; vendor_err 0 | byte_len; src_qp 0 | wc_flags.
-                (
-                    ((e & 0xff) as u64) << 32,
-                    (byte_len as u64) << 32,
-                    ((e >> 8) & 0xff) as u64 * (1 << 32),
-                )
-            } else if opcode == cqe::REQ_ERR {
+            // Opcode REQ (high nibble 0), plain format (bits 2..3 clear) and the owner bit of
+            // this pass, in one test.
+            if (op_own ^ ((cons >> shift) & 1) as u8) & 0xfd == 0 {
+                from_device_barrier();
                 // SAFETY: inside the CQE, read after the barrier.
-                let (synd, vendor) = unsafe {
+                let (sop, ctr) = unsafe {
                     (
-                        c.add(cqe::OFF_SYNDROME).read_volatile(),
-                        c.add(cqe::OFF_VENDOR_ERR).read_volatile(),
+                        u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
+                        u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
                     )
                 };
-                (syndrome_status(synd) as u64, vendor as u64, 0)
-            } else {
-                err = Some(DirectError::CqeOpcode {
-                    opcode,
-                    index: cons,
-                });
-                break;
-            };
-            // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table (attach's contract).
-            let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
-            cons = cons.wrapping_add(1);
-            // imm_data 0 | qp_num; pkey_index, slid, sl, dlid_path_bits 0.
-            let wc = wc_from_words([wr_id, w1, w2, (qpn as u64) << 32, w4, 0]);
-            // SAFETY: a completion the device reported for a WR of the attached ring.
-            out[n] = unsafe { Completion::from_raw(wc) };
-            n += 1;
+                let op = (sop >> 24) as usize & 31;
+                if sop & 0xff_ffff == slot.qpn && REQ_WC[op] & RULE_READ == 0 {
+                    // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table.
+                    let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
+                    // SAFETY: `out[n]` is a valid Completion (repr(transparent) ibv_wc).
+                    unsafe {
+                        store_words(
+                            out[n].raw_mut(),
+                            wr_id,
+                            &REQ_WORDS[op],
+                            (slot.qpn as u64) << 32,
+                        )
+                    };
+                    cons = cons.wrapping_add(1);
+                    n += 1;
+                    continue;
+                }
+            }
+            self.cons = cons;
+            match self.slow_one(&mut out[n]) {
+                Ok(true) => {
+                    cons = self.cons;
+                    slot = self.qps[self.last % MAX_QPS];
+                    n += 1;
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
         }
         self.cons = cons;
         // SAFETY: the CQ's doorbell record (new's contract).
@@ -292,5 +301,85 @@ impl CqState {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),
         }
+    }
+
+    /// The CQE at `cons`, whatever it is: `Ok(false)` when the device has not written it,
+    /// `Ok(true)` with `out` filled and the CQE consumed, or the refusal (CQE left in place).
+    #[cold]
+    #[inline(never)]
+    fn slow_one(&mut self, out: &mut Completion) -> Result<bool, DirectError> {
+        let cons = self.cons;
+        // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
+        let c = unsafe { self.buf.add(((cons & self.mask) as usize) << 6) };
+        // SAFETY: as above; the device writes op_own last, so read it first.
+        let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
+        let opcode = op_own >> 4;
+        if opcode == cqe::INVALID
+            || (op_own & cqe::OWNER_MASK) != ((cons & self.cqe_cnt) != 0) as u8
+        {
+            return Ok(false);
+        }
+        from_device_barrier();
+        if op_own & cqe::FORMAT_MASK != 0 {
+            return Err(DirectError::CqeFormat {
+                op_own,
+                index: cons,
+            });
+        }
+        // SAFETY: the whole 64-byte CQE is inside the buffer; read after the barrier.
+        let (sop, ctr) = unsafe {
+            (
+                u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
+                u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
+            )
+        };
+        let qpn = sop & 0xff_ffff;
+        let Some(i) = self
+            .qps
+            .iter()
+            .position(|s| s.qpn == qpn && !s.wrid.is_null())
+        else {
+            return Err(DirectError::UnknownQp(qpn));
+        };
+        self.last = i;
+        let slot = self.qps[i];
+        let (status, vendor_err, op, flags, byte_len) = if opcode == cqe::REQ {
+            let e = REQ_WC[(sop >> 24) as usize & 31];
+            let byte_len = match e >> 16 {
+                // SAFETY: inside the CQE, read after the barrier.
+                1 => unsafe {
+                    u32::from_be(c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile())
+                },
+                2 => 8,
+                _ => 0,
+            };
+            (IBV_WC_SUCCESS, 0, e & 0xff, (e >> 8) & 0xff, byte_len)
+        } else if opcode == cqe::REQ_ERR {
+            // SAFETY: inside the CQE, read after the barrier.
+            let (synd, vendor) = unsafe {
+                (
+                    c.add(cqe::OFF_SYNDROME).read_volatile(),
+                    c.add(cqe::OFF_VENDOR_ERR).read_volatile(),
+                )
+            };
+            (syndrome_status(synd), vendor as u32, IBV_WC_SEND, 0, 0)
+        } else {
+            return Err(DirectError::CqeOpcode {
+                opcode,
+                index: cons,
+            });
+        };
+        // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table (attach's contract).
+        let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
+        self.cons = cons.wrapping_add(1);
+        let wc = out.raw_mut();
+        wc.wr_id = wr_id;
+        wc.status = status;
+        wc.opcode = op;
+        wc.vendor_err = vendor_err;
+        wc.byte_len = byte_len;
+        wc.qp_num = qpn;
+        wc.wc_flags = flags;
+        Ok(true)
     }
 }

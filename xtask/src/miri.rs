@@ -90,6 +90,20 @@ const MIRI_TESTS: &[MiriTest] = &[
         why: "items 6, 7, 8: CQ destroy vs events, counting-device provenance, softnic's copies",
     },
     MiriTest {
+        package: "hotverbs-datapath",
+        target: "direct",
+        tests: &[
+            "lone_inline_send_is_libmlx5s_wqe_and_a_blueflame_copy",
+            "inline_data_wraps_at_the_end_of_the_sq",
+            "an_error_completion_retires_exactly_and_flushes_the_rest",
+            "a_leaked_batch_is_never_announced_and_its_blocks_are_reused",
+            "owner_bit_wraps_over_many_passes",
+        ],
+        models: Models::Both,
+        why:
+            "the mlx5 direct path: WQE stores, the BlueFlame copy and CQE reads on raw SQ/CQ memory",
+    },
+    MiriTest {
         package: "hotverbs-softnic",
         target: "extended",
         tests: &["raw_memory_extended_path"],

@@ -360,17 +360,17 @@ pub struct Mmio;
 unsafe impl Doorbell for Mmio {
     #[inline(always)]
     fn to_device_barrier(&mut self) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: an empty asm block: a compiler barrier, no instruction.
         unsafe {
             core::arch::asm!("", options(nostack, preserves_flags))
         };
-        #[cfg(target_arch = "aarch64")]
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
         // SAFETY: a store barrier, no other effect.
         unsafe {
             core::arch::asm!("dmb oshst", options(nostack, preserves_flags))
         };
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
     }
     #[inline(always)]
@@ -379,17 +379,17 @@ unsafe impl Doorbell for Mmio {
     }
     #[inline(always)]
     fn flush_writes(&mut self) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: sfence orders stores, no other effect.
         unsafe {
             core::arch::asm!("sfence", options(nostack, preserves_flags))
         };
-        #[cfg(target_arch = "aarch64")]
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
         // SAFETY: a store barrier, no other effect.
         unsafe {
             core::arch::asm!("dsb st", options(nostack, preserves_flags))
         };
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
     }
     #[inline(always)]
@@ -408,17 +408,17 @@ unsafe impl Doorbell for Mmio {
 /// arm64: `dmb oshld`).
 #[inline(always)]
 fn from_device_barrier() {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: lfence orders loads, no other effect.
     unsafe {
         core::arch::asm!("lfence", options(nostack, preserves_flags))
     };
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
     // SAFETY: a load barrier, no other effect.
     unsafe {
         core::arch::asm!("dmb oshld", options(nostack, preserves_flags))
     };
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
     core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
 }
 

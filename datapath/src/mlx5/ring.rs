@@ -198,10 +198,13 @@ impl Fast {
     unsafe fn copy_wrapping(&self, mut dst: *mut u8, d: &[u8]) -> *mut u8 {
         let mut src = d.as_ptr();
         let mut len = d.len();
-        // SAFETY: the caller's contract; `qend - dst` bytes are left before the end.
+        // SAFETY: the caller's contract; `qend - dst` bytes are left before the end (the
+        // comparison is on lengths: `dst + len` may lie past the SQ, where no pointer may be
+        // formed).
         unsafe {
-            if dst.add(len) > self.qend {
-                let first = self.qend.offset_from(dst) as usize;
+            let room = self.qend.offset_from(dst) as usize;
+            if len > room {
+                let first = room;
                 core::ptr::copy_nonoverlapping(src, dst, first);
                 src = src.add(first);
                 len -= first;

@@ -406,3 +406,34 @@ fn owner_bit_wraps_over_many_passes() {
     }
     assert_eq!(p.cons_index(), 1000);
 }
+
+#[test]
+fn split_mode_retires_through_the_shared_counters() {
+    // Poster and poller roles interleaved on one thread (the threads' protocol is the
+    // other rings', model-checked with loom): completions go to the retirer, the ring
+    // learns of them at sync.
+    let mut sim = Mlx5Sim::new(256, 64, QPN);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(5, 32, 16).signal_every(8).batch(4),
+    );
+    let mut p = poller(&mut sim);
+    let (shared, mut retirer) = r.split();
+    let mut sent = 0u64;
+    while sent < 10_000 {
+        match r.send_now(Msg::send(Local::Inline(b"split"))) {
+            Ok(_) => sent += 1,
+            Err(SendError::WouldBlock) => {}
+            Err(e) => panic!("{e}"),
+        }
+        sim.process();
+        for c in p.poll().unwrap().iter() {
+            assert_eq!(c.ring(), 5);
+            retirer.on_completion(c, &shared).unwrap();
+        }
+        r.sync(&shared);
+        assert!(r.outstanding() <= 32);
+    }
+    assert_eq!(r.retired_total(), retirer.retired());
+    assert!(r.retired_total() > 9_900, "{}", r.retired_total());
+}

@@ -19,6 +19,15 @@
 //! - **Send CQs only**: the poller parses requester CQEs; give receives their own CQ.
 //! - **A QP posted on before**: the ring starts at the QP's `cur_post` (its doorbell
 //!   record).
+//!
+//! # QP reset and destroy with a direct poller (not solved here)
+//! libmlx5 removes a QP's CQEs from its CQs when the QP moves to RESET or is destroyed
+//! (`__mlx5_cq_clean`), starting from *its own* consumer index, which a direct poller does
+//! not advance (mlx5dv exposes no way to). With nothing left in the CQ it finds nothing and
+//! changes nothing; with CQEs of the pass it thinks current it would move them and rewrite
+//! the CQ's doorbell record. So: drain the CQ (every outstanding WR retired) before resetting
+//! or destroying a QP whose send CQ a direct poller serves, or give each such QP its own
+//! send CQ and drop the CQ with it.
 
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};

@@ -20,27 +20,31 @@ fn mlx5() -> Option<Context> {
     Some(ctx)
 }
 
+/// Two connected RC QPs of the device, each with its own CQ; `a` sends inline up to 64 bytes.
+fn pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq) -> (Qp, Qp) {
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let a = QpBuilder::new(pd, cq_a, cq_a, QpType::Rc)
+        .max_send_wr(64)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(pd, cq_b, cq_b, QpType::Rc).build().unwrap();
+    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    (a, b)
+}
+
 #[test]
 fn direct_ring_writes_reads_and_polls_on_connectx() {
     let Some(ctx) = mlx5() else { return };
-    let info = ctx.port_info(None, gid_index()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let (cq_a, cq_b) = (
         ctx.create_cq(256, None).unwrap(),
         ctx.create_cq(256, None).unwrap(),
     );
-    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
-        .max_send_wr(64)
-        .max_inline_data(64)
-        .build()
-        .unwrap();
-    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
-        .build()
-        .unwrap();
-    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
-    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
+    let (a, _b) = pair(&ctx, &pd, &cq_a, &cq_b);
     let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let dst = pd.alloc_mr(1 << 16, flags).unwrap();
     let remote = dst.remote();
@@ -112,23 +116,12 @@ fn direct_ring_writes_reads_and_polls_on_connectx() {
 #[test]
 fn direct_path_error_completion_retires_everything() {
     let Some(ctx) = mlx5() else { return };
-    let info = ctx.port_info(None, gid_index()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let (cq_a, cq_b) = (
         ctx.create_cq(256, None).unwrap(),
         ctx.create_cq(256, None).unwrap(),
     );
-    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
-        .max_inline_data(64)
-        .build()
-        .unwrap();
-    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
-        .build()
-        .unwrap();
-    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
-    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
+    let (a, _b) = pair(&ctx, &pd, &cq_a, &cq_b);
     // A remote range the peer never registered: REM_ACCESS_ERR, then flushes.
     let bogus = RemoteBuf::new(0x1000, 1 << 20, 0xdead_beef);
     let mut poller = cq_a.direct_poller::<32>().unwrap();

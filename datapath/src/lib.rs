@@ -4,8 +4,11 @@
 //! `*mut ibv_qp` / `*mut ibv_cq` / `*mut ibv_srq` plus plain memory descriptors. From then on
 //! the datapath reaches the device only through the four hot inline verbs of verbs.h
 //! (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, via
-//! `hotverbs_ffi::inline`): it never calls a setup verb and never allocates, so the same code
-//! runs on mlx5, rxe and the software device.
+//! `hotverbs_ffi::inline`, and the extended `ibv_wr_*` / `ibv_start_poll` ones): it never
+//! calls a setup verb and never allocates, so the same code runs on mlx5, rxe and the
+//! software device. The one exception is [`mlx5`], ConnectX only: it calls no verb at all
+//! and writes the send queue, the doorbell record and the doorbell register itself, from
+//! the `mlx5dv_init_obj(3)` descriptors the setup layer hands it.
 //!
 //! # Tour
 //! - [`send`]: [`SendRing<N>`] — preformatted `ibv_send_wr`s; [`Msg`] for SEND, SEND_WITH_IMM,

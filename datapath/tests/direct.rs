@@ -437,3 +437,87 @@ fn split_mode_retires_through_the_shared_counters() {
     assert_eq!(r.retired_total(), retirer.retired());
     assert!(r.retired_total() > 9_900, "{}", r.retired_total());
 }
+
+/// Two QPs on one CQ, every requester opcode mixed within one poll (the poller's fast path
+/// reuses the words of the previous completion while QP and opcode repeat, and must not
+/// when either changes), polls that cross the end of the CQ (the owner bit flips in the
+/// middle of a poll): each completion has its own QP's `wr_id`, opcode, flags and length.
+#[test]
+fn mixed_qps_and_opcodes_in_one_poll_across_the_cq_wrap() {
+    use hotverbs_datapath::mlx5::opcode as op;
+    use hotverbs_ffi::*;
+    const QPN_B: u32 = 0x5b5;
+    let mut sim = Mlx5Sim::new(64, 8, QPN);
+    let sq_a = sq_of(&mut sim, 0);
+    let mut wrid_b: Vec<u64> = (0..64).map(|i| 0xb000 + i).collect();
+    let sq_b = DirectSq {
+        qp_num: QPN_B,
+        wrid: wrid_b.as_mut_ptr(),
+        ..sq_a
+    };
+    for i in 0..64 {
+        // SAFETY: the simulator's wrid table has wqe_cnt (64) entries.
+        unsafe { *sim.ptrs().wrid.add(i) = 0xa000 + i as u64 };
+    }
+    let cq = cq_of(&mut sim);
+    // SAFETY: the simulator's CQ and both wrid tables outlive the poller.
+    let mut p = unsafe { DirectPoller::<16>::new(cq) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.attach(&sq_a) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.attach(&sq_b) }.unwrap();
+
+    // (wqe opcode, ibv_wc opcode, wc_flags, byte_len): byte_len is the CQE's 32 for READ,
+    // 8 for atomics, 0 otherwise (libmlx5's handle_good_req).
+    let kinds = [
+        (op::SEND, IBV_WC_SEND, 0, 0),
+        (op::SEND, IBV_WC_SEND, 0, 0),
+        (op::RDMA_WRITE, IBV_WC_RDMA_WRITE, 0, 0),
+        (op::SEND_IMM, IBV_WC_SEND, IBV_WC_WITH_IMM, 0),
+        (op::RDMA_READ, IBV_WC_RDMA_READ, 0, 32),
+        (op::SEND, IBV_WC_SEND, 0, 0),
+        (op::ATOMIC_FA, IBV_WC_FETCH_ADD, 0, 8),
+        (op::RDMA_WRITE_IMM, IBV_WC_RDMA_WRITE, IBV_WC_WITH_IMM, 0),
+        (op::ATOMIC_CS, IBV_WC_COMP_SWAP, 0, 8),
+    ];
+    let mut k = 0usize;
+    let mut seen = 0u32;
+    for round in 0..40u32 {
+        // 6 CQEs per round on a CQ of 8: most polls cross its end.
+        let mut want = Vec::new();
+        for j in 0..6u32 {
+            let (wqe_op, wc_op, flags, len) = kinds[k % kinds.len()];
+            // QP runs of 1 to 3 CQEs: A A B A B B A ...
+            let qpn = if (k / 2 + k / 5) % 2 == 0 { QPN } else { QPN_B };
+            let ctr = (round * 6 + j) as u16;
+            sim.write_cqe_of(qpn, 0, wqe_op, ctr);
+            let base = if qpn == QPN { 0xa000 } else { 0xb000 };
+            want.push((base + (ctr as u64 & 63), qpn, wc_op, flags, len));
+            k += 1;
+        }
+        let got: Vec<_> = p
+            .poll()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let imm = if c.imm().is_some() {
+                    IBV_WC_WITH_IMM
+                } else {
+                    0
+                };
+                (c.wr_id(), c.qp_num(), c.opcode(), imm, c.byte_len())
+            })
+            .collect();
+        assert_eq!(got, want, "round {round}");
+        seen += 6;
+        assert_eq!(p.cons_index(), seen);
+        // SAFETY: the CQ's doorbell record in the simulator.
+        let dbr = unsafe { *sim.ptrs().cq_dbrec };
+        assert_eq!(
+            u32::from_be(dbr),
+            seen,
+            "the consumer index reaches the device"
+        );
+        assert!(p.poll().unwrap().is_empty(), "round {round}: stale CQEs");
+    }
+}

@@ -172,6 +172,11 @@ impl Mlx5Sim {
             .write_cqe(op, wqe_op, wqe_counter, syndrome, vendor);
     }
 
+    /// [`write_cqe`](Self::write_cqe) for the QP `qpn` (a CQ several QPs share).
+    pub fn write_cqe_of(&mut self, qpn: u32, op: u8, wqe_op: u8, wqe_counter: u16) {
+        self.dev.write_cqe_of(qpn, op, wqe_op, wqe_counter, 0, 0);
+    }
+
     /// Runs the device ([`SimDevice::process`]). Never inlined, so instruction counts
     /// attribute it to the device.
     #[inline(never)]
@@ -244,9 +249,22 @@ impl SimDevice {
 
     /// Writes one CQE at the device's producer index.
     pub fn write_cqe(&mut self, op: u8, wqe_op: u8, wqe_counter: u16, syndrome: u8, vendor: u8) {
+        self.write_cqe_of(self.qpn, op, wqe_op, wqe_counter, syndrome, vendor);
+    }
+
+    /// [`write_cqe`](Self::write_cqe) for the QP `qpn`.
+    pub fn write_cqe_of(
+        &mut self,
+        qpn: u32,
+        op: u8,
+        wqe_op: u8,
+        wqe_counter: u16,
+        syndrome: u8,
+        vendor: u8,
+    ) {
         let i = (self.dev_pi & (self.cqe_cnt - 1)) as usize;
         let mut c = [0u8; 64];
-        c[56..60].copy_from_slice(&((wqe_op as u32) << 24 | self.qpn).to_be_bytes());
+        c[56..60].copy_from_slice(&((wqe_op as u32) << 24 | qpn).to_be_bytes());
         c[60..62].copy_from_slice(&wqe_counter.to_be_bytes());
         c[44..48].copy_from_slice(&32u32.to_be_bytes());
         if op == 13 {

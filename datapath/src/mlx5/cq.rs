@@ -230,58 +230,95 @@ const _: () = {
     assert!(core::mem::offset_of!(ibv_wc, wc_flags) == 36);
 };
 
+/// The CQE pointer wrapped to the start of the buffer: the next pass, the other owner bit.
+/// Out of line so that the loop tests and branches (once per `cqe_cnt` CQEs) instead of
+/// computing both outcomes.
+#[cold]
+#[inline(never)]
+fn wrap(buf: *const u8, owner: u8) -> (*const u8, u8) {
+    (buf, owner ^ 1)
+}
+
 impl CqState {
     /// The common case inline (a successful requester CQE of the cached QP that is not a
     /// READ); everything else, one CQE at a time, in [`slow_one`](Self::slow_one).
+    ///
+    /// Per CQE the fast path is: the owner byte (against the pass's owner bit, tracked with
+    /// a CQE pointer that wraps, instead of recomputed from `cons`), the barrier, the raw
+    /// big-endian `sop_drop_qpn` word compared with the one of the previous completion of
+    /// this poll (same QP and WQE opcode: the same `ibv_wc` words, already in registers),
+    /// the `wrid` table at `wqe_counter`, and five stores.
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
         let buf = self.buf;
-        let mask = self.mask;
-        let shift = self.cqe_cnt.trailing_zeros();
-        let mut cons = self.cons;
+        // SAFETY (for the pointer arithmetic below): `c` stays inside the buffer of
+        // `cqe_cnt` CQEs (new's contract), wrapping to `buf` at `end`.
+        let end = buf.wrapping_add((self.cqe_cnt as usize) << 6);
+        // `cons` is always `base + n`: the loop counts only `n`.
+        let base = self.cons;
+        let mut c = buf.wrapping_add(((base & self.mask) as usize) << 6);
+        let mut owner = ((base & self.cqe_cnt) != 0) as u8;
         let mut slot = self.qps[self.last % MAX_QPS];
-        let mut n = 0;
+        // The raw `sop_drop_qpn` of the last fast completion (u64::MAX: none yet; no u32
+        // equals it) and its words.
+        let mut hit_raw = u64::MAX;
+        let mut words = [0u64; 3];
+        let wcs = out.as_mut_ptr();
+        // One past the last entry: the loop walks a pointer (`n` is `p - wcs`).
+        let pend = wcs.wrapping_add(out.len());
+        let mut p = wcs;
         let mut err = None;
-        while n < out.len() {
-            // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
-            let c = unsafe { buf.add(((cons & mask) as usize) << 6) };
-            // SAFETY: as above; the device writes op_own last, so read it first.
+        while p != pend {
+            // SAFETY: `c` is a CQE of the buffer; the device writes op_own last, so read it
+            // first.
             let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
             // Opcode REQ (high nibble 0), plain format (bits 2..3 clear) and the owner bit of
             // this pass, in one test.
-            if (op_own ^ ((cons >> shift) & 1) as u8) & 0xfd == 0 {
+            if (op_own ^ owner) & 0xfd == 0 {
                 from_device_barrier();
                 // SAFETY: inside the CQE, read after the barrier.
-                let (sop, ctr) = unsafe {
+                let (raw, ctr) = unsafe {
                     (
-                        u32::from_be(c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile()),
+                        c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile(),
                         u16::from_be(c.add(cqe::OFF_WQE_COUNTER).cast::<u16>().read_volatile()),
                     )
                 };
-                let op = (sop >> 24) as usize & 31;
-                if sop & 0xff_ffff == slot.qpn && REQ_WC[op] & RULE_READ == 0 {
+                let fast = raw as u64 == hit_raw || {
+                    let sop = u32::from_be(raw);
+                    let op = (sop >> 24) as usize & 31;
+                    let ok = sop & 0xff_ffff == slot.qpn && REQ_WC[op] & RULE_READ == 0;
+                    if ok {
+                        hit_raw = raw as u64;
+                        words = REQ_WORDS[op];
+                    }
+                    ok
+                };
+                if fast {
                     // SAFETY: `ctr & mask` < wqe_cnt entries of the attached table.
                     let wr_id = unsafe { slot.wrid.add((ctr as u32 & slot.mask) as usize).read() };
-                    // SAFETY: `out[n]` is a valid Completion (repr(transparent) ibv_wc).
-                    unsafe {
-                        store_words(
-                            out[n].raw_mut(),
-                            wr_id,
-                            &REQ_WORDS[op],
-                            (slot.qpn as u64) << 32,
-                        )
-                    };
-                    cons = cons.wrapping_add(1);
-                    n += 1;
+                    // SAFETY: p != pend: `p` is a valid Completion of `out`
+                    // (repr(transparent) ibv_wc).
+                    unsafe { store_words((*p).raw_mut(), wr_id, &words, (slot.qpn as u64) << 32) };
+                    p = p.wrapping_add(1);
+                    c = c.wrapping_add(64);
+                    if c == end {
+                        (c, owner) = wrap(buf, owner);
+                    }
                     continue;
                 }
             }
-            self.cons = cons;
-            match self.slow_one(&mut out[n]) {
+            // SAFETY: `p` is inside `out` (p != pend), as is `wcs`.
+            let n = unsafe { p.offset_from(wcs) } as u32;
+            self.cons = base.wrapping_add(n);
+            // SAFETY: p != pend, as above.
+            match self.slow_one(unsafe { &mut *p }) {
                 Ok(true) => {
-                    cons = self.cons;
+                    let cons = self.cons;
+                    c = buf.wrapping_add(((cons & self.mask) as usize) << 6);
+                    owner = ((cons & self.cqe_cnt) != 0) as u8;
                     slot = self.qps[self.last % MAX_QPS];
-                    n += 1;
+                    hit_raw = u64::MAX;
+                    p = p.wrapping_add(1);
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -290,6 +327,9 @@ impl CqState {
                 }
             }
         }
+        // SAFETY: `p` is in `wcs ..= pend`, one allocation.
+        let n = unsafe { p.offset_from(wcs) } as usize;
+        let cons = base.wrapping_add(n as u32);
         self.cons = cons;
         // SAFETY: the CQ's doorbell record (new's contract).
         unsafe {

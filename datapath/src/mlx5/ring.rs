@@ -75,7 +75,6 @@ struct Fast {
     qpn8: u32,
     max_inline: u32,
     sq: *mut u8,
-    qend: *mut u8,
     wrid: *mut u64,
     remote: RemoteBuf,
     has_remote: bool,
@@ -84,6 +83,9 @@ struct Fast {
     last: *mut u8,
     /// Its `ds` if it is inline (BlueFlame candidate), else 0.
     last_bf: u32,
+    /// The largest inline SEND that is one basic block: 44 or `max_inline` if smaller;
+    /// 0 for UD (the datagram segment takes the room).
+    one_max: u32,
 }
 
 #[derive(Debug)]
@@ -108,9 +110,32 @@ struct State {
     bf_size: u32,
     /// `bf_size / 16`: the largest `ds` BlueFlame takes (0 without BlueFlame).
     bf_max_ds: u32,
+    /// BlueFlame takes a one-block WQE (`bf_max_ds >= 4`).
+    bf_one: bool,
+    /// The largest inline SEND of `send_now`'s lone path (one block, BlueFlame): 44 or
+    /// `max_inline` if smaller; 0 (no lone path) for UD or without BlueFlame.
+    lone_max: u32,
 }
 
 impl Fast {
+    /// Copies what staging changes (the counters and the newest WQE) into the ring's own
+    /// copy; the rest of a batch's copy is the ring's, unchanged while the batch is open.
+    #[inline(always)]
+    fn write_back(&self, to: &mut Fast) {
+        to.seq = self.seq;
+        to.event = self.event;
+        to.cur = self.cur;
+        to.last = self.last;
+        to.last_bf = self.last_bf;
+    }
+
+    /// The end of the SQ (not a field: it would make the copy a [`DirectBatch`] takes
+    /// larger than what the compiler moves inline).
+    #[inline(always)]
+    fn qend(&self) -> *mut u8 {
+        self.sq.wrapping_add(((self.mask as usize) + 1) << 6)
+    }
+
     /// Checks a message (payload `len` bytes, `inline` or not, `nsge` data segments)
     /// against the ring; returns its remote address (0 for SENDs). Nothing is changed.
     #[inline(always)]
@@ -202,7 +227,7 @@ impl Fast {
         // comparison is on lengths: `dst + len` may lie past the SQ, where no pointer may be
         // formed).
         unsafe {
-            let room = self.qend.offset_from(dst) as usize;
+            let room = self.qend().offset_from(dst) as usize;
             if len > room {
                 let first = room;
                 core::ptr::copy_nonoverlapping(src, dst, first);
@@ -216,13 +241,20 @@ impl Fast {
     }
 
     /// Writes the WQE of `msg` (checked, with remote address `remote`) at `cur` with the
-    /// signal flag `signaled`, stores its `wr_id`, and advances `cur`.
+    /// signal flag `signaled`, stores its `wr_id`, and advances `cur`. Returns true for a
+    /// one-block inline WQE of more than one `ds` (what BlueFlame takes as one block).
     ///
     /// # Safety
     /// `msg` passed [`check`](Self::check) with this payload; the ring has room for it
     /// (the SQ basic blocks from `cur` on belong to no outstanding WQE).
     #[inline(always)]
-    unsafe fn build(&mut self, msg: &Msg<'_>, payload: Payload<'_>, remote: u64, signaled: bool) {
+    unsafe fn build(
+        &mut self,
+        msg: &Msg<'_>,
+        payload: Payload<'_>,
+        remote: u64,
+        signaled: bool,
+    ) -> bool {
         // The common case in one basic block: an RC SEND / WRITE with a small inline
         // payload. A block never crosses the end of the SQ, so nothing wraps.
         if let (Payload::Inline(d), None) = (payload, self.ud) {
@@ -234,16 +266,20 @@ impl Fast {
                 )
             {
                 // SAFETY: forwarded contract; the WQE is at most one block.
-                unsafe { self.build_one_block(msg, d, raddr, remote, signaled) };
-                return;
+                let (ctrl, ds) = unsafe { self.build_one_block(msg, d, raddr, remote, signaled) };
+                self.last = ctrl;
+                self.last_bf = ds;
+                return raddr || !d.is_empty();
             }
         }
         // SAFETY: forwarded contract.
-        unsafe { self.build_any(msg, payload, remote, signaled) }
+        unsafe { self.build_any(msg, payload, remote, signaled) };
+        false
     }
 
     /// [`build`](Self::build) for an RC SEND / WRITE(_IMM) with at most 44 (SEND) or 28
-    /// (WRITE) inline bytes: one basic block.
+    /// (WRITE) inline bytes: one basic block. Returns its ctrl segment and `ds` (not stored
+    /// in `last` / `last_bf`: the lone path rings at once and does not need them).
     ///
     /// # Safety
     /// As [`build`](Self::build).
@@ -255,7 +291,7 @@ impl Fast {
         raddr: bool,
         remote: u64,
         signaled: bool,
-    ) {
+    ) -> (*mut u8, u32) {
         let idx = self.cur & self.mask;
         // SAFETY: idx < wqe_cnt and the WQE fits the block (the caller's check).
         unsafe {
@@ -271,7 +307,7 @@ impl Fast {
             if len != 0 {
                 seg.cast::<u32>()
                     .write_unaligned((len | INLINE_SEG).to_be());
-                copy_small(d.as_ptr(), seg.add(4), d.len());
+                copy_upto44(d.as_ptr(), seg.add(4), d.len());
                 ds += (len + 19) >> 4;
             }
             let imm = if matches!(msg.op, Opcode::SendImm | Opcode::WriteImm) {
@@ -290,8 +326,7 @@ impl Fast {
                 .add(idx as usize)
                 .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
             self.cur = self.cur.wrapping_add(1);
-            self.last = ctrl;
-            self.last_bf = ds;
+            (ctrl, ds)
         }
     }
 
@@ -356,7 +391,7 @@ impl Fast {
                     .write_unaligned((ud.remote_qpn | super::EXTENDED_UD_AV).to_be());
                 seg = seg.add(AV_SIZE);
                 ds += (AV_SIZE / 16) as u32;
-                if seg == self.qend {
+                if seg == self.qend() {
                     seg = self.sq;
                 }
             }
@@ -395,7 +430,7 @@ impl Fast {
                 }
                 Payload::Sges(list) => {
                     for b in list {
-                        if seg == self.qend {
+                        if seg == self.qend() {
                             seg = self.sq;
                         }
                         if b.len != 0 {
@@ -450,6 +485,28 @@ unsafe fn data_seg(seg: *mut u8, b: LocalBuf, atomic: bool) {
         seg.cast::<u64>()
             .write_unaligned(n.to_be() as u64 | (b.lkey.to_be() as u64) << 32);
         seg.add(8).cast::<u64>().write_unaligned(b.addr.to_be());
+    }
+}
+
+/// [`copy_small`] for the 1 to 44 bytes of a one-block inline segment: two tests for the
+/// common 16 to 44.
+///
+/// # Safety
+/// As [`copy_small`], with `1 <= len <= 44`.
+#[inline(always)]
+unsafe fn copy_upto44(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: every access is inside `0..len` of both buffers (the caller's contract);
+    // the constant-size copies become single 16-byte moves.
+    unsafe {
+        if len >= 16 {
+            core::ptr::copy_nonoverlapping(src, dst, 16);
+            core::ptr::copy_nonoverlapping(src.add(len - 16), dst.add(len - 16), 16);
+            if len > 32 {
+                core::ptr::copy_nonoverlapping(src.add(16), dst.add(16), 16);
+            }
+        } else {
+            copy_small(src, dst, len);
+        }
     }
 }
 
@@ -610,8 +667,6 @@ impl<D: Doorbell> DirectRing<D> {
                 have: sq.wqe_cnt,
             }));
         }
-        // SAFETY: wqe_cnt basic blocks of 64 bytes (the caller's contract).
-        let qend = unsafe { sq.buf.add(sq.wqe_cnt as usize * 64) };
         let mut ring = DirectRing {
             st: State {
                 f: Fast {
@@ -623,13 +678,13 @@ impl<D: Doorbell> DirectRing<D> {
                     qpn8: sq.qp_num << 8,
                     max_inline: cfg.max_inline,
                     sq: sq.buf,
-                    qend,
                     wrid: sq.wrid,
                     remote: cfg.remote.unwrap_or_default(),
                     has_remote: cfg.remote.is_some(),
                     ud,
                     last: sq.buf,
                     last_bf: 0,
+                    one_max: if sq.ud { 0 } else { cfg.max_inline.min(44) },
                 },
                 batch_open: false,
                 posted: 0,
@@ -648,6 +703,12 @@ impl<D: Doorbell> DirectRing<D> {
                 bf_offset: sq.bf_offset,
                 bf_size: sq.bf_size,
                 bf_max_ds: sq.bf_size / 16,
+                bf_one: sq.bf_size >= 64,
+                lone_max: if sq.ud || sq.bf_size < 64 {
+                    0
+                } else {
+                    cfg.max_inline.min(44)
+                },
             },
             db,
             error: None,
@@ -701,21 +762,24 @@ impl<D: Doorbell> DirectRing<D> {
         };
         if seq < f.event {
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
-            unsafe { f.build(&msg, payload, remote, false) };
+            let _ = unsafe { f.build(&msg, payload, remote, false) };
             f.seq = seq + 1;
             if post {
-                self.st.f = *f;
+                f.write_back(&mut self.st.f);
                 self.ring_doorbell();
-                *f = self.st.f;
+                self.st.f.event = 0;
             }
         } else {
             let signaled = self.slow_decide(seq)?;
             // SAFETY: checked, and slow_decide found room.
-            unsafe { f.build(&msg, payload, remote, signaled) };
+            let _ = unsafe { f.build(&msg, payload, remote, signaled) };
             f.seq = seq + 1;
-            self.st.f = *f;
+            f.write_back(&mut self.st.f);
             self.slow_after(seq, post);
-            *f = self.st.f;
+            f.event = self.st.f.event;
+            // The batch is still open: the ring's own copy keeps sending lone calls to
+            // the slow path (see `batch`).
+            self.st.f.event = 0;
         }
         Ok(seq)
     }
@@ -729,7 +793,7 @@ impl<D: Doorbell> DirectRing<D> {
         gather: Gather<'a>,
         post: bool,
     ) -> Result<u64, SendError> {
-        let seq = self.st.f.seq;
+        let mut seq = self.st.f.seq;
         let (payload, len, inline) = self.st.f.payload(&msg, gather);
         let remote = match self.st.f.check(&msg, len, inline) {
             Ok(r) => r,
@@ -737,15 +801,24 @@ impl<D: Doorbell> DirectRing<D> {
         };
         if seq < self.st.f.event {
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
-            unsafe { self.st.f.build(&msg, payload, remote, false) };
+            let one = unsafe { self.st.f.build(&msg, payload, remote, false) };
             self.st.f.seq = seq + 1;
             if post {
-                self.ring_doorbell();
+                if one && seq == self.st.posted && self.st.bf_one {
+                    self.bf_lone(self.st.f.last);
+                } else {
+                    self.ring_doorbell();
+                }
             }
         } else {
+            if self.st.batch_open {
+                // A leaked batch (its `batch()` set `event` to 0 to bring us here).
+                self.drop_leaked_batch();
+                seq = self.st.f.seq;
+            }
             let signaled = self.slow_decide(seq)?;
             // SAFETY: checked, and slow_decide found room.
-            unsafe { self.st.f.build(&msg, payload, remote, signaled) };
+            let _ = unsafe { self.st.f.build(&msg, payload, remote, signaled) };
             self.st.f.seq = seq + 1;
             self.slow_after(seq, post);
         }
@@ -804,6 +877,31 @@ impl<D: Doorbell> DirectRing<D> {
         self.st.f.event = self.event_at();
     }
 
+    /// [`ring_doorbell`](Self::ring_doorbell) for one staged WQE of one basic block that
+    /// BlueFlame takes (more than one `ds`, inline, `bf_one`): the lone `send_now` of a
+    /// small message, inline, with nothing to decide.
+    #[inline(always)]
+    fn bf_lone(&mut self, ctrl: *const u8) {
+        let st = &mut self.st;
+        let db = &mut self.db;
+        // Read before the barriers (which make the compiler reload what it had).
+        let (seq, cur) = (st.f.seq, st.f.cur);
+        let dst = st.bf_reg.wrapping_add(st.bf_offset as usize);
+        db.to_device_barrier();
+        // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame
+        // source is the WQE's one block in the SQ (the caller's check), the destination
+        // the 64-byte aligned start of the current BlueFlame buffer.
+        unsafe {
+            db.write_dbr(st.dbrec.add(super::SND_DBR), (cur & 0xffff).to_be());
+            db.wc_start();
+            db.bf_block(dst.cast::<u64>(), ctrl.cast::<u64>());
+        }
+        db.flush_writes();
+        st.bf_offset ^= st.bf_size;
+        st.posted = seq;
+        st.posted_cur = cur;
+    }
+
     /// Announces the staged WQEs: doorbell record, then BlueFlame or the 8-byte doorbell,
     /// as `post_send_db()` (see the [module docs](super) for each barrier).
     #[inline]
@@ -823,22 +921,14 @@ impl<D: Doorbell> DirectRing<D> {
             db.wc_start();
             let dst = st.bf_reg.add(st.bf_offset as usize).cast::<u64>();
             let ds = st.f.last_bf;
-            if n == 1 && ds > 1 && ds <= 4 && st.bf_max_ds >= 4 {
-                // One block: the common lone inline message, unrolled.
-                let src = st.f.last.cast::<u64>().cast_const();
-                for i in 0..8 {
-                    db.write64(dst.add(i), src.add(i).read());
-                }
-            } else if n == 1 && ds > 1 && ds <= st.bf_max_ds {
+            if n == 1 && ds > 1 && ds <= st.bf_max_ds {
                 let mut src = st.f.last.cast::<u64>().cast_const();
                 let mut d = dst;
                 for _ in 0..ds.div_ceil(4) {
-                    for i in 0..8 {
-                        db.write64(d.add(i), src.add(i).read());
-                    }
+                    db.bf_block(d, src);
                     d = d.add(8);
                     src = src.add(8);
-                    if src == st.f.qend.cast::<u64>().cast_const() {
+                    if src == st.f.qend().cast::<u64>().cast_const() {
                         src = st.f.sq.cast::<u64>().cast_const();
                     }
                 }
@@ -862,9 +952,6 @@ impl<D: Doorbell> DirectRing<D> {
     /// of at most `max_inline` bytes for SEND / WRITE is copied during the call.
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
-        if self.st.batch_open {
-            self.drop_leaked_batch();
-        }
         self.stage_own(msg, Gather::One, false)
     }
 
@@ -872,11 +959,25 @@ impl<D: Doorbell> DirectRing<D> {
     /// inline or empty payloads ([`SendError::NotInline`]).
     #[inline(always)]
     pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        // The lone small inline SEND (the opcode and payload kind are known where the
+        // message is built, so after inlining this is one length test, two counter tests
+        // and the WQE): one block, BlueFlame, nothing to decide.
+        if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
+            let seq = self.st.f.seq;
+            if d.len().wrapping_sub(1) < self.st.lone_max as usize
+                && seq < self.st.f.event
+                && seq == self.st.posted
+            {
+                // SAFETY: an RC SEND of 1..=44 inline bytes within max_inline (lone_max),
+                // one block; `seq < event` means room, no signal, no batch end.
+                let (ctrl, _) = unsafe { self.st.f.build_one_block(&msg, d, false, 0, false) };
+                self.st.f.seq = seq + 1;
+                self.bf_lone(ctrl);
+                return Ok(seq);
+            }
+        }
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
-        }
-        if self.st.batch_open {
-            self.drop_leaked_batch();
         }
         self.stage_own(msg, Gather::One, true)
     }
@@ -935,8 +1036,13 @@ impl<D: Doorbell> DirectRing<D> {
             self.drop_leaked_batch();
         }
         self.st.batch_open = true;
+        let f = self.st.f;
+        // While the batch is open the ring's own copy sends every lone call to the slow
+        // path, which finds `batch_open` only if the batch was leaked (its drop or finish
+        // writes its copy back, `event` included).
+        self.st.f.event = 0;
         DirectBatch {
-            f: self.st.f,
+            f,
             ring: self,
             _data: PhantomData,
         }
@@ -1175,6 +1281,19 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
     /// fills). Returns its sequence number.
     #[inline(always)]
     pub fn push(&mut self, msg: Msg<'d>) -> Result<u64, SendError> {
+        // The small inline SEND, as in `send_now`: one length test, one counter test.
+        if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
+            let seq = self.f.seq;
+            if d.len().wrapping_sub(1) < self.f.one_max as usize && seq < self.f.event {
+                // SAFETY: an RC SEND of 1..=44 inline bytes within max_inline (one_max), one
+                // block; `seq < event` means room, no signal, no batch end.
+                let (ctrl, ds) = unsafe { self.f.build_one_block(&msg, d, false, 0, false) };
+                self.f.last = ctrl;
+                self.f.last_bf = ds;
+                self.f.seq = seq + 1;
+                return Ok(seq);
+            }
+        }
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
@@ -1191,7 +1310,8 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
     #[inline]
     pub fn finish(self) -> Result<(), SendError> {
         let mut this = core::mem::ManuallyDrop::new(self);
-        this.ring.st.f = this.f;
+        let f = this.f;
+        f.write_back(&mut this.ring.st.f);
         this.ring.st.batch_open = false;
         this.ring.ring_doorbell();
         Ok(())
@@ -1200,7 +1320,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
 
 impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
     fn drop(&mut self) {
-        self.ring.st.f = self.f;
+        self.f.write_back(&mut self.ring.st.f);
         self.ring.st.batch_open = false;
         self.ring.ring_doorbell();
     }

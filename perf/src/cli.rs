@@ -231,6 +231,13 @@ pub struct Args {
     #[arg(long = "direct")]
     pub direct: bool,
 
+    /// ConnectX only, loopback: both post paths in one command. Runs the test through the
+    /// verbs path, then again with --direct on the same device, prints both tables and
+    /// a per-size comparison (median latency, or messages per second, direct / verbs).
+    /// Not with --direct, --timestamps, --use_old_post_send, --json or --histogram.
+    #[arg(long = "compare_direct")]
+    pub compare_direct: bool,
+
     /// Print one JSON document instead of the table.
     #[arg(long = "json")]
     pub json: bool,
@@ -306,6 +313,18 @@ impl Args {
                 "--timestamps times latency iterations by their completions: send_lat, \
                  read_lat and atomic_lat have one per iteration, {test} does not"
             )));
+        }
+        if self.compare_direct
+            && (self.direct
+                || self.timestamps
+                || self.use_old_post_send
+                || self.json
+                || self.histogram.is_some())
+        {
+            return Err(PerfError::Usage(
+                "--compare_direct runs the verbs path and then --direct and prints both                  tables: drop --direct / --timestamps / --use_old_post_send / --json /                  --histogram (or run one path with --direct alone)"
+                    .into(),
+            ));
         }
         if self.direct && (self.timestamps || self.use_old_post_send) {
             return Err(PerfError::Usage(

@@ -202,6 +202,16 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
         }
         return r.map(drop);
     }
+    if args.compare_direct {
+        if role != Role::Loopback {
+            return Err(PerfError::Usage(
+                "--compare_direct runs both sides in this process: add --loopback (no \
+                 server, no client)"
+                    .into(),
+            ));
+        }
+        return compare_direct(args, &params, &choice.device, timeout);
+    }
     if choice.fallback {
         eprintln!("{FALLBACK_NOTE}");
     }
@@ -211,6 +221,58 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
         _ => loopback(args, &params, &dev, timeout),
     }
     .map(drop)
+}
+
+/// `--compare_direct`: the test in loopback through the verbs path, then through the mlx5
+/// direct path, on the same device; both tables, then the comparison.
+fn compare_direct(args: &Args, p: &Params, name: &str, timeout: Duration) -> Result<(), PerfError> {
+    let dev = open_device(args, name)?.with_direct(false);
+    if !dev.ctx.is_mlx5() {
+        return Err(PerfError::Usage(format!(
+            "--compare_direct compares the verbs path with --direct, which writes mlx5 \
+             (ConnectX) WQEs, and {} is not an mlx5 device: drop --compare_direct",
+            dev.name()
+        )));
+    }
+    println!(" post path 1 of 2: verbs");
+    let verbs = loopback(args, p, &dev, timeout)?;
+    drop(dev);
+    println!(" post path 2 of 2: --direct");
+    let dev = open_device(args, name)?.with_direct(true);
+    let direct = loopback(args, p, &dev, timeout)?;
+    print!("{}", comparison(p, &verbs, &direct));
+    Ok(())
+}
+
+/// The per-size comparison of `--compare_direct`: median latency (latency tests) or
+/// messages per second (bandwidth tests), each path, and direct / verbs.
+fn comparison(p: &Params, verbs: &[SizeResult], direct: &[SizeResult]) -> String {
+    let lat = p.test.is_latency();
+    let mut s = String::new();
+    s.push_str(" direct vs verbs (same test, same device, one process):\n");
+    s.push_str(if lat {
+        " #bytes   verbs t_median[usec]   direct t_median[usec]   direct/verbs\n"
+    } else {
+        " #bytes   verbs MsgRate[Mpps]   direct MsgRate[Mpps]   direct/verbs\n"
+    });
+    for (v, d) in verbs.iter().zip(direct) {
+        let (a, b) = if lat {
+            (
+                v.latency.as_ref().map_or(f64::NAN, |l| l.p50),
+                d.latency.as_ref().map_or(f64::NAN, |l| l.p50),
+            )
+        } else {
+            (v.throughput.mpps, d.throughput.mpps)
+        };
+        s.push_str(&format!(
+            " {:<8} {:>20.3}   {:>21.3}   {:>12.3}\n",
+            v.bytes,
+            a,
+            b,
+            b / a
+        ));
+    }
+    s
 }
 
 /// Opens the device with the run's post path and completion options.
@@ -443,6 +505,56 @@ mod tests {
 
     fn args(v: &[&str]) -> Args {
         Args::try_parse_from(std::iter::once("hotverbs-perf").chain(v.iter().copied())).unwrap()
+    }
+
+    fn size_result(bytes: u32, p50: f64, mpps: f64) -> SizeResult {
+        SizeResult {
+            bytes,
+            iterations: 1000,
+            latency: Some(LatencySummary {
+                min: p50,
+                p50,
+                p90: p50,
+                p99: p50,
+                p999: p50,
+                max: p50,
+                avg: p50,
+                stdev: 0.0,
+            }),
+            nic_latency: None,
+            throughput: Throughput {
+                seconds: 1.0,
+                mib_per_s: 0.0,
+                gbps: 0.0,
+                mpps,
+            },
+        }
+    }
+
+    /// `--compare_direct`'s table: one row per size, each path's median (latency tests)
+    /// or message rate (bandwidth tests) and direct / verbs.
+    #[test]
+    fn compare_direct_rows_are_per_size_ratios() {
+        let verbs = [size_result(2, 2.0, 4.0), size_result(64, 3.0, 2.0)];
+        let direct = [size_result(2, 1.5, 6.0), size_result(64, 2.7, 3.0)];
+        let lat = comparison(&args(&["send_lat"]).params().unwrap(), &verbs, &direct);
+        let rows: Vec<Vec<&str>> = lat
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["2", "2.000", "1.500", "0.750"],
+                ["64", "3.000", "2.700", "0.900"]
+            ],
+            "{lat}"
+        );
+        assert!(lat.contains("t_median"), "{lat}");
+        let bw = comparison(&args(&["send_bw"]).params().unwrap(), &verbs, &direct);
+        assert!(bw.contains("MsgRate[Mpps]"), "{bw}");
+        assert!(bw.lines().nth(2).unwrap().ends_with("1.500"), "{bw}");
     }
 
     /// The client/server path (handshake, endpoint exchange, barriers, results) with both

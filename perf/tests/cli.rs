@@ -259,6 +259,29 @@ fn histogram_is_written() {
 }
 
 #[test]
+fn compare_direct_is_refused_by_name_off_connectx_outside_loopback_and_with_other_modes() {
+    let o = perf(&["send_lat", "-d", "softnic", "--compare_direct", "-n", "10"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("softnic is not an mlx5 device"), "{err}");
+    assert!(!out.contains("post path"), "nothing ran first: {out}");
+    // A named device and no --loopback: the server role, refused before the device opens.
+    let o = perf(&["send_lat", "-d", "mlx5_0", "--compare_direct"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("--loopback"), "{err}");
+    for extra in ["--direct", "--timestamps", "--use_old_post_send", "--json"] {
+        let o = perf(&["send_lat", "-d", "softnic", "--compare_direct", extra]);
+        let (_, err) = text(&o);
+        assert!(!o.status.success());
+        assert!(
+            err.contains("--compare_direct runs the verbs path"),
+            "{extra}: {err}"
+        );
+    }
+}
+
+#[test]
 fn direct_is_refused_by_name_off_connectx_and_with_other_paths() {
     let o = perf(&["send_lat", "-d", "softnic", "--direct", "-n", "10"]);
     let (_, err) = text(&o);

@@ -184,6 +184,50 @@ fn mismatched_tests_are_refused_on_both_sides() {
     assert!(cerr.contains("refused"), "client: {cerr}");
 }
 
+/// `--compare_direct` on a ConnectX: both post paths in one command, both tables and the
+/// comparison; on any other device refused by name before anything runs.
+#[test]
+fn compare_direct_on_the_device() {
+    let Some(d) = device() else { return };
+    let mlx5 = hotverbs::Context::open(&d.name)
+        .map(|c| c.is_mlx5())
+        .unwrap_or(false);
+    for test in ["send_lat", "write_bw"] {
+        let mut args = vec![
+            test.to_string(),
+            "--loopback".into(),
+            "--compare_direct".into(),
+        ];
+        args.extend(dev_args(&d));
+        args.extend(["-n".into(), "500".into(), "--no-progress".into()]);
+        let o = Command::new(perf_bin()).args(&args).output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        if !mlx5 {
+            assert!(
+                !o.status.success(),
+                "{test}: --compare_direct ran on {}",
+                d.name
+            );
+            assert!(err.contains("not an mlx5 device"), "{test}: {err}");
+            assert!(!out.contains("post path"), "{test}: {out}");
+            continue;
+        }
+        assert!(o.status.success(), "{test}: {err}");
+        assert!(out.contains("post path 1 of 2: verbs"), "{test}: {out}");
+        assert!(out.contains("post path 2 of 2: --direct"), "{test}: {out}");
+        let last = out.lines().last().unwrap_or("");
+        let ratio: f64 = last
+            .split_whitespace()
+            .last()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(f64::NAN);
+        assert!(ratio.is_finite() && ratio > 0.0, "{test}: {out}");
+    }
+}
+
 /// `--direct` on a ConnectX (the mlx5 direct path, every test kind in loopback); on any
 /// other device it must be refused by name.
 #[test]

@@ -40,7 +40,8 @@
 //! 3. `mmio_wc_start()`: the record before the write-combining stores (x86: `sfence`);
 //! 4. BlueFlame, when `n == 1`, the WQE is inline, `1 < ds <= bf_size / 16` and the QP has
 //!    a BlueFlame register (`bf_size > 0`): the WQE's `align(ds * 16, 64)` bytes copied to
-//!    `bf_reg + offset` in ascending 8-byte stores, the source wrapping at the end of the SQ;
+//!    `bf_reg + offset` in ascending 8-byte stores (libmlx5's order; [`Mmio`] on x86-64
+//!    uses 16-byte stores, see [`Doorbell::bf_block`]), the source wrapping at the end of the SQ;
 //!    otherwise one 8-byte store of the last WQE's first ctrl qword to `bf_reg + offset`;
 //! 5. `mmio_flush_writes()`: flush the write-combining buffer (x86: `sfence`);
 //! 6. `offset ^= bf_size`: BlueFlame buffers alternate.

@@ -1307,7 +1307,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
     }
 
     /// Posts what is staged and closes the batch.
-    #[inline]
+    #[inline(always)]
     pub fn finish(self) -> Result<(), SendError> {
         let mut this = core::mem::ManuallyDrop::new(self);
         let f = this.f;
@@ -1319,6 +1319,10 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
 }
 
 impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
+    // Inlined, like `finish`: an out-of-line drop would take the batch's address, and the
+    // compiler could then no longer keep its fast-path copy in registers across the WQE
+    // stores of a push loop.
+    #[inline(always)]
     fn drop(&mut self) {
         self.f.write_back(&mut self.ring.st.f);
         self.ring.st.batch_open = false;

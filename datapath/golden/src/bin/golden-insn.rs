@@ -83,7 +83,7 @@ mod real {
             "completion: DirectPoller vs mlx5_poll_cq",
             "c-poll",
             "direct-poll",
-            "~0.334",
+            "0.334",
             "-",
             "completion",
         ),

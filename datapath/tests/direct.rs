@@ -325,6 +325,27 @@ fn a_leaked_batch_is_never_announced_and_its_blocks_are_reused() {
     assert_eq!((r.cur_post(), r.posted_total(), sim.sq_dbr()), (1, 1, 1));
 }
 
+/// A batch leaked after a signaled WR took the slow path mid-batch (which writes the
+/// batch's counters back to the ring while it stays open): the staged WQEs are still never
+/// announced, and the next lone send takes their blocks.
+#[test]
+fn a_batch_leaked_after_a_mid_batch_signal_is_never_announced() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 16, 16).batch(16).signal_every(2),
+    );
+    let mut b = r.batch();
+    for _ in 0..4 {
+        b.push(Msg::send(Local::Inline(b"lost"))).unwrap();
+    }
+    std::mem::forget(b);
+    assert_eq!(sim.sq_dbr(), 0);
+    assert!(r.doorbell().events.is_empty(), "nothing rang");
+    r.send_now(Msg::send(Local::Inline(b"kept"))).unwrap();
+    assert_eq!((r.cur_post(), r.posted_total(), sim.sq_dbr()), (1, 1, 1));
+}
+
 #[test]
 fn a_too_small_sq_and_unmodelled_queues_are_refused_by_name() {
     let mut sim = Mlx5Sim::new(16, 16, QPN);

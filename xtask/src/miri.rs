@@ -98,6 +98,8 @@ const MIRI_TESTS: &[MiriTest] = &[
             "an_error_completion_retires_exactly_and_flushes_the_rest",
             "a_leaked_batch_is_never_announced_and_its_blocks_are_reused",
             "owner_bit_wraps_over_many_passes",
+            "mixed_qps_and_opcodes_in_one_poll_across_the_cq_wrap",
+            "a_batch_leaked_after_a_mid_batch_signal_is_never_announced",
         ],
         models: Models::Both,
         why:

@@ -770,7 +770,15 @@ impl<D: Doorbell> DirectRing<D> {
                 self.st.f.event = 0;
             }
         } else {
-            let signaled = self.slow_decide(seq)?;
+            let signaled = match self.slow_decide(seq) {
+                Ok(s) => s,
+                Err(e) => {
+                    // slow_decide parked the ring's own `event` at `seq`; while the batch
+                    // is open it stays 0 (see `batch`).
+                    self.st.f.event = 0;
+                    return Err(e);
+                }
+            };
             // SAFETY: checked, and slow_decide found room.
             let _ = unsafe { f.build(&msg, payload, remote, signaled) };
             f.seq = seq + 1;

@@ -274,7 +274,8 @@ impl CqState {
             let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
             // Opcode REQ (high nibble 0), plain format (bits 2..3 clear) and the owner bit of
             // this pass, in one test.
-            if (op_own ^ owner) & 0xfd == 0 {
+            let x = op_own ^ owner;
+            if x & 0xfd == 0 {
                 from_device_barrier();
                 // SAFETY: inside the CQE, read after the barrier.
                 let (raw, ctr) = unsafe {
@@ -306,6 +307,10 @@ impl CqState {
                     }
                     continue;
                 }
+            } else if x & cqe::OWNER_MASK != 0 || x >> 4 == cqe::INVALID {
+                // The device has not written this CQE: the end of what there is (how most
+                // polls end), without the out-of-line slow path.
+                break;
             }
             // SAFETY: `p` is inside `out` (p != pend), as is `wcs`.
             let n = unsafe { p.offset_from(wcs) } as u32;

@@ -826,9 +826,16 @@ impl<D: Doorbell> DirectRing<D> {
             }
             let signaled = self.slow_decide(seq)?;
             // SAFETY: checked, and slow_decide found room.
-            let _ = unsafe { self.st.f.build(&msg, payload, remote, signaled) };
+            let one = unsafe { self.st.f.build(&msg, payload, remote, signaled) };
             self.st.f.seq = seq + 1;
-            self.slow_after(seq, post);
+            if post && one && seq == self.st.posted && self.st.bf_one {
+                // The signaled lone post (every `signal_every`-th `send_now`): the same
+                // BlueFlame doorbell as the fast path, then the next event.
+                self.bf_lone(self.st.f.last);
+                self.st.f.event = self.event_at();
+            } else {
+                self.slow_after(seq, post);
+            }
         }
         Ok(seq)
     }

@@ -357,6 +357,13 @@ fn a_too_small_sq_and_unmodelled_queues_are_refused_by_name() {
         ConfigError::Direct(DirectError::SqTooSmall { have: 16, .. })
     ));
     assert!(e.to_string().contains("basic blocks"), "{e}");
+    let mut sq3 = sq_of(&mut sim, 0);
+    // SAFETY: a pointer 8 bytes into the simulator's register page; never stored to (the
+    // construction fails).
+    sq3.bf_reg = unsafe { sq3.bf_reg.add(8) };
+    // SAFETY: as above.
+    let e = unsafe { DirectRing::new(sq3, SendConfig::new(1, 4, 0), None) }.unwrap_err();
+    assert!(e.to_string().contains("64-byte aligned"), "{e}");
     let mut sq2 = sq_of(&mut sim, 0);
     sq2.stride = 128;
     // SAFETY: as above.

@@ -648,6 +648,11 @@ impl<D: Doorbell> DirectRing<D> {
         if sq.bf_offset != 0 && sq.bf_offset != sq.bf_size {
             return bad("bf_offset other than 0 or bf_size");
         }
+        // BlueFlame blocks are stored whole (`Doorbell::bf_block`, 16-byte stores on x86-64):
+        // both buffers must start on 64 bytes, as libmlx5's do (UAR page + 0x800 / 0xa00).
+        if sq.bf_size % 64 != 0 || (sq.bf_size > 0 && sq.bf_reg as usize % 64 != 0) {
+            return bad("a BlueFlame register not 64-byte aligned or bf_size not a multiple of 64");
+        }
         if cfg.max_inline > sq.max_inline {
             return bad("max_inline above the QP's max_inline_data");
         }

@@ -240,6 +240,16 @@ fn wrap(buf: *const u8, owner: u8) -> (*const u8, u8) {
 }
 
 impl CqState {
+    /// The CQE at consumer index `cons` and the owner bit software owns it with on this
+    /// pass.
+    #[inline(always)]
+    fn cursor(&self, cons: u32) -> (*const u8, u8) {
+        (
+            self.buf.wrapping_add(((cons & self.mask) as usize) << 6),
+            ((cons & self.cqe_cnt) != 0) as u8,
+        )
+    }
+
     /// The common case inline (a successful requester CQE of the cached QP that is not a
     /// READ); everything else, one CQE at a time, in [`slow_one`](Self::slow_one).
     ///
@@ -251,13 +261,12 @@ impl CqState {
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
         let buf = self.buf;
-        // SAFETY (for the pointer arithmetic below): `c` stays inside the buffer of
-        // `cqe_cnt` CQEs (new's contract), wrapping to `buf` at `end`.
+        // `c` stays inside the buffer of `cqe_cnt` CQEs (new's contract), wrapping to
+        // `buf` at `end`.
         let end = buf.wrapping_add((self.cqe_cnt as usize) << 6);
         // `cons` is always `base + n`: the loop counts only `n`.
         let base = self.cons;
-        let mut c = buf.wrapping_add(((base & self.mask) as usize) << 6);
-        let mut owner = ((base & self.cqe_cnt) != 0) as u8;
+        let (mut c, mut owner) = self.cursor(base);
         let mut slot = self.qps[self.last % MAX_QPS];
         // The raw `sop_drop_qpn` of the last fast completion (u64::MAX: none yet; no u32
         // equals it) and its words.
@@ -318,9 +327,7 @@ impl CqState {
             // SAFETY: p != pend, as above.
             match self.slow_one(unsafe { &mut *p }) {
                 Ok(true) => {
-                    let cons = self.cons;
-                    c = buf.wrapping_add(((cons & self.mask) as usize) << 6);
-                    owner = ((cons & self.cqe_cnt) != 0) as u8;
+                    (c, owner) = self.cursor(self.cons);
                     slot = self.qps[self.last % MAX_QPS];
                     hit_raw = u64::MAX;
                     p = p.wrapping_add(1);

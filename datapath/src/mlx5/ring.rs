@@ -709,15 +709,12 @@ impl<D: Doorbell> DirectRing<D> {
                 bf_size: sq.bf_size,
                 bf_max_ds: sq.bf_size / 16,
                 bf_one: sq.bf_size >= 64,
-                lone_max: if sq.ud || sq.bf_size < 64 {
-                    0
-                } else {
-                    cfg.max_inline.min(44)
-                },
+                lone_max: 0,
             },
             db,
             error: None,
         };
+        ring.st.lone_max = if ring.st.bf_one { ring.st.f.one_max } else { 0 };
         ring.st.f.event = ring.event_at();
         Ok(ring)
     }
@@ -757,7 +754,6 @@ impl<D: Doorbell> DirectRing<D> {
         f: &mut Fast,
         msg: Msg<'a>,
         gather: Gather<'a>,
-        post: bool,
     ) -> Result<u64, SendError> {
         let seq = f.seq;
         let (payload, len, inline) = f.payload(&msg, gather);
@@ -769,11 +765,6 @@ impl<D: Doorbell> DirectRing<D> {
             // SAFETY: checked; `seq < event` means room, no signal, no batch end.
             let _ = unsafe { f.build(&msg, payload, remote, false) };
             f.seq = seq + 1;
-            if post {
-                f.write_back(&mut self.st.f);
-                self.ring_doorbell();
-                self.st.f.event = 0;
-            }
         } else {
             let signaled = match self.slow_decide(seq) {
                 Ok(s) => s,
@@ -788,7 +779,7 @@ impl<D: Doorbell> DirectRing<D> {
             let _ = unsafe { f.build(&msg, payload, remote, signaled) };
             f.seq = seq + 1;
             f.write_back(&mut self.st.f);
-            self.slow_after(seq, post);
+            self.slow_after(seq, false);
             f.event = self.st.f.event;
             // The batch is still open: the ring's own copy keeps sending lone calls to
             // the slow path (see `batch`).
@@ -817,7 +808,7 @@ impl<D: Doorbell> DirectRing<D> {
             let one = unsafe { self.st.f.build(&msg, payload, remote, false) };
             self.st.f.seq = seq + 1;
             if post {
-                if one && seq == self.st.posted && self.st.bf_one {
+                if self.lone_block(one, seq) {
                     self.bf_lone(self.st.f.last);
                 } else {
                     self.ring_doorbell();
@@ -833,7 +824,7 @@ impl<D: Doorbell> DirectRing<D> {
             // SAFETY: checked, and slow_decide found room.
             let one = unsafe { self.st.f.build(&msg, payload, remote, signaled) };
             self.st.f.seq = seq + 1;
-            if post && one && seq == self.st.posted && self.st.bf_one {
+            if post && self.lone_block(one, seq) {
                 // The signaled lone post (every `signal_every`-th `send_now`): the same
                 // BlueFlame doorbell as the fast path, then the next event.
                 self.bf_lone(self.st.f.last);
@@ -895,6 +886,13 @@ impl<D: Doorbell> DirectRing<D> {
             self.ring_doorbell();
         }
         self.st.f.event = self.event_at();
+    }
+
+    /// Is the WQE just built for `seq` (`one`: one block, more than one `ds`) the only
+    /// one staged, with BlueFlame taking a block? Then [`bf_lone`](Self::bf_lone) posts it.
+    #[inline(always)]
+    fn lone_block(&self, one: bool, seq: u64) -> bool {
+        one && seq == self.st.posted && self.st.bf_one
     }
 
     /// [`ring_doorbell`](Self::ring_doorbell) for one staged WQE of one basic block that
@@ -1317,7 +1315,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
-        self.ring.stage_fast(&mut self.f, msg, Gather::One, false)
+        self.ring.stage_fast(&mut self.f, msg, Gather::One)
     }
 
     /// Number of messages staged and not yet posted.
@@ -1339,9 +1337,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
 }
 
 impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
-    // Inlined, like `finish`: an out-of-line drop would take the batch's address, and the
-    // compiler could then no longer keep its fast-path copy in registers across the WQE
-    // stores of a push loop.
+    // Inlined, like `finish`: no call at the end of every batch.
     #[inline(always)]
     fn drop(&mut self) {
         self.f.write_back(&mut self.ring.st.f);

@@ -549,3 +549,89 @@ fn mixed_qps_and_opcodes_in_one_poll_across_the_cq_wrap() {
         assert!(p.poll().unwrap().is_empty(), "round {round}: stale CQEs");
     }
 }
+
+/// libmlx5 skips its CQ clean on a CQ that went through `mlx5dv_init_obj`, so a QP reset
+/// with its error and flushes still unpolled leaves them in the CQ. Without a clean the
+/// stale error CQE is read against the `wrid` entry the reset ring gave its next WR and
+/// fails that WR; `DirectPoller::clean` removes exactly that QP's CQEs (another QP's stay,
+/// in order), and the reset ring then retires only what it posted since.
+#[test]
+fn clean_after_a_reset_removes_that_qps_stale_cqes_and_nothing_else() {
+    for clean in [false, true] {
+        let mut sim = Mlx5Sim::new(64, 64, QPN);
+        let mut r = ring(&mut sim, SendConfig::new(1, 16, 32).signal_every(4));
+        let mut p = poller(&mut sim);
+        // A second QP completing on the same CQ (its CQEs written by hand).
+        let mut other_wrid = [0u64; 64];
+        other_wrid[5] = 0x55;
+        let mut sq2 = sq_of(&mut sim, 0);
+        sq2.qp_num = QPN + 1;
+        sq2.wrid = other_wrid.as_mut_ptr();
+        // SAFETY: `other_wrid` (64 entries, the SQ's wqe_cnt) outlives the poller.
+        unsafe { p.attach(&sq2) }.unwrap();
+        sim.fail_next(0x13, 0x88);
+        sim.write_cqe_of(QPN + 1, 0, 0x0a, 5);
+        for _ in 0..3 {
+            r.send_now(Msg::send(Local::Inline(b"x"))).unwrap();
+        }
+        assert_eq!(sim.process(), 3, "an error CQE and two flushes");
+        sim.write_cqe_of(QPN + 1, 0, 0x0a, 5);
+        // Nothing polled: the QP goes to RESET with its three CQEs in the CQ.
+        sim.reset_qp();
+        if clean {
+            assert_eq!(p.clean(QPN + 7), 0, "no CQE of an unknown QP");
+            assert_eq!(p.clean(QPN), 3);
+            assert_eq!(p.cons_index(), 3, "the freed CQEs count as consumed");
+            assert_eq!(sim.cq_ci(), 3, "and the doorbell record says so");
+        }
+        // SAFETY: the simulated QP went to RESET (and, with `clean`, its CQEs are gone).
+        assert_eq!(unsafe { r.reset() }, 3, "three WRs never completed");
+        r.signal_next();
+        let seq = r.send_now(Msg::send(Local::Inline(b"again"))).unwrap();
+        assert_eq!(sim.process(), 1);
+        let mut cs = [hotverbs_datapath::Completion::PLACEHOLDER; 8];
+        let n = p.poll_into(&mut cs).unwrap();
+        let ours: Vec<_> = cs[..n].iter().filter(|c| c.qp_num() == QPN).collect();
+        let other: Vec<_> = cs[..n]
+            .iter()
+            .filter(|c| c.qp_num() == QPN + 1)
+            .map(|c| c.wr_id())
+            .collect();
+        assert_eq!(other, [0x55, 0x55], "the other QP's CQEs stay");
+        if clean {
+            assert_eq!(n, 3);
+            assert_eq!(
+                cs[2].qp_num(),
+                QPN,
+                "order kept: the other QP's two, then ours"
+            );
+            assert_eq!(r.on_completion(ours[0]), Ok(1), "the new WR, retired");
+            assert!(r.is_retired(seq));
+            assert_eq!(r.outstanding(), 0);
+        } else {
+            assert_eq!(n, 6, "the stale error and flushes come back");
+            // The stale error CQE names WQE 0, whose wrid entry is now the new WR's.
+            assert_eq!(ours[0].wr_id(), ours[3].wr_id());
+            assert_eq!(r.on_completion(ours[0]), Err(WcError::RemAccess));
+            assert!(r.is_retired(seq), "the new WR failed by a stale CQE");
+        }
+    }
+}
+
+/// A completely full CQ (`cqe_cnt` unconsumed CQEs): every one of them is examined
+/// (libmlx5's walk stops one short).
+#[test]
+fn clean_walks_a_completely_full_cq() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut p = poller(&mut sim);
+    for i in 0..16u16 {
+        let qpn = if i % 3 == 0 { QPN } else { QPN + 1 };
+        sim.write_cqe_of(qpn, 0, 0x0a, i);
+    }
+    assert_eq!(p.clean(QPN), 6, "0, 3, 6, 9, 12 and 15");
+    assert_eq!(p.cons_index(), 6);
+    assert_eq!(p.clean(QPN), 0, "nothing left of it");
+    assert_eq!(p.clean(QPN + 1), 10);
+    assert_eq!((p.cons_index(), sim.cq_ci()), (16, 16));
+    assert!(p.poll().unwrap().is_empty());
+}

@@ -100,6 +100,8 @@ const MIRI_TESTS: &[MiriTest] = &[
             "owner_bit_wraps_over_many_passes",
             "mixed_qps_and_opcodes_in_one_poll_across_the_cq_wrap",
             "a_batch_leaked_after_a_mid_batch_signal_is_never_announced",
+            "clean_after_a_reset_removes_that_qps_stale_cqes_and_nothing_else",
+            "clean_walks_a_completely_full_cq",
         ],
         models: Models::Both,
         why:

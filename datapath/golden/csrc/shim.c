@@ -208,6 +208,18 @@ uint64_t *hv_sq_wrid(struct hv_env *e) { return e->qp->sq.wrid; }
 unsigned hv_bf_offset(struct hv_env *e) { return e->bf->offset; }
 unsigned hv_cur_post(struct hv_env *e) { return e->qp->sq.cur_post; }
 unsigned hv_cq_cons(struct hv_env *e) { return e->cq->cons_index; }
+/* libmlx5's CQ clean for QP `qpn` (what a QP's move to RESET or its destruction runs) from
+ * consumer index `cons`; `dv_owned` sets the flag mlx5dv_init_obj leaves on a CQ, with which
+ * libmlx5 skips the clean. */
+void hv_cq_clean(struct hv_env *e, uint32_t qpn, uint32_t cons, int dv_owned)
+{
+	e->cq->cons_index = cons;
+	if (dv_owned)
+		e->cq->flags |= MLX5_CQ_FLAGS_DV_OWNED;
+	else
+		e->cq->flags &= ~MLX5_CQ_FLAGS_DV_OWNED;
+	__mlx5_cq_clean(e->cq, qpn, NULL);
+}
 /* The context's poll_cq (ibv_poll_cq dispatches through it): `f`, or mlx5_poll_cq. */
 void hv_set_poll_cq(struct hv_env *e, int (*f)(struct ibv_cq *, int, struct ibv_wc *))
 {

@@ -95,6 +95,7 @@ extern "C" {
     fn hv_bf_offset(e: *mut Env) -> u32;
     fn hv_cur_post(e: *mut Env) -> u32;
     fn hv_cq_cons(e: *mut Env) -> u32;
+    fn hv_cq_clean(e: *mut Env, qpn: u32, cons: u32, dv_owned: i32);
     fn hv_drain(e: *mut Env);
     fn hv_set_poll_cq(e: *mut Env, f: Option<PollFn>);
     fn hv_record(e: *mut Env);
@@ -229,6 +230,14 @@ impl Model {
         // SAFETY: as wrid().
         unsafe { std::slice::from_raw_parts_mut(hv_sq_wrid(self.e), self.cfg.wqe_cnt as usize) }
     }
+    /// libmlx5's `__mlx5_cq_clean` for QP `qpn` with its consumer index set to `cons`
+    /// first; `dv_owned` marks the CQ as `mlx5dv_init_obj` does (`MLX5_CQ_FLAGS_DV_OWNED`),
+    /// with which libmlx5 skips the clean.
+    pub fn cq_clean(&mut self, qpn: u32, cons: u32, dv_owned: bool) {
+        // SAFETY: a live env.
+        unsafe { hv_cq_clean(self.e, qpn, cons, dv_owned as i32) }
+    }
+
     /// Pretends every posted WQE completed (`sq.tail = sq.head`).
     pub fn drain(&mut self) {
         // SAFETY: a live env.

@@ -17,6 +17,12 @@
 //! opcode, every error syndrome and unknown ones, flushes, the owner bit over many passes)
 //! into both CQs and compares what the two pollers make of them.
 //!
+//! **CQ clean.** What a QP's move to RESET (or its destruction) does to its send CQ:
+//! libmlx5's own `__mlx5_cq_clean` and [`DirectPoller::clean`] on identical CQs (random
+//! CQEs of three QPs, random consumer indices, runs of 0 to `cqe_cnt - 1` unconsumed CQEs)
+//! must leave the same bytes, consumer index and doorbell record; and libmlx5 must skip
+//! the clean on a CQ marked as `mlx5dv_init_obj` marks it (why the direct poller cleans).
+//!
 //! **Planted bugs.** The same comparison with one wrong byte in a segment, and with a
 //! missing BlueFlame copy, must report differences.
 //!
@@ -784,6 +790,8 @@ mod real {
         }
         WRS.fetch_add(total, Ordering::Relaxed);
         cqe_streams(200_000);
+        let (cleans, freed) = clean_streams(20_000);
+        println!("golden: {cleans} CQ cleans compared ({freed} CQEs removed)");
         let (w, c, d) = (
             WRS.load(Ordering::Relaxed),
             CQES.load(Ordering::Relaxed),
@@ -916,6 +924,137 @@ mod real {
             }
         }
         CQES.fetch_add(compared, Ordering::Relaxed);
+    }
+
+    /// libmlx5's `__mlx5_cq_clean` against [`DirectPoller::clean`] on identical CQs.
+    /// Each round fills both CQ buffers with the same random bytes, then writes from a
+    /// random consumer index (both owner-bit passes, the 32-bit wrap) a run of 0 to
+    /// `cqe_cnt - 1` CQEs of three QPs (requester, error and other opcodes, random format
+    /// bits), ended by an unwritten entry or one of the previous pass, and cleans one of
+    /// the QPs on both sides. Every 64th round first checks that libmlx5 leaves a CQ
+    /// marked `MLX5_CQ_FLAGS_DV_OWNED` alone. Returns (cleans compared, CQEs removed).
+    fn clean_streams(rounds: u64) -> (u64, u64) {
+        const N: u32 = 256;
+        let mut r = Rng(0xc1ea_0000_5eed_0002);
+        let mut lib = model(&Shape {
+            ud: false,
+            wqe_cnt: 256,
+            max_gs: 4,
+            max_inline: 64,
+        });
+        let qpns = [QPN, QPN + 1, 0x00ab_cdef];
+        let mut ours_buf = vec![0u64; N as usize * 8];
+        let mut ours_db = [0u32; 2];
+        let mut freed_total = 0u64;
+        for round in 0..rounds {
+            let lib_buf = lib.cq_buf();
+            let ours = ours_buf.as_mut_ptr().cast::<u8>();
+            for i in 0..(N as usize * 8) {
+                let v = r.next();
+                ours_buf[i] = v;
+                // SAFETY: the model's CQ buffer has N * 64 bytes.
+                unsafe { lib_buf.cast::<u64>().add(i).write_unaligned(v) };
+            }
+            // Away from i32::MAX: libmlx5 compares indices as `int` differences.
+            let cons =
+                (r.next() as u32 & 0x3fff_ffff) ^ if r.below(2) == 0 { 0 } else { 0xc000_0000 };
+            let run = r.below(N as u64) as u32;
+            let mut put = |at: u32, op_own: u8, sop: u32| {
+                let off = ((at & (N - 1)) as usize) << 6;
+                for b in [ours, lib_buf] {
+                    // SAFETY: inside both N * 64-byte buffers.
+                    unsafe {
+                        b.add(off + 63).write(op_own);
+                        b.add(off + 56).cast::<u32>().write_unaligned(sop.to_be());
+                    }
+                }
+            };
+            for k in 0..run {
+                let at = cons.wrapping_add(k);
+                let owner = (at & N != 0) as u8;
+                let opcode = match r.below(8) {
+                    0..=4 => 0u8,
+                    5 | 6 => 13,
+                    _ => 2,
+                };
+                let qpn = qpns[r.below(3) as usize];
+                let wop = r.next() as u32 & 0x1f;
+                put(
+                    at,
+                    opcode << 4 | (r.next() as u8 & 0x0e) | owner,
+                    wop << 24 | qpn,
+                );
+            }
+            let end = cons.wrapping_add(run);
+            let stale_owner = (end & N == 0) as u8;
+            if r.below(2) == 0 {
+                put(end, 0xf0 | (r.next() as u8 & 1), r.next() as u32);
+            } else {
+                put(end, (r.next() as u8 & 0xd0) | stale_owner, r.next() as u32);
+            }
+            let db0 = r.next() as u32;
+            ours_db[0] = db0;
+            // SAFETY: the model's CQ doorbell record.
+            unsafe { lib.cq_dbrec().write_volatile(db0) };
+            let qpn = qpns[r.below(3) as usize];
+            if round % 64 == 0 {
+                // SAFETY: reading the model's N * 64-byte buffer.
+                let before =
+                    unsafe { std::slice::from_raw_parts(lib_buf, N as usize * 64) }.to_vec();
+                lib.cq_clean(qpn, cons, true);
+                // SAFETY: as above.
+                let after = unsafe { std::slice::from_raw_parts(lib_buf, N as usize * 64) };
+                // SAFETY: the model's CQ doorbell record.
+                let db = unsafe { lib.cq_dbrec().read_volatile() };
+                if before != after || lib.cons_index() != cons || db != db0 {
+                    diff(
+                        "CQ clean: libmlx5 changed a CQ marked DV_OWNED",
+                        format!("  round {round}, cons {cons:#x}, run {run}"),
+                    );
+                }
+            }
+            lib.cq_clean(qpn, cons, false);
+            // SAFETY: a private buffer and doorbell record that outlive the poller.
+            let mut p = unsafe {
+                DirectPoller::<1>::new(DirectCq {
+                    buf: ours,
+                    cqe_cnt: N,
+                    cqe_size: 64,
+                    dbrec: ours_db.as_mut_ptr(),
+                    cqn: 1,
+                    cons_index: cons,
+                })
+            }
+            .unwrap();
+            let freed = p.clean(qpn);
+            freed_total += freed as u64;
+            // SAFETY: both N * 64-byte buffers, no writer now.
+            let (a, b) = unsafe {
+                (
+                    std::slice::from_raw_parts(ours, N as usize * 64),
+                    std::slice::from_raw_parts(lib_buf, N as usize * 64),
+                )
+            };
+            // SAFETY: the model's CQ doorbell record.
+            let lib_db = unsafe { lib.cq_dbrec().read_volatile() };
+            if a != b || p.cons_index() != lib.cons_index() || ours_db[0] != lib_db {
+                let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0) & !63;
+                diff(
+                    "CQ clean: ours vs libmlx5's __mlx5_cq_clean",
+                    format!(
+                        "  round {round}, qpn {qpn:#x}, cons {cons:#x}, run {run}, freed {freed}\n  \
+                         cons_index ours {:#x} libmlx5 {:#x}; doorbell ours {:#x} libmlx5 {lib_db:#x}\n  \
+                         first different CQE at byte {at}:\n  ours    {}\n  libmlx5 {}",
+                        p.cons_index(),
+                        lib.cons_index(),
+                        ours_db[0],
+                        hex(&a[at..at + 64]),
+                        hex(&b[at..at + 64]),
+                    ),
+                );
+            }
+        }
+        (rounds, freed_total)
     }
 
     fn planted(p: Plant) -> u64 {

@@ -47,7 +47,9 @@ pub struct DirectPoller<const B: usize> {
 
 #[derive(Debug)]
 struct CqState {
-    buf: *const u8,
+    /// Written only by [`clean`](DirectPoller::clean) (as libmlx5's `__mlx5_cq_clean`
+    /// rewrites its own CQ); the poll path only reads.
+    buf: *mut u8,
     mask: u32,
     cqe_cnt: u32,
     dbrec: *mut u32,
@@ -77,7 +79,8 @@ impl<const B: usize> DirectPoller<B> {
     /// # Safety
     /// `cq` describes a live CQ (`mlx5dv_init_obj(3)`) that outlives the poller and that
     /// nothing else polls (no `ibv_poll_cq`, no extended poll, no other poller); it serves
-    /// as send CQ only.
+    /// as send CQ only. Its buffer is writable ([`clean`](Self::clean) moves CQEs in it, as
+    /// libmlx5 does).
     pub unsafe fn new(cq: DirectCq) -> Result<Self, DirectError> {
         if cq.cqe_size != 64 {
             return Err(DirectError::Cq("CQE size other than 64 bytes"));
@@ -143,6 +146,29 @@ impl<const B: usize> DirectPoller<B> {
     #[inline(always)]
     pub fn cons_index(&self) -> u32 {
         self.cq.cons
+    }
+
+    /// Removes the CQEs of QP `qpn` the poller has not consumed yet, as libmlx5's
+    /// `__mlx5_cq_clean` does when a QP moves to RESET or is destroyed; returns how many.
+    ///
+    /// libmlx5 skips that clean on a CQ that went through `mlx5dv_init_obj(3)` (it marks
+    /// the CQ `MLX5_CQ_FLAGS_DV_OWNED`: its own consumer index no longer follows the CQ),
+    /// so after a direct poller the QP's CQEs stay in the CQ. Left there, the next polls
+    /// would read them against the ring's `wrid` table, whose entries the reset ring
+    /// reuses: a stale flush would retire a new WR. So: reset the QP, call this, then reset
+    /// the ring ([`DirectRing::reset`](super::DirectRing::reset), whose contract asks for
+    /// it; the setup layer's `DirectRing::reset_qp` does all three).
+    ///
+    /// The same walk as libmlx5's, from this poller's consumer index: find the run of
+    /// software-owned CQEs, sweep it backwards moving every other QP's CQE over the freed
+    /// ones (each keeps the owner bit of the slot it lands in), advance the consumer index
+    /// by the number freed and write it to the doorbell record. `cargo xtask golden`
+    /// compares the resulting CQ bytes, consumer index and doorbell record with libmlx5's
+    /// own function. One difference: libmlx5 stops its scan one CQE short of a completely
+    /// full CQ (`cqe_cnt` unconsumed entries), leaving the last one in place; this walks
+    /// all of them.
+    pub fn clean(&mut self, qpn: u32) -> u32 {
+        self.cq.clean(qpn)
     }
 
     /// Up to `B` completions; an empty slice when the CQ is empty. An entry the poller
@@ -250,6 +276,62 @@ impl CqState {
         )
     }
 
+    /// [`DirectPoller::clean`].
+    #[cold]
+    fn clean(&mut self, qpn: u32) -> u32 {
+        let cons = self.cons;
+        // The run of CQEs the device wrote and we did not consume: at most cqe_cnt.
+        let mut prod = cons;
+        while prod.wrapping_sub(cons) < self.cqe_cnt {
+            let (c, owner) = self.cursor(prod);
+            // SAFETY: a CQE of the buffer (new's contract).
+            let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
+            if op_own >> 4 == cqe::INVALID || op_own & cqe::OWNER_MASK != owner {
+                break;
+            }
+            prod = prod.wrapping_add(1);
+        }
+        from_device_barrier();
+        let mut freed = 0u32;
+        while prod != cons {
+            prod = prod.wrapping_sub(1);
+            let (c, _) = self.cursor(prod);
+            // SAFETY: inside the CQE, read after the barrier.
+            let sop =
+                u32::from_be(unsafe { c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile() });
+            if sop & 0xff_ffff == qpn {
+                freed += 1;
+            } else if freed != 0 {
+                let (d, _) = self.cursor(prod.wrapping_add(freed));
+                let (src, dst) = (c.cast::<u64>(), d.cast_mut().cast::<u64>());
+                // SAFETY: two distinct 64-byte CQEs of the buffer, 8-aligned (the buffer
+                // is page-aligned, CQEs 64 bytes), the buffer writable (new's contract);
+                // the slot `d` is one the device wrote and we did not consume, so the
+                // device does not write it now.
+                unsafe {
+                    let owner = d.add(cqe::OFF_OP_OWN).read_volatile() & cqe::OWNER_MASK;
+                    for i in 0..8 {
+                        dst.add(i).write_volatile(src.add(i).read_volatile());
+                    }
+                    let op = d.cast_mut().add(cqe::OFF_OP_OWN);
+                    op.write_volatile(op.read_volatile() & !cqe::OWNER_MASK | owner);
+                }
+            }
+        }
+        if freed != 0 {
+            self.cons = cons.wrapping_add(freed);
+            // The moved CQEs before the consumer index that frees their old slots.
+            super::Doorbell::to_device_barrier(&mut super::Mmio);
+            // SAFETY: the CQ's doorbell record (new's contract).
+            unsafe {
+                self.dbrec
+                    .add(super::CQ_SET_CI)
+                    .write_volatile((self.cons & 0xff_ffff).to_be())
+            };
+        }
+        freed
+    }
+
     /// The common case inline (a successful requester CQE of the cached QP that is not a
     /// READ); everything else, one CQE at a time, in [`slow_one`](Self::slow_one).
     ///
@@ -260,7 +342,7 @@ impl CqState {
     /// the `wrid` table at `wqe_counter`, and five stores.
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
-        let buf = self.buf;
+        let buf = self.buf.cast_const();
         // `c` stays inside the buffer of `cqe_cnt` CQEs (new's contract), wrapping to
         // `buf` at `end`.
         let end = buf.wrapping_add((self.cqe_cnt as usize) << 6);

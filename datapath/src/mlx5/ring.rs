@@ -1182,7 +1182,12 @@ impl<D: Doorbell> DirectRing<D> {
     /// # Safety
     /// As [`SendRing::reset`](crate::SendRing::reset): the QP went to RESET (the device no
     /// longer uses any WR of this ring, and libibverbs cleared the doorbell record), and in
-    /// split mode no retirer is running.
+    /// split mode no retirer is running. Also: no CQE of this QP is left unconsumed in its
+    /// send CQ. libmlx5 does not clean a CQ that went through `mlx5dv_init_obj` (see
+    /// [`DirectPoller::clean`](super::DirectPoller::clean)), and a stale CQE read after
+    /// the reset would name a `wrid` entry this ring reuses: call `clean` with the QP's
+    /// number after the move to RESET and before this, unless every outstanding WR was
+    /// retired.
     pub unsafe fn reset(&mut self) -> u64 {
         self.st.batch_open = false;
         let dropped = self.st.f.seq - self.st.retired;

@@ -57,6 +57,9 @@ use crate::qp::{Qp, QpType, SendOps};
 pub(crate) struct CqRings {
     state: Mutex<RingState>,
     poller: AtomicBool,
+    /// The CQ went through `mlx5dv_init_obj` (`Cq::mlx5_cq`): libmlx5 must not poll it
+    /// again (see `crate::direct`). Never cleared.
+    direct: AtomicBool,
     /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
     /// by the CQ so a direct poller never reads a freed one.
     wrid_tables: Mutex<Vec<Box<[u64]>>>,
@@ -95,6 +98,24 @@ impl CqRings {
         st.ids[(id / 64) as usize] |= 1 << (id % 64);
         st.reserved += u64::from(n);
         Ok(id as u8)
+    }
+
+    /// Marks the CQ as the mlx5 direct path's for good.
+    pub(crate) fn mark_direct(&self) {
+        self.direct.store(true, Ordering::Release);
+    }
+
+    /// `Err` naming `verb` if the CQ is the direct path's: libmlx5 must not poll it.
+    pub(crate) fn refuse_if_direct(&self, verb: &'static str) -> Result<()> {
+        if self.direct.load(Ordering::Acquire) {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "this CQ was handed to the mlx5 direct path (mlx5dv_init_obj): libmlx5 no \
+                 longer follows its consumer index and would report consumed completions \
+                 again, so it is polled only by a direct poller for the rest of its life \
+                 (Cq::direct_poller)",
+            ));
+        }
+        Ok(())
     }
 
     /// Takes the CQ's one poller slot; true if it was already taken.
@@ -351,7 +372,8 @@ impl Cq {
     /// # Errors
     /// `ExCqPoller: EINVAL` for a CQ from `ibv_create_cq` (build it with
     /// [`CqBuilder::wc_fields`](crate::CqBuilder::wc_fields)) or a field the CQ was not
-    /// created with (named); `EBUSY` when a poller exists.
+    /// created with (named); `EBUSY` when a poller exists or the CQ was handed to the mlx5
+    /// direct path.
     pub fn ex_poller<const B: usize>(&self, fields: ExFields) -> Result<ExCqPoller<'_, B>> {
         const VERB: &str = "ExCqPoller";
         let Some(cqx) = self.as_cq_ex() else {
@@ -370,6 +392,7 @@ impl Cq {
             )));
         }
         let one_per_poll = !self.context().ex_cq_batch_poll_safe()?;
+        self.inner.rings.refuse_if_direct(VERB)?;
         if self.inner.rings.poller.swap(true, Ordering::AcqRel) {
             return Err(Error::new(VERB, libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
@@ -409,8 +432,10 @@ impl Cq {
     /// at a time: while it exists, a second poller and [`Cq::poll`] are refused (`EBUSY`).
     ///
     /// # Errors
-    /// `CqPoller: EBUSY` when a poller exists.
+    /// `CqPoller: EBUSY` when a poller exists, or when the CQ was handed to the mlx5 direct
+    /// path ([`Cq::mlx5_cq`](crate::Cq::mlx5_cq)).
     pub fn poller<const B: usize>(&self) -> Result<CqPoller<'_, B>> {
+        self.inner.rings.refuse_if_direct("CqPoller")?;
         if self.inner.rings.poller.swap(true, Ordering::AcqRel) {
             return Err(Error::new("CqPoller", libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
@@ -851,5 +876,27 @@ impl From<RemoteBuf> for RemoteMr {
             len: r.len,
             rkey: r.rkey,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CqRings;
+
+    /// A CQ handed to the direct path is refused to libmlx5 for good: the refusal names
+    /// the verb, `EBUSY`, why and what to use; a released poller slot does not lift it.
+    #[test]
+    fn a_direct_cq_stays_direct() {
+        let r = CqRings::default();
+        assert!(r.refuse_if_direct("ibv_poll_cq").is_ok());
+        r.mark_direct();
+        assert!(!r.take_poller(), "a direct poller may still take the slot");
+        r.release_poller();
+        let e = r.refuse_if_direct("ibv_poll_cq").unwrap_err();
+        assert_eq!(e.errno(), libc::EBUSY);
+        let msg = e.to_string();
+        assert!(msg.contains("ibv_poll_cq"), "{msg}");
+        assert!(msg.contains("mlx5dv_init_obj"), "{msg}");
+        assert!(msg.contains("Cq::direct_poller"), "{msg}");
     }
 }

@@ -1133,7 +1133,12 @@ impl Cq {
     }
 
     /// `ibv_poll_cq(3)` into `wcs`; returns how many were written.
+    ///
+    /// # Errors
+    /// `ibv_poll_cq: EBUSY` while a datapath poller polls the CQ, and for good once the CQ
+    /// was handed to the mlx5 direct path ([`Cq::mlx5_cq`]); the provider's error.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        self.inner.rings.refuse_if_direct("ibv_poll_cq")?;
         if self.inner.rings.poller_taken() {
             return Err(Error::new("ibv_poll_cq", libc::EBUSY).with_hint(
                 "a datapath CqPoller polls this CQ: poll through it (one poller per CQ)",

@@ -20,16 +20,26 @@
 //! - **A QP posted on before**: the ring starts at the QP's `cur_post` (its doorbell
 //!   record).
 //!
-//! # QP reset and destroy with a direct poller (not solved here)
-//! libmlx5 removes a QP's CQEs from its CQs when the QP moves to RESET or is destroyed
-//! (`__mlx5_cq_clean`), starting from *its own* consumer index, which a direct poller does
-//! not advance (mlx5dv exposes no way to). With nothing left in the CQ it finds nothing and
-//! changes nothing; with CQEs of the pass it thinks current it would move them and rewrite
-//! the CQ's doorbell record. So: drain the CQ (every outstanding WR retired) before resetting
-//! or destroying a QP whose send CQ a direct poller serves, or give each such QP its own
-//! send CQ and drop the CQ with it.
+//! # A CQ of the direct path stays one
+//! `mlx5dv_init_obj(3)` on a CQ ([`Cq::mlx5_cq`], which [`Cq::direct_poller`] calls)
+//! marks it `MLX5_CQ_FLAGS_DV_OWNED` in libmlx5, and the direct poller advances a consumer
+//! index libmlx5 never sees. Two consequences, both handled here:
+//! - **libmlx5 must not poll it again**: its `ibv_poll_cq` would start from its own, stale,
+//!   consumer index, report consumed CQEs a second time and write that index back to the
+//!   doorbell record. So from the first `mlx5_cq` on, [`Cq::poll`], [`Cq::poller`] and
+//!   [`Cq::ex_poller`] are refused for the CQ's life (`EBUSY`); a new direct poller takes
+//!   over where the last one stopped (the doorbell record holds its index).
+//! - **libmlx5 no longer cleans it**: on a QP's move to RESET or its destruction libmlx5
+//!   normally removes the QP's CQEs from its CQs (`__mlx5_cq_clean`); on a DV-owned CQ it
+//!   skips that. A stale error or flush CQE left there would be read against the `wrid`
+//!   entry the reset ring gives its next WR, and fail that WR. [`DirectRing::reset_qp`]
+//!   resets the QP, cleans its CQEs with the poller ([`DirectPoller::clean`], proven equal
+//!   to libmlx5's clean by `cargo xtask golden`) and resets the ring. A QP destroyed with
+//!   CQEs unpolled would leave them behind too: before dropping a QP that may have some
+//!   (an error, WRs outstanding), `reset_qp` it.
+//!
+//! [`DirectPoller::clean`]: dp::DirectPoller::clean
 
-use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 
@@ -125,7 +135,7 @@ impl<const B: usize> std::fmt::Debug for DirectPoller<'_, B> {
 /// takes the send queue as the other rings do: a QP has one ring of any kind.
 pub struct DirectRing<'q> {
     ring: dp::DirectRing,
-    _qp: PhantomData<&'q Qp>,
+    qp: &'q Qp,
 }
 
 impl Deref for DirectRing<'_> {
@@ -138,6 +148,43 @@ impl Deref for DirectRing<'_> {
 impl DerefMut for DirectRing<'_> {
     fn deref_mut(&mut self) -> &mut dp::DirectRing {
         &mut self.ring
+    }
+}
+
+impl DirectRing<'_> {
+    /// Recovery (after an error, or to reconnect): moves the QP to RESET, removes its
+    /// CQEs the poller has not consumed from the send CQ ([`DirectPoller::clean`]; libmlx5
+    /// does not clean a CQ of the direct path), and resets the ring
+    /// ([`DirectRing::reset`](dp::DirectRing::reset)): `cur_post` 0, the error state left,
+    /// every staged or outstanding WR forgotten. Returns how many WRs never completed.
+    /// Connect the QP again ([`Qp::connect`]) before posting.
+    ///
+    /// [`DirectPoller::clean`]: dp::DirectPoller::clean
+    ///
+    /// # Errors
+    /// `DirectRing::reset_qp: EINVAL` when `poller` is not the direct poller of the QP's
+    /// send CQ; `EBUSY` for a ring in split mode (its retirer may be running: stop it, then
+    /// use the unsafe `reset` as its contract says); the error of the move to RESET.
+    pub fn reset_qp<const B: usize>(&mut self, poller: &mut DirectPoller<'_, B>) -> Result<u64> {
+        const VERB: &str = "DirectRing::reset_qp";
+        if poller.cq.as_raw() != self.qp.send_cq().as_raw() {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "the poller is not the direct poller of this QP's send CQ: pass the one the \
+                 ring was built with",
+            ));
+        }
+        if self.ring.is_split() {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
+                "the ring is in split mode and its retirer may be running: stop the retirer, \
+                 reset the QP, DirectPoller::clean its QP number, then DirectRing::reset",
+            ));
+        }
+        self.qp.reset()?;
+        poller.poller.clean(self.qp.qp_num());
+        // SAFETY: the QP just went to RESET (libmlx5 zeroed its doorbell record, the device
+        // no longer uses its WRs), none of its CQEs is left unconsumed in the send CQ (just
+        // cleaned), and the ring is not in split mode.
+        Ok(unsafe { self.ring.reset() })
     }
 }
 
@@ -155,6 +202,12 @@ impl Cq {
     /// [`hotverbs_datapath::DirectPoller`] itself (its constructor is `unsafe`; the safe
     /// way is [`direct_poller`](Self::direct_poller)).
     ///
+    /// This hands the CQ to the direct path for good: libmlx5 marks it DV-owned and never
+    /// sees the consumer index a direct poller advances, so its `ibv_poll_cq` would report
+    /// consumed completions again. [`Cq::poll`], [`Cq::poller`] and [`Cq::ex_poller`] are
+    /// refused (`EBUSY`) from now on; a new [`direct_poller`](Self::direct_poller) takes over
+    /// where the last one stopped.
+    ///
     /// # Errors
     /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
     pub fn mlx5_cq(&self) -> Result<DirectCq> {
@@ -166,6 +219,8 @@ impl Cq {
         obj.cq.in_ = self.as_raw();
         obj.cq.out = &mut out;
         init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
+        // libmlx5 now marks the CQ DV-owned; from here on only direct pollers poll it.
+        self.inner.rings.mark_direct();
         // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
         // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
         let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });
@@ -368,9 +423,6 @@ impl Qp {
         // doorbell record, libmlx5's cur_post modulo 2^16.
         unsafe { ring.set_cur_post(cur) };
         self.keep_reservation(RingReservation::new(cq.clone(), id, depth));
-        Ok(DirectRing {
-            ring,
-            _qp: PhantomData,
-        })
+        Ok(DirectRing { ring, qp: self })
     }
 }

@@ -1203,6 +1203,12 @@ impl<D: Doorbell> DirectRing<D> {
         dropped
     }
 
+    /// True once [`split`](Self::split) handed out counters and a retirer.
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.st.split_key != 0
+    }
+
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {

@@ -207,7 +207,10 @@ fn direct_ring_reset_qp_cleans_the_cq_and_recovers() {
     drop(poller);
     let e = cq_a.poll(&mut [Wc::default()]).unwrap_err();
     assert_eq!(e.errno(), libc::EBUSY, "{e}");
-    assert!(e.to_string().contains("mlx5dv_init_obj"), "the direct path's refusal: {e}");
+    assert!(
+        e.to_string().contains("mlx5dv_init_obj"),
+        "the direct path's refusal: {e}"
+    );
     assert!(
         cq_a.direct_poller::<8>().is_ok(),
         "a direct poller takes over"

@@ -55,6 +55,8 @@ mod real {
     const SIGNAL: u32 = 16;
 
     static WRS: AtomicU64 = AtomicU64::new(0);
+    /// WRs posted by each way (staged, `send_now` last, batch, staged), and lone `send_now`s.
+    static HOW: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
     static CQES: AtomicU64 = AtomicU64::new(0);
     static DIFFS: AtomicU64 = AtomicU64::new(0);
     /// Planted runs count their differences without printing them.
@@ -327,6 +329,11 @@ mod real {
         }
     }
 
+    /// A message `send_now` and a batch take: inline or empty, borrowing nothing.
+    fn is_simple(g: &Gen) -> bool {
+        matches!(g.kind, Payload::Empty | Payload::Inline(_)) && msg(g).is_borrow_free()
+    }
+
     fn msg<'a>(g: &'a Gen) -> Msg<'a> {
         let local = match &g.kind {
             Payload::Empty | Payload::InlineList(_) | Payload::Sges(_) => Local::Empty,
@@ -470,29 +477,75 @@ mod real {
         let mut chain_no = 0u64;
         while wrs < wr_target {
             chain_no += 1;
-            let n = if r.below(3) == 0 { 1 } else { 1 + r.below(64) } as usize;
-            let gens: Vec<Gen> = (0..n).map(|_| gen(&mut r, s, &mem)).collect();
+            // One chain in three borrows nothing (inline or empty messages only), so that
+            // the `send_now` and batch ways below get their share; half of those are one
+            // message (the lone `send_now`).
+            let simple_chain = r.below(3) == 0;
+            let n = if r.below(if simple_chain { 2 } else { 3 }) == 0 {
+                1
+            } else {
+                1 + r.below(64)
+            } as usize;
+            let gens: Vec<Gen> = (0..n)
+                .map(|_| loop {
+                    let g = gen(&mut r, s, &mem);
+                    if !simple_chain || is_simple(&g) {
+                        break g;
+                    }
+                })
+                .collect();
             let dbr0 = lib.dbr();
             us.ring.doorbell().rec.events.clear();
             let mut seqs = Vec::with_capacity(n);
             let mut curs = Vec::with_capacity(n);
-            for g in &gens {
-                curs.push(us.ring.cur_post());
-                let m = msg(g);
-                // SAFETY: registered-memory payloads point into `mem` (inlined ones) or are
-                // never dereferenced (the simulated device reads no data).
-                let seq = unsafe {
-                    match &g.kind {
-                        Payload::InlineList(p) => {
-                            let parts: Vec<&[u8]> = p.iter().map(|x| &x[..]).collect();
-                            us.ring.stage_inline_gather(m, &parts)
-                        }
-                        Payload::Sges(l) => us.ring.stage_gather(m, l),
-                        _ => us.ring.stage(m),
-                    }
+            // How our side posts the chain (libmlx5's side is always one ibv_post_send
+            // chain, and each way must give its bytes and stores): staged then `flush`;
+            // or, for messages that borrow nothing, `send_now` for the last one (the lone
+            // path when nothing is staged before it), or a batch (finished or dropped).
+            let simple = gens.iter().all(is_simple);
+            let how = match (simple, n) {
+                (false, _) => 0,
+                (true, 1) => [0, 1, 1, 2][r.below(4) as usize],
+                (true, _) => r.below(4),
+            };
+            HOW[how as usize].fetch_add(n as u64, Ordering::Relaxed);
+            if how == 1 && n == 1 {
+                HOW[4].fetch_add(1, Ordering::Relaxed);
+            }
+            if how == 2 {
+                let mut b = us.ring.batch();
+                for g in &gens {
+                    curs.push(b.cur_post());
+                    let seq = b
+                        .push(msg(g))
+                        .unwrap_or_else(|e| panic!("chain {chain_no}: {e} ({:?})", g.msg_op));
+                    seqs.push(seq);
                 }
-                .unwrap_or_else(|e| panic!("chain {chain_no}: {e} ({:?})", g.msg_op));
-                seqs.push(seq);
+                if r.below(2) == 0 {
+                    b.finish().unwrap();
+                } else {
+                    drop(b);
+                }
+            } else {
+                for (i, g) in gens.iter().enumerate() {
+                    curs.push(us.ring.cur_post());
+                    let m = msg(g);
+                    // SAFETY: registered-memory payloads point into `mem` (inlined ones) or
+                    // are never dereferenced (the simulated device reads no data).
+                    let seq = unsafe {
+                        match &g.kind {
+                            Payload::InlineList(p) => {
+                                let parts: Vec<&[u8]> = p.iter().map(|x| &x[..]).collect();
+                                us.ring.stage_inline_gather(m, &parts)
+                            }
+                            Payload::Sges(l) => us.ring.stage_gather(m, l),
+                            _ if how == 1 && i + 1 == n => us.ring.send_now(m),
+                            _ => us.ring.stage(m),
+                        }
+                    }
+                    .unwrap_or_else(|e| panic!("chain {chain_no}: {e} ({:?})", g.msg_op));
+                    seqs.push(seq);
+                }
             }
             if plant == Plant::WrongByte && n > 0 {
                 // One byte of the newest WQE's second segment (raddr, datagram or data).
@@ -790,6 +843,14 @@ mod real {
         }
         WRS.fetch_add(total, Ordering::Relaxed);
         cqe_streams(200_000);
+        println!(
+            "golden: WRs staged then flushed {}, ending with send_now {} ({} of them lone), \
+             in batches {}",
+            HOW[0].load(Ordering::Relaxed) + HOW[3].load(Ordering::Relaxed),
+            HOW[1].load(Ordering::Relaxed),
+            HOW[4].load(Ordering::Relaxed),
+            HOW[2].load(Ordering::Relaxed)
+        );
         let (cleans, freed) = clean_streams(20_000);
         println!("golden: {cleans} CQ cleans compared ({freed} CQEs removed)");
         let (w, c, d) = (
@@ -959,7 +1020,7 @@ mod real {
             let cons =
                 (r.next() as u32 & 0x3fff_ffff) ^ if r.below(2) == 0 { 0 } else { 0xc000_0000 };
             let run = r.below(N as u64) as u32;
-            let mut put = |at: u32, op_own: u8, sop: u32| {
+            let put = |at: u32, op_own: u8, sop: u32| {
                 let off = ((at & (N - 1)) as usize) << 6;
                 for b in [ours, lib_buf] {
                     // SAFETY: inside both N * 64-byte buffers.

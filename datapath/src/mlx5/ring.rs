@@ -113,8 +113,13 @@ struct State {
     /// BlueFlame takes a one-block WQE (`bf_max_ds >= 4`).
     bf_one: bool,
     /// The largest inline SEND of `send_now`'s lone path (one block, BlueFlame): 44 or
-    /// `max_inline` if smaller; 0 (no lone path) for UD or without BlueFlame.
-    lone_max: u32,
+    /// `max_inline` if smaller; 0 (no lone path) for UD or without BlueFlame. A `usize`,
+    /// so the length test compares with memory directly.
+    lone_max: usize,
+    /// `send_now`'s lone path may post sequence number `seq` iff `seq < lone_event`:
+    /// `event` when nothing is staged and no batch is open, else 0 (see
+    /// [`set_event`](DirectRing::set_event)). One test instead of three.
+    lone_event: u64,
 }
 
 impl Fast {
@@ -710,12 +715,17 @@ impl<D: Doorbell> DirectRing<D> {
                 bf_max_ds: sq.bf_size / 16,
                 bf_one: sq.bf_size >= 64,
                 lone_max: 0,
+                lone_event: 0,
             },
             db,
             error: None,
         };
-        ring.st.lone_max = if ring.st.bf_one { ring.st.f.one_max } else { 0 };
-        ring.st.f.event = ring.event_at();
+        ring.st.lone_max = if ring.st.bf_one {
+            ring.st.f.one_max as usize
+        } else {
+            0
+        };
+        ring.set_event(ring.event_at());
         Ok(ring)
     }
 
@@ -736,6 +746,21 @@ impl<D: Doorbell> DirectRing<D> {
     /// The doorbell (for tests: the recording one the golden comparison uses).
     pub fn doorbell(&mut self) -> &mut D {
         &mut self.db
+    }
+
+    /// Sets `event` (the next sequence number that must take the slow path) and, from it,
+    /// the lone path's `lone_event`: the same when nothing is staged and no batch is open
+    /// (then a lone post needs only `seq < lone_event`), else 0. Every change of the ring's
+    /// own `event` goes through here, except a batch's write-back, which its `finish` /
+    /// `drop` follows with this.
+    #[inline(always)]
+    fn set_event(&mut self, e: u64) {
+        self.st.f.event = e;
+        self.st.lone_event = if self.st.f.seq == self.st.posted && !self.st.batch_open {
+            e
+        } else {
+            0
+        };
     }
 
     /// The sequence number of the next WR that must take the slow path.
@@ -771,7 +796,7 @@ impl<D: Doorbell> DirectRing<D> {
                 Err(e) => {
                     // slow_decide parked the ring's own `event` at `seq`; while the batch
                     // is open it stays 0 (see `batch`).
-                    self.st.f.event = 0;
+                    self.set_event(0);
                     return Err(e);
                 }
             };
@@ -783,7 +808,7 @@ impl<D: Doorbell> DirectRing<D> {
             f.event = self.st.f.event;
             // The batch is still open: the ring's own copy keeps sending lone calls to
             // the slow path (see `batch`).
-            self.st.f.event = 0;
+            self.set_event(0);
         }
         Ok(seq)
     }
@@ -813,6 +838,9 @@ impl<D: Doorbell> DirectRing<D> {
                 } else {
                     self.ring_doorbell();
                 }
+            } else {
+                // Staged, not posted: no lone post until the doorbell (`flush`).
+                self.st.lone_event = 0;
             }
         } else {
             if self.st.batch_open {
@@ -828,7 +856,7 @@ impl<D: Doorbell> DirectRing<D> {
                 // The signaled lone post (every `signal_every`-th `send_now`): the same
                 // BlueFlame doorbell as the fast path, then the next event.
                 self.bf_lone(self.st.f.last);
-                self.st.f.event = self.event_at();
+                self.set_event(self.event_at());
             } else {
                 self.slow_after(seq, post);
             }
@@ -865,7 +893,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(never)]
     fn slow_decide(&mut self, seq: u64) -> Result<bool, SendError> {
         if !crate::split::has_room(seq, self.st.retired, self.st.limit) {
-            self.st.f.event = seq;
+            self.set_event(seq);
             return Err(self.blocked());
         }
         let full = seq + 1 - self.st.retired == self.st.limit;
@@ -885,7 +913,7 @@ impl<D: Doorbell> DirectRing<D> {
         if post || full || seq + 1 - self.st.posted >= self.st.batch {
             self.ring_doorbell();
         }
-        self.st.f.event = self.event_at();
+        self.set_event(self.event_at());
     }
 
     /// Is the WQE just built for `seq` (`one`: one block, more than one `ds`) the only
@@ -982,12 +1010,10 @@ impl<D: Doorbell> DirectRing<D> {
         // and the WQE): one block, BlueFlame, nothing to decide.
         if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
             let seq = self.st.f.seq;
-            if d.len().wrapping_sub(1) < self.st.lone_max as usize
-                && seq < self.st.f.event
-                && seq == self.st.posted
-            {
+            if d.len().wrapping_sub(1) < self.st.lone_max && seq < self.st.lone_event {
                 // SAFETY: an RC SEND of 1..=44 inline bytes within max_inline (lone_max),
-                // one block; `seq < event` means room, no signal, no batch end.
+                // one block; `seq < lone_event` means nothing staged, no batch open, room,
+                // no signal.
                 let (ctrl, _) = unsafe { self.st.f.build_one_block(&msg, d, false, 0, false) };
                 self.st.f.seq = seq + 1;
                 self.bf_lone(ctrl);
@@ -1058,7 +1084,7 @@ impl<D: Doorbell> DirectRing<D> {
         // While the batch is open the ring's own copy sends every lone call to the slow
         // path, which finds `batch_open` only if the batch was leaked (its drop or finish
         // writes its copy back, `event` included).
-        self.st.f.event = 0;
+        self.set_event(0);
         DirectBatch {
             f,
             ring: self,
@@ -1083,6 +1109,8 @@ impl<D: Doorbell> DirectRing<D> {
             self.drop_leaked_batch();
         }
         self.ring_doorbell();
+        // Nothing staged now: the lone path is open again.
+        self.set_event(self.st.f.event);
         Ok(())
     }
 
@@ -1097,7 +1125,7 @@ impl<D: Doorbell> DirectRing<D> {
         while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
             st.next_signal -= st.signal_every;
         }
-        self.st.f.event = self.event_at();
+        self.set_event(self.event_at());
     }
 
     /// Retires the WRs covered by a send completion of this ring, exactly as
@@ -1128,7 +1156,7 @@ impl<D: Doorbell> DirectRing<D> {
             self.error = Some(e);
         }
         self.st.limit = 0;
-        self.st.f.event = self.st.f.seq;
+        self.set_event(self.st.f.seq);
     }
 
     fn retire_to(&mut self, retired: u64) {
@@ -1199,7 +1227,7 @@ impl<D: Doorbell> DirectRing<D> {
         self.error = None;
         self.st.limit = self.st.depth;
         self.st.next_signal = posted + self.st.signal_every - 1;
-        self.st.f.event = self.event_at();
+        self.set_event(self.event_at());
         dropped
     }
 
@@ -1213,7 +1241,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline]
     pub fn signal_next(&mut self) {
         self.st.next_signal = self.st.f.seq;
-        self.st.f.event = self.st.f.seq;
+        self.set_event(self.st.f.seq);
     }
 
     /// True once the WR with sequence `seq` is retired.
@@ -1335,6 +1363,13 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
         self.f.seq - self.ring.st.posted
     }
 
+    /// `cur_post`: the basic-block counter of the next WQE (as
+    /// [`DirectRing::cur_post`]).
+    #[inline(always)]
+    pub fn cur_post(&self) -> u32 {
+        self.f.cur
+    }
+
     /// Posts what is staged and closes the batch.
     #[inline(always)]
     pub fn finish(self) -> Result<(), SendError> {
@@ -1343,6 +1378,8 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
         f.write_back(&mut this.ring.st.f);
         this.ring.st.batch_open = false;
         this.ring.ring_doorbell();
+        let e = this.ring.st.f.event;
+        this.ring.set_event(e);
         Ok(())
     }
 }
@@ -1354,5 +1391,7 @@ impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
         self.f.write_back(&mut self.ring.st.f);
         self.ring.st.batch_open = false;
         self.ring.ring_doorbell();
+        let e = self.ring.st.f.event;
+        self.ring.set_event(e);
     }
 }

@@ -363,7 +363,10 @@ fn a_too_small_sq_and_unmodelled_queues_are_refused_by_name() {
     sq3.bf_reg = unsafe { sq3.bf_reg.add(8) };
     // SAFETY: as above.
     let e = unsafe { DirectRing::new(sq3, SendConfig::new(1, 4, 0), None) }.unwrap_err();
-    assert!(e.to_string().contains("64-byte aligned"), "{e}");
+    assert!(
+        e.to_string().contains("not aligned to its two buffers"),
+        "{e}"
+    );
     let mut sq2 = sq_of(&mut sim, 0);
     sq2.stride = 128;
     // SAFETY: as above.
@@ -634,4 +637,35 @@ fn clean_walks_a_completely_full_cq() {
     assert_eq!(p.clean(QPN + 1), 10);
     assert_eq!((p.cons_index(), sim.cq_ci()), (16, 16));
     assert!(p.poll().unwrap().is_empty());
+}
+
+/// A leaked batch rewinds `cur_post` to the last doorbell, which the ring reads back from
+/// the doorbell record: also across the record's 16-bit wrap.
+#[test]
+fn a_leaked_batch_rewinds_to_the_doorbell_across_its_16_bit_wrap() {
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 16, 16).batch(16).signal_every(8),
+    );
+    // A QP libmlx5 posted 0xfffe blocks on: its doorbell record says so.
+    // SAFETY: the simulator's doorbell record (send counter at index 1).
+    unsafe { sim.ptrs().qp_dbrec.add(1).write_volatile(0xfffeu32.to_be()) };
+    // SAFETY: nothing staged or outstanding; 0xfffe is the record's value.
+    unsafe { r.set_cur_post(0xfffe) };
+    for _ in 0..3 {
+        r.send_now(Msg::send(Local::Inline(b"x"))).unwrap();
+    }
+    assert_eq!((r.cur_post(), sim.sq_dbr()), (0x1_0001, 0x0001));
+    let mut b = r.batch();
+    for _ in 0..2 {
+        b.push(Msg::send(Local::Inline(b"lost"))).unwrap();
+    }
+    std::mem::forget(b);
+    r.send_now(Msg::send(Local::Inline(b"kept"))).unwrap();
+    assert_eq!(
+        (r.cur_post(), r.posted_total(), sim.sq_dbr()),
+        (0x1_0002, 4, 0x0002),
+        "the leaked WQEs' blocks are reused"
+    );
 }

@@ -101,12 +101,12 @@ struct State {
     depth: u64,
     qp_num: u32,
     max_sge: u32,
-    /// `cur_post` at the last doorbell (where WQE `posted` starts).
-    posted_cur: u32,
     split_key: u64,
     dbrec: *mut u32,
     bf_reg: *mut u8,
-    bf_offset: u32,
+    /// The BlueFlame buffer the next doorbell uses: `bf_reg + bf_offset`, alternating by
+    /// XOR with `bf_size` (the register is aligned to its two buffers, checked by `new`).
+    bf_cur: *mut u8,
     bf_size: u32,
     /// `bf_size / 16`: the largest `ds` BlueFlame takes (0 without BlueFlame).
     bf_max_ds: u32,
@@ -653,10 +653,19 @@ impl<D: Doorbell> DirectRing<D> {
         if sq.bf_offset != 0 && sq.bf_offset != sq.bf_size {
             return bad("bf_offset other than 0 or bf_size");
         }
-        // BlueFlame blocks are stored whole (`Doorbell::bf_block`, 16-byte stores on x86-64):
-        // both buffers must start on 64 bytes, as libmlx5's do (UAR page + 0x800 / 0xa00).
-        if sq.bf_size % 64 != 0 || (sq.bf_size > 0 && sq.bf_reg as usize % 64 != 0) {
-            return bad("a BlueFlame register not 64-byte aligned or bf_size not a multiple of 64");
+        // BlueFlame blocks are stored whole (`Doorbell::bf_block`, 16-byte stores on x86-64)
+        // and the buffer alternates by XOR on the address: bf_size a power of two from 64
+        // (or 0: no BlueFlame) and the register aligned to its pair of buffers, as libmlx5
+        // lays them out (UAR page + 0x800 + k * 2 * bf_size).
+        if sq.bf_size != 0
+            && (!sq.bf_size.is_power_of_two()
+                || sq.bf_size < 64
+                || sq.bf_reg as usize % (2 * sq.bf_size as usize) != 0)
+        {
+            return bad(
+                "a BlueFlame register not aligned to its two buffers (2 x bf_size), or a \
+                 bf_size that is not a power of two from 64",
+            );
         }
         if cfg.max_inline > sq.max_inline {
             return bad("max_inline above the QP's max_inline_data");
@@ -706,11 +715,10 @@ impl<D: Doorbell> DirectRing<D> {
                 depth,
                 qp_num: sq.qp_num,
                 max_sge: sq.max_sge,
-                posted_cur: 0,
                 split_key: 0,
                 dbrec: sq.dbrec,
                 bf_reg: sq.bf_reg,
-                bf_offset: sq.bf_offset,
+                bf_cur: sq.bf_reg.wrapping_add(sq.bf_offset as usize),
                 bf_size: sq.bf_size,
                 bf_max_ds: sq.bf_size / 16,
                 bf_one: sq.bf_size >= 64,
@@ -932,7 +940,7 @@ impl<D: Doorbell> DirectRing<D> {
         let db = &mut self.db;
         // Read before the barriers (which make the compiler reload what it had).
         let (seq, cur) = (st.f.seq, st.f.cur);
-        let dst = st.bf_reg.wrapping_add(st.bf_offset as usize);
+        let dst = st.bf_cur;
         db.to_device_barrier();
         // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame
         // source is the WQE's one block in the SQ (the caller's check), the destination
@@ -943,9 +951,8 @@ impl<D: Doorbell> DirectRing<D> {
             db.bf_block(dst.cast::<u64>(), ctrl.cast::<u64>());
         }
         db.flush_writes();
-        st.bf_offset ^= st.bf_size;
+        st.bf_cur = st.bf_cur.map_addr(|a| a ^ st.bf_size as usize);
         st.posted = seq;
-        st.posted_cur = cur;
     }
 
     /// Announces the staged WQEs: doorbell record, then BlueFlame or the 8-byte doorbell,
@@ -965,7 +972,7 @@ impl<D: Doorbell> DirectRing<D> {
         unsafe {
             db.write_dbr(st.dbrec.add(super::SND_DBR), (st.f.cur & 0xffff).to_be());
             db.wc_start();
-            let dst = st.bf_reg.add(st.bf_offset as usize).cast::<u64>();
+            let dst = st.bf_cur.cast::<u64>();
             let ds = st.f.last_bf;
             if n == 1 && ds > 1 && ds <= st.bf_max_ds {
                 let mut src = st.f.last.cast::<u64>().cast_const();
@@ -983,9 +990,8 @@ impl<D: Doorbell> DirectRing<D> {
             }
         }
         db.flush_writes();
-        st.bf_offset ^= st.bf_size;
+        st.bf_cur = st.bf_cur.map_addr(|a| a ^ st.bf_size as usize);
         st.posted = st.f.seq;
-        st.posted_cur = st.f.cur;
     }
 
     /// Stages one message, like [`SendRing::stage`](crate::SendRing::stage). Returns its
@@ -1120,7 +1126,13 @@ impl<D: Doorbell> DirectRing<D> {
     fn unstage_to_posted(&mut self) {
         let seq = self.st.posted;
         self.st.f.seq = seq;
-        self.st.f.cur = self.st.posted_cur;
+        // `cur_post` at the last doorbell is in the doorbell record (its low 16 bits; the
+        // WQEs staged since span fewer than wqe_cnt <= 2^15 blocks). Kept nowhere else, so
+        // that no post has to store it.
+        // SAFETY: the QP's doorbell record (new's contract), which only this ring writes.
+        let dbr = u32::from_be(unsafe { self.st.dbrec.add(super::SND_DBR).read_volatile() });
+        let cur = self.st.f.cur;
+        self.st.f.cur = cur.wrapping_sub(cur.wrapping_sub(dbr) & 0xffff);
         let st = &mut self.st;
         while st.next_signal >= st.signal_every && st.next_signal - st.signal_every >= seq {
             st.next_signal -= st.signal_every;
@@ -1223,7 +1235,6 @@ impl<D: Doorbell> DirectRing<D> {
         self.st.f.seq = posted;
         self.st.retired = posted;
         self.st.f.cur = 0;
-        self.st.posted_cur = 0;
         self.error = None;
         self.st.limit = self.st.depth;
         self.st.next_signal = posted + self.st.signal_every - 1;
@@ -1312,7 +1323,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// The BlueFlame buffer offset the next doorbell uses.
     #[inline(always)]
     pub fn bf_offset(&self) -> u32 {
-        self.st.bf_offset
+        (self.st.bf_cur.addr() - self.st.bf_reg.addr()) as u32
     }
 }
 

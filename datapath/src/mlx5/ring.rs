@@ -1012,7 +1012,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(always)]
     pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         // The lone small inline SEND (the opcode and payload kind are known where the
-        // message is built, so after inlining this is one length test, two counter tests
+        // message is built, so after inlining this is one length test, one counter test
         // and the WQE): one block, BlueFlame, nothing to decide.
         if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
             let seq = self.st.f.seq;

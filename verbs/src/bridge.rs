@@ -52,6 +52,21 @@ use crate::error::{Error, Result};
 use crate::mr::{Mr, RemoteMr, Sge};
 use crate::qp::{Qp, QpType, SendOps};
 
+/// An mlx5 CQ's doorbell record, CQ UAR page and number (`struct mlx5dv_cq`), for arming
+/// it without libmlx5 (`hotverbs_datapath::mlx5::arm_cq`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DirectArm {
+    pub(crate) dbrec: *mut u32,
+    pub(crate) uar: *mut u8,
+    pub(crate) cqn: u32,
+}
+
+// SAFETY: addresses of the CQ's doorbell record and UAR page, which live as long as the CQ
+// (and so as the `CqRings` holding them); only `arm_cq` uses them, with volatile stores.
+unsafe impl Send for DirectArm {}
+// SAFETY: as above.
+unsafe impl Sync for DirectArm {}
+
 /// Per-CQ bookkeeping of the bridge: ring ids in use, completions reserved, the poller.
 #[derive(Debug, Default)]
 pub(crate) struct CqRings {
@@ -60,6 +75,8 @@ pub(crate) struct CqRings {
     /// The CQ went through `mlx5dv_init_obj` (`Cq::mlx5_cq`): libmlx5 must not poll it
     /// again (see `crate::direct`). Never cleared.
     direct: AtomicBool,
+    /// What arming such a CQ takes (`Cq::req_notify`), set with `direct`.
+    arm: std::sync::OnceLock<DirectArm>,
     /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
     /// by the CQ so a direct poller never reads a freed one.
     wrid_tables: Mutex<Vec<Box<[u64]>>>,
@@ -100,9 +117,15 @@ impl CqRings {
         Ok(id as u8)
     }
 
-    /// Marks the CQ as the mlx5 direct path's for good.
-    pub(crate) fn mark_direct(&self) {
+    /// Marks the CQ as the mlx5 direct path's for good; `arm` is how to arm it.
+    pub(crate) fn mark_direct(&self, arm: DirectArm) {
+        let _ = self.arm.set(arm);
         self.direct.store(true, Ordering::Release);
+    }
+
+    /// How to arm the CQ if it is the direct path's.
+    pub(crate) fn direct_arm(&self) -> Option<&DirectArm> {
+        self.arm.get()
     }
 
     /// `Err` naming `verb` if the CQ is the direct path's: libmlx5 must not poll it.
@@ -889,7 +912,16 @@ mod tests {
     fn a_direct_cq_stays_direct() {
         let r = CqRings::default();
         assert!(r.refuse_if_direct("ibv_poll_cq").is_ok());
-        r.mark_direct();
+        r.mark_direct(super::DirectArm {
+            dbrec: std::ptr::null_mut(),
+            uar: std::ptr::null_mut(),
+            cqn: 7,
+        });
+        assert_eq!(
+            r.direct_arm().map(|a| a.cqn),
+            Some(7),
+            "kept for req_notify"
+        );
         assert!(!r.take_poller(), "a direct poller may still take the slot");
         r.release_poller();
         let e = r.refuse_if_direct("ibv_poll_cq").unwrap_err();

@@ -58,6 +58,9 @@ struct CqWord {
     events: AtomicU64,
     /// [`CqOptions::user_context`]; immutable once the CQ exists.
     user_context: u64,
+    /// Events taken for this CQ since it was created, as libmlx5's `arm_sn` counts them
+    /// (`mlx5_cq_event`): the arm sequence number of a CQ the mlx5 direct path arms.
+    arm_sn: std::sync::atomic::AtomicU32,
 }
 
 /// Options of [`Context::create_cq_with`]: the completion vector the CQ's events are
@@ -362,6 +365,7 @@ impl Context {
         let events = NonNull::from(Box::leak(Box::new(CqWord {
             events: AtomicU64::new(0),
             user_context: opts.user_context,
+            arm_sn: std::sync::atomic::AtomicU32::new(0),
         })));
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.ch);
         let (cq, cq_ex) = match create(events.as_ptr().cast(), ch, comp_vector) {
@@ -861,6 +865,7 @@ impl CompChannel {
             // sees the other), and orders our count before the word is freed.
             let prev = unsafe {
                 user_context = (*word).user_context;
+                (*word).arm_sn.fetch_add(1, Ordering::Relaxed);
                 (*word).events.fetch_add(1, Ordering::AcqRel)
             };
             if prev & DYING != 0 {
@@ -1184,8 +1189,28 @@ impl Cq {
     }
 
     /// `ibv_req_notify_cq(3)`: arm the CQ so the next completion (only solicited ones if
-    /// `solicited_only`) raises an event on its channel.
+    /// `solicited_only`) raises an event on its channel. A CQ handed to the mlx5 direct
+    /// path ([`Cq::mlx5_cq`]) is armed as libmlx5 would, from the consumer index the direct
+    /// poller keeps (`hotverbs_datapath::mlx5::arm_cq`).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if let Some(arm) = self.inner.rings.direct_arm() {
+            // A CQ of the mlx5 direct path: libmlx5's arm would use its own consumer
+            // index, which no longer follows the CQ.
+            let sn = self.inner.word().arm_sn.load(Ordering::Relaxed);
+            // SAFETY: the doorbell record and UAR page mlx5dv_init_obj gave for this live
+            // CQ; arming writes only them (as libmlx5's arm does, which we replace).
+            unsafe {
+                hotverbs_datapath::mlx5::arm_cq(
+                    &mut hotverbs_datapath::mlx5::Mmio,
+                    arm.dbrec,
+                    arm.uar,
+                    arm.cqn,
+                    sn,
+                    solicited_only,
+                )
+            };
+            return Ok(());
+        }
         let _serial = self.inner.serial.as_ref().map(|m| m.lock());
         // SAFETY: live CQ (serialised above if the provider may not lock it).
         let ret = unsafe {

@@ -219,8 +219,13 @@ impl Cq {
         obj.cq.in_ = self.as_raw();
         obj.cq.out = &mut out;
         init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
-        // libmlx5 now marks the CQ DV-owned; from here on only direct pollers poll it.
-        self.inner.rings.mark_direct();
+        // libmlx5 now marks the CQ DV-owned; from here on only direct pollers poll it, and
+        // req_notify arms it from their consumer index.
+        self.inner.rings.mark_direct(crate::bridge::DirectArm {
+            dbrec: out.dbrec.cast(),
+            uar: out.cq_uar.cast(),
+            cqn: out.cqn,
+        });
         // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
         // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
         let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });

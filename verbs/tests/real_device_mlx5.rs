@@ -216,3 +216,48 @@ fn direct_ring_reset_qp_cleans_the_cq_and_recovers() {
         "a direct poller takes over"
     );
 }
+
+/// Event-driven use of the direct path: `req_notify` on a CQ a direct poller polls arms it
+/// from the poller's consumer index (libmlx5's own one falls behind), three rounds of arm,
+/// signaled send, event, poll; the sequence number follows the events taken.
+#[test]
+fn req_notify_on_a_direct_cq_wakes_for_each_new_completion() {
+    let Some(ctx) = mlx5() else { return };
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(256, Some(&ch)).unwrap(),
+        ctx.create_cq(256, None).unwrap(),
+    );
+    let (a, _b) = pair(&ctx, &pd, &cq_a, &cq_b);
+    let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let dst = pd.alloc_mr(4096, flags).unwrap();
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(
+            &mut poller,
+            SendConfig::new(0, 16, 64).remote(dst.remote().into()),
+        )
+        .unwrap();
+    for round in 0..3u64 {
+        // Armed from the poller's consumer index, after the last round's completion.
+        cq_a.req_notify(false).unwrap();
+        ring.signal_next();
+        let seq = ring
+            .send_now(Msg::write(Local::Inline(b"wake"), round * 8))
+            .unwrap();
+        let ev = ch
+            .wait_cq_event(Duration::from_secs(10))
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: no event"));
+        assert!(ev.is_for(&cq_a));
+        cq_a.ack_events(1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ring.is_retired(seq) {
+            for c in poller.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+            assert!(Instant::now() < deadline, "round {round}: no completion");
+        }
+    }
+}

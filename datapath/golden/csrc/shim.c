@@ -220,6 +220,16 @@ void hv_cq_clean(struct hv_env *e, uint32_t qpn, uint32_t cons, int dv_owned)
 		e->cq->flags &= ~MLX5_CQ_FLAGS_DV_OWNED;
 	__mlx5_cq_clean(e->cq, qpn, NULL);
 }
+/* libmlx5's mlx5_arm_cq of CQ `cqn` with its consumer index `cons` and arm sequence number `sn`; the
+ * CQ UAR page is the env's register page from offset 0x800 (the doorbell at 0x820). */
+void hv_arm_cq(struct hv_env *e, uint32_t cons, uint32_t sn, int solicited, uint32_t cqn)
+{
+	e->cq->cqn = cqn;
+	e->cq->cons_index = cons;
+	e->cq->arm_sn = sn;
+	e->ctx->cq_uar_reg = e->uar + 0x800;
+	mlx5_arm_cq(&e->cq->verbs_cq.cq, solicited);
+}
 /* The context's poll_cq (ibv_poll_cq dispatches through it): `f`, or mlx5_poll_cq. */
 void hv_set_poll_cq(struct hv_env *e, int (*f)(struct ibv_cq *, int, struct ibv_wc *))
 {

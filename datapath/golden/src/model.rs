@@ -96,6 +96,7 @@ extern "C" {
     fn hv_cur_post(e: *mut Env) -> u32;
     fn hv_cq_cons(e: *mut Env) -> u32;
     fn hv_cq_clean(e: *mut Env, qpn: u32, cons: u32, dv_owned: i32);
+    fn hv_arm_cq(e: *mut Env, cons: u32, sn: u32, solicited: i32, cqn: u32);
     fn hv_drain(e: *mut Env);
     fn hv_set_poll_cq(e: *mut Env, f: Option<PollFn>);
     fn hv_record(e: *mut Env);
@@ -236,6 +237,14 @@ impl Model {
     pub fn cq_clean(&mut self, qpn: u32, cons: u32, dv_owned: bool) {
         // SAFETY: a live env.
         unsafe { hv_cq_clean(self.e, qpn, cons, dv_owned as i32) }
+    }
+
+    /// libmlx5's `mlx5_arm_cq` of CQ number `cqn` with its consumer index `cons` and arm
+    /// sequence number `sn` (`cq->arm_sn`); the CQ UAR page is [`uar`](Self::uar)` +
+    /// 0x800`. Record first to see its stores.
+    pub fn arm_cq(&mut self, cons: u32, sn: u32, solicited: bool, cqn: u32) {
+        // SAFETY: a live env.
+        unsafe { hv_arm_cq(self.e, cons, sn, solicited as i32, cqn) }
     }
 
     /// Pretends every posted WQE completed (`sq.tail = sq.head`).

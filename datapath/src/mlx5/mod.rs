@@ -92,6 +92,52 @@ pub const EXTENDED_UD_AV: u32 = 0x8000_0000;
 pub const SND_DBR: usize = 1;
 /// The consumer counter's index in a CQ's doorbell record (`MLX5_CQ_SET_CI`).
 pub const CQ_SET_CI: usize = 0;
+/// The arm word's index in a CQ's doorbell record (`MLX5_CQ_ARM_DB`).
+pub const CQ_ARM_DB: usize = 1;
+/// The CQ doorbell's offset in the CQ UAR page (`MLX5_CQ_DOORBELL`).
+pub const CQ_DOORBELL: usize = 0x20;
+/// Arm command: an event for the next solicited completion only
+/// (`MLX5_CQ_DB_REQ_NOT_SOL`); 0 (`MLX5_CQ_DB_REQ_NOT`) for any completion.
+pub const CQ_DB_REQ_NOT_SOL: u32 = 1 << 24;
+
+/// Arms a CQ the mlx5 direct path polls, as libmlx5's `mlx5_arm_cq` does for the CQs it
+/// polls itself, but from the consumer index the direct poller keeps in the CQ's doorbell
+/// record (libmlx5's own one falls behind once a direct poller polls: arming with it would
+/// raise events for completions already consumed). `sn` is the arm sequence number: the
+/// CQ's completion events so far (libmlx5 counts them in `mlx5_cq_event`), modulo 4.
+///
+/// The stores and barriers, as libmlx5's: the arm word `sn << 28 | cmd | ci` to the
+/// doorbell record, `mmio_wc_start`, the 64-bit doorbell `(arm word) << 32 | cqn`
+/// (big-endian) to `cq_uar + 0x20`, `mmio_flush_writes`. `cargo xtask golden` compares
+/// them with `mlx5_arm_cq`'s.
+///
+/// # Safety
+/// `dbrec` is the CQ's doorbell record and `cq_uar` its UAR page (`struct mlx5dv_cq`'s
+/// `dbrec` and `cq_uar`), both live; `cqn` is its number.
+pub unsafe fn arm_cq<D: Doorbell>(
+    db: &mut D,
+    dbrec: *mut u32,
+    cq_uar: *mut u8,
+    cqn: u32,
+    sn: u32,
+    solicited: bool,
+) {
+    // SAFETY: the CQ's doorbell record (the caller's contract).
+    let ci = u32::from_be(unsafe { dbrec.add(CQ_SET_CI).read_volatile() }) & 0xff_ffff;
+    let cmd = if solicited { CQ_DB_REQ_NOT_SOL } else { 0 };
+    let word = (sn & 3) << 28 | cmd | ci;
+    // SAFETY: the doorbell record and the CQ doorbell in the UAR page (the caller's
+    // contract; the doorbell is 8-byte aligned in the page).
+    unsafe {
+        db.write_dbr(dbrec.add(CQ_ARM_DB), word.to_be());
+        db.wc_start();
+        db.write64(
+            cq_uar.add(CQ_DOORBELL).cast::<u64>(),
+            ((word as u64) << 32 | cqn as u64).to_be(),
+        );
+    }
+    db.flush_writes();
+}
 /// Bytes of a send basic block (`MLX5_SEND_WQE_BB`).
 pub const SEND_WQE_BB: usize = 64;
 /// Bytes of an mlx5 address vector (`struct mlx5_wqe_av`).

@@ -79,10 +79,10 @@ struct Fast {
     remote: RemoteBuf,
     has_remote: bool,
     ud: Option<DirectUd>,
-    /// The ctrl segment of the newest staged WQE (for the doorbell).
+    /// The ctrl segment of the newest staged WQE (for the doorbell), with its `ds` in the
+    /// low 6 bits (free: WQEs start on 64 bytes) if it is inline (a BlueFlame candidate),
+    /// else 0: one store per staged WQE instead of two. See `set_last`.
     last: *mut u8,
-    /// Its `ds` if it is inline (BlueFlame candidate), else 0.
-    last_bf: u32,
     /// The largest inline SEND that is one basic block: 44 or `max_inline` if smaller;
     /// 0 for UD (the datagram segment takes the room).
     one_max: u32,
@@ -131,7 +131,27 @@ impl Fast {
         to.event = self.event;
         to.cur = self.cur;
         to.last = self.last;
-        to.last_bf = self.last_bf;
+    }
+
+    /// Records the newest staged WQE: its ctrl segment and, for a BlueFlame candidate, its
+    /// `ds` (1 to 63; 0 otherwise, and for a `ds` the 6 bits cannot hold, which no
+    /// BlueFlame buffer takes anyway).
+    #[inline(always)]
+    fn set_last(&mut self, ctrl: *mut u8, bf_ds: u32) {
+        let tag = if bf_ds < 64 { bf_ds as usize } else { 0 };
+        self.last = ctrl.map_addr(|a| a | tag);
+    }
+
+    /// The newest staged WQE's ctrl segment.
+    #[inline(always)]
+    fn last_ctrl(&self) -> *mut u8 {
+        self.last.map_addr(|a| a & !63)
+    }
+
+    /// Its `ds` if it is a BlueFlame candidate, else 0.
+    #[inline(always)]
+    fn last_bf(&self) -> u32 {
+        (self.last.addr() & 63) as u32
     }
 
     /// The end of the SQ (not a field: it would make the copy a [`DirectBatch`] takes
@@ -272,8 +292,7 @@ impl Fast {
             {
                 // SAFETY: forwarded contract; the WQE is at most one block.
                 let (ctrl, ds) = unsafe { self.build_one_block(msg, d, raddr, remote, signaled) };
-                self.last = ctrl;
-                self.last_bf = ds;
+                self.set_last(ctrl, ds);
                 return raddr || !d.is_empty();
             }
         }
@@ -284,7 +303,7 @@ impl Fast {
 
     /// [`build`](Self::build) for an RC SEND / WRITE(_IMM) with at most 44 (SEND) or 28
     /// (WRITE) inline bytes: one basic block. Returns its ctrl segment and `ds` (not stored
-    /// in `last` / `last_bf`: the lone path rings at once and does not need them).
+    /// in `last`: the lone path rings at once and does not need it).
     ///
     /// # Safety
     /// As [`build`](Self::build).
@@ -456,8 +475,7 @@ impl Fast {
                 .add(idx as usize)
                 .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
             self.cur = self.cur.wrapping_add(ds.div_ceil(4));
-            self.last = ctrl;
-            self.last_bf = if inline { ds } else { 0 };
+            self.set_last(ctrl, if inline { ds } else { 0 });
         }
     }
 }
@@ -702,7 +720,6 @@ impl<D: Doorbell> DirectRing<D> {
                     has_remote: cfg.remote.is_some(),
                     ud,
                     last: sq.buf,
-                    last_bf: 0,
                     one_max: if sq.ud { 0 } else { cfg.max_inline.min(44) },
                 },
                 batch_open: false,
@@ -842,7 +859,7 @@ impl<D: Doorbell> DirectRing<D> {
             self.st.f.seq = seq + 1;
             if post {
                 if self.lone_block(one, seq) {
-                    self.bf_lone(self.st.f.last);
+                    self.bf_lone(self.st.f.last_ctrl());
                 } else {
                     self.ring_doorbell();
                 }
@@ -863,7 +880,7 @@ impl<D: Doorbell> DirectRing<D> {
             if post && self.lone_block(one, seq) {
                 // The signaled lone post (every `signal_every`-th `send_now`): the same
                 // BlueFlame doorbell as the fast path, then the next event.
-                self.bf_lone(self.st.f.last);
+                self.bf_lone(self.st.f.last_ctrl());
                 self.set_event(self.event_at());
             } else {
                 self.slow_after(seq, post);
@@ -973,9 +990,9 @@ impl<D: Doorbell> DirectRing<D> {
             db.write_dbr(st.dbrec.add(super::SND_DBR), (st.f.cur & 0xffff).to_be());
             db.wc_start();
             let dst = st.bf_cur.cast::<u64>();
-            let ds = st.f.last_bf;
+            let ds = st.f.last_bf();
             if n == 1 && ds > 1 && ds <= st.bf_max_ds {
-                let mut src = st.f.last.cast::<u64>().cast_const();
+                let mut src = st.f.last_ctrl().cast::<u64>().cast_const();
                 let mut d = dst;
                 for _ in 0..ds.div_ceil(4) {
                     db.bf_block(d, src);
@@ -986,7 +1003,7 @@ impl<D: Doorbell> DirectRing<D> {
                     }
                 }
             } else {
-                db.write64(dst, st.f.last.cast::<u64>().read());
+                db.write64(dst, st.f.last_ctrl().cast::<u64>().read());
             }
         }
         db.flush_writes();
@@ -1356,8 +1373,7 @@ impl<'d, D: Doorbell> DirectBatch<'_, 'd, D> {
                 // SAFETY: an RC SEND of 1..=44 inline bytes within max_inline (one_max), one
                 // block; `seq < event` means room, no signal, no batch end.
                 let (ctrl, ds) = unsafe { self.f.build_one_block(&msg, d, false, 0, false) };
-                self.f.last = ctrl;
-                self.f.last_bf = ds;
+                self.f.set_last(ctrl, ds);
                 self.f.seq = seq + 1;
                 return Ok(seq);
             }

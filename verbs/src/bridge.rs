@@ -72,8 +72,8 @@ unsafe impl Sync for DirectArm {}
 pub(crate) struct CqRings {
     state: Mutex<RingState>,
     poller: AtomicBool,
-    /// The CQ went through `mlx5dv_init_obj` (`Cq::mlx5_cq`): libmlx5 must not poll it
-    /// again (see `crate::direct`). Never cleared.
+    /// A direct poller polled the CQ (`Cq::direct_poller`): libmlx5 must not poll it again
+    /// (see `crate::direct`). Never cleared.
     direct: AtomicBool,
     /// What arming such a CQ takes (`Cq::req_notify`), set with `direct`.
     arm: std::sync::OnceLock<DirectArm>,
@@ -132,10 +132,10 @@ impl CqRings {
     pub(crate) fn refuse_if_direct(&self, verb: &'static str) -> Result<()> {
         if self.direct.load(Ordering::Acquire) {
             return Err(Error::new(verb, libc::EBUSY).with_hint(
-                "this CQ was handed to the mlx5 direct path (mlx5dv_init_obj): libmlx5 no \
-                 longer follows its consumer index and would report consumed completions \
-                 again, so it is polled only by a direct poller for the rest of its life \
-                 (Cq::direct_poller)",
+                "this CQ was handed to the mlx5 direct path (a direct poller over \
+                 mlx5dv_init_obj): libmlx5 no longer follows its consumer index and would \
+                 report consumed completions again, so it is polled only by a direct poller \
+                 for the rest of its life (Cq::direct_poller)",
             ));
         }
         Ok(())
@@ -456,7 +456,7 @@ impl Cq {
     ///
     /// # Errors
     /// `CqPoller: EBUSY` when a poller exists, or when the CQ was handed to the mlx5 direct
-    /// path ([`Cq::mlx5_cq`](crate::Cq::mlx5_cq)).
+    /// path ([`Cq::direct_poller`](crate::Cq::direct_poller)).
     pub fn poller<const B: usize>(&self) -> Result<CqPoller<'_, B>> {
         self.inner.rings.refuse_if_direct("CqPoller")?;
         if self.inner.rings.poller.swap(true, Ordering::AcqRel) {

@@ -1141,7 +1141,7 @@ impl Cq {
     ///
     /// # Errors
     /// `ibv_poll_cq: EBUSY` while a datapath poller polls the CQ, and for good once the CQ
-    /// was handed to the mlx5 direct path ([`Cq::mlx5_cq`]); the provider's error.
+    /// was handed to the mlx5 direct path ([`Cq::direct_poller`]); the provider's error.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         self.inner.rings.refuse_if_direct("ibv_poll_cq")?;
         if self.inner.rings.poller_taken() {
@@ -1190,8 +1190,8 @@ impl Cq {
 
     /// `ibv_req_notify_cq(3)`: arm the CQ so the next completion (only solicited ones if
     /// `solicited_only`) raises an event on its channel. A CQ handed to the mlx5 direct
-    /// path ([`Cq::mlx5_cq`]) is armed as libmlx5 would, from the consumer index the direct
-    /// poller keeps (`hotverbs_datapath::mlx5::arm_cq`).
+    /// path ([`Cq::direct_poller`]) is armed as libmlx5 would, from the consumer index the
+    /// direct poller keeps (`hotverbs_datapath::mlx5::arm_cq`).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if let Some(arm) = self.inner.rings.direct_arm() {
             // A CQ of the mlx5 direct path: libmlx5's arm would use its own consumer

@@ -23,12 +23,15 @@
 //! # A CQ of the direct path stays one
 //! `mlx5dv_init_obj(3)` on a CQ ([`Cq::mlx5_cq`], which [`Cq::direct_poller`] calls)
 //! marks it `MLX5_CQ_FLAGS_DV_OWNED` in libmlx5, and the direct poller advances a consumer
-//! index libmlx5 never sees. Two consequences, both handled here:
+//! index libmlx5 never sees. Three consequences, all handled here:
 //! - **libmlx5 must not poll it again**: its `ibv_poll_cq` would start from its own, stale,
 //!   consumer index, report consumed CQEs a second time and write that index back to the
-//!   doorbell record. So from the first `mlx5_cq` on, [`Cq::poll`], [`Cq::poller`] and
+//!   doorbell record. So from the first direct poller on, [`Cq::poll`], [`Cq::poller`] and
 //!   [`Cq::ex_poller`] are refused for the CQ's life (`EBUSY`); a new direct poller takes
 //!   over where the last one stopped (the doorbell record holds its index).
+//! - **libmlx5 must not arm it**: its arm would carry the stale index too; [`Cq::req_notify`]
+//!   arms it as `mlx5_arm_cq` does, from the direct poller's index
+//!   ([`arm_cq`](hotverbs_datapath::mlx5::arm_cq)).
 //! - **libmlx5 no longer cleans it**: on a QP's move to RESET or its destruction libmlx5
 //!   normally removes the QP's CQEs from its CQs (`__mlx5_cq_clean`); on a DV-owned CQ it
 //!   skips that. A stale error or flush CQE left there would be read against the `wrid`
@@ -200,17 +203,18 @@ impl Cq {
     /// This mlx5 CQ as the datapath's [`DirectCq`] (`mlx5dv_init_obj(3)`), its consumer
     /// index where libmlx5 left it: for code that builds a
     /// [`hotverbs_datapath::DirectPoller`] itself (its constructor is `unsafe`; the safe
-    /// way is [`direct_poller`](Self::direct_poller)).
-    ///
-    /// This hands the CQ to the direct path for good: libmlx5 marks it DV-owned and never
-    /// sees the consumer index a direct poller advances, so its `ibv_poll_cq` would report
-    /// consumed completions again. [`Cq::poll`], [`Cq::poller`] and [`Cq::ex_poller`] are
-    /// refused (`EBUSY`) from now on; a new [`direct_poller`](Self::direct_poller) takes over
-    /// where the last one stopped.
+    /// way is [`direct_poller`](Self::direct_poller)). Such a poller's contract then rules
+    /// out `Cq::poll` and the verbs pollers for the rest of the CQ's life, as
+    /// `direct_poller` enforces.
     ///
     /// # Errors
     /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
     pub fn mlx5_cq(&self) -> Result<DirectCq> {
+        self.mlx5_cq_arm().map(|(cq, _)| cq)
+    }
+
+    /// [`mlx5_cq`](Self::mlx5_cq), and what arming the CQ without libmlx5 takes.
+    fn mlx5_cq_arm(&self) -> Result<(DirectCq, crate::bridge::DirectArm)> {
         const VERB: &str = "mlx5dv_init_obj";
         // SAFETY: plain C structs; all-zero is valid (NULL pointers, 0 counts).
         let mut out: mlx5dv_cq = unsafe { std::mem::zeroed() };
@@ -219,28 +223,35 @@ impl Cq {
         obj.cq.in_ = self.as_raw();
         obj.cq.out = &mut out;
         init_obj(VERB, self.context(), &mut obj, MLX5DV_OBJ_CQ)?;
-        // libmlx5 now marks the CQ DV-owned; from here on only direct pollers poll it, and
-        // req_notify arms it from their consumer index.
-        self.inner.rings.mark_direct(crate::bridge::DirectArm {
-            dbrec: out.dbrec.cast(),
-            uar: out.cq_uar.cast(),
-            cqn: out.cqn,
-        });
         // The consumer index libmlx5 reached (its doorbell record holds it, 24 bits).
         // SAFETY: libmlx5's CQ doorbell record, valid while the CQ lives.
         let ci = u32::from_be(unsafe { out.dbrec.cast::<u32>().read_volatile() });
-        Ok(DirectCq {
+        let desc = DirectCq {
             buf: out.buf.cast(),
             cqe_cnt: out.cqe_cnt,
             cqe_size: out.cqe_size,
             dbrec: out.dbrec.cast(),
             cqn: out.cqn,
             cons_index: ci,
-        })
+        };
+        let arm = crate::bridge::DirectArm {
+            dbrec: out.dbrec.cast(),
+            uar: out.cq_uar.cast(),
+            cqn: out.cqn,
+        };
+        Ok((desc, arm))
     }
 
     /// The mlx5 direct poller of this CQ (`B` completions per poll), borrowing it. One
-    /// poller at a time, of any kind; `Cq::poll` is refused while it lives.
+    /// poller at a time, of any kind.
+    ///
+    /// This hands the CQ to the direct path for good: libmlx5 never sees the consumer
+    /// index a direct poller advances, so its `ibv_poll_cq` would report consumed
+    /// completions again. [`Cq::poll`], [`Cq::poller`] and [`Cq::ex_poller`] are refused
+    /// (`EBUSY`) from the first direct poller on; a new `direct_poller` takes over where the
+    /// last one stopped, and [`Cq::req_notify`] arms the CQ from its consumer index. A
+    /// refused `direct_poller` (not mlx5, a CQ it does not model) leaves the CQ to the
+    /// verbs pollers.
     ///
     /// # Errors
     /// `DirectPoller: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX (use
@@ -251,7 +262,7 @@ impl Cq {
         if !self.context().is_mlx5() {
             return Err(not_mlx5(VERB, self.context()));
         }
-        let desc = self.mlx5_cq()?;
+        let (desc, arm) = self.mlx5_cq_arm()?;
         if self.inner.rings.take_poller() {
             return Err(Error::new(VERB, libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
@@ -260,7 +271,11 @@ impl Cq {
         // the flag just taken makes this its only consumer (Cq::poll and other pollers
         // are refused); direct rings attach only their own wrid tables, owned by this CQ.
         match unsafe { dp::DirectPoller::new(desc) } {
-            Ok(poller) => Ok(DirectPoller { poller, cq: self }),
+            Ok(poller) => {
+                // From here on only direct pollers poll the CQ (see above).
+                self.inner.rings.mark_direct(arm);
+                Ok(DirectPoller { poller, cq: self })
+            }
             Err(e) => {
                 self.inner.rings.release_poller();
                 Err(config_error(VERB, dp::ConfigError::Direct(e)))

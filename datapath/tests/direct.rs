@@ -669,3 +669,258 @@ fn a_leaked_batch_rewinds_to_the_doorbell_across_its_16_bit_wrap() {
         "the leaked WQEs' blocks are reused"
     );
 }
+
+mod prop {
+    //! Random operation sequences on a `DirectRing` and `DirectPoller` over the simulated
+    //! ConnectX queues: lone and general `send_now`, `stage`, batches (finished, dropped or
+    //! leaked), `flush`, the device running, polls, injected error completions (then
+    //! flushes), QP resets (with `DirectPoller::clean`), `signal_next`. After every step:
+    //! - sequence numbers are consecutive from the posted count plus the staged ones (a
+    //!   leaked batch hands its numbers back), refusals only when full (`WouldBlock`) or
+    //!   failed (`QpError`, always once the ring knows the error);
+    //! - nothing staged means everything was announced: the doorbell record is `cur_post`;
+    //! - never more than `depth` staged or outstanding; nothing retired before the device
+    //!   ran after it was posted (a stale CQE read after a reset would break this);
+    //! - at the end, draining (with one signaled message as padding, or a reset after an
+    //!   error) retires or drops every posted WR: no deadlock, nothing lost.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        SendNow(u8),
+        Stage(u8),
+        /// Messages, then 0 finish, 1 drop, 2 leak.
+        Batch(u8, u8),
+        Flush,
+        Process,
+        Poll,
+        FailNext,
+        Reset,
+        SignalNext,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..=64).prop_map(Op::SendNow),
+            4 => (0u8..=64).prop_map(Op::Stage),
+            3 => (1u8..20, 0u8..3).prop_map(|(k, e)| Op::Batch(k, e)),
+            2 => Just(Op::Flush),
+            4 => Just(Op::Process),
+            4 => Just(Op::Poll),
+            1 => Just(Op::FailNext),
+            1 => Just(Op::Reset),
+            1 => Just(Op::SignalNext),
+        ]
+    }
+
+    struct World {
+        sim: Box<Mlx5Sim>,
+        r: DirectRing<RecordingDoorbell>,
+        p: DirectPoller<16>,
+        depth: u64,
+        /// `posted_total` when the device last ran.
+        processed: u64,
+        /// `retired_total` after the last reset (which drops what never completed).
+        floor: u64,
+        /// A batch was leaked (`mem::forget`) and the ring has not been used since.
+        leaked: bool,
+        data: [u8; 64],
+    }
+
+    impl World {
+        fn check(&self) -> Result<(), TestCaseError> {
+            let r = &self.r;
+            prop_assert!(r.retired_total() <= r.posted_total());
+            prop_assert!(r.outstanding() + r.staged() <= self.depth);
+            prop_assert!(
+                r.retired_total() <= self.processed.max(self.floor),
+                "retired {} but the device ran with {} posted (reset at {})",
+                r.retired_total(),
+                self.processed,
+                self.floor
+            );
+            if r.staged() == 0 {
+                prop_assert_eq!(self.sim.sq_dbr(), r.cur_post() & 0xffff, "announced");
+            }
+            Ok(())
+        }
+
+        /// One message's outcome: `got` from a post whose expected sequence number was
+        /// `want`, on a ring with `room` and the error `err` before it.
+        fn outcome(
+            got: Result<u64, SendError>,
+            want: u64,
+            room: bool,
+            err: Option<WcError>,
+        ) -> Result<bool, TestCaseError> {
+            match (got, err) {
+                (Err(SendError::QpError(e)), Some(x)) => {
+                    prop_assert_eq!(e, x);
+                    Ok(false)
+                }
+                (r, Some(x)) => Err(TestCaseError::fail(format!(
+                    "{r:?} from a ring in error {x:?}"
+                ))),
+                (Ok(s), None) => {
+                    prop_assert!(room, "accepted beyond depth");
+                    prop_assert_eq!(s, want, "consecutive sequence numbers");
+                    Ok(true)
+                }
+                (Err(SendError::WouldBlock), None) => {
+                    prop_assert!(!room, "refused with room");
+                    Ok(false)
+                }
+                (Err(e), None) => Err(TestCaseError::fail(format!("post: {e}"))),
+            }
+        }
+
+        fn poll(&mut self) -> Result<(), TestCaseError> {
+            loop {
+                let cs = self
+                    .p
+                    .poll()
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                if cs.is_empty() {
+                    return Ok(());
+                }
+                for c in cs.iter() {
+                    let _ = self.r.on_completion(c);
+                }
+            }
+        }
+
+        fn reset(&mut self) {
+            self.sim.reset_qp();
+            self.p.clean(QPN);
+            // SAFETY: the simulated QP went to RESET and its CQEs were cleaned.
+            unsafe { self.r.reset() };
+            self.floor = self.r.retired_total();
+        }
+
+        fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+            // After a leaked batch the ring's next use drops everything staged (it was
+            // never announced) and hands those sequence numbers out again.
+            let staged = if self.leaked { 0 } else { self.r.staged() };
+            if matches!(
+                op,
+                Op::SendNow(_) | Op::Stage(_) | Op::Batch(..) | Op::Flush
+            ) {
+                self.leaked = false;
+            }
+            let in_flight = self.r.outstanding() + staged;
+            let want = self.r.posted_total() + staged;
+            let err = self.r.error();
+            let room = in_flight < self.depth;
+            match *op {
+                Op::SendNow(n) => {
+                    let got = self
+                        .r
+                        .send_now(Msg::send(Local::Inline(&self.data[..n as usize])));
+                    if Self::outcome(got, want, room, err)? {
+                        prop_assert_eq!(self.r.staged(), 0, "send_now posts everything staged");
+                    }
+                }
+                Op::Stage(n) => {
+                    // SAFETY: inline (copied now).
+                    let got = unsafe {
+                        self.r
+                            .stage(Msg::send(Local::Inline(&self.data[..n as usize])))
+                    };
+                    Self::outcome(got, want, room, err)?;
+                }
+                Op::Batch(k, end) => {
+                    let data = self.data;
+                    let mut b = self.r.batch();
+                    let mut accepted = 0u64;
+                    for i in 0..k as usize {
+                        let got = b.push(Msg::send(Local::Inline(&data[..(i * 7) % 65])));
+                        let room = in_flight + accepted < self.depth;
+                        if Self::outcome(got, want + accepted, room, err)? {
+                            accepted += 1;
+                        }
+                    }
+                    match end {
+                        0 => b.finish().unwrap(),
+                        1 => drop(b),
+                        _ => {
+                            std::mem::forget(b);
+                            self.leaked = true;
+                        }
+                    }
+                }
+                Op::Flush => self.r.flush().unwrap(),
+                Op::Process => {
+                    self.sim.process();
+                    self.processed = self.r.posted_total();
+                }
+                Op::Poll => self.poll()?,
+                Op::FailNext => self.sim.fail_next(0x13, 0),
+                Op::Reset => self.reset(),
+                Op::SignalNext => self.r.signal_next(),
+            }
+            self.check()
+        }
+
+        fn drain(&mut self) -> Result<(), TestCaseError> {
+            self.r.flush().unwrap();
+            for round in 0..4 {
+                if self.r.error().is_some() {
+                    self.reset();
+                }
+                if self.r.outstanding() > 0 {
+                    self.r.signal_next();
+                    let _ = self.r.send_now(Msg::send(Local::Inline(b"pad")));
+                }
+                self.sim.process();
+                self.processed = self.r.posted_total();
+                self.poll()?;
+                self.check()?;
+                if self.r.outstanding() == 0 && self.r.error().is_none() {
+                    return Ok(());
+                }
+                prop_assert!(round < 3, "stuck: {:?}", self.r);
+            }
+            Ok(())
+        }
+    }
+
+    fn run(depth_log: u32, k_sel: u64, batch_sel: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let depth = 1u64 << depth_log;
+        let k = 1 + (k_sel - 1) % (depth / 2).max(1);
+        let batch = 1 + (batch_sel - 1) % depth;
+        let mut sim = Box::new(Mlx5Sim::new(64, 64, QPN));
+        let cfg = SendConfig::new(1, depth as u32, 64)
+            .signal_every(k as u32)
+            .batch(batch as u32);
+        let r = ring(&mut sim, cfg);
+        let p = poller(&mut sim);
+        let mut w = World {
+            sim,
+            r,
+            p,
+            depth,
+            processed: 0,
+            floor: 0,
+            leaked: false,
+            data: payload(),
+        };
+        for op in &ops {
+            w.step(op)?;
+        }
+        w.drain()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn direct_ring_keeps_its_promises(
+            depth_log in 1u32..=4,
+            k_sel in 1u64..=8,
+            batch_sel in 1u64..=16,
+            ops in proptest::collection::vec(op(), 1..200),
+        ) {
+            run(depth_log, k_sel, batch_sel, ops)?;
+        }
+    }
+}

@@ -36,6 +36,23 @@ fn pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq) -> (Qp, Qp) {
     (a, b)
 }
 
+/// A direct ring on `a` that has posted 8 inline WRITEs to a remote range the peer never
+/// registered: REM_ACCESS_ERR, then flushes.
+fn failing_writes<'q>(a: &'q Qp, poller: &mut hotverbs::DirectPoller<'_, 32>) -> DirectRing<'q> {
+    let bogus = RemoteBuf::new(0x1000, 1 << 20, 0xdead_beef);
+    let mut ring = a
+        .direct_ring(
+            poller,
+            SendConfig::new(0, 16, 64).signal_every(4).remote(bogus),
+        )
+        .unwrap();
+    for i in 0..8u64 {
+        ring.send_now(Msg::write(Local::Inline(b"x"), i * 8))
+            .unwrap();
+    }
+    ring
+}
+
 #[test]
 fn direct_ring_writes_reads_and_polls_on_connectx() {
     let Some(ctx) = mlx5() else { return };
@@ -122,19 +139,8 @@ fn direct_path_error_completion_retires_everything() {
         ctx.create_cq(256, None).unwrap(),
     );
     let (a, _b) = pair(&ctx, &pd, &cq_a, &cq_b);
-    // A remote range the peer never registered: REM_ACCESS_ERR, then flushes.
-    let bogus = RemoteBuf::new(0x1000, 1 << 20, 0xdead_beef);
     let mut poller = cq_a.direct_poller::<32>().unwrap();
-    let mut ring = a
-        .direct_ring(
-            &mut poller,
-            SendConfig::new(0, 16, 64).signal_every(4).remote(bogus),
-        )
-        .unwrap();
-    for i in 0..8u64 {
-        ring.send_now(Msg::write(Local::Inline(b"x"), i * 8))
-            .unwrap();
-    }
+    let mut ring = failing_writes(&a, &mut poller);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut err = None;
     while ring.outstanding() > 0 {
@@ -165,18 +171,8 @@ fn direct_ring_reset_qp_cleans_the_cq_and_recovers() {
     );
     let (a, b) = pair(&ctx, &pd, &cq_a, &cq_b);
     let info = ctx.port_info(None, gid_index()).unwrap();
-    let bogus = RemoteBuf::new(0x1000, 1 << 20, 0xdead_beef);
     let mut poller = cq_a.direct_poller::<32>().unwrap();
-    let mut ring = a
-        .direct_ring(
-            &mut poller,
-            SendConfig::new(0, 16, 64).signal_every(4).remote(bogus),
-        )
-        .unwrap();
-    for i in 0..8u64 {
-        ring.send_now(Msg::write(Local::Inline(b"x"), i * 8))
-            .unwrap();
-    }
+    let mut ring = failing_writes(&a, &mut poller);
     // Let the device fail them, polling nothing (the count below holds either way: nothing
     // was retired; the pause only makes it likely that the CQEs are there to clean).
     std::thread::sleep(Duration::from_millis(200));

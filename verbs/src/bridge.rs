@@ -77,6 +77,10 @@ pub(crate) struct CqRings {
     direct: AtomicBool,
     /// What arming such a CQ takes (`Cq::req_notify`), set with `direct`.
     arm: std::sync::OnceLock<DirectArm>,
+    /// QP numbers of destroyed QPs whose CQEs the direct poller is to clean, and whether
+    /// there are any (one load per `DirectPoller::poll`).
+    to_clean: Mutex<Vec<u32>>,
+    clean_due: AtomicBool,
     /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
     /// by the CQ so a direct poller never reads a freed one.
     wrid_tables: Mutex<Vec<Box<[u64]>>>,
@@ -121,6 +125,28 @@ impl CqRings {
     pub(crate) fn mark_direct(&self, arm: DirectArm) {
         let _ = self.arm.set(arm);
         self.direct.store(true, Ordering::Release);
+    }
+
+    /// A QP with a direct ring on this CQ was destroyed: its CQEs still in the CQ are to be
+    /// cleaned by the direct poller, in its own thread, at its next poll or attach.
+    pub(crate) fn defer_clean(&self, qpn: u32) {
+        self.to_clean
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(qpn);
+        self.clean_due.store(true, Ordering::Release);
+    }
+
+    /// True when destroyed QPs wait for [`take_clean`](Self::take_clean).
+    #[inline(always)]
+    pub(crate) fn clean_due(&self) -> bool {
+        self.clean_due.load(Ordering::Acquire)
+    }
+
+    /// The QP numbers waiting to be cleaned (emptied).
+    pub(crate) fn take_clean(&self) -> Vec<u32> {
+        self.clean_due.store(false, Ordering::Release);
+        std::mem::take(&mut *self.to_clean.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// How to arm the CQ if it is the direct path's.
@@ -181,14 +207,27 @@ pub(crate) struct RingReservation {
     cq: Cq,
     id: u8,
     n: u32,
+    /// A direct ring's QP number: its CQEs still in the CQ are cleaned by the CQ's direct
+    /// poller once the QP is destroyed (libmlx5 skips that clean on such a CQ).
+    clean_qpn: Option<u32>,
 }
 
 impl RingReservation {
-    pub(crate) fn new(cq: Cq, id: u8, n: u32) -> Self {
-        RingReservation { cq, id, n }
+    /// A direct ring's claim: on release (the QP destroyed), its QP's CQEs still in the
+    /// CQ are handed to the direct poller to clean.
+    pub(crate) fn direct(cq: Cq, id: u8, n: u32, qpn: u32) -> Self {
+        RingReservation {
+            cq,
+            id,
+            n,
+            clean_qpn: Some(qpn),
+        }
     }
 
     pub(crate) fn release(self) {
+        if let Some(q) = self.clean_qpn {
+            self.cq.inner.rings.defer_clean(q);
+        }
         self.cq.inner.rings.release(self.id, self.n);
     }
 }
@@ -519,6 +558,7 @@ impl Qp {
                     cq: self.send_cq().clone(),
                     id,
                     n: depth,
+                    clean_qpn: None,
                 });
                 Ok(r)
             }
@@ -677,6 +717,7 @@ impl Qp {
                     cq: self.send_cq().clone(),
                     id,
                     n: depth,
+                    clean_qpn: None,
                 });
                 Ok(WrRing {
                     ring,
@@ -859,6 +900,7 @@ impl Qp {
                     cq: cq.clone(),
                     id,
                     n: count,
+                    clean_qpn: None,
                 });
                 Ok(RecvRing {
                     ring,
@@ -908,6 +950,7 @@ mod tests {
 
     /// A CQ handed to the direct path is refused to libmlx5 for good: the refusal names
     /// the verb, `EBUSY`, why and what to use; a released poller slot does not lift it.
+    /// Destroyed QPs queue up for the direct poller's clean, each once.
     #[test]
     fn a_direct_cq_stays_direct() {
         let r = CqRings::default();
@@ -922,6 +965,13 @@ mod tests {
             Some(7),
             "kept for req_notify"
         );
+        assert!(!r.clean_due());
+        r.defer_clean(0x11);
+        r.defer_clean(0x22);
+        assert!(r.clean_due(), "a destroyed QP waits for the poller");
+        assert_eq!(r.take_clean(), [0x11, 0x22]);
+        assert!(!r.clean_due());
+        assert!(r.take_clean().is_empty(), "each cleaned once");
         assert!(!r.take_poller(), "a direct poller may still take the slot");
         r.release_poller();
         let e = r.refuse_if_direct("ibv_poll_cq").unwrap_err();

@@ -38,8 +38,9 @@
 //!   entry the reset ring gives its next WR, and fail that WR. [`DirectRing::reset_qp`]
 //!   resets the QP, cleans its CQEs with the poller ([`DirectPoller::clean`], proven equal
 //!   to libmlx5's clean by `cargo xtask golden`) and resets the ring. A QP destroyed with
-//!   CQEs unpolled would leave them behind too: before dropping a QP that may have some
-//!   (an error, WRs outstanding), `reset_qp` it.
+//!   CQEs unpolled leaves them behind too: its destruction hands its number to the CQ,
+//!   and the direct poller cleans them (and stops serving it) at its next `poll` or
+//!   `direct_ring`, in its own thread ([`DirectPoller::clean_destroyed`]).
 //!
 //! [`DirectPoller::clean`]: dp::DirectPoller::clean
 
@@ -114,6 +115,46 @@ impl<const B: usize> Deref for DirectPoller<'_, B> {
 impl<const B: usize> DerefMut for DirectPoller<'_, B> {
     fn deref_mut(&mut self) -> &mut dp::DirectPoller<B> {
         &mut self.poller
+    }
+}
+
+impl<const B: usize> DirectPoller<'_, B> {
+    /// [`hotverbs_datapath::DirectPoller::poll`], after cleaning the CQEs of QPs destroyed
+    /// since the last call (one atomic load when there are none; see
+    /// [`clean_destroyed`](Self::clean_destroyed)).
+    #[inline]
+    pub fn poll(&mut self) -> std::result::Result<&mut [dp::Completion], dp::mlx5::DirectError> {
+        if self.cq.inner.rings.clean_due() {
+            self.clean_destroyed();
+        }
+        self.poller.poll()
+    }
+
+    /// [`hotverbs_datapath::DirectPoller::poll_into`], after the same clean as
+    /// [`poll`](Self::poll).
+    #[inline]
+    pub fn poll_into(
+        &mut self,
+        out: &mut [dp::Completion],
+    ) -> std::result::Result<usize, dp::mlx5::DirectError> {
+        if self.cq.inner.rings.clean_due() {
+            self.clean_destroyed();
+        }
+        self.poller.poll_into(out)
+    }
+
+    /// Removes from the CQ the CQEs of QPs with a direct ring that were destroyed since
+    /// the last call ([`hotverbs_datapath::DirectPoller::clean`]; libmlx5 skips that clean
+    /// on a CQ of the direct path) and stops serving them. Left there, a stale CQE would be
+    /// read against the `wrid` table of a later QP given the same number. `poll`,
+    /// `poll_into` and `Qp::direct_ring` call it; it runs in the poller's thread, since the
+    /// QP may be destroyed in any.
+    #[cold]
+    pub fn clean_destroyed(&mut self) {
+        for qpn in self.cq.inner.rings.take_clean() {
+            self.poller.clean(qpn);
+            self.poller.detach(qpn);
+        }
     }
 }
 
@@ -434,6 +475,9 @@ impl Qp {
             Ok(r) => r,
             Err(e) => return Err(undo(config_error(verb, e))),
         };
+        // A destroyed QP of the same number may have left CQEs: cleaned before this one's
+        // table is attached.
+        poller.clean_destroyed();
         // SAFETY: as above: the table is the CQ's and lives as long as the CQ.
         if let Err(e) = unsafe { poller.poller.attach(&sq) } {
             return Err(undo(config_error(verb, dp::ConfigError::Direct(e))));
@@ -442,7 +486,12 @@ impl Qp {
         // SAFETY: nothing staged or outstanding on the new ring; `cur` is the QP's
         // doorbell record, libmlx5's cur_post modulo 2^16.
         unsafe { ring.set_cur_post(cur) };
-        self.keep_reservation(RingReservation::new(cq.clone(), id, depth));
+        self.keep_reservation(RingReservation::direct(
+            cq.clone(),
+            id,
+            depth,
+            self.qp_num(),
+        ));
         Ok(DirectRing { ring, qp: self })
     }
 }

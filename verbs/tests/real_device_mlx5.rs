@@ -257,3 +257,39 @@ fn req_notify_on_a_direct_cq_wakes_for_each_new_completion() {
         }
     }
 }
+
+/// A QP with a direct ring destroyed with its error and flushes unpolled: libmlx5 does not
+/// clean a direct CQ, so the direct poller does at its next poll. Nothing of the dead QP
+/// comes out, and a new QP on the same CQ works.
+#[test]
+fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq() {
+    let Some(ctx) = mlx5() else { return };
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(256, None).unwrap(),
+        ctx.create_cq(256, None).unwrap(),
+    );
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    {
+        let (a, _b) = pair(&ctx, &pd, &cq_a, &cq_b);
+        let _ring = failing_writes(&a, &mut poller);
+        // Let the device fail them (the pause only makes it likely that the CQEs are
+        // there; the assertions hold either way).
+        std::thread::sleep(Duration::from_millis(200));
+        a.destroy().unwrap();
+    }
+    assert!(
+        poller.poll().unwrap().is_empty(),
+        "no CQE of the destroyed QP"
+    );
+    let (a2, _b2) = pair(&ctx, &pd, &cq_a, &cq_b);
+    let mut ring = failing_writes(&a2, &mut poller);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ring.outstanding() > 0 {
+        for c in poller.poll().unwrap() {
+            assert_eq!(c.qp_num(), a2.qp_num(), "only the new QP's completions");
+            let _ = ring.on_completion(c);
+        }
+        assert!(Instant::now() < deadline, "stuck: {ring:?}");
+    }
+}

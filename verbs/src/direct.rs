@@ -124,9 +124,7 @@ impl<const B: usize> DirectPoller<'_, B> {
     /// [`clean_destroyed`](Self::clean_destroyed)).
     #[inline]
     pub fn poll(&mut self) -> std::result::Result<&mut [dp::Completion], dp::mlx5::DirectError> {
-        if self.cq.inner.rings.clean_due() {
-            self.clean_destroyed();
-        }
+        self.clean_if_due();
         self.poller.poll()
     }
 
@@ -137,10 +135,16 @@ impl<const B: usize> DirectPoller<'_, B> {
         &mut self,
         out: &mut [dp::Completion],
     ) -> std::result::Result<usize, dp::mlx5::DirectError> {
+        self.clean_if_due();
+        self.poller.poll_into(out)
+    }
+
+    /// [`clean_destroyed`](Self::clean_destroyed) when a destroyed QP waits for it.
+    #[inline(always)]
+    fn clean_if_due(&mut self) {
         if self.cq.inner.rings.clean_due() {
             self.clean_destroyed();
         }
-        self.poller.poll_into(out)
     }
 
     /// Removes from the CQ the CQEs of QPs with a direct ring that were destroyed since
@@ -477,7 +481,7 @@ impl Qp {
         };
         // A destroyed QP of the same number may have left CQEs: cleaned before this one's
         // table is attached.
-        poller.clean_destroyed();
+        poller.clean_if_due();
         // SAFETY: as above: the table is the CQ's and lives as long as the CQ.
         if let Err(e) = unsafe { poller.poller.attach(&sq) } {
             return Err(undo(config_error(verb, dp::ConfigError::Direct(e))));

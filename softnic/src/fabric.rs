@@ -14,7 +14,10 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use hotverbs_ffi::*;
 
 use crate::mem::{self, Seg};
+
+mod dv;
 use crate::Config;
+pub(crate) use dv::DV_QPS;
 
 /// First QP number handed out (rxe starts at 17; QPNs 0 and 1 are special in IB).
 pub(crate) const QPN_BASE: u32 = 17;
@@ -172,6 +175,9 @@ pub(crate) struct Cq {
     /// waits until `ibv_cq.comp_events_completed` (bumped by `ack_cq_events`) reaches it.
     pub(crate) events_reported: u32,
     pub(crate) ptr: Ptr<SoftCq>,
+    /// The mlx5 personality's CQ buffer, once `mlx5dv_init_obj` described the CQ: every
+    /// completion goes there ([`dv`]).
+    pub(crate) dv: Option<Box<dv::DvCq>>,
 }
 
 /// Which SQ slots a send-side completion covers: polling it releases every slot of QP `qp`
@@ -219,6 +225,8 @@ pub(crate) struct Ah {
     pub(crate) prot: u32,
     pub(crate) attr: ibv_ah_attr,
     pub(crate) ptr: Ptr<ibv_ah>,
+    /// The mlx5 personality's address vector, once `mlx5dv_init_obj` described the AH.
+    pub(crate) dv_av: Option<crate::mlx5sim::Region>,
 }
 
 #[derive(Default)]
@@ -378,6 +386,9 @@ pub(crate) struct Qp {
     /// ANDed into a receive's `src_qp`: 0 on RC/UC in the Rxe profile (rxe G4), all ones
     /// otherwise.
     src_qp_mask: u32,
+    /// The mlx5 personality's send queue, once `mlx5dv_init_obj` described the QP: its
+    /// WQEs are what the device executes ([`dv`]).
+    pub(crate) dv: Option<Box<dv::DvQp>>,
 }
 
 impl Cq {
@@ -723,6 +734,9 @@ impl Fabric {
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
             return false;
         };
+        if c.dv.is_some() {
+            return self.dv_push(cq, &wc, solicited);
+        }
         if c.overflowed {
             return false;
         }
@@ -2213,6 +2227,9 @@ impl Fabric {
         q.sq_released = 0;
         q.held_pre_rts = false;
         q.epoch = q.epoch.wrapping_add(1);
+        if let Some(d) = q.dv.as_deref_mut() {
+            d.reset();
+        }
         self.rnr_waiting.retain(|&w| w as usize != qi);
         self.fail_waiters_on(qpn);
     }
@@ -2287,6 +2304,7 @@ impl Fabric {
                 0
             },
             src_qp_mask: u32::MAX,
+            dv: None,
         }
     }
 

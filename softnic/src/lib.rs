@@ -28,6 +28,9 @@
 //!   read functions; see "Extended verbs" below. [`HCA_CORE_CLOCK_KHZ`]: the declared clock
 //!   of completion timestamps.
 //! - [`counting`]: the counting test device.
+//! - [`Config::mlx5`]: the mlx5 personality, a simulated ConnectX behind
+//!   [`mlx5dv_init_obj`], run by [`mlx5_step`] and every poll (see `fabric/dv.rs`).
+//! - [`mlx5sim`]: a bare simulated ConnectX send queue and CQ, for the datapath's own tests.
 //!
 //! # Example
 //! ```
@@ -437,6 +440,11 @@ pub struct Config {
     /// "Profiles" in the crate docs). `Default` reads `HOTVERBS_SOFTNIC_PROFILE`
     /// ([`Profile::from_env`]).
     pub profile: Profile,
+    /// The mlx5 personality: [`mlx5dv_init_obj`] describes the device's QPs, CQs and AHs
+    /// as libmlx5 would, and a simulated ConnectX executes the WQEs written into those
+    /// send queues ([`mlx5_step`]), so the mlx5 direct path runs without a ConnectX. Off
+    /// by default.
+    pub mlx5: bool,
 }
 
 /// The behaviour profile of a softnic device: the man pages, or rxe as measured
@@ -509,6 +517,7 @@ impl Default for Config {
             dmabuf: true,
             ipv4: None,
             profile: Profile::from_env(),
+            mlx5: false,
         }
     }
 }
@@ -582,6 +591,60 @@ pub fn open_device(config: Config) -> *mut ibv_context {
     verbs::default_device(&mut f);
     let d = verbs::add_device(&mut f, config, true);
     verbs::new_context(&mut f, d)
+}
+
+/// Whether `ctx`'s device has the mlx5 personality ([`Config::mlx5`]).
+///
+/// # Safety
+/// `ctx` is a live context opened through [`verbs_table`] or [`open_device`].
+pub unsafe fn is_mlx5(ctx: *mut ibv_context) -> bool {
+    let f = fabric::lock();
+    // SAFETY: a live softnic context (caller).
+    let ci = unsafe { verbs::ctx_idx(ctx) };
+    f.dv_ctx(ci)
+}
+
+/// `mlx5dv_init_obj(3)` on a device with the mlx5 personality ([`Config::mlx5`]): fills
+/// the `out` structs of the kinds in `kind` (`MLX5DV_OBJ_QP`, `_CQ`, `_AH`; others are
+/// `EOPNOTSUPP`) with the simulated send queue, CQ buffer and address vector, made at the
+/// first call for each object. From then on the QP's WQEs are read from its send queue and
+/// the CQ's completions are written to its buffer as mlx5 CQEs. Returns 0 or an errno
+/// (`EOPNOTSUPP` on a device without the personality).
+///
+/// # Safety
+/// `obj`'s `in` fields of those kinds are live objects of a softnic context and its `out`
+/// pointers writable.
+pub unsafe fn mlx5dv_init_obj(obj: *mut hotverbs_ffi::mlx5dv::mlx5dv_obj, kind: u64) -> i32 {
+    let mut f = fabric::lock();
+    // SAFETY: a valid object description (caller).
+    let obj = unsafe { &mut *obj };
+    let ctx = if kind & u64::from(hotverbs_ffi::mlx5dv::MLX5DV_OBJ_QP) != 0 {
+        // SAFETY: a live QP (caller).
+        unsafe { (*obj.qp.in_).context }
+    } else if kind & u64::from(hotverbs_ffi::mlx5dv::MLX5DV_OBJ_CQ) != 0 {
+        // SAFETY: a live CQ (caller).
+        unsafe { (*obj.cq.in_).context }
+    } else if kind & u64::from(hotverbs_ffi::mlx5dv::MLX5DV_OBJ_AH) != 0 {
+        // SAFETY: a live AH (caller).
+        unsafe { (*obj.ah.in_).context }
+    } else {
+        return libc::EOPNOTSUPP;
+    };
+    // SAFETY: a live softnic context.
+    if !f.dv_ctx(unsafe { verbs::ctx_idx(ctx) }) {
+        return libc::EOPNOTSUPP;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { f.dv_init_obj(obj, kind) }
+}
+
+/// Runs the mlx5 personality's simulated device once: every WQE announced by a send
+/// queue's doorbell record since the last run is executed (data moves, completions are
+/// written as CQEs), then armed CQs with a new CQE get their event. Returns how many WQEs
+/// it read. `ibv_poll_cq` on any softnic CQ, and the setup layer's direct poller, run it
+/// too; a test calls it to let the device work without polling.
+pub fn mlx5_step() -> u32 {
+    fabric::lock().dv_step()
 }
 
 /// Moves `qp` to ERR as a fatal error would: its receives and waiting send WRs complete

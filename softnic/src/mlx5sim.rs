@@ -13,14 +13,18 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 
-/// One page-aligned zeroed allocation.
-struct Region {
-    ptr: *mut u8,
+/// One page-aligned zeroed allocation (also the memory of softnic's mlx5 personality).
+pub(crate) struct Region {
+    pub(crate) ptr: *mut u8,
     layout: Layout,
 }
 
+// SAFETY: owned heap memory; whoever holds the region serialises access to it.
+unsafe impl Send for Region {}
+
 impl Region {
-    fn new(len: usize, fill: u8) -> Region {
+    /// `len` bytes (at least 64), page-aligned, filled with `fill`.
+    pub(crate) fn new(len: usize, fill: u8) -> Region {
         let layout = Layout::from_size_align(len.max(64), 4096).expect("layout");
         // SAFETY: a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };

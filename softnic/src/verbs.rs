@@ -770,6 +770,7 @@ pub(crate) unsafe fn new_cq(
             users: 0,
             events_reported: 0,
             ptr: Ptr(p),
+            dv: None,
         },
     );
     if let Some(c) = ch {
@@ -859,6 +860,12 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
 }
 
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // The mlx5 personality's device runs at every poll while it has queues (one relaxed
+    // load otherwise).
+    if crate::fabric::DV_QPS.load(Ordering::Relaxed) != 0 {
+        let _errno = ErrnoScope::enter();
+        lock().dv_step();
+    }
     // Fast path: nothing to poll, no lock (busy-polling threads never contend with posters).
     // SAFETY: softnic CQs are SoftCq (create_cq); live (caller).
     let ready = unsafe { &(*cq.cast::<SoftCq>()).ready };
@@ -1354,6 +1361,7 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
             prot,
             attr: a,
             ptr: Ptr(ibv),
+            dv_av: None,
         },
     );
     if let Some(Some(p)) = f.pds.get_mut(pi as usize) {

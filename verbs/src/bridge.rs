@@ -81,6 +81,9 @@ pub(crate) struct CqRings {
     /// there are any (one load per `DirectPoller::poll`).
     to_clean: Mutex<Vec<u32>>,
     clean_due: AtomicBool,
+    /// The CQ is a softnic mlx5 personality's: `clean_due` stays set, so that every direct
+    /// poll runs the simulated device first (`crate::direct`).
+    sim: AtomicBool,
     /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
     /// by the CQ so a direct poller never reads a freed one.
     wrid_tables: Mutex<Vec<Box<[u64]>>>,
@@ -145,8 +148,21 @@ impl CqRings {
 
     /// The QP numbers waiting to be cleaned (emptied).
     pub(crate) fn take_clean(&self) -> Vec<u32> {
-        self.clean_due.store(false, Ordering::Release);
+        self.clean_due
+            .store(self.sim.load(Ordering::Relaxed), Ordering::Release);
         std::mem::take(&mut *self.to_clean.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The CQ is simulated (softnic's mlx5 personality): every direct poll takes the
+    /// cold path that runs the device.
+    pub(crate) fn mark_sim(&self) {
+        self.sim.store(true, Ordering::Relaxed);
+        self.clean_due.store(true, Ordering::Release);
+    }
+
+    /// [`mark_sim`](Self::mark_sim) was called.
+    pub(crate) fn is_sim(&self) -> bool {
+        self.sim.load(Ordering::Relaxed)
     }
 
     /// How to arm the CQ if it is the direct path's.

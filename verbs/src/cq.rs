@@ -730,12 +730,18 @@ impl Context {
 
     /// True when this is a ConnectX (mlx5) device, on which the direct path
     /// ([`Qp::direct_ring`](crate::Qp::direct_ring), [`Cq::direct_poller`]) works:
-    /// `mlx5dv_is_supported(3)`. False for softnic, rxe and any other provider, and when
-    /// libmlx5 is not installed; never an error.
+    /// `mlx5dv_is_supported(3)`. False for rxe and any other provider, and when libmlx5 is
+    /// not installed; never an error. True for a softnic device with the mlx5 personality
+    /// (`SoftnicConfig::mlx5`), false for other softnic devices.
     pub fn is_mlx5(&self) -> bool {
         if self.kind() == crate::DeviceKind::Softnic {
             // Not a libibverbs device: mlx5dv_is_supported would read a verbs_device
-            // softnic does not have.
+            // softnic does not have. A softnic device with the mlx5 personality
+            // (`SoftnicConfig::mlx5`) simulates one.
+            #[cfg(feature = "softnic")]
+            // SAFETY: a live softnic context.
+            return unsafe { hotverbs_softnic::is_mlx5(self.as_raw()) };
+            #[cfg(not(feature = "softnic"))]
             return false;
         }
         let Ok(fns) = hotverbs_ffi::loader::mlx5() else {

@@ -4,7 +4,9 @@
 //!
 //! On a ConnectX the datapath's [`hotverbs_datapath::DirectRing`] writes WQEs straight into
 //! the send queue (no `ibv_post_send`, no provider call at all) and
-//! [`hotverbs_datapath::DirectPoller`] reads CQEs straight from the CQ. On any other device
+//! [`hotverbs_datapath::DirectPoller`] reads CQEs straight from the CQ. softnic's mlx5
+//! personality (`SoftnicConfig::mlx5`) simulates a ConnectX for it, in memory, so all of
+//! this runs without hardware (`tests/direct_softnic_mlx5.rs`). On any other device
 //! (rxe, softnic, another vendor) both constructors fail with `EOPNOTSUPP` "not an mlx5
 //! device" and the verbs rings ([`Qp::send_ring`], [`Cq::poller`]) remain the path.
 //!
@@ -65,6 +67,17 @@ use crate::qp::{Qp, QpType};
 fn init_obj(verb: &'static str, ctx: &Context, obj: &mut mlx5dv_obj, kind: u32) -> Result<()> {
     if !ctx.is_mlx5() {
         return Err(not_mlx5(verb, ctx));
+    }
+    #[cfg(feature = "softnic")]
+    if ctx.kind() == crate::DeviceKind::Softnic {
+        // The mlx5 personality's simulated ConnectX (is_mlx5 held).
+        // SAFETY: as below, for softnic's objects.
+        let rc = unsafe { hotverbs_softnic::mlx5dv_init_obj(obj, u64::from(kind)) };
+        if rc != 0 {
+            return Err(Error::new("mlx5dv_init_obj", rc)
+                .with_hint("softnic could not describe the object: use the verbs rings"));
+        }
+        return Ok(());
     }
     let fns = hotverbs_ffi::loader::mlx5().map_err(|e| {
         Error::new(verb, libc::EOPNOTSUPP).with_hint(format!(
@@ -153,11 +166,18 @@ impl<const B: usize> DirectPoller<'_, B> {
     /// read against the `wrid` table of a later QP given the same number. `poll`,
     /// `poll_into` and `Qp::direct_ring` call it; it runs in the poller's thread, since the
     /// QP may be destroyed in any.
+    ///
+    /// On softnic's mlx5 personality (`SoftnicConfig::mlx5`) it also runs the simulated
+    /// device ([`hotverbs_softnic::mlx5_step`]), so every poll finds what the device did.
     #[cold]
     pub fn clean_destroyed(&mut self) {
         for qpn in self.cq.inner.rings.take_clean() {
             self.poller.clean(qpn);
             self.poller.detach(qpn);
+        }
+        #[cfg(feature = "softnic")]
+        if self.cq.inner.rings.is_sim() {
+            hotverbs_softnic::mlx5_step();
         }
     }
 }
@@ -319,6 +339,9 @@ impl Cq {
             Ok(poller) => {
                 // From here on only direct pollers poll the CQ (see above).
                 self.inner.rings.mark_direct(arm);
+                if self.context().kind() == crate::DeviceKind::Softnic {
+                    self.inner.rings.mark_sim();
+                }
                 Ok(DirectPoller { poller, cq: self })
             }
             Err(e) => {

@@ -1,0 +1,690 @@
+//! softnic's mlx5 personality ([`Config::mlx5`](crate::Config::mlx5)): a device whose QPs,
+//! CQs and AHs `mlx5dv_init_obj(3)` describes, so hotverbs' mlx5 direct path (the setup
+//! layer's `Cq::direct_poller`, `Qp::direct_ring`, `DirectRing::reset_qp`, the deferred
+//! clean of destroyed QPs, `Cq::req_notify` on a direct CQ) runs end to end with no
+//! ConnectX.
+//!
+//! What it simulates, and how:
+//! - **Objects**: [`init_obj`] gives a QP a send queue of 64-byte basic blocks, a doorbell
+//!   record and a BlueFlame page (buffers of 256 bytes at `+0x800`, as libmlx5 lays them
+//!   out), a CQ a buffer of 64-byte CQEs (all `INVALID`, owned by hardware), a doorbell
+//!   record and a UAR page, and an AH a 48-byte address vector. From then on the QP's send
+//!   queue is the one in memory, and every completion of the CQ is written there as an
+//!   mlx5 CQE instead of into softnic's own queue (`ibv_poll_cq` finds nothing more: the CQ
+//!   is the direct path's, as libmlx5 leaves a `DV_OWNED` CQ).
+//! - **The device** ([`Fabric::dv_step`]): for every such QP, the WQEs its doorbell record
+//!   announced since the last step are parsed (ctrl, remote address, atomic, datagram,
+//!   inline or data segments, wrapping at the end of the queue) and executed by softnic's
+//!   own engine as the equivalent `ibv_send_wr` (`wr_id` = the mlx5 opcode and WQE
+//!   counter): data really moves, to the peer's receive queue or memory, with softnic's
+//!   checks and errors. A QP in ERR flushes each WQE, as the hardware does. The step runs
+//!   at every poll of the direct poller (the setup layer's `DirectPoller::poll`), at every
+//!   `ibv_poll_cq` of the fabric, and from [`crate::mlx5_step`]: deterministic, no thread.
+//! - **CQEs**: requester CQEs (opcode, WQE counter, QP number, byte count; error CQEs with
+//!   the syndrome of the status), responder CQEs for receives, the owner bit of each pass;
+//!   a CQE with no room (the consumer index in the doorbell record) overflows the CQ
+//!   (`IBV_EVENT_CQ_ERR`).
+//! - **Arming**: `mlx5_arm_cq`'s UAR doorbell (`cq_uar + 0x20`) is read back at each step
+//!   and CQE; the completion event goes to the CQ's channel once a CQE exists at or after
+//!   the armed consumer index (solicited-only: a solicited or error CQE).
+//! - **RESET** clears the doorbell record's send counter and restarts the device's (as
+//!   libmlx5 and the hardware do); destroying the QP frees its queue. Softnic's own clean of
+//!   a destroyed QP's completions does not reach the mlx5 CQ, as libmlx5 skips a `DV_OWNED`
+//!   CQ: that is the setup layer's job, which is what this lets us test.
+//!
+//! Not modelled: BlueFlame (the copy lands in plain memory; the doorbell record is what
+//! the device reads), receive queues in memory (receives are posted with `ibv_post_recv`),
+//! CQE compression, 128-byte CQEs.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use hotverbs_ffi::mlx5dv::{
+    mlx5dv_ah, mlx5dv_cq, mlx5dv_obj, mlx5dv_qp, MLX5DV_OBJ_AH, MLX5DV_OBJ_CQ, MLX5DV_OBJ_QP,
+};
+use hotverbs_ffi::*;
+
+use super::{ring_fd, Fabric, Qp, SqTag};
+use crate::mlx5sim::Region;
+
+/// QPs with a simulated mlx5 send queue, process-wide: the poll hooks do nothing (one
+/// relaxed load) while it is 0.
+pub(crate) static DV_QPS: AtomicUsize = AtomicUsize::new(0);
+
+const BB: usize = 64;
+const CQE: usize = 64;
+/// `bf.reg`: the first BlueFlame buffer of the page, as libmlx5's UAR layout.
+const BF_OFFSET: usize = 0x800;
+const BF_SIZE: u32 = 256;
+/// The CQ doorbell in the UAR page (`MLX5_CQ_DOORBELL`).
+const CQ_DOORBELL: usize = 0x20;
+/// Marks the AH index softnic keeps in an address vector's reserved bytes.
+const AV_TAG: u32 = 0x5f00_0000;
+
+mod op {
+    pub const RDMA_WRITE: u8 = 0x08;
+    pub const RDMA_WRITE_IMM: u8 = 0x09;
+    pub const SEND: u8 = 0x0a;
+    pub const SEND_IMM: u8 = 0x0b;
+    pub const RDMA_READ: u8 = 0x10;
+    pub const ATOMIC_CS: u8 = 0x11;
+    pub const ATOMIC_FA: u8 = 0x12;
+}
+
+mod cqe_op {
+    pub const REQ: u8 = 0;
+    pub const RESP_WR_IMM: u8 = 1;
+    pub const RESP_SEND: u8 = 2;
+    pub const RESP_SEND_IMM: u8 = 3;
+    pub const REQ_ERR: u8 = 13;
+    pub const RESP_ERR: u8 = 14;
+    pub const INVALID: u8 = 15;
+}
+
+/// The simulated send queue of a QP.
+pub(crate) struct DvQp {
+    sq: Region,
+    db: Region,
+    bf: Region,
+    wqe_cnt: u32,
+    /// `cur_post` up to which the device has read WQEs.
+    dev_cur: u32,
+}
+
+impl Drop for DvQp {
+    fn drop(&mut self) {
+        DV_QPS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl DvQp {
+    fn dbr(&self) -> u32 {
+        // SAFETY: the doorbell region holds two u32 (receive, send).
+        u32::from_be(unsafe { self.db.ptr.cast::<u32>().add(1).read_volatile() })
+    }
+
+    /// The device's side of a move to RESET.
+    pub(crate) fn reset(&mut self) {
+        self.dev_cur = 0;
+        // SAFETY: as in `dbr`.
+        unsafe { self.db.ptr.cast::<u32>().add(1).write_volatile(0) };
+    }
+
+    /// `n` bytes of the SQ from byte `off` (modulo its size), wrapping at its end.
+    fn read(&self, off: usize, out: &mut [u8]) {
+        let size = self.wqe_cnt as usize * BB;
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: the index is reduced modulo the SQ's size.
+            *b = unsafe { self.sq.ptr.add((off + i) % size).read_volatile() };
+        }
+    }
+}
+
+/// The simulated CQ buffer of a CQ.
+pub(crate) struct DvCq {
+    buf: Region,
+    db: Region,
+    uar: Region,
+    cqe_cnt: u32,
+    cqn: u32,
+    /// CQEs written (free-running).
+    pi: u32,
+    /// Armed: the consumer index of the arm and whether solicited-only.
+    arm: Option<(u32, bool)>,
+}
+
+impl DvCq {
+    /// The consumer index the poller published (24 bits).
+    fn ci(&self) -> u32 {
+        // SAFETY: the doorbell region's first u32.
+        u32::from_be(unsafe { self.db.ptr.cast::<u32>().read_volatile() }) & 0xff_ffff
+    }
+
+    /// Takes an arm request from the UAR doorbell, if one was rung since the last look.
+    fn take_arm(&mut self) {
+        // SAFETY: the UAR page is 4 KiB, 8-aligned at CQ_DOORBELL; AtomicU64 has u64's
+        // layout. The direct path rings it with a plain 8-byte store from the thread that
+        // arms; softnic reads it under the fabric lock (see the module docs: arming and
+        // polling happen in the poller's thread in the tests that use events).
+        let v = unsafe { &*self.uar.ptr.add(CQ_DOORBELL).cast::<AtomicU64>() }
+            .swap(0, Ordering::AcqRel);
+        if v != 0 {
+            let word = (u64::from_be(v) >> 32) as u32;
+            self.arm = Some((word & 0xff_ffff, word & (1 << 24) != 0));
+        }
+    }
+
+    /// Whether an armed CQ fires now: a CQE exists at or after the armed index (the last
+    /// one written `urgent`: solicited or an error, for a solicited-only arm).
+    fn fires(&mut self, urgent: bool) -> bool {
+        self.take_arm();
+        let Some((ci, sol)) = self.arm else {
+            return false;
+        };
+        let ahead = self.pi.wrapping_sub(ci) & 0xff_ffff;
+        if ahead == 0 || ahead > self.cqe_cnt || (sol && !urgent) {
+            return false;
+        }
+        self.arm = None;
+        true
+    }
+
+    /// Writes the CQE of `wc`; false when the CQ has no room (an overflow).
+    fn write(&mut self, wc: &ibv_wc) -> bool {
+        if self.pi.wrapping_sub(self.ci()) & 0xff_ffff >= self.cqe_cnt {
+            return false;
+        }
+        let ok = wc.status == IBV_WC_SUCCESS;
+        let mut c = [0u8; CQE];
+        let (opcode, wqe_op, ctr) = if wc.opcode & IBV_WC_RECV == 0 {
+            let op = if ok { cqe_op::REQ } else { cqe_op::REQ_ERR };
+            (op, (wc.wr_id >> 16) as u8, wc.wr_id as u16)
+        } else {
+            let op = if !ok {
+                cqe_op::RESP_ERR
+            } else if wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM {
+                cqe_op::RESP_WR_IMM
+            } else if wc.wc_flags & IBV_WC_WITH_IMM != 0 {
+                cqe_op::RESP_SEND_IMM
+            } else {
+                cqe_op::RESP_SEND
+            };
+            (op, 0, 0)
+        };
+        if wc.wc_flags & IBV_WC_WITH_IMM != 0 {
+            // SAFETY: plain union of u32s.
+            let imm = unsafe { wc.__bindgen_anon_1.imm_data };
+            c[36..40].copy_from_slice(&imm.to_ne_bytes());
+        }
+        c[44..48].copy_from_slice(&wc.byte_len.to_be_bytes());
+        if !ok {
+            c[54] = wc.vendor_err as u8;
+            c[55] = syndrome(wc.status);
+        }
+        c[56..60].copy_from_slice(&((wqe_op as u32) << 24 | (wc.qp_num & 0xff_ffff)).to_be_bytes());
+        c[60..62].copy_from_slice(&ctr.to_be_bytes());
+        c[63] = opcode << 4 | (self.pi & self.cqe_cnt != 0) as u8;
+        let i = (self.pi & (self.cqe_cnt - 1)) as usize;
+        // SAFETY: CQE `i` is inside the buffer; the owner byte is written last, after a
+        // release fence, as the device's DMA orders it.
+        unsafe {
+            let p = self.buf.ptr.add(i * CQE);
+            std::ptr::copy_nonoverlapping(c.as_ptr(), p, CQE - 1);
+            std::sync::atomic::fence(Ordering::Release);
+            p.add(CQE - 1).write_volatile(c[CQE - 1]);
+        }
+        self.pi = self.pi.wrapping_add(1);
+        true
+    }
+}
+
+/// The mlx5 syndrome of an error status (the inverse of libmlx5's `mlx5_handle_error_cqe`).
+fn syndrome(s: ibv_wc_status) -> u8 {
+    match s {
+        IBV_WC_LOC_LEN_ERR => 0x01,
+        IBV_WC_LOC_QP_OP_ERR => 0x02,
+        IBV_WC_LOC_PROT_ERR => 0x04,
+        IBV_WC_WR_FLUSH_ERR => 0x05,
+        IBV_WC_MW_BIND_ERR => 0x06,
+        IBV_WC_BAD_RESP_ERR => 0x10,
+        IBV_WC_LOC_ACCESS_ERR => 0x11,
+        IBV_WC_REM_INV_REQ_ERR => 0x12,
+        IBV_WC_REM_ACCESS_ERR => 0x13,
+        IBV_WC_REM_OP_ERR => 0x14,
+        IBV_WC_RETRY_EXC_ERR => 0x15,
+        IBV_WC_RNR_RETRY_EXC_ERR => 0x16,
+        IBV_WC_REM_ABORT_ERR => 0x22,
+        _ => 0xff,
+    }
+}
+
+/// One WQE as the device reads it.
+struct Wqe {
+    op: u8,
+    ctr: u16,
+    bbs: u32,
+    flags: u32,
+    imm: u32,
+    raddr: u64,
+    rkey: u32,
+    swap_add: u64,
+    compare: u64,
+    /// UD: (AH index, remote QPN, qkey).
+    ud: Option<(usize, u32, u32)>,
+    inline: Option<Vec<u8>>,
+    sges: Vec<ibv_sge>,
+}
+
+impl Wqe {
+    /// Parses the WQE at basic block `cur` of `q` (`ud`: a datagram segment follows ctrl).
+    fn parse(q: &DvQp, cur: u32, ud: bool) -> Result<Wqe, &'static str> {
+        let base = (cur & (q.wqe_cnt - 1)) as usize * BB;
+        let mut ctrl = [0u8; 16];
+        q.read(base, &mut ctrl);
+        let be32 = |b: &[u8]| u32::from_be_bytes(b[..4].try_into().unwrap());
+        let be64 = |b: &[u8]| u64::from_be_bytes(b[..8].try_into().unwrap());
+        let oio = be32(&ctrl[0..]);
+        let ds = (be32(&ctrl[4..]) & 0x3f) as usize;
+        let fm = ctrl[11];
+        let mut w = Wqe {
+            op: oio as u8,
+            ctr: (oio >> 8) as u16,
+            bbs: (ds.div_ceil(4) as u32).max(1),
+            flags: 0,
+            imm: u32::from_ne_bytes(ctrl[12..16].try_into().unwrap()),
+            raddr: 0,
+            rkey: 0,
+            swap_add: 0,
+            compare: 0,
+            ud: None,
+            inline: None,
+            sges: Vec::new(),
+        };
+        if w.ctr != cur as u16 {
+            return Err("WQE counter out of order");
+        }
+        if ds == 0 {
+            return Err("ds 0");
+        }
+        if fm & 0x08 != 0 {
+            w.flags |= IBV_SEND_SIGNALED;
+        }
+        if fm & 0x02 != 0 {
+            w.flags |= IBV_SEND_SOLICITED;
+        }
+        if fm & 0x80 != 0 {
+            w.flags |= IBV_SEND_FENCE;
+        }
+        let mut off = 16usize;
+        let mut seg = [0u8; 16];
+        if ud {
+            let mut av = [0u8; 48];
+            q.read(base + off, &mut av);
+            let tag = be32(&av[16..]);
+            if tag & 0xff00_0000 != AV_TAG {
+                return Err("an address vector softnic did not make");
+            }
+            w.ud = Some((
+                (tag & 0xff_ffff) as usize,
+                be32(&av[8..]) & 0xff_ffff,
+                be32(&av[0..]),
+            ));
+            off += 48;
+        }
+        match w.op {
+            op::SEND | op::SEND_IMM => {}
+            op::RDMA_WRITE | op::RDMA_WRITE_IMM | op::RDMA_READ | op::ATOMIC_CS | op::ATOMIC_FA => {
+                q.read(base + off, &mut seg);
+                w.raddr = be64(&seg[0..]);
+                w.rkey = be32(&seg[8..]);
+                off += 16;
+                if matches!(w.op, op::ATOMIC_CS | op::ATOMIC_FA) {
+                    q.read(base + off, &mut seg);
+                    w.swap_add = be64(&seg[0..]);
+                    w.compare = be64(&seg[8..]);
+                    off += 16;
+                }
+            }
+            _ => return Err("an opcode the direct ring does not write"),
+        }
+        let end = ds * 16;
+        if off < end {
+            q.read(base + off, &mut seg[..4]);
+            let bc = be32(&seg[0..]);
+            if bc & 0x8000_0000 != 0 {
+                let len = (bc & 0x3ff_ffff) as usize;
+                if off + 4 + len > end {
+                    return Err("inline data beyond ds");
+                }
+                let mut d = vec![0u8; len];
+                q.read(base + off + 4, &mut d);
+                w.inline = Some(d);
+                w.flags |= IBV_SEND_INLINE;
+            } else {
+                while off < end {
+                    q.read(base + off, &mut seg);
+                    w.sges.push(ibv_sge {
+                        length: be32(&seg[0..]),
+                        lkey: be32(&seg[4..]),
+                        addr: be64(&seg[8..]),
+                    });
+                    off += 16;
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    fn wr_opcode(&self) -> ibv_wr_opcode {
+        match self.op {
+            op::RDMA_WRITE => IBV_WR_RDMA_WRITE,
+            op::RDMA_WRITE_IMM => IBV_WR_RDMA_WRITE_WITH_IMM,
+            op::SEND_IMM => IBV_WR_SEND_WITH_IMM,
+            op::RDMA_READ => IBV_WR_RDMA_READ,
+            op::ATOMIC_CS => IBV_WR_ATOMIC_CMP_AND_SWP,
+            op::ATOMIC_FA => IBV_WR_ATOMIC_FETCH_AND_ADD,
+            _ => IBV_WR_SEND,
+        }
+    }
+
+    fn wc_opcode(&self) -> ibv_wc_opcode {
+        match self.op {
+            op::RDMA_WRITE | op::RDMA_WRITE_IMM => IBV_WC_RDMA_WRITE,
+            op::RDMA_READ => IBV_WC_RDMA_READ,
+            op::ATOMIC_CS => IBV_WC_COMP_SWAP,
+            op::ATOMIC_FA => IBV_WC_FETCH_ADD,
+            _ => IBV_WC_SEND,
+        }
+    }
+
+    fn wr_id(&self) -> u64 {
+        (self.op as u64) << 16 | self.ctr as u64
+    }
+}
+
+/// `x` rounded up to a power of two (at least 1).
+fn pow2(x: u64) -> u32 {
+    x.max(1).next_power_of_two().min(1 << 30) as u32
+}
+
+impl Fabric {
+    /// Whether context `ci`'s device has the mlx5 personality.
+    pub(crate) fn dv_ctx(&self, ci: u32) -> bool {
+        self.cfg(ci).mlx5
+    }
+
+    /// `mlx5dv_init_obj` for the kinds in `kind`; an errno on failure.
+    ///
+    /// # Safety
+    /// `obj`'s `in` fields of those kinds are live softnic objects and its `out` pointers
+    /// writable.
+    pub(crate) unsafe fn dv_init_obj(&mut self, obj: &mut mlx5dv_obj, kind: u64) -> i32 {
+        if kind & !u64::from(MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ | MLX5DV_OBJ_AH) != 0 {
+            return libc::EOPNOTSUPP;
+        }
+        if kind & u64::from(MLX5DV_OBJ_QP) != 0 {
+            // SAFETY: the caller's contract.
+            let (qp, out) = unsafe { (&*obj.qp.in_, &mut *obj.qp.out) };
+            if let Err(e) = self.dv_qp(qp.handle as usize, out) {
+                return e;
+            }
+        }
+        if kind & u64::from(MLX5DV_OBJ_CQ) != 0 {
+            // SAFETY: the caller's contract.
+            let (cq, out) = unsafe { (&*obj.cq.in_, &mut *obj.cq.out) };
+            if let Err(e) = self.dv_cq(cq.handle, out) {
+                return e;
+            }
+        }
+        if kind & u64::from(MLX5DV_OBJ_AH) != 0 {
+            // SAFETY: the caller's contract.
+            let (ah, out) = unsafe { (&*obj.ah.in_, &mut *obj.ah.out) };
+            if let Err(e) = self.dv_ah(ah.handle as usize, out) {
+                return e;
+            }
+        }
+        0
+    }
+
+    fn dv_qp(&mut self, qi: usize, out: &mut mlx5dv_qp) -> Result<(), i32> {
+        let Some(Some(q)) = self.qps.get_mut(qi) else {
+            return Err(libc::EINVAL);
+        };
+        if !matches!(q.qpt, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if q.dv.is_none() {
+            // The largest WQE: ctrl, the address segments (RC: remote address + atomic; UD:
+            // the datagram), then the larger of the inline segment and the data segments;
+            // libmlx5 sizes its queue the same way.
+            let addr = if q.qpt == IBV_QPT_UD { 48 } else { 32 };
+            let inline = (q.cap.max_inline_data as u64 + 4).div_ceil(16) * 16;
+            let data = (q.cap.max_send_sge.max(1) as u64 * 16).max(inline);
+            let bbs = (16 + addr + data).div_ceil(BB as u64);
+            let wqe_cnt = pow2(q.cap.max_send_wr as u64 * bbs);
+            if wqe_cnt > 0x8000 {
+                return Err(libc::ENOMEM);
+            }
+            q.dv = Some(Box::new(DvQp {
+                sq: Region::new(wqe_cnt as usize * BB, 0),
+                db: Region::new(64, 0),
+                bf: Region::new(4096, 0),
+                wqe_cnt,
+                dev_cur: 0,
+            }));
+            DV_QPS.fetch_add(1, Ordering::Relaxed);
+        }
+        let dv = q.dv.as_ref().expect("just made");
+        out.dbrec = dv.db.ptr.cast();
+        out.sq.buf = dv.sq.ptr.cast();
+        out.sq.wqe_cnt = dv.wqe_cnt;
+        out.sq.stride = BB as u32;
+        out.rq.buf = std::ptr::null_mut();
+        out.rq.wqe_cnt = 0;
+        out.rq.stride = 0;
+        out.bf.reg = dv.bf.ptr.wrapping_add(BF_OFFSET).cast();
+        out.bf.size = BF_SIZE;
+        out.comp_mask = 0;
+        Ok(())
+    }
+
+    fn dv_cq(&mut self, i: u32, out: &mut mlx5dv_cq) -> Result<(), i32> {
+        let Some(Some(c)) = self.cqs.get_mut(i as usize) else {
+            return Err(libc::EINVAL);
+        };
+        if c.dv.is_none() {
+            let cqe_cnt = pow2(c.cap as u64 + 1);
+            let buf = Region::new(cqe_cnt as usize * CQE, 0);
+            for k in 0..cqe_cnt as usize {
+                // SAFETY: inside the buffer: every CQE invalid, owned by hardware.
+                unsafe { buf.ptr.add(k * CQE + CQE - 1).write(cqe_op::INVALID << 4) };
+            }
+            c.dv = Some(Box::new(DvCq {
+                buf,
+                db: Region::new(64, 0),
+                uar: Region::new(4096, 0),
+                cqe_cnt,
+                // Never 0, so the UAR doorbell of an arm is never all zeros.
+                cqn: i + 1,
+                pi: 0,
+                arm: None,
+            }));
+        }
+        let dv = c.dv.as_ref().expect("just made");
+        out.buf = dv.buf.ptr.cast();
+        out.dbrec = dv.db.ptr.cast();
+        out.cqe_cnt = dv.cqe_cnt;
+        out.cqe_size = CQE as u32;
+        out.cq_uar = dv.uar.ptr.cast();
+        out.cqn = dv.cqn;
+        out.comp_mask = 0;
+        Ok(())
+    }
+
+    fn dv_ah(&mut self, i: usize, out: &mut mlx5dv_ah) -> Result<(), i32> {
+        let Some(Some(a)) = self.ahs.get_mut(i) else {
+            return Err(libc::EINVAL);
+        };
+        if i > 0xff_ffff {
+            return Err(libc::ENOMEM);
+        }
+        let av = a.dv_av.get_or_insert_with(|| {
+            let r = Region::new(64, 0);
+            // SAFETY: 64 bytes: the AV's reserved bytes carry our tag and index, its
+            // remote GID the AH's destination (as mlx5's `rgid`).
+            unsafe {
+                r.ptr
+                    .add(16)
+                    .cast::<[u8; 4]>()
+                    .write((AV_TAG | i as u32).to_be_bytes());
+                r.ptr.add(32).cast::<[u8; 16]>().write(a.attr.grh.dgid.raw);
+            }
+            r
+        });
+        out.av = av.ptr.cast();
+        out.comp_mask = 0;
+        Ok(())
+    }
+
+    /// Runs the simulated device: executes the WQEs every mlx5 QP's doorbell record
+    /// announced since the last step, then fires armed CQs that have something. Returns
+    /// how many WQEs it read.
+    pub(crate) fn dv_step(&mut self) -> u32 {
+        if DV_QPS.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        for qi in 0..self.qps.len() {
+            while let Some(Some(q)) = self.qps.get(qi) {
+                let Some(dv) = q.dv.as_deref() else {
+                    break;
+                };
+                let target = dv.dbr() & 0xffff;
+                let cur = dv.dev_cur;
+                if cur & 0xffff == target || q.state == IBV_QPS_RESET {
+                    break;
+                }
+                let parsed = Wqe::parse(dv, cur, q.qpt == IBV_QPT_UD);
+                let bbs = parsed.as_ref().map_or(1, |w| w.bbs);
+                if let Some(dv) = self.qp(qi).dv.as_deref_mut() {
+                    dv.dev_cur = cur.wrapping_add(bbs);
+                }
+                self.dv_execute(qi, cur as u16, parsed);
+                n += 1;
+            }
+        }
+        for ci in 0..self.cqs.len() {
+            let fire = match self.cqs.get_mut(ci) {
+                Some(Some(c)) => c.dv.as_mut().is_some_and(|d| d.fires(false)),
+                _ => false,
+            };
+            if fire {
+                self.dv_event(ci as u32);
+            }
+        }
+        n
+    }
+
+    /// Executes one WQE of QP `qi` through softnic's engine (or flushes it in ERR).
+    fn dv_execute(&mut self, qi: usize, ctr: u16, w: Result<Wqe, &'static str>) {
+        let (state, qpn) = (self.qp(qi).state, Qp::qpn(qi));
+        let mut w = match w {
+            Ok(w) => w,
+            Err(why) => {
+                // A malformed WQE: the hardware's local QP operation error.
+                eprintln!("softnic mlx5: QP {qpn:#x} WQE {ctr}: {why}");
+                self.dv_complete(qi, ctr as u64, IBV_WC_SEND, IBV_WC_LOC_QP_OP_ERR);
+                self.qp_error(qi, super::ErrCause::Fatal);
+                return;
+            }
+        };
+        if state == IBV_QPS_ERR {
+            self.dv_complete(qi, w.wr_id(), w.wc_opcode(), IBV_WC_WR_FLUSH_ERR);
+            return;
+        }
+        let sge;
+        let (sg_list, num_sge) = match &w.inline {
+            Some(d) => {
+                sge = ibv_sge {
+                    addr: d.as_ptr() as u64,
+                    length: d.len() as u32,
+                    lkey: 0,
+                };
+                (&sge as *const ibv_sge, (!d.is_empty()) as i32)
+            }
+            None => (w.sges.as_ptr(), w.sges.len() as i32),
+        };
+        // SAFETY: plain C struct; all-zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = w.wr_id();
+        wr.opcode = w.wr_opcode();
+        wr.send_flags = w.flags;
+        wr.sg_list = sg_list.cast_mut();
+        wr.num_sge = num_sge;
+        wr.__bindgen_anon_1.imm_data = w.imm;
+        match w.op {
+            op::ATOMIC_CS | op::ATOMIC_FA => {
+                wr.wr.atomic.remote_addr = w.raddr;
+                wr.wr.atomic.rkey = w.rkey;
+                wr.wr.atomic.compare_add = if w.op == op::ATOMIC_FA {
+                    w.swap_add
+                } else {
+                    w.compare
+                };
+                wr.wr.atomic.swap = w.swap_add;
+            }
+            _ => {
+                wr.wr.rdma.remote_addr = w.raddr;
+                wr.wr.rdma.rkey = w.rkey;
+            }
+        }
+        if let Some((ah, rqpn, qkey)) = w.ud.take() {
+            let ah = match self.ahs.get(ah) {
+                Some(Some(a)) => a.ptr.0,
+                _ => std::ptr::null_mut(),
+            };
+            wr.wr.ud.ah = ah;
+            wr.wr.ud.remote_qpn = rqpn;
+            wr.wr.ud.remote_qkey = qkey;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a one-WR chain of live locals (the inline bytes and SGEs outlive the
+        // call, which copies what it keeps).
+        let rc = unsafe { self.post_send(qi, &mut wr, &mut bad) };
+        if rc != 0 {
+            // Refused as a post would be: the hardware reports a local QP operation error.
+            self.dv_complete(qi, w.wr_id(), w.wc_opcode(), IBV_WC_LOC_QP_OP_ERR);
+            self.qp_error(qi, super::ErrCause::Fatal);
+        }
+        // The mlx5 ring bounds the WRs in flight itself: softnic's SQ accounting (slots
+        // released when a completion is polled from its own queue) must not refuse it.
+        let q = self.qp(qi);
+        q.sq_released = q.sq_posted - q.pending.len() as u64;
+    }
+
+    /// A completion the device makes itself (a flush in ERR, a refused WQE).
+    fn dv_complete(&mut self, qi: usize, wr_id: u64, opcode: ibv_wc_opcode, status: u32) {
+        let wc = ibv_wc {
+            wr_id,
+            status,
+            opcode,
+            qp_num: Qp::qpn(qi),
+            ..Default::default()
+        };
+        let cq = self.qp(qi).send_cq;
+        self.push_cqe_tagged(cq, wc, false, SqTag::NONE);
+    }
+
+    /// [`Fabric::push_cqe_tagged`] on a CQ with the mlx5 personality: the CQE goes to its
+    /// buffer. Returns false when it overflowed.
+    pub(crate) fn dv_push(&mut self, cq: u32, wc: &ibv_wc, solicited: bool) -> bool {
+        let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
+            return false;
+        };
+        let Some(d) = c.dv.as_mut() else {
+            return false;
+        };
+        if !d.write(wc) {
+            let ctx = c.ctx;
+            let ptr = c.ptr.0 as usize;
+            self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
+            return false;
+        }
+        if d.fires(solicited || wc.status != IBV_WC_SUCCESS) {
+            self.dv_event(cq);
+        }
+        true
+    }
+
+    /// A completion event of CQ `cq` on its channel.
+    fn dv_event(&mut self, cq: u32) {
+        let Some(Some(c)) = self.cqs.get(cq as usize) else {
+            return;
+        };
+        if let Some(ch) = c.channel {
+            if let Some(Some(chan)) = self.channels.get_mut(ch as usize) {
+                chan.events.push_back(cq);
+                ring_fd(chan.wr);
+            }
+        }
+    }
+}

@@ -29,6 +29,11 @@ pub const LISTENING: &str = "hotverbs-perf: listening on TCP port ";
 pub const LOOPBACK_NOTE: &str = "loopback: two QPs in this process connected to each other; \
 the passive side runs on its own thread and both busy-poll, as two hosts would";
 
+/// The note of a run on `softnic_mlx5`, softnic's simulated ConnectX.
+pub const SIM_NOTE: &str = "softnic_mlx5 simulates a ConnectX in this process (the WQEs the \
+direct path writes are parsed and executed by softnic at each poll): it shows the direct path \
+working, not its speed; the times are the simulator's";
+
 /// Where results go: the table as sizes finish, or one JSON document at the end; and the
 /// latency samples for `--histogram`.
 struct Output<'a> {
@@ -163,7 +168,7 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
     }
     let timeout = Duration::from_secs_f64(args.timeout);
     let choice = setup::choose(args.device.as_deref());
-    let softnic = choice.device == SOFTNIC;
+    let softnic = choice.device == SOFTNIC || choice.device == hotverbs::SOFTNIC_MLX5;
     let role = if args.host.is_some() {
         Role::Client
     } else if args.loopback || softnic {
@@ -230,7 +235,8 @@ fn compare_direct(args: &Args, p: &Params, name: &str, timeout: Duration) -> Res
     if !dev.ctx.is_mlx5() {
         return Err(PerfError::Usage(format!(
             "--compare_direct compares the verbs path with --direct, which writes mlx5 \
-             (ConnectX) WQEs, and {} is not an mlx5 device: drop --compare_direct",
+             (ConnectX) WQEs, and {} is not an mlx5 device: drop --compare_direct (or see \
+             both paths run on softnic's simulated ConnectX with -d softnic_mlx5)",
             dev.name()
         )));
     }
@@ -327,7 +333,12 @@ fn loopback(
     let mut ha = unsafe { Hot::new(a.side(&eb)?, p, timeout)? };
     // SAFETY: as above, for side b.
     let mut hb = unsafe { Hot::new(b.side(&ea)?, p, timeout)? };
-    let info = info(args, dev, Role::Loopback, &ha, Some(LOOPBACK_NOTE));
+    let note = if dev.name() == hotverbs::SOFTNIC_MLX5 {
+        format!("{LOOPBACK_NOTE}; {SIM_NOTE}")
+    } else {
+        LOOPBACK_NOTE.to_string()
+    };
+    let info = info(args, dev, Role::Loopback, &ha, Some(&note));
     let mut out = Output::new(args);
     out.header(p, &info);
     for &size in &p.sizes {

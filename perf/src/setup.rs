@@ -162,7 +162,8 @@ impl SideRes {
         if dev.direct && !dev.ctx.is_mlx5() {
             return Err(PerfError::Usage(format!(
                 "--direct writes mlx5 (ConnectX) WQEs and {} is not an mlx5 device: drop \
-                 --direct (the default path works on every device)",
+                 --direct (the default path works on every device), or see it work on \
+                 softnic's simulated ConnectX with -d softnic_mlx5",
                 dev.name()
             )));
         }

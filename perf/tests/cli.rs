@@ -264,6 +264,10 @@ fn compare_direct_is_refused_by_name_off_connectx_outside_loopback_and_with_othe
     let (out, err) = text(&o);
     assert!(!o.status.success());
     assert!(err.contains("softnic is not an mlx5 device"), "{err}");
+    assert!(
+        err.contains("-d softnic_mlx5"),
+        "where it can be seen: {err}"
+    );
     assert!(!out.contains("post path"), "nothing ran first: {out}");
     // A named device and no --loopback: the server role, refused before the device opens.
     let o = perf(&["send_lat", "-d", "mlx5_0", "--compare_direct"]);
@@ -281,6 +285,46 @@ fn compare_direct_is_refused_by_name_off_connectx_outside_loopback_and_with_othe
     }
 }
 
+/// `-d softnic_mlx5`: softnic's simulated ConnectX runs every test kind on the direct path
+/// (and `--compare_direct`), so a laptop can see `--direct` work; the header says the
+/// times are the simulator's.
+#[test]
+fn direct_runs_every_test_kind_on_softnic_mlx5() {
+    for kind in [
+        "send_lat",
+        "send_bw",
+        "write_lat",
+        "write_bw",
+        "read_lat",
+        "read_bw",
+        "atomic_lat",
+    ] {
+        let o = perf(&[kind, "-d", "softnic_mlx5", "--direct", "-n", "300"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{kind}: {err}");
+        assert!(out.contains("mlx5 direct WQEs"), "{kind}: {out}");
+        assert!(
+            out.contains("the times are the simulator's"),
+            "{kind}: {out}"
+        );
+        assert!(
+            out.contains(" 300 "),
+            "{kind}: a row of 300 iterations: {out}"
+        );
+    }
+    let o = perf(&[
+        "send_lat",
+        "-d",
+        "softnic_mlx5",
+        "--compare_direct",
+        "-n",
+        "300",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("direct vs verbs"), "{out}");
+}
+
 #[test]
 fn direct_is_refused_by_name_off_connectx_and_with_other_paths() {
     let o = perf(&["send_lat", "-d", "softnic", "--direct", "-n", "10"]);
@@ -288,6 +332,10 @@ fn direct_is_refused_by_name_off_connectx_and_with_other_paths() {
     assert!(!o.status.success());
     assert!(err.contains("--direct"), "{err}");
     assert!(err.contains("softnic is not an mlx5 device"), "{err}");
+    assert!(
+        err.contains("-d softnic_mlx5"),
+        "where it can be seen: {err}"
+    );
     for extra in ["--timestamps", "--use_old_post_send"] {
         let o = perf(&["send_lat", "-d", "softnic", "--direct", extra]);
         let (_, err) = text(&o);

@@ -31,6 +31,12 @@ use crate::zeroed;
 /// The name of the software device, always present in [`devices()`].
 pub const SOFTNIC: &str = "softnic";
 
+/// The name that opens a new softnic device with the mlx5 personality (a simulated
+/// ConnectX for the mlx5 direct path: `SoftnicConfig::mlx5`), e.g.
+/// `HOTVERBS_DEVICE=softnic_mlx5` or `hotverbs-perf -d softnic_mlx5 --direct`. Not listed
+/// by [`devices()`]: each open makes its own device.
+pub const SOFTNIC_MLX5: &str = "softnic_mlx5";
+
 /// Which kind of device a name refers to.
 ///
 /// # Example
@@ -306,6 +312,14 @@ impl Context {
     /// # References
     /// `ibv_open_device(3)`
     pub fn open(name: &str) -> Result<Context> {
+        #[cfg(feature = "softnic")]
+        if name == SOFTNIC_MLX5 {
+            return Self::open_softnic_with(hotverbs_softnic::Config {
+                name: SOFTNIC_MLX5.to_string(),
+                mlx5: true,
+                ..Default::default()
+            });
+        }
         #[cfg(feature = "softnic")]
         // SAFETY: softnic's own table.
         if let Some(ctx) = unsafe { open_in(softnic_fns(), DeviceKind::Softnic, name) }? {

@@ -114,7 +114,7 @@ pub use cq::{
 };
 pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
-    GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC,
+    GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC, SOFTNIC_MLX5,
 };
 pub use direct::{DirectPoller, DirectRing};
 pub use error::{take_drop_errors, Error, Result};

@@ -60,24 +60,27 @@ const CQ_DOORBELL: usize = 0x20;
 /// Marks the AH index softnic keeps in an address vector's reserved bytes.
 const AV_TAG: u32 = 0x5f00_0000;
 
+/// The opcodes and CQE kinds of `mlx5dv.h` (the generated bindings), as bytes.
 mod op {
-    pub const RDMA_WRITE: u8 = 0x08;
-    pub const RDMA_WRITE_IMM: u8 = 0x09;
-    pub const SEND: u8 = 0x0a;
-    pub const SEND_IMM: u8 = 0x0b;
-    pub const RDMA_READ: u8 = 0x10;
-    pub const ATOMIC_CS: u8 = 0x11;
-    pub const ATOMIC_FA: u8 = 0x12;
+    use hotverbs_ffi::mlx5dv as h;
+    pub const RDMA_WRITE: u8 = h::MLX5_OPCODE_RDMA_WRITE as u8;
+    pub const RDMA_WRITE_IMM: u8 = h::MLX5_OPCODE_RDMA_WRITE_IMM as u8;
+    pub const SEND: u8 = h::MLX5_OPCODE_SEND as u8;
+    pub const SEND_IMM: u8 = h::MLX5_OPCODE_SEND_IMM as u8;
+    pub const RDMA_READ: u8 = h::MLX5_OPCODE_RDMA_READ as u8;
+    pub const ATOMIC_CS: u8 = h::MLX5_OPCODE_ATOMIC_CS as u8;
+    pub const ATOMIC_FA: u8 = h::MLX5_OPCODE_ATOMIC_FA as u8;
 }
 
 mod cqe_op {
-    pub const REQ: u8 = 0;
-    pub const RESP_WR_IMM: u8 = 1;
-    pub const RESP_SEND: u8 = 2;
-    pub const RESP_SEND_IMM: u8 = 3;
-    pub const REQ_ERR: u8 = 13;
-    pub const RESP_ERR: u8 = 14;
-    pub const INVALID: u8 = 15;
+    use hotverbs_ffi::mlx5dv as h;
+    pub const REQ: u8 = h::MLX5_CQE_REQ as u8;
+    pub const RESP_WR_IMM: u8 = h::MLX5_CQE_RESP_WR_IMM as u8;
+    pub const RESP_SEND: u8 = h::MLX5_CQE_RESP_SEND as u8;
+    pub const RESP_SEND_IMM: u8 = h::MLX5_CQE_RESP_SEND_IMM as u8;
+    pub const REQ_ERR: u8 = h::MLX5_CQE_REQ_ERR as u8;
+    pub const RESP_ERR: u8 = h::MLX5_CQE_RESP_ERR as u8;
+    pub const INVALID: u8 = h::MLX5_CQE_INVALID as u8;
 }
 
 /// The simulated send queue of a QP.
@@ -219,22 +222,24 @@ impl DvCq {
 
 /// The mlx5 syndrome of an error status (the inverse of libmlx5's `mlx5_handle_error_cqe`).
 fn syndrome(s: ibv_wc_status) -> u8 {
-    match s {
-        IBV_WC_LOC_LEN_ERR => 0x01,
-        IBV_WC_LOC_QP_OP_ERR => 0x02,
-        IBV_WC_LOC_PROT_ERR => 0x04,
-        IBV_WC_WR_FLUSH_ERR => 0x05,
-        IBV_WC_MW_BIND_ERR => 0x06,
-        IBV_WC_BAD_RESP_ERR => 0x10,
-        IBV_WC_LOC_ACCESS_ERR => 0x11,
-        IBV_WC_REM_INV_REQ_ERR => 0x12,
-        IBV_WC_REM_ACCESS_ERR => 0x13,
-        IBV_WC_REM_OP_ERR => 0x14,
-        IBV_WC_RETRY_EXC_ERR => 0x15,
-        IBV_WC_RNR_RETRY_EXC_ERR => 0x16,
-        IBV_WC_REM_ABORT_ERR => 0x22,
+    use hotverbs_ffi::mlx5dv as h;
+    (match s {
+        IBV_WC_LOC_LEN_ERR => h::MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR,
+        IBV_WC_LOC_QP_OP_ERR => h::MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR,
+        IBV_WC_LOC_PROT_ERR => h::MLX5_CQE_SYNDROME_LOCAL_PROT_ERR,
+        IBV_WC_WR_FLUSH_ERR => h::MLX5_CQE_SYNDROME_WR_FLUSH_ERR,
+        IBV_WC_MW_BIND_ERR => h::MLX5_CQE_SYNDROME_MW_BIND_ERR,
+        IBV_WC_BAD_RESP_ERR => h::MLX5_CQE_SYNDROME_BAD_RESP_ERR,
+        IBV_WC_LOC_ACCESS_ERR => h::MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR,
+        IBV_WC_REM_INV_REQ_ERR => h::MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR,
+        IBV_WC_REM_ACCESS_ERR => h::MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR,
+        IBV_WC_REM_OP_ERR => h::MLX5_CQE_SYNDROME_REMOTE_OP_ERR,
+        IBV_WC_RETRY_EXC_ERR => h::MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR,
+        IBV_WC_RNR_RETRY_EXC_ERR => h::MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR,
+        IBV_WC_REM_ABORT_ERR => h::MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR,
+        // No syndrome of its own: libmlx5 reads an unknown one as IBV_WC_GENERAL_ERR.
         _ => 0xff,
-    }
+    }) as u8
 }
 
 /// One WQE as the device reads it.

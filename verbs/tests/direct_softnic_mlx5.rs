@@ -47,3 +47,13 @@ fn req_notify_on_a_direct_cq_wakes_for_each_new_completion() {
 fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq() {
     mlx5_cases::destroying_a_qp_cleans_its_cqes_from_the_direct_cq(&sim());
 }
+
+#[test]
+fn direct_ring_ud_reaches_a_ud_peer() {
+    mlx5_cases::direct_ring_ud_reaches_a_ud_peer(&sim());
+}
+
+#[test]
+fn direct_ring_atomics_immediates_and_gathers() {
+    mlx5_cases::direct_ring_atomics_immediates_and_gathers(&sim());
+}

@@ -54,3 +54,17 @@ fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq() {
         mlx5_cases::destroying_a_qp_cleans_its_cqes_from_the_direct_cq(&ctx);
     }
 }
+
+#[test]
+fn direct_ring_ud_reaches_a_ud_peer() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_ring_ud_reaches_a_ud_peer(&ctx);
+    }
+}
+
+#[test]
+fn direct_ring_atomics_immediates_and_gathers() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_ring_atomics_immediates_and_gathers(&ctx);
+    }
+}

@@ -325,3 +325,200 @@ pub fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq(ctx: &Context) {
         assert!(Instant::now() < deadline, "stuck: {ring:?}");
     }
 }
+
+/// A UD direct ring (`direct_ring_ud`: the AH's mlx5 address vector in every WQE) sending
+/// to a UD peer: 16 SENDs of 1 to 46 bytes, lone and batched, each arriving whole after its
+/// GRH, from the ring's QP, in order.
+pub fn direct_ring_ud_reaches_a_ud_peer(ctx: &Context) {
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Ud)
+        .max_send_wr(32)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Ud)
+        .max_recv_wr(32)
+        .build()
+        .unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &Endpoint::default(), &o).unwrap();
+    b.connect(&info, &Endpoint::default(), &o).unwrap();
+    let attr = match info.gid_index {
+        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
+        None => AhAttr::lid(info.lid, info.port),
+    };
+    let ah = pd.create_ah(&attr).unwrap();
+    let rx = pd.alloc_mr(16 * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..16u64 {
+        // SAFETY: `rx` outlives the receives, all polled below.
+        unsafe { b.post_recv(i, &[rx.local(i as usize * 128, 128).unwrap()]) }.unwrap();
+    }
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring_ud(
+            &mut poller,
+            &ah,
+            b.qp_num(),
+            DEFAULT_QKEY,
+            SendConfig::new(0, 16, 64).signal_every(4),
+        )
+        .unwrap();
+    let msg = |i: usize| -> Vec<u8> { (0..1 + i * 3).map(|k| (i * 16 + k) as u8).collect() };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..16usize {
+        let m = msg(i);
+        if i % 2 == 0 {
+            ring.send_now(Msg::send(Local::Inline(&m))).unwrap();
+        } else {
+            let mut batch = ring.batch();
+            batch.push(Msg::send(Local::Inline(&m))).unwrap();
+            batch.finish().unwrap();
+        }
+    }
+    while ring.outstanding() > 0 {
+        for c in poller.poll().unwrap() {
+            ring.on_completion(c).unwrap();
+        }
+        assert!(Instant::now() < deadline, "stuck: {ring:?}");
+    }
+    let mut wc = [Wc::default(); 16];
+    let mut got = 0usize;
+    while got < 16 {
+        let n = cq_b.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert!(w.is_ok(), "{w:?}");
+            let i = w.wr_id() as usize;
+            assert_eq!(i, got, "in order");
+            let m = msg(i);
+            assert_eq!(w.byte_len() as usize, 40 + m.len(), "GRH + message {i}");
+            assert_eq!(w.src_qp(), a.qp_num());
+            assert_eq!(
+                rx.read_vec(i * 128 + 40, m.len()).unwrap(),
+                m,
+                "message {i}"
+            );
+            got += 1;
+        }
+        assert!(Instant::now() < deadline, "the peer received {got} of 16");
+    }
+}
+
+/// The other WQE kinds end to end: fetch-and-add and compare-and-swap (a match and a
+/// miss), SEND and WRITE with immediate data, a WRITE gathered from registered SGEs and one
+/// from inline pieces; the results read back on both sides.
+pub fn direct_ring_atomics_immediates_and_gathers(ctx: &Context) {
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
+        .max_send_wr(32)
+        .max_send_sge(4)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+        .build()
+        .unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let flags = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut dst = pd.alloc_mr(4096, flags).unwrap();
+    dst.write_from(0, &100u64.to_ne_bytes()).unwrap();
+    let mut loc = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    loc.write_from(100, b"abc").unwrap();
+    loc.write_from(200, b"defg").unwrap();
+    let rx = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..2u64 {
+        // SAFETY: `rx` outlives the receives, both polled below.
+        unsafe { b.post_recv(10 + i, &[rx.local(i as usize * 128, 128).unwrap()]) }.unwrap();
+    }
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(
+            &mut poller,
+            SendConfig::new(0, 16, 64)
+                .signal_every(4)
+                .remote(dst.remote().into()),
+        )
+        .unwrap();
+    // SAFETY: `loc` outlives every WR (all retired below) and is not touched meanwhile.
+    unsafe {
+        ring.stage(Msg::fetch_add(loc.local(0, 8).unwrap().into(), 0, 5))
+            .unwrap();
+        ring.stage(Msg::cmp_swap(loc.local(8, 8).unwrap().into(), 0, 105, 7))
+            .unwrap();
+        ring.stage(Msg::cmp_swap(loc.local(16, 8).unwrap().into(), 0, 999, 1))
+            .unwrap();
+        ring.stage_gather(
+            Msg::write(Local::Empty, 512),
+            &[
+                loc.local(100, 3).unwrap().into(),
+                loc.local(200, 4).unwrap().into(),
+            ],
+        )
+        .unwrap();
+    }
+    ring.stage_inline_gather(Msg::write(Local::Empty, 768), &[b"12", b"345"])
+        .unwrap();
+    ring.flush().unwrap();
+    ring.send_now(Msg::send_imm(Local::Inline(b"imm"), 0xabcd))
+        .unwrap();
+    ring.signal_next();
+    ring.send_now(Msg::write_imm(Local::Inline(b"wimm"), 256, 0x1234))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ring.outstanding() > 0 {
+        for c in poller.poll().unwrap() {
+            ring.on_completion(c).unwrap();
+        }
+        assert!(Instant::now() < deadline, "stuck: {ring:?}");
+    }
+    assert_eq!(
+        loc.read_u64(0).unwrap(),
+        100,
+        "fetch-add returns the old value"
+    );
+    assert_eq!(
+        loc.read_u64(8).unwrap(),
+        105,
+        "compare-swap (match) returns it"
+    );
+    assert_eq!(
+        loc.read_u64(16).unwrap(),
+        7,
+        "compare-swap (miss) returns it"
+    );
+    assert_eq!(dst.read_u64(0).unwrap(), 7, "100 + 5, swapped to 7, kept");
+    let mut got = [0u8; 7];
+    dst.read_into(512, &mut got).unwrap();
+    assert_eq!(&got, b"abcdefg", "the SGE gather");
+    dst.read_into(768, &mut got[..5]).unwrap();
+    assert_eq!(&got[..5], b"12345", "the inline gather");
+    dst.read_into(256, &mut got[..4]).unwrap();
+    assert_eq!(&got[..4], b"wimm");
+    let mut wc = [Wc::default(); 2];
+    let mut seen = 0;
+    while seen < 2 {
+        let n = cq_b.poll(&mut wc[seen..]).unwrap();
+        seen += n;
+        assert!(Instant::now() < deadline, "the peer completed {seen} of 2");
+    }
+    assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
+    assert_eq!(wc[0].imm_data(), Some(0xabcd));
+    assert_eq!(wc[0].byte_len(), 3);
+    assert_eq!(rx.read_vec(0, 3).unwrap(), b"imm");
+    assert_eq!(wc[1].imm_data(), Some(0x1234));
+    assert_eq!(wc[1].opcode(), hotverbs_ffi::IBV_WC_RECV_RDMA_WITH_IMM);
+}

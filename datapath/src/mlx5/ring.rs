@@ -1437,7 +1437,8 @@ impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
     // included: glue called out of line would take the batch's address, and a batch whose
     // address escapes stays in memory, so its push loop loads and stores the counters at
     // every message (measured with `cargo xtask insn`, a push loop with an early
-    // `return Err(..)`: 58.4 instructions per WR at post list 32 before, 51.6 after). `finish` stays inline.
+    // `return Err(..)`: 58.4 instructions per WR at post list 32 before, 51.6 after).
+    // `finish` stays inline.
     #[inline(always)]
     fn drop(&mut self) {
         let f = &self.f;

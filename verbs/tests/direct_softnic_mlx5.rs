@@ -57,3 +57,13 @@ fn direct_ring_ud_reaches_a_ud_peer() {
 fn direct_ring_atomics_immediates_and_gathers() {
     mlx5_cases::direct_ring_atomics_immediates_and_gathers(&sim());
 }
+
+#[test]
+fn two_direct_rings_share_one_direct_poller() {
+    mlx5_cases::two_direct_rings_share_one_direct_poller(&sim());
+}
+
+#[test]
+fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
+    mlx5_cases::a_send_waiting_for_a_receive_completes_once_one_is_posted(&sim());
+}

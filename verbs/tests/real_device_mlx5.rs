@@ -68,3 +68,17 @@ fn direct_ring_atomics_immediates_and_gathers() {
         mlx5_cases::direct_ring_atomics_immediates_and_gathers(&ctx);
     }
 }
+
+#[test]
+fn two_direct_rings_share_one_direct_poller() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::two_direct_rings_share_one_direct_poller(&ctx);
+    }
+}
+
+#[test]
+fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::a_send_waiting_for_a_receive_completes_once_one_is_posted(&ctx);
+    }
+}

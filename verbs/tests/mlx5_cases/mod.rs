@@ -522,3 +522,126 @@ pub fn direct_ring_atomics_immediates_and_gathers(ctx: &Context) {
     assert_eq!(wc[1].imm_data(), Some(0x1234));
     assert_eq!(wc[1].opcode(), hotverbs_ffi::IBV_WC_RECV_RDMA_WITH_IMM);
 }
+
+/// Two direct rings on one send CQ and its one direct poller: interleaved WRITEs, every
+/// completion offered to both rings, each retiring exactly its own (the `wr_id` tables are
+/// per QP, the ring ids per CQ).
+pub fn two_direct_rings_share_one_direct_poller(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(256, None).unwrap(),
+        ctx.create_cq(256, None).unwrap(),
+    );
+    let (a1, _b1) = pair(ctx, &pd, &cq_a, &cq_b);
+    let (a2, _b2) = pair(ctx, &pd, &cq_a, &cq_b);
+    let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let dst = pd.alloc_mr(4096, flags).unwrap();
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let cfg = SendConfig::new(0, 32, 64)
+        .signal_every(8)
+        .remote(dst.remote().into());
+    let mut rings = [
+        a1.direct_ring(&mut poller, cfg).unwrap(),
+        a2.direct_ring(&mut poller, cfg).unwrap(),
+    ];
+    assert_ne!(rings[0].ring_id(), rings[1].ring_id(), "ring ids per CQ");
+    let qpn = [a1.qp_num(), a2.qp_num()];
+    let n = 1000u64;
+    let mut sent = [0u64; 2];
+    let mut retired = [0u64; 2];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sent[0] < n || sent[1] < n || rings.iter().any(|r| r.outstanding() > 0) {
+        for (k, ring) in rings.iter_mut().enumerate() {
+            if sent[k] < n {
+                if sent[k] == n - 1 {
+                    ring.signal_next();
+                }
+                let byte = [k as u8 + 1];
+                let off = k as u64 * 2048 + sent[k] % 2048;
+                match ring.send_now(Msg::write(Local::Inline(&byte), off)) {
+                    Ok(_) => sent[k] += 1,
+                    Err(SendError::WouldBlock) => {}
+                    Err(e) => panic!("ring {k}: {e}"),
+                }
+            }
+        }
+        for c in poller.poll().unwrap() {
+            let mut owners = 0;
+            for (k, ring) in rings.iter_mut().enumerate() {
+                let got = ring.on_completion(c).unwrap();
+                if got > 0 {
+                    assert_eq!(c.qp_num(), qpn[k], "ring {k} retired another QP's WRs");
+                    retired[k] += got;
+                    owners += 1;
+                }
+            }
+            assert_eq!(owners, 1, "exactly one ring owns each completion");
+        }
+        assert!(Instant::now() < deadline, "stuck: {sent:?} {retired:?}");
+    }
+    assert_eq!(retired, [n, n], "every WR retired once, by its own ring");
+    let mut got = vec![0u8; 4096];
+    dst.read_into(0, &mut got).unwrap();
+    assert!(got[..1000].iter().all(|&b| b == 1), "ring 0's bytes");
+    assert!(got[2048..3048].iter().all(|&b| b == 2), "ring 1's bytes");
+}
+
+/// No silent hang, no lost WR: a SEND to a peer with no receive posted (`rnr_retry` 7:
+/// the sender retries for ever) stays outstanding, whatever the polls; once the peer posts
+/// a receive it completes, successfully, and the message is there.
+pub fn a_send_waiting_for_a_receive_completes_once_one_is_posted(ctx: &Context) {
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
+        .max_send_wr(16)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+        .build()
+        .unwrap();
+    let forever = ConnectOptions {
+        rnr_retry: 7,
+        ..Default::default()
+    };
+    a.connect(&info, &b.endpoint(&info), &forever).unwrap();
+    b.connect(&info, &a.endpoint(&info), &forever).unwrap();
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(&mut poller, SendConfig::new(0, 8, 64).signal_every(4))
+        .unwrap();
+    ring.signal_next();
+    let seq = ring.send_now(Msg::send(Local::Inline(b"hold"))).unwrap();
+    for _ in 0..100 {
+        let_device_run(ctx);
+        let early = poller.poll().unwrap();
+        assert!(
+            early.is_empty(),
+            "completed with no receive posted: {early:?}"
+        );
+        if ctx.kind() != DeviceKind::Softnic {
+            break; // one 200 ms pause is enough on hardware
+        }
+    }
+    assert_eq!(ring.outstanding(), 1, "waiting, not lost");
+    let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    // SAFETY: `rx` outlives the receive, polled below.
+    unsafe { b.post_recv(1, &[rx.local(0, 64).unwrap()]) }.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ring.is_retired(seq) {
+        for c in poller.poll().unwrap() {
+            ring.on_completion(c).unwrap();
+        }
+        assert!(Instant::now() < deadline, "never completed: {ring:?}");
+    }
+    let mut wc = [Wc::default()];
+    while cq_b.poll(&mut wc).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the peer never completed");
+    }
+    assert!(wc[0].is_ok(), "{:?}", wc[0]);
+    assert_eq!(rx.read_vec(0, 4).unwrap(), b"hold");
+}

@@ -31,7 +31,7 @@
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::{devices_report, Context, DeviceKind, SOFTNIC};
+use crate::{devices_report, Context, DeviceKind, SOFTNIC, SOFTNIC_MLX5};
 
 /// Whether `HOTVERBS_RXE=1` is set: the tests run inside the rxe VM, where a missing device
 /// (or a test run on softnic) is a failure rather than a skip.
@@ -87,8 +87,8 @@ impl<'a> Probe<'a> {
         self
     }
 
-    /// Honours `HOTVERBS_DEVICE=softnic` (running a suite on the software device while
-    /// developing it). Under `HOTVERBS_RXE=1` softnic is refused: the probe panics.
+    /// Honours `HOTVERBS_DEVICE=softnic` (or `softnic_mlx5`, the simulated ConnectX: running
+    /// a suite on the software device while developing it). Under `HOTVERBS_RXE=1` softnic is refused: the probe panics.
     pub const fn allow_softnic(mut self) -> Self {
         self.allow_softnic = true;
         self
@@ -100,9 +100,9 @@ impl<'a> Probe<'a> {
     /// When `HOTVERBS_RXE=1` and no device can be opened, or softnic was selected.
     pub fn open(self) -> Option<Context> {
         let report = devices_report();
-        let wanted = std::env::var("HOTVERBS_DEVICE")
-            .ok()
-            .filter(|n| !n.is_empty() && (self.allow_softnic || n != SOFTNIC));
+        let wanted = std::env::var("HOTVERBS_DEVICE").ok().filter(|n| {
+            !n.is_empty() && (self.allow_softnic || (n != SOFTNIC && n != SOFTNIC_MLX5))
+        });
         let name = wanted.or_else(|| {
             report
                 .devices
@@ -115,8 +115,8 @@ impl<'a> Probe<'a> {
             Some(Ok(c)) => {
                 if rxe_required() {
                     assert_ne!(
-                        c.name(),
-                        SOFTNIC,
+                        c.kind(),
+                        DeviceKind::Softnic,
                         "HOTVERBS_RXE=1 must test a real device{in_test}"
                     );
                 }

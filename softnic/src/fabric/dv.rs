@@ -32,6 +32,13 @@
 //!   a destroyed QP's completions does not reach the mlx5 CQ, as libmlx5 skips a `DV_OWNED`
 //!   CQ: that is the setup layer's job, which is what this lets us test.
 //!
+//! **Memory ordering.** The device reads the send queue and doorbell record the ring writes
+//! with plain stores from its own thread, as a NIC's DMA does: the doorbell record is read
+//! first (volatile), then the WQEs it announces, which the ring wrote before it (x86-64
+//! keeps stores in order and loads in order). The simulator relies on that, as the
+//! hardware does; it is not a data-race-free program in the Rust model's sense, and it is
+//! not run under Miri.
+//!
 //! Not modelled: BlueFlame (the copy lands in plain memory; the doorbell record is what
 //! the device reads), receive queues in memory (receives are posted with `ibv_post_recv`),
 //! CQE compression, 128-byte CQEs.

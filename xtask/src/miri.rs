@@ -217,21 +217,32 @@ pub fn run_miri(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo` of the nightly toolchain, without the stable toolchain's environment leaking in.
+/// The nightly miri runs on, pinned: a fresh machine installs this one, so a later
+/// nightly (a new miri check, a changed flag, a build break) never changes what this step
+/// does. Moving it is a one-line change, made on purpose and tested like any other.
+pub const NIGHTLY: &str = "nightly-2026-05-20";
+
+/// `cargo` of the pinned nightly toolchain, without the stable toolchain's environment
+/// leaking in.
 fn nightly_cargo() -> Command {
     let mut c = Command::new("rustup");
-    c.args(["run", "nightly", "cargo"])
+    c.args(["run", NIGHTLY, "cargo"])
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO")
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTFLAGS")
-        .env("CARGO_TERM_COLOR", "never");
+        .env("CARGO_TERM_COLOR", "never")
+        // A target directory per pinned nightly: artifacts another nightly of the same
+        // version left in `target/miri` are taken as fresh by cargo but do not link
+        // against this toolchain's miri sysroot (E0463 "can't find crate").
+        .env("CARGO_TARGET_DIR", root().join("target").join(NIGHTLY));
     c
 }
 
-/// Installs the nightly toolchain with miri and rust-src if missing, then `cargo miri setup`.
+/// Installs the pinned nightly ([`NIGHTLY`]) with miri and rust-src if missing, then
+/// `cargo miri setup`.
 fn ensure_toolchain() -> Result<(), String> {
     let have = |args: &[&str]| {
         Command::new("rustup")
@@ -242,7 +253,8 @@ fn ensure_toolchain() -> Result<(), String> {
             .unwrap_or(false)
     };
     let installed = Command::new("rustup")
-        .args(["+nightly", "component", "list", "--installed"])
+        .arg(format!("+{NIGHTLY}"))
+        .args(["component", "list", "--installed"])
         .env_remove("RUSTUP_TOOLCHAIN")
         .output()
         .ok()
@@ -254,7 +266,7 @@ fn ensure_toolchain() -> Result<(), String> {
                 return Err("rustup not found: miri needs the nightly toolchain via rustup".into());
             }
             run(Command::new("rustup")
-                .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+                .args(["toolchain", "install", NIGHTLY, "--profile", "minimal"])
                 .args(["--component", "miri", "--component", "rust-src"])
                 .env_remove("RUSTUP_TOOLCHAIN"))?;
         }
@@ -265,7 +277,7 @@ fn ensure_toolchain() -> Result<(), String> {
                 .collect();
             if !missing.is_empty() {
                 run(Command::new("rustup")
-                    .args(["component", "add", "--toolchain", "nightly"])
+                    .args(["component", "add", "--toolchain", NIGHTLY])
                     .args(&missing)
                     .env_remove("RUSTUP_TOOLCHAIN"))?;
             }

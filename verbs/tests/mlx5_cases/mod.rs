@@ -19,19 +19,39 @@ pub fn let_device_run(ctx: &Context) {
     }
 }
 
+/// A PD and two CQs of `cqe` entries (no channel).
+pub fn setup(ctx: &Context, cqe: u32) -> (Pd, Cq, Cq) {
+    (
+        ctx.alloc_pd().unwrap(),
+        ctx.create_cq(cqe, None).unwrap(),
+        ctx.create_cq(cqe, None).unwrap(),
+    )
+}
+
 /// Two connected RC QPs of the device, each with its own CQ; `a` sends inline up to 64 bytes.
 pub fn pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq) -> (Qp, Qp) {
+    pair_with(ctx, pd, cq_a, cq_b, 1, &ConnectOptions::default())
+}
+
+/// [`pair`] with `sges` send SGEs on `a` and the connection options `o`.
+pub fn pair_with(
+    ctx: &Context,
+    pd: &Pd,
+    cq_a: &Cq,
+    cq_b: &Cq,
+    sges: u32,
+    o: &ConnectOptions,
+) -> (Qp, Qp) {
     let info = ctx.port_info(None, gid_index()).unwrap();
     let a = QpBuilder::new(pd, cq_a, cq_a, QpType::Rc)
         .max_send_wr(64)
+        .max_send_sge(sges)
         .max_inline_data(64)
         .build()
         .unwrap();
     let b = QpBuilder::new(pd, cq_b, cq_b, QpType::Rc).build().unwrap();
-    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
-    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
+    a.connect(&info, &b.endpoint(&info), o).unwrap();
+    b.connect(&info, &a.endpoint(&info), o).unwrap();
     (a, b)
 }
 
@@ -56,11 +76,7 @@ pub fn failing_writes<'q>(
 }
 
 pub fn direct_ring_writes_reads_and_polls(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(256, None).unwrap(),
-        ctx.create_cq(256, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
     let (a, _b) = pair(ctx, &pd, &cq_a, &cq_b);
     let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let dst = pd.alloc_mr(1 << 16, flags).unwrap();
@@ -139,11 +155,7 @@ pub fn direct_ring_writes_reads_and_polls(ctx: &Context) {
 }
 
 pub fn direct_path_error_completion_retires_everything(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(256, None).unwrap(),
-        ctx.create_cq(256, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
     let (a, _b) = pair(ctx, &pd, &cq_a, &cq_b);
     let mut poller = cq_a.direct_poller::<32>().unwrap();
     let mut ring = failing_writes(&a, &mut poller);
@@ -169,11 +181,7 @@ pub fn direct_path_error_completion_retires_everything(ctx: &Context) {
 /// WR of the second round (which succeeds) is accounted exactly once, none failed by a
 /// stale CQE of the first; afterwards libmlx5 may not poll the CQ.
 pub fn direct_ring_reset_qp_cleans_the_cq_and_recovers(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(256, None).unwrap(),
-        ctx.create_cq(256, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
     let (a, b) = pair(ctx, &pd, &cq_a, &cq_b);
     let info = ctx.port_info(None, gid_index()).unwrap();
     let mut poller = cq_a.direct_poller::<32>().unwrap();
@@ -296,11 +304,7 @@ pub fn req_notify_on_a_direct_cq_wakes_for_each_new_completion(ctx: &Context) {
 /// clean a direct CQ, so the direct poller does at its next poll. Nothing of the dead QP
 /// comes out, and a new QP on the same CQ works.
 pub fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(256, None).unwrap(),
-        ctx.create_cq(256, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
     let mut poller = cq_a.direct_poller::<32>().unwrap();
     {
         let (a, _b) = pair(ctx, &pd, &cq_a, &cq_b);
@@ -331,11 +335,7 @@ pub fn destroying_a_qp_cleans_its_cqes_from_the_direct_cq(ctx: &Context) {
 /// GRH, from the ring's QP, in order.
 pub fn direct_ring_ud_reaches_a_ud_peer(ctx: &Context) {
     let info = ctx.port_info(None, gid_index()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(64, None).unwrap(),
-        ctx.create_cq(64, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
     let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Ud)
         .max_send_wr(32)
         .max_inline_data(64)
@@ -412,24 +412,8 @@ pub fn direct_ring_ud_reaches_a_ud_peer(ctx: &Context) {
 /// miss), SEND and WRITE with immediate data, a WRITE gathered from registered SGEs and one
 /// from inline pieces; the results read back on both sides.
 pub fn direct_ring_atomics_immediates_and_gathers(ctx: &Context) {
-    let info = ctx.port_info(None, gid_index()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(64, None).unwrap(),
-        ctx.create_cq(64, None).unwrap(),
-    );
-    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
-        .max_send_wr(32)
-        .max_send_sge(4)
-        .max_inline_data(64)
-        .build()
-        .unwrap();
-    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
-        .build()
-        .unwrap();
-    let o = ConnectOptions::default();
-    a.connect(&info, &b.endpoint(&info), &o).unwrap();
-    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
+    let (a, b) = pair_with(ctx, &pd, &cq_a, &cq_b, 4, &ConnectOptions::default());
     let flags = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -527,11 +511,7 @@ pub fn direct_ring_atomics_immediates_and_gathers(ctx: &Context) {
 /// completion offered to both rings, each retiring exactly its own (the `wr_id` tables are
 /// per QP, the ring ids per CQ).
 pub fn two_direct_rings_share_one_direct_poller(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(256, None).unwrap(),
-        ctx.create_cq(256, None).unwrap(),
-    );
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
     let (a1, _b1) = pair(ctx, &pd, &cq_a, &cq_b);
     let (a2, _b2) = pair(ctx, &pd, &cq_a, &cq_b);
     let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
@@ -590,26 +570,12 @@ pub fn two_direct_rings_share_one_direct_poller(ctx: &Context) {
 /// the sender retries for ever) stays outstanding, whatever the polls; once the peer posts
 /// a receive it completes, successfully, and the message is there.
 pub fn a_send_waiting_for_a_receive_completes_once_one_is_posted(ctx: &Context) {
-    let info = ctx.port_info(None, gid_index()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(64, None).unwrap(),
-        ctx.create_cq(64, None).unwrap(),
-    );
-    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
-        .max_send_wr(16)
-        .max_inline_data(64)
-        .build()
-        .unwrap();
-    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
-        .build()
-        .unwrap();
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
     let forever = ConnectOptions {
         rnr_retry: 7,
         ..Default::default()
     };
-    a.connect(&info, &b.endpoint(&info), &forever).unwrap();
-    b.connect(&info, &a.endpoint(&info), &forever).unwrap();
+    let (a, b) = pair_with(ctx, &pd, &cq_a, &cq_b, 1, &forever);
     let mut poller = cq_a.direct_poller::<32>().unwrap();
     let mut ring = a
         .direct_ring(&mut poller, SendConfig::new(0, 8, 64).signal_every(4))

@@ -735,7 +735,8 @@ impl Fabric {
             return false;
         };
         if c.dv.is_some() {
-            return self.dv_push(cq, &wc, solicited);
+            // Send completions carry their QP in the tag (`push_send_cqe`).
+            return self.dv_push(cq, &wc, solicited, tag.qp != u32::MAX);
         }
         if c.overflowed {
             return false;

@@ -178,14 +178,16 @@ impl DvCq {
         true
     }
 
-    /// Writes the CQE of `wc`; false when the CQ has no room (an overflow).
-    fn write(&mut self, wc: &ibv_wc) -> bool {
+    /// Writes the CQE of `wc`, a requester CQE if `send` (else a responder one, whatever
+    /// `wc.opcode` says: the Rxe profile gives error completions opcode 0); false when the
+    /// CQ has no room (an overflow).
+    fn write(&mut self, wc: &ibv_wc, send: bool) -> bool {
         if self.pi.wrapping_sub(self.ci()) & 0xff_ffff >= self.cqe_cnt {
             return false;
         }
         let ok = wc.status == IBV_WC_SUCCESS;
         let mut c = [0u8; CQE];
-        let (opcode, wqe_op, ctr) = if wc.opcode & IBV_WC_RECV == 0 {
+        let (opcode, wqe_op, ctr) = if send {
             let op = if ok { cqe_op::REQ } else { cqe_op::REQ_ERR };
             (op, (wc.wr_id >> 16) as u8, wc.wr_id as u16)
         } else {
@@ -663,19 +665,23 @@ impl Fabric {
             ..Default::default()
         };
         let cq = self.qp(qi).send_cq;
-        self.push_cqe_tagged(cq, wc, false, SqTag::NONE);
+        let tag = SqTag {
+            qp: qi as u32,
+            ..SqTag::NONE
+        };
+        self.push_cqe_tagged(cq, wc, false, tag);
     }
 
-    /// [`Fabric::push_cqe_tagged`] on a CQ with the mlx5 personality: the CQE goes to its
-    /// buffer. Returns false when it overflowed.
-    pub(crate) fn dv_push(&mut self, cq: u32, wc: &ibv_wc, solicited: bool) -> bool {
+    /// [`Fabric::push_cqe_tagged`] on a CQ with the mlx5 personality: the CQE (a requester
+    /// one if `send`) goes to its buffer. Returns false when it overflowed.
+    pub(crate) fn dv_push(&mut self, cq: u32, wc: &ibv_wc, solicited: bool, send: bool) -> bool {
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
             return false;
         };
         let Some(d) = c.dv.as_mut() else {
             return false;
         };
-        if !d.write(wc) {
+        if !d.write(wc, send) {
             let ctx = c.ctx;
             let ptr = c.ptr.0 as usize;
             self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
@@ -698,5 +704,74 @@ impl Fabric {
                 ring_fd(chan.wr);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cq(cqe_cnt: u32) -> DvCq {
+        let buf = Region::new(cqe_cnt as usize * CQE, 0);
+        for k in 0..cqe_cnt as usize {
+            // SAFETY: inside the buffer.
+            unsafe { buf.ptr.add(k * CQE + CQE - 1).write(cqe_op::INVALID << 4) };
+        }
+        DvCq {
+            buf,
+            db: Region::new(64, 0),
+            uar: Region::new(4096, 0),
+            cqe_cnt,
+            cqn: 1,
+            pi: 0,
+            arm: None,
+        }
+    }
+
+    fn cqe(c: &DvCq, i: usize) -> [u8; CQE] {
+        let mut out = [0u8; CQE];
+        // SAFETY: CQE `i` is inside the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(c.buf.ptr.add(i * CQE), out.as_mut_ptr(), CQE) };
+        out
+    }
+
+    /// The kind of CQE follows where the completion came from, not `wc.opcode`: the Rxe
+    /// profile gives every error completion opcode 0 (IBV_WC_SEND), a flushed receive
+    /// included, which must still be a responder CQE (the direct poller refuses those by
+    /// name) and never a requester one naming a WQE of the send queue.
+    #[test]
+    fn a_flushed_receive_is_a_responder_cqe_whatever_its_opcode() {
+        let mut c = cq(4);
+        let wc = ibv_wc {
+            wr_id: 0x0a_0003,
+            status: IBV_WC_WR_FLUSH_ERR,
+            opcode: 0,
+            qp_num: 0x11,
+            ..Default::default()
+        };
+        assert!(c.write(&wc, false));
+        assert!(c.write(&wc, true));
+        let (recv, send) = (cqe(&c, 0), cqe(&c, 1));
+        assert_eq!(recv[63] >> 4, cqe_op::RESP_ERR);
+        assert_eq!(send[63] >> 4, cqe_op::REQ_ERR);
+        assert_eq!(send[60..62], [0, 3], "the WQE counter from the wr_id");
+        assert_eq!(send[56], op::SEND, "the WQE opcode from the wr_id");
+        assert_eq!(send[55], 0x05, "WR_FLUSH_ERR's syndrome");
+        assert_eq!(recv[63] & 1, 0, "first pass: owner bit 0");
+    }
+
+    /// A full CQ refuses the next CQE (the caller raises CQ_ERR), and the consumer index in
+    /// the doorbell record makes room again.
+    #[test]
+    fn a_full_cq_overflows_until_the_consumer_index_moves() {
+        let mut c = cq(2);
+        let wc = ibv_wc::default();
+        assert!(c.write(&wc, true));
+        assert!(c.write(&wc, true));
+        assert!(!c.write(&wc, true), "no room");
+        // SAFETY: the doorbell record's first u32.
+        unsafe { c.db.ptr.cast::<u32>().write_volatile(1u32.to_be()) };
+        assert!(c.write(&wc, true), "one consumed, one free");
+        assert_eq!(cqe(&c, 0)[63] & 1, 1, "second pass: owner bit 1");
     }
 }

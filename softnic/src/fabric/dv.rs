@@ -17,9 +17,10 @@
 //!   inline or data segments, wrapping at the end of the queue) and executed by softnic's
 //!   own engine as the equivalent `ibv_send_wr` (`wr_id` = the mlx5 opcode and WQE
 //!   counter): data really moves, to the peer's receive queue or memory, with softnic's
-//!   checks and errors. A QP in ERR flushes each WQE, as the hardware does. The step runs
-//!   at every poll of the direct poller (the setup layer's `DirectPoller::poll`), at every
-//!   `ibv_poll_cq` of the fabric, and from [`crate::mlx5_step`]: deterministic, no thread.
+//!   checks and errors. A QP in ERR flushes each WQE, as the hardware does; before RTS
+//!   the WQEs wait. The step runs at every poll of the direct poller (the setup layer's
+//!   `DirectPoller::poll`), at every `ibv_poll_cq` of the fabric, and from
+//!   [`crate::mlx5_step`]: deterministic, no thread.
 //! - **CQEs**: requester CQEs (opcode, WQE counter, QP number, byte count; error CQEs with
 //!   the syndrome of the status), responder CQEs for receives, the owner bit of each pass;
 //!   a CQE with no room (the consumer index in the doorbell record) overflows the CQ
@@ -554,7 +555,9 @@ impl Fabric {
                 };
                 let target = dv.dbr() & 0xffff;
                 let cur = dv.dev_cur;
-                if cur & 0xffff == target || q.state == IBV_QPS_RESET {
+                // The send queue is processed in RTS, and flushed in ERR; before RTS the
+                // WQEs wait, as the hardware leaves them (RESET also clears the record).
+                if cur & 0xffff == target || !matches!(q.state, IBV_QPS_RTS | IBV_QPS_ERR) {
                     break;
                 }
                 let parsed = Wqe::parse(dv, cur, q.qpt == IBV_QPT_UD);

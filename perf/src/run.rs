@@ -21,6 +21,12 @@ use crate::svg;
 pub const FALLBACK_NOTE: &str = "hotverbs-perf: no RDMA device found: running loopback on \
 softnic, hotverbs' in-process software device (name a device with -d for a real run)";
 
+/// [`FALLBACK_NOTE`] for `--direct` / `--compare_direct`, which need a ConnectX: the
+/// fallback is softnic's simulated one.
+pub const FALLBACK_DIRECT_NOTE: &str = "hotverbs-perf: no RDMA device found: running loopback \
+on softnic_mlx5, softnic's simulated ConnectX, for the mlx5 direct path (it shows the path \
+working; the times are the simulator's; name a ConnectX with -d for a real run)";
+
 /// What a server started with `-p 0` prints on stderr, followed by the port it listens on,
 /// once it listens: a client started after this line connects at the first try.
 pub const LISTENING: &str = "hotverbs-perf: listening on TCP port ";
@@ -167,7 +173,11 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
         )));
     }
     let timeout = Duration::from_secs_f64(args.timeout);
-    let choice = setup::choose(args.device.as_deref());
+    let mut choice = setup::choose(args.device.as_deref());
+    let direct = args.direct || args.compare_direct;
+    if choice.fallback && direct {
+        choice.device = hotverbs::SOFTNIC_MLX5.to_string();
+    }
     let softnic = choice.device == SOFTNIC || choice.device == hotverbs::SOFTNIC_MLX5;
     let role = if args.host.is_some() {
         Role::Client
@@ -215,10 +225,20 @@ pub fn run(args: &Args) -> Result<(), PerfError> {
                     .into(),
             ));
         }
+        if choice.fallback {
+            eprintln!("{FALLBACK_DIRECT_NOTE}");
+        }
         return compare_direct(args, &params, &choice.device, timeout);
     }
     if choice.fallback {
-        eprintln!("{FALLBACK_NOTE}");
+        eprintln!(
+            "{}",
+            if direct {
+                FALLBACK_DIRECT_NOTE
+            } else {
+                FALLBACK_NOTE
+            }
+        );
     }
     let dev = open_device(args, &choice.device)?;
     match role {

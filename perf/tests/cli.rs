@@ -149,6 +149,26 @@ fn embedded_default_says_so_in_one_line() {
     assert!(out.contains("softnic"), "{out}");
 }
 
+/// `--direct` (and `--compare_direct`) with no device named and none present: the embedded
+/// default is softnic's simulated ConnectX, said in one line.
+#[test]
+fn embedded_default_for_direct_is_the_simulated_connectx() {
+    if !hotverbs_has_no_real_device() {
+        println!("skipped: a real RDMA device exists");
+        return;
+    }
+    for mode in ["--direct", "--compare_direct"] {
+        let o = perf(&["send_lat", mode, "-n", "100"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{mode}: {err}");
+        let notes: Vec<&str> = err.lines().filter(|l| l.contains("softnic")).collect();
+        assert_eq!(notes.len(), 1, "{mode}: {err}");
+        assert!(notes[0].contains("no RDMA device"), "{mode}: {err}");
+        assert!(notes[0].contains("softnic_mlx5"), "{mode}: {err}");
+        assert!(out.contains("mlx5 direct WQEs"), "{mode}: {out}");
+    }
+}
+
 fn hotverbs_has_no_real_device() -> bool {
     // /sys/class/infiniband lists kernel RDMA devices; absent or empty means none.
     std::fs::read_dir("/sys/class/infiniband")

@@ -763,6 +763,67 @@ mod tests {
         assert_eq!(recv[63] & 1, 0, "first pass: owner bit 0");
     }
 
+    /// Whatever bytes a send queue holds (a buggy ring, stale blocks), parsing a WQE never
+    /// panics or reads outside the queue, and what it accepts stays within its `ds`.
+    #[test]
+    fn random_send_queue_bytes_parse_or_are_refused() {
+        let wqe_cnt = 8u32;
+        DV_QPS.fetch_add(1, Ordering::Relaxed); // the DvQp's drop takes it back
+        let q = DvQp {
+            sq: Region::new(wqe_cnt as usize * BB, 0),
+            db: Region::new(64, 0),
+            bf: Region::new(4096, 0),
+            wqe_cnt,
+            dev_cur: 0,
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut ok, mut refused) = (0, 0);
+        for round in 0..20_000u32 {
+            for i in 0..wqe_cnt as usize * BB {
+                // SAFETY: inside the SQ.
+                unsafe { q.sq.ptr.add(i).write(next() as u8) };
+            }
+            let cur = round % 64;
+            // Half the rounds name the right WQE counter, so parsing goes past the ctrl.
+            if round % 2 == 0 {
+                let base = (cur & (wqe_cnt - 1)) as usize * BB;
+                let oio = (cur << 8)
+                    | [op::SEND, op::RDMA_WRITE, op::ATOMIC_CS][round as usize % 3] as u32;
+                // SAFETY: inside the SQ.
+                unsafe {
+                    q.sq.ptr
+                        .add(base)
+                        .cast::<[u8; 4]>()
+                        .write(oio.to_be_bytes())
+                };
+            }
+            match Wqe::parse(&q, cur, round % 5 == 0) {
+                Ok(w) => {
+                    ok += 1;
+                    assert!(w.bbs >= 1 && w.bbs <= 16, "{}", w.bbs);
+                    let len = w.inline.as_ref().map_or(0, Vec::len);
+                    assert!(
+                        len <= w.bbs as usize * BB,
+                        "inline {len} in {} blocks",
+                        w.bbs
+                    );
+                    assert!(w.sges.len() <= 63);
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            ok > 1000 && refused > 1000,
+            "both kinds seen: {ok} / {refused}"
+        );
+    }
+
     /// A full CQ refuses the next CQE (the caller raises CQ_ERR), and the consumer index in
     /// the doorbell record makes room again.
     #[test]

@@ -315,8 +315,10 @@ impl Cq {
     /// completions again. [`Cq::poll`], [`Cq::poller`] and [`Cq::ex_poller`] are refused
     /// (`EBUSY`) from the first direct poller on; a new `direct_poller` takes over where the
     /// last one stopped, and [`Cq::req_notify`] arms the CQ from its consumer index. A
-    /// refused `direct_poller` (not mlx5, a CQ it does not model) leaves the CQ to the
-    /// verbs pollers.
+    /// refused `direct_poller` leaves the CQ to the verbs pollers: untouched when refused as
+    /// not mlx5 or busy (checked before `mlx5dv_init_obj`); refused after it (a CQ it does
+    /// not model: 128-byte CQEs), the CQ is DV-owned in libmlx5, which then no longer
+    /// removes a reset or destroyed QP's completions from it: poll them before resetting.
     ///
     /// # Errors
     /// `DirectPoller: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX (use
@@ -327,11 +329,20 @@ impl Cq {
         if !self.context().is_mlx5() {
             return Err(not_mlx5(VERB, self.context()));
         }
-        let (desc, arm) = self.mlx5_cq_arm()?;
+        // The slot first: a call refused because a verbs poller exists must leave the CQ
+        // exactly as it was, and mlx5dv_init_obj would not (libmlx5 marks the CQ DV-owned
+        // and stops cleaning it on a QP's reset or destruction, under that poller).
         if self.inner.rings.take_poller() {
             return Err(Error::new(VERB, libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
         }
+        let (desc, arm) = match self.mlx5_cq_arm() {
+            Ok(d) => d,
+            Err(e) => {
+                self.inner.rings.release_poller();
+                return Err(e);
+            }
+        };
         // SAFETY: libmlx5's description of this live CQ, borrowed for the poller's life;
         // the flag just taken makes this its only consumer (Cq::poll and other pollers
         // are refused); direct rings attach only their own wrid tables, owned by this CQ.

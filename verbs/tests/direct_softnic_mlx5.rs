@@ -67,3 +67,8 @@ fn two_direct_rings_share_one_direct_poller() {
 fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
     mlx5_cases::a_send_waiting_for_a_receive_completes_once_one_is_posted(&sim());
 }
+
+#[test]
+fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
+    mlx5_cases::a_refused_direct_poller_leaves_the_verbs_poller_working(&sim());
+}

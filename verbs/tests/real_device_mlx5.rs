@@ -82,3 +82,10 @@ fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
         mlx5_cases::a_send_waiting_for_a_receive_completes_once_one_is_posted(&ctx);
     }
 }
+
+#[test]
+fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::a_refused_direct_poller_leaves_the_verbs_poller_working(&ctx);
+    }
+}

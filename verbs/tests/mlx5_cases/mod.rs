@@ -611,3 +611,38 @@ pub fn a_send_waiting_for_a_receive_completes_once_one_is_posted(ctx: &Context) 
     assert!(wc[0].is_ok(), "{:?}", wc[0]);
     assert_eq!(rx.read_vec(0, 4).unwrap(), b"hold");
 }
+
+/// A `direct_poller` refused because the CQ already has a verbs poller leaves the CQ as it
+/// was: the verbs poller keeps receiving the completions (the refusal comes before
+/// `mlx5dv_init_obj`, which would make the CQ the direct path's).
+pub fn a_refused_direct_poller_leaves_the_verbs_poller_working(ctx: &Context) {
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
+    let (a, _b) = pair(ctx, &pd, &cq_a, &cq_b);
+    let dst = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let mut vp = cq_a.poller::<8>().unwrap();
+    let e = cq_a.direct_poller::<8>().unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    let mut ring = a
+        .send_ring::<16>(SendConfig::new(0, 16, 64).remote(dst.remote().into()))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for round in 0..4u64 {
+        ring.signal_next();
+        let seq = ring
+            .send_now(Msg::write(Local::Inline(b"verbs"), round * 8))
+            .unwrap();
+        while !ring.is_retired(seq) {
+            for c in vp.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the verbs poller got nothing"
+            );
+        }
+    }
+    drop(vp);
+    assert!(cq_a.poll(&mut [Wc::default()]).is_ok(), "still a verbs CQ");
+}

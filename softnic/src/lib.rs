@@ -29,7 +29,8 @@
 //!   of completion timestamps.
 //! - [`counting`]: the counting test device.
 //! - [`Config::mlx5`]: the mlx5 personality, a simulated ConnectX behind
-//!   [`mlx5dv_init_obj`], run by [`mlx5_step`] and every poll (see `fabric/dv.rs`).
+//!   [`mlx5dv_init_obj`], run by [`mlx5_step`], every poll and a wait on a completion
+//!   channel (see `fabric/dv.rs`).
 //! - [`mlx5sim`]: a bare simulated ConnectX send queue and CQ, for the datapath's own tests.
 //!
 //! # Example
@@ -645,6 +646,48 @@ pub unsafe fn mlx5dv_init_obj(obj: *mut hotverbs_ffi::mlx5dv::mlx5dv_obj, kind: 
 /// too; a test calls it to let the device work without polling.
 pub fn mlx5_step() -> u32 {
     fabric::lock().dv_step()
+}
+
+/// Whether the mlx5 personality's simulated device has queues to run (a QP handed out by
+/// [`mlx5dv_init_obj`]). A thread waiting on a softnic completion channel then runs
+/// the device while it waits ([`wait_fd_stepping`]), as a ConnectX runs on its own.
+pub fn mlx5_active() -> bool {
+    fabric::DV_QPS.load(core::sync::atomic::Ordering::Relaxed) != 0
+}
+
+/// Waits up to `timeout` (`None`: for ever) for `fd` (a softnic channel's) to become
+/// readable, running the simulated ConnectX ([`mlx5_step`]) every millisecond meanwhile,
+/// so WQEs written straight into a send queue complete and raise their events with nobody
+/// polling. `Ok(true)`: readable; `Ok(false)`: the timeout passed, or no simulated queue
+/// is left (then the caller waits as usual). A blocking `ibv_get_cq_event` on a softnic
+/// channel waits this way; so does `hotverbs::CompChannel::wait_cq_event`. A thread that
+/// waits on the fd by itself (`epoll`) still needs someone to poll or step.
+pub fn wait_fd_stepping(fd: i32, timeout: Option<std::time::Duration>) -> std::io::Result<bool> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        mlx5_step();
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let slice = left.map_or(1, |l| l.as_millis().min(1) as i32);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, slice) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if left.is_some_and(|l| l.is_zero()) || !mlx5_active() {
+            return Ok(false);
+        }
+    }
 }
 
 /// Moves `qp` to ERR as a fatal error would: its receives and waiting send WRs complete

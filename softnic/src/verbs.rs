@@ -900,9 +900,22 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     let _errno = ErrnoScope::enter();
-    // Block (or not, if the application made the fd non-blocking) outside the lock.
     // SAFETY: live channel (caller).
-    if !fabric::wait_fd(unsafe { (*ch).fd }) {
+    let fd = unsafe { (*ch).fd };
+    if crate::mlx5_active() {
+        // The simulated ConnectX runs on while we wait, as the hardware would: WQEs written
+        // straight into a send queue complete, and raise this event, with nobody polling.
+        // SAFETY: F_GETFL on the channel's own fd.
+        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+            crate::mlx5_step();
+        } else {
+            // An error of poll (none expected on our own pipe) leaves the read below to
+            // block or report it.
+            let _ = crate::wait_fd_stepping(fd, None);
+        }
+    }
+    // Block (or not, if the application made the fd non-blocking) outside the lock.
+    if !fabric::wait_fd(fd) {
         return -1;
     }
     let mut f = lock();

@@ -201,6 +201,13 @@ pub struct CqEvent {
     user_context: u64,
 }
 
+// SAFETY: the pointer is only compared (`is_for`) or handed out raw (`cq_raw`, whose use
+// is the caller's unsafe business); nothing here dereferences it, so an event can be taken
+// on one thread and dispatched on another.
+unsafe impl Send for CqEvent {}
+// SAFETY: as above; the event is immutable.
+unsafe impl Sync for CqEvent {}
+
 impl CqEvent {
     /// The raw CQ the event is for.
     pub fn cq_raw(&self) -> *mut ibv_cq {
@@ -893,7 +900,8 @@ impl CompChannel {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if !poll_readable(self.as_fd(), left)
+            if !self
+                .readable(left)
                 .map_err(|e| e.with_hint("poll on the channel fd"))?
             {
                 return Ok(None);
@@ -904,6 +912,27 @@ impl CompChannel {
                 r => return r.map(Some),
             }
         }
+    }
+
+    /// `poll(2)` on the fd for up to `timeout`. On softnic while its simulated ConnectX has
+    /// queues, the device runs meanwhile (`hotverbs_softnic::wait_fd_stepping`): a direct
+    /// ring's WQEs complete and raise their events with nobody polling, as on hardware.
+    fn readable(&self, timeout: Duration) -> Result<bool> {
+        #[cfg(feature = "softnic")]
+        if self.inner.ctx.kind() == crate::device::DeviceKind::Softnic
+            && hotverbs_softnic::mlx5_active()
+        {
+            let deadline = Instant::now() + timeout;
+            if hotverbs_softnic::wait_fd_stepping(self.as_raw_fd(), Some(timeout))
+                .map_err(|e| Error::new("poll", e.raw_os_error().unwrap_or(libc::EIO)))?
+            {
+                return Ok(true);
+            }
+            // The simulated queues went away meanwhile: wait the rest as usual.
+            let left = deadline.saturating_duration_since(Instant::now());
+            return poll_readable(self.as_fd(), left);
+        }
+        poll_readable(self.as_fd(), timeout)
     }
 
     /// `ibv_destroy_comp_channel(3)` now, returning its error (`EBUSY` while CQs use it).

@@ -19,8 +19,10 @@
 //!   counter): data really moves, to the peer's receive queue or memory, with softnic's
 //!   checks and errors. A QP in ERR flushes each WQE, as the hardware does; before RTS
 //!   the WQEs wait. The step runs at every poll of the direct poller (the setup layer's
-//!   `DirectPoller::poll`), at every `ibv_poll_cq` of the fabric, and from
-//!   [`crate::mlx5_step`]: deterministic, no thread.
+//!   `DirectPoller::poll`), at every `ibv_poll_cq` of the fabric, every millisecond while
+//!   a thread waits on a softnic completion channel ([`crate::wait_fd_stepping`]: a
+//!   blocking `ibv_get_cq_event`, `CompChannel::wait_cq_event`), and from
+//!   [`crate::mlx5_step`]: no thread of its own.
 //! - **CQEs**: requester CQEs (opcode, WQE counter, QP number, byte count; error CQEs with
 //!   the syndrome of the status), responder CQEs for receives, the owner bit of each pass;
 //!   a CQE with no room (the consumer index in the doorbell record) overflows the CQ

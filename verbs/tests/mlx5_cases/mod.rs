@@ -249,8 +249,11 @@ pub fn direct_ring_reset_qp_cleans_the_cq_and_recovers(ctx: &Context) {
 }
 
 /// Event-driven use of the direct path: `req_notify` on a CQ a direct poller polls arms it
-/// from the poller's consumer index (libmlx5's own one falls behind), three rounds of arm,
-/// signaled send, event, poll; the sequence number follows the events taken.
+/// from the poller's consumer index (libmlx5's own one falls behind), four rounds of arm,
+/// signaled send, event, poll; the sequence number follows the events taken. Nobody polls
+/// or runs the device between the send and the event: the device runs by itself (softnic's
+/// simulated one while a thread waits on the channel). Odd rounds wait in a blocking
+/// `get_cq_event` on another thread (a minute's guard turns a hang into a failure).
 pub fn req_notify_on_a_direct_cq_wakes_for_each_new_completion(ctx: &Context) {
     let pd = ctx.alloc_pd().unwrap();
     let ch = ctx.create_comp_channel().unwrap();
@@ -268,7 +271,7 @@ pub fn req_notify_on_a_direct_cq_wakes_for_each_new_completion(ctx: &Context) {
             SendConfig::new(0, 16, 64).remote(dst.remote().into()),
         )
         .unwrap();
-    for round in 0..3u64 {
+    for round in 0..4u64 {
         // Armed from the poller's consumer index, after the last round's completion.
         cq_a.req_notify(false).unwrap();
         // Armed at the poller's consumer index: nothing new yet, so no event (an arm from
@@ -282,12 +285,20 @@ pub fn req_notify_on_a_direct_cq_wakes_for_each_new_completion(ctx: &Context) {
         let seq = ring
             .send_now(Msg::write(Local::Inline(b"wake"), round * 8))
             .unwrap();
-        // Nobody polls while we wait for the event: softnic's device must be run.
-        let_device_run(ctx);
-        let ev = ch
-            .wait_cq_event(Duration::from_secs(10))
-            .unwrap()
-            .unwrap_or_else(|| panic!("round {round}: no event"));
+        let ev = if round % 2 == 0 {
+            ch.wait_cq_event(Duration::from_secs(10))
+                .unwrap()
+                .unwrap_or_else(|| panic!("round {round}: no event"))
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = ch.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(waiter.get_cq_event());
+            });
+            rx.recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("round {round}: get_cq_event still blocked"))
+                .unwrap()
+        };
         assert!(ev.is_for(&cq_a));
         cq_a.ack_events(1);
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -72,3 +72,48 @@ fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
 fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
     mlx5_cases::a_refused_direct_poller_leaves_the_verbs_poller_working(&sim());
 }
+
+/// A non-blocking channel on the simulated ConnectX: each `get_cq_event` runs the device
+/// once, so a signaled WQE rung since the last try completes and its event is there at
+/// once (one try, deterministic); with nothing rung, `EAGAIN`.
+#[test]
+fn a_non_blocking_get_cq_event_runs_the_simulated_device_once() {
+    let ctx = sim();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    ch.set_nonblocking(true).unwrap();
+    let cq_a = ctx.create_cq(64, Some(&ch)).unwrap();
+    let cq_b = ctx.create_cq(64, None).unwrap();
+    let (a, _b) = mlx5_cases::pair(&ctx, &pd, &cq_a, &cq_b);
+    let dst = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let mut poller = cq_a.direct_poller::<8>().unwrap();
+    let mut ring = a
+        .direct_ring(
+            &mut poller,
+            SendConfig::new(0, 8, 64).remote(dst.remote().into()),
+        )
+        .unwrap();
+    cq_a.req_notify(false).unwrap();
+    let e = ch.get_cq_event().unwrap_err();
+    assert_eq!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock,
+        "nothing rung: {e}"
+    );
+    ring.signal_next();
+    let seq = ring.send_now(Msg::write(Local::Inline(b"now"), 0)).unwrap();
+    let ev = ch
+        .get_cq_event()
+        .expect("the try ran the device: the event is there");
+    assert!(ev.is_for(&cq_a));
+    cq_a.ack_events(1);
+    for c in poller.poll().unwrap() {
+        ring.on_completion(c).unwrap();
+    }
+    assert!(ring.is_retired(seq), "{ring:?}");
+    let mut got = [0u8; 3];
+    dst.read_into(0, &mut got).unwrap();
+    assert_eq!(&got, b"now");
+}

@@ -105,7 +105,9 @@ pub enum Local<'d> {
     Inline(&'d [u8]),
     /// Registered memory (zero-copy): the NIC reads it (SEND/WRITE) or writes it
     /// (READ/atomic result) until the covering completion. Only the `unsafe`
-    /// [`SendRing::stage`] accepts it. Payloads up to `max_inline` are still sent inline.
+    /// [`SendRing::stage`] accepts it. SEND / WRITE payloads up to `max_inline` are still
+    /// sent inline (read by the CPU while posting) unless the ring was configured with
+    /// [`SendConfig::inline_bufs`]`(false)`, which device memory (a dmabuf MR) needs.
     Buf(LocalBuf),
 }
 
@@ -211,6 +213,7 @@ pub struct SendConfig {
     pub(crate) batch: u32,
     pub(crate) remote: Option<RemoteBuf>,
     pub(crate) ud: Option<UdDest>,
+    pub(crate) inline_bufs: bool,
 }
 
 impl SendConfig {
@@ -229,6 +232,7 @@ impl SendConfig {
             batch: half,
             remote: None,
             ud: None,
+            inline_bufs: true,
         }
     }
 
@@ -254,6 +258,26 @@ impl SendConfig {
     pub const fn ud(mut self, dest: UdDest) -> Self {
         self.ud = Some(dest);
         self
+    }
+
+    /// Whether a registered buffer ([`Local::Buf`]) of at most `max_inline` bytes is sent
+    /// inline (the default: the CPU copies it while posting, and the WR no longer needs the
+    /// memory once posted). `false`: registered buffers always go by SGE, read by the NIC
+    /// only. Required for device memory, which the CPU cannot read: a dmabuf registration
+    /// (GPU memory, `hotverbs::Pd::reg_dmabuf_mr`), whose `addr` is an IOVA, not an address
+    /// in this process. Inline payloads ([`Local::Inline`]) are inline either way.
+    pub const fn inline_bufs(mut self, on: bool) -> Self {
+        self.inline_bufs = on;
+        self
+    }
+
+    /// The limit below which a [`Local::Buf`] goes inline: `len < limit` (0: never).
+    pub(crate) const fn buf_inline_limit(&self) -> usize {
+        if self.inline_bufs {
+            self.max_inline as usize + 1
+        } else {
+            0
+        }
     }
 
     /// The same configuration with another ring id (a setup layer that hands out ring ids
@@ -295,6 +319,9 @@ struct State {
     id_off: u64,
     /// The inline limit, as wide as a slice length (one compare per inline message).
     max_inline: usize,
+    /// A [`Local::Buf`] of `len < buf_inline` bytes goes inline
+    /// ([`SendConfig::inline_bufs`]).
+    buf_inline: usize,
     has_remote: bool,
     /// A [`Batch`] is open (or was leaked with `mem::forget`).
     batch_open: bool,
@@ -360,6 +387,7 @@ struct FastParams {
     /// format itself.
     fmt_poison: u8,
     max_inline: usize,
+    buf_inline: usize,
     has_remote: bool,
     remote_addr: u64,
     remote_len: u64,
@@ -389,7 +417,7 @@ const KIND_BUF: u8 = 3 << 3;
 /// message built outside a loop the whole function is loop-invariant and the compiler
 /// hoists it.
 #[inline(always)]
-fn fmt_of(msg: &Msg<'_>, max_inline: usize) -> u8 {
+fn fmt_of(msg: &Msg<'_>, max_inline: usize, buf_inline: usize) -> u8 {
     let kind = match msg.local {
         Local::Empty => KIND_EMPTY,
         Local::Inline(data) => {
@@ -399,7 +427,7 @@ fn fmt_of(msg: &Msg<'_>, max_inline: usize) -> u8 {
             KIND_INLINE
         }
         Local::Buf(b) => {
-            if b.len as usize <= max_inline && msg.op.may_inline() {
+            if (b.len as usize) < buf_inline && msg.op.may_inline() {
                 KIND_BUF_INLINE
             } else {
                 KIND_BUF
@@ -598,6 +626,7 @@ impl<const N: usize> SendRing<N> {
                 signal_every: cfg.signal_every as u64,
                 batch: cfg.batch as u64,
                 max_inline: cfg.max_inline as usize,
+                buf_inline: cfg.buf_inline_limit(),
                 batch_open: false,
                 lone_key: tag::UNFORMATTED,
                 lone_fmt: tag::UNFORMATTED,
@@ -760,8 +789,11 @@ impl<const N: usize> SendRing<N> {
     /// completions of this ring's QP, per [`new`](Self::new)'s contract) or the unsafe
     /// [`reset`](Self::reset) returned. For a
     /// [`Local::Inline`]: the bytes stay valid until the WR is posted (the next flush,
-    /// automatic or explicit, or `reset`). Safe alternatives: [`send_now`](Self::send_now)
-    /// and [`batch`](Self::batch).
+    /// automatic or explicit, or `reset`). A SEND / WRITE [`Local::Buf`] of at most
+    /// `max_inline` bytes is, by default, sent inline: the CPU reads it at its `addr` when
+    /// posting, so it must be memory of this process; device memory (a dmabuf MR, whose
+    /// `addr` is an IOVA) needs [`SendConfig::inline_bufs`]`(false)`. Safe alternatives:
+    /// [`send_now`](Self::send_now) and [`batch`](Self::batch).
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         if self.st.batch_open {
@@ -777,6 +809,7 @@ impl<const N: usize> SendRing<N> {
         FastParams {
             fmt_poison: if self.st.batch == 1 { FMT_POISON } else { 0 },
             max_inline: self.st.max_inline,
+            buf_inline: self.st.buf_inline,
             has_remote: self.st.has_remote,
             remote_addr: self.st.remote.addr,
             remote_len: self.st.remote.len,
@@ -805,7 +838,7 @@ impl<const N: usize> SendRing<N> {
     fn try_fast(&mut self, id: u64, p: &FastParams, msg: &Msg<'_>) -> Result<bool, SendError> {
         let i = id as usize & Self::MASK;
         // A too-long inline payload has no format: it takes the slow path, which refuses it.
-        if self.tags[i] != fmt_of(msg, p.max_inline) | p.fmt_poison {
+        if self.tags[i] != fmt_of(msg, p.max_inline, p.buf_inline) | p.fmt_poison {
             return Ok(false);
         }
         let remote = match msg.op {
@@ -940,7 +973,7 @@ impl<const N: usize> SendRing<N> {
         // room.
         // SAFETY: i < N (masked); raw access only; as above.
         unsafe { self.write_per_message(i, msg, remote, id) };
-        let fmt = fmt_of(msg, max_inline);
+        let fmt = fmt_of(msg, max_inline, self.st.buf_inline);
         let num_sge = !matches!(msg.local, Local::Empty) as u32;
         self.slow_stage(fmt, msg.op.raw() | num_sge << 16, post)
     }
@@ -1298,7 +1331,7 @@ impl<const N: usize> SendRing<N> {
     fn lone_takes(&mut self, msg: &Msg<'_>, key: u8) -> bool {
         // The format without the length check (a constant for a message built in place),
         // then the length.
-        let fmt = fmt_of(msg, usize::MAX);
+        let fmt = fmt_of(msg, usize::MAX, usize::MAX);
         if let Local::Inline(d) = msg.local {
             if d.len() > self.st.max_inline {
                 return false;

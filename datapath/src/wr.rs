@@ -76,6 +76,9 @@ struct Fast {
     id_bits: u64,
     qpx: *mut ibv_qp_ex,
     max_inline: usize,
+    /// A [`Local::Buf`] of `len < buf_inline` bytes goes inline
+    /// ([`SendConfig::inline_bufs`]).
+    buf_inline: usize,
     remote: RemoteBuf,
     has_remote: bool,
     /// Builders the QP has, one bit per [`Opcode`].
@@ -167,7 +170,7 @@ impl Fast {
     #[inline(always)]
     unsafe fn build(&self, open: &mut bool, msg: &Msg<'_>, remote: u64, signaled: bool) {
         let qp = self.qpx;
-        let max_inline = self.max_inline;
+        let buf_inline = self.buf_inline;
         let seq = self.seq;
         // SAFETY: the QP is live with the ops `new` checked and `check` found; the region is
         // this ring's (new's contract); inline data is copied by the provider during the call,
@@ -181,7 +184,7 @@ impl Fast {
                 Local::Empty => (false, 0, 0, 0),
                 Local::Inline(d) => (true, d.as_ptr() as u64, d.len() as u32, 0),
                 Local::Buf(b) => (
-                    b.len as usize <= max_inline
+                    (b.len as usize) < buf_inline
                         && matches!(
                             msg.op,
                             Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
@@ -376,6 +379,7 @@ impl WrRing {
                     id_bits: wr_id::encode(cfg.ring_id, 0),
                     qpx,
                     max_inline: cfg.max_inline as usize,
+                    buf_inline: cfg.buf_inline_limit(),
                     remote: cfg.remote.unwrap_or_default(),
                     has_remote: cfg.remote.is_some(),
                     ops,
@@ -528,7 +532,9 @@ impl WrRing {
     /// For a [`Local::Buf`]: the memory stays registered and valid, and is not written (SEND
     /// / WRITE source) or not accessed (READ / atomic destination) until
     /// `self.is_retired(seq)` or the unsafe [`reset`](Self::reset) returned. Inline payloads
-    /// are copied during the call (no contract). Safe alternatives:
+    /// are copied during the call (no contract), and so, by default, is a SEND / WRITE
+    /// buffer of at most `max_inline` bytes, read by the CPU at its `addr`: device memory (a
+    /// dmabuf MR) needs [`SendConfig::inline_bufs`]`(false)`. Safe alternatives:
     /// [`send_now`](Self::send_now), [`batch`](Self::batch).
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {

@@ -564,8 +564,9 @@ impl Pd {
     /// [`write_from`](Mr::write_from), the atomics, receive leases and so `RecvRing`s)
     /// refuse the MR with `EFAULT`. Read and write it through its exporter (the GPU API).
     /// Its SGEs must never be sent `IBV_SEND_INLINE`: the provider would copy from the IOVA
-    /// on the CPU — post sends from it on a QP with `max_inline_data` 0, since the datapath's
-    /// `SendRing` inlines buffers up to that size by itself.
+    /// on the CPU — post sends from it on a QP with `max_inline_data` 0, or through a ring
+    /// configured with `SendConfig::inline_bufs(false)` (every ring otherwise inlines
+    /// buffers up to its `max_inline` by itself).
     ///
     /// softnic implements it by mapping the fd (`mmap`, shared, at `offset`) for the life
     /// of the registration, so any mappable fd (a `memfd`) stands in for a GPU buffer there.

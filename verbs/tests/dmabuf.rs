@@ -11,8 +11,8 @@ use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use hotverbs::{
-    AccessFlags, ConnectOptions, Context, Cq, Pd, Qp, QpBuilder, QpType, RecvConfig, SendWr,
-    SoftnicConfig,
+    AccessFlags, ConnectOptions, Context, Cq, Local, Msg, Pd, Qp, QpBuilder, QpType, RecvConfig,
+    SendConfig, SendOps, SendWr, SoftnicConfig,
 };
 
 const T: Duration = Duration::from_secs(5);
@@ -265,4 +265,122 @@ fn reg_mr_raw_registers_memory_nobody_owns() {
     // SAFETY: a null address is refused before anything is registered.
     let e = unsafe { pd.reg_mr_raw(std::ptr::null_mut(), 64, rw()) }.unwrap_err();
     assert_eq!((e.verb(), e.errno()), ("ibv_reg_mr", libc::EINVAL));
+}
+
+/// What each ring kind does with a small registered buffer, for the dmabuf test below.
+#[derive(Clone, Copy, Debug)]
+enum RingKind {
+    Send,
+    Wr,
+    Direct,
+}
+
+/// SENDs `dm.local(0, 16)` through a ring of `kind` with `max_inline` 64 and
+/// `inline_bufs(false)`, then returns what the peer received. A ring that inlined the
+/// buffer would read the IOVA on the CPU (not mapped in this process: a crash).
+fn send_from_dmabuf(kind: RingKind) -> Vec<u8> {
+    let ctx = match kind {
+        RingKind::Direct => Context::open_softnic_with(SoftnicConfig {
+            name: "softnic_mlx5".into(),
+            mlx5: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        _ => Context::open("softnic").unwrap(),
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let mut qa = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc).max_inline_data(64);
+    if let RingKind::Wr = kind {
+        qa = qa.send_ops(SendOps::SEND);
+    }
+    let a = qa.build().unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+        .build()
+        .unwrap();
+    let port = ctx.port_info(None, None).unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&port, &b.endpoint(&port), &o).unwrap();
+    b.connect(&port, &a.endpoint(&port), &o).unwrap();
+    let file = memfd(c"hotverbs-dmabuf-ring", PAGE, 0);
+    file.write_all_at(b"sixteen gpu byte", 0).unwrap();
+    // An IOVA far from anything mapped here.
+    let dm = pd
+        .reg_dmabuf_mr(file.as_fd(), 0, PAGE as usize, 0x10_0000, rw())
+        .unwrap();
+    let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    // SAFETY: rx is untouched until the receive completes.
+    unsafe { b.post_recv(7, &[rx.local(0, 64).unwrap()]).unwrap() };
+    let cfg = SendConfig::new(0, 8, 64).inline_bufs(false);
+    let msg = Msg::send(Local::Buf(dm.local(0, 16).unwrap().into()));
+    let deadline = std::time::Instant::now() + T;
+    match kind {
+        RingKind::Send => {
+            let mut poller = cq_a.poller::<8>().unwrap();
+            let mut ring = a.send_ring::<8>(cfg).unwrap();
+            ring.signal_next();
+            // SAFETY: dm stays registered (and its bytes unchanged) until retired below.
+            let seq = unsafe { ring.stage(msg) }.unwrap();
+            ring.flush().unwrap();
+            while !ring.is_retired(seq) {
+                for c in poller.poll().unwrap() {
+                    ring.on_completion(c).unwrap();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{kind:?}: no completion"
+                );
+            }
+        }
+        RingKind::Wr => {
+            let mut poller = cq_a.poller::<8>().unwrap();
+            let mut ring = a.wr_ring(cfg).unwrap();
+            ring.signal_next();
+            // SAFETY: as above.
+            let seq = unsafe { ring.stage(msg) }.unwrap();
+            ring.flush().unwrap();
+            while !ring.is_retired(seq) {
+                for c in poller.poll().unwrap() {
+                    ring.on_completion(c).unwrap();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{kind:?}: no completion"
+                );
+            }
+        }
+        RingKind::Direct => {
+            let mut poller = cq_a.direct_poller::<8>().unwrap();
+            let mut ring = a.direct_ring(&mut poller, cfg).unwrap();
+            ring.signal_next();
+            // SAFETY: as above.
+            let seq = unsafe { ring.stage(msg) }.unwrap();
+            ring.flush().unwrap();
+            while !ring.is_retired(seq) {
+                for c in poller.poll().unwrap() {
+                    ring.on_completion(c).unwrap();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{kind:?}: no completion"
+                );
+            }
+        }
+    }
+    let wc = cq_b.wait_one(T).unwrap();
+    assert_eq!((wc.wr_id(), wc.byte_len()), (7, 16), "{kind:?}: {wc:?}");
+    rx.read_vec(0, 16).unwrap()
+}
+
+/// `SendConfig::inline_bufs(false)`: every ring sends a registered buffer smaller than its
+/// `max_inline` by SGE, so device memory (a dmabuf MR, no address in this process) is read
+/// by the device only. Without it, each ring would copy the 16 bytes inline from the IOVA.
+#[test]
+fn rings_send_device_memory_by_sge_with_inline_bufs_off() {
+    for kind in [RingKind::Send, RingKind::Wr, RingKind::Direct] {
+        assert_eq!(send_from_dmabuf(kind), b"sixteen gpu byte", "{kind:?}");
+    }
 }

@@ -74,6 +74,9 @@ struct Fast {
     /// `qp_num << 8`.
     qpn8: u32,
     max_inline: u32,
+    /// A [`Local::Buf`] of `len < buf_inline` bytes goes inline
+    /// ([`SendConfig::inline_bufs`]).
+    buf_inline: u32,
     sq: *mut u8,
     wrid: *mut u64,
     remote: RemoteBuf,
@@ -220,7 +223,7 @@ impl Fast {
             Local::Empty => (Payload::Empty, 0, false),
             Local::Inline(d) => (Payload::Inline(d), d.len() as u64, true),
             Local::Buf(b) => {
-                if b.len <= self.max_inline
+                if b.len < self.buf_inline
                     && matches!(
                         msg.op,
                         Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
@@ -720,6 +723,11 @@ impl<D: Doorbell> DirectRing<D> {
                     mask: sq.wqe_cnt - 1,
                     qpn8: sq.qp_num << 8,
                     max_inline: cfg.max_inline,
+                    buf_inline: if cfg.inline_bufs {
+                        cfg.max_inline.saturating_add(1)
+                    } else {
+                        0
+                    },
                     sq: sq.buf,
                     wrid: sq.wrid,
                     remote: cfg.remote.unwrap_or_default(),
@@ -1024,7 +1032,9 @@ impl<D: Doorbell> DirectRing<D> {
     /// For a [`Local::Buf`] the NIC reads or writes: the memory stays registered and valid,
     /// and is not written (SEND / WRITE source) or not accessed (READ / atomic destination)
     /// until `self.is_retired(seq)` or the unsafe [`reset`](Self::reset) returned. A buffer
-    /// of at most `max_inline` bytes for SEND / WRITE is copied during the call.
+    /// of at most `max_inline` bytes for SEND / WRITE is, by default, copied during the call
+    /// (read by the CPU at its `addr`): device memory (a dmabuf MR) needs
+    /// [`SendConfig::inline_bufs`]`(false)`.
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         self.stage_own(msg, Gather::One, false)

@@ -67,7 +67,12 @@ enum Gather<'a> {
 struct Fast {
     seq: u64,
     event: u64,
-    id_bits: u64,
+    /// The `wr_id` of sequence `seq` is `seq + id_off` (wrapping): the ring's id bits minus
+    /// the start of `seq`'s epoch of 2^55 sequence numbers (the width of `wr_id`'s sequence
+    /// field), so the fast path adds instead of masking. Set with the event
+    /// ([`DirectRing::set_event`]) and before a slow-path build ([`Fast::set_epoch`]);
+    /// `event` never passes the end of the epoch, so the fast path stays inside it.
+    id_off: u64,
     /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE.
     cur: u32,
     mask: u32,
@@ -94,6 +99,8 @@ struct Fast {
 #[derive(Debug)]
 struct State {
     f: Fast,
+    /// `wr_id::encode(ring_id, 0)`.
+    id_bits: u64,
     batch_open: bool,
     posted: u64,
     retired: u64,
@@ -126,6 +133,12 @@ struct State {
 }
 
 impl Fast {
+    /// Sets `id_off` for the epoch of `seq` (`id_bits`: the ring's, sequence 0).
+    #[inline(always)]
+    fn set_epoch(&mut self, id_bits: u64) {
+        self.id_off = id_bits.wrapping_sub(self.seq & !wr_id::SEQ_MASK);
+    }
+
     /// Copies what staging changes (the counters and the newest WQE) into the ring's own
     /// copy; the rest of a batch's copy is the ring's, unchanged while the batch is open.
     #[inline(always)]
@@ -350,7 +363,7 @@ impl Fast {
                 .write((fm as u64) << 24 | (imm as u64) << 32);
             self.wrid
                 .add(idx as usize)
-                .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
+                .write(self.seq.wrapping_add(self.id_off));
             self.cur = self.cur.wrapping_add(1);
             (ctrl, ds)
         }
@@ -474,7 +487,7 @@ impl Fast {
             ctrl.add(8).cast::<u64>().write(w1);
             self.wrid
                 .add(idx as usize)
-                .write(self.id_bits | (self.seq & wr_id::SEQ_MASK));
+                .write(self.seq.wrapping_add(self.id_off));
             self.cur = self.cur.wrapping_add(ds.div_ceil(4));
             self.set_last(ctrl, if inline { ds } else { 0 });
         }
@@ -718,7 +731,7 @@ impl<D: Doorbell> DirectRing<D> {
                 f: Fast {
                     seq: 0,
                     event: 0,
-                    id_bits: wr_id::encode(cfg.ring_id, 0),
+                    id_off: wr_id::encode(cfg.ring_id, 0),
                     cur: 0,
                     mask: sq.wqe_cnt - 1,
                     qpn8: sq.qp_num << 8,
@@ -736,6 +749,7 @@ impl<D: Doorbell> DirectRing<D> {
                     last: sq.buf,
                     one_max: if sq.ud { 0 } else { cfg.max_inline.min(44) },
                 },
+                id_bits: wr_id::encode(cfg.ring_id, 0),
                 batch_open: false,
                 posted: 0,
                 retired: 0,
@@ -794,6 +808,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// `drop` follows with this.
     #[inline(always)]
     fn set_event(&mut self, e: u64) {
+        self.st.f.set_epoch(self.st.id_bits);
         self.st.f.event = e;
         self.st.lone_event = if self.st.f.seq == self.st.posted && !self.st.batch_open {
             e
@@ -808,7 +823,13 @@ impl<D: Doorbell> DirectRing<D> {
         let st = &self.st;
         let cap = (st.retired + st.limit).saturating_sub(1);
         let batch_end = st.posted + st.batch - 1;
-        st.next_signal.min(cap).min(batch_end).max(st.f.seq)
+        // The first sequence number of the next epoch takes the slow path (see `id_off`).
+        let epoch_end = (st.f.seq | wr_id::SEQ_MASK).wrapping_add(1);
+        st.next_signal
+            .min(cap)
+            .min(batch_end)
+            .min(epoch_end)
+            .max(st.f.seq)
     }
 
     /// Stages one message through the fast-path copy `f`; the slow path otherwise.
@@ -839,12 +860,14 @@ impl<D: Doorbell> DirectRing<D> {
                     return Err(e);
                 }
             };
+            f.set_epoch(self.st.id_bits);
             // SAFETY: checked, and slow_decide found room.
             let _ = unsafe { f.build(&msg, payload, remote, signaled) };
             f.seq = seq + 1;
             f.write_back(&mut self.st.f);
             self.slow_after(seq, false);
             f.event = self.st.f.event;
+            f.id_off = self.st.f.id_off;
             // The batch is still open: the ring's own copy keeps sending lone calls to
             // the slow path (see `batch`).
             self.set_event(0);
@@ -888,6 +911,7 @@ impl<D: Doorbell> DirectRing<D> {
                 seq = self.st.f.seq;
             }
             let signaled = self.slow_decide(seq)?;
+            self.st.f.set_epoch(self.st.id_bits);
             // SAFETY: checked, and slow_decide found room.
             let one = unsafe { self.st.f.build(&msg, payload, remote, signaled) };
             self.st.f.seq = seq + 1;
@@ -1193,7 +1217,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
-        if (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
+        if (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
             return Ok(0);
         }
         let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
@@ -1361,7 +1385,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// The ring id in its `wr_id`s.
     #[inline(always)]
     pub fn ring_id(&self) -> u8 {
-        wr_id::ring_of(self.st.f.id_bits)
+        wr_id::ring_of(self.st.id_bits)
     }
     /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE.
     #[inline(always)]
@@ -1453,5 +1477,133 @@ impl<D: Doorbell> Drop for DirectBatch<'_, '_, D> {
     fn drop(&mut self) {
         let f = &self.f;
         self.ring.close_batch(f.seq, f.event, f.cur, f.last);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx5::{DirectCq, DirectPoller, RecordingDoorbell};
+    use crate::{Local, Msg};
+    use hotverbs_softnic::mlx5sim::Mlx5Sim;
+
+    /// The fast path's `wr_id` is `seq + id_off`, valid within one epoch of 2^55 sequence
+    /// numbers: a ring started just before the end of the first epoch (counters set as a
+    /// ring that has retired everything has them) crosses it, and every WQE's `wrid` entry
+    /// is `encode(ring, seq)`: an unsignaled WQE in a batch at the boundary (which the
+    /// epoch's event sends to the slow path), the posts after staged WRs that crossed it
+    /// were rewound by a leaked batch (`set_event` resets the epoch), and the completions,
+    /// which retire exactly everything.
+    #[test]
+    fn sequence_numbers_cross_the_wr_id_epoch() {
+        let mut sim = Mlx5Sim::new(64, 64, 0xabc);
+        let p = sim.ptrs();
+        let sq = DirectSq {
+            buf: p.sq,
+            wqe_cnt: sim.wqe_cnt,
+            stride: 64,
+            dbrec: p.qp_dbrec,
+            bf_reg: p.bf_reg,
+            bf_size: 256,
+            bf_offset: 0,
+            qp_num: 0xabc,
+            ud: false,
+            max_inline: 64,
+            max_sge: 1,
+            wrid: p.wrid,
+        };
+        let cq = DirectCq {
+            buf: p.cq,
+            cqe_cnt: sim.cqe_cnt,
+            cqe_size: 64,
+            dbrec: p.cq_dbrec,
+            cqn: 1,
+            cons_index: 0,
+        };
+        let cfg = SendConfig::new(5, 16, 64).signal_every(4).batch(8);
+        // SAFETY: the simulator's memory outlives the ring and the poller; nothing else
+        // posts or polls.
+        let (mut r, mut poll) = unsafe {
+            let r = DirectRing::with_doorbell(sq, cfg, None, RecordingDoorbell::new(sq.bf_reg))
+                .unwrap();
+            let mut poll = DirectPoller::<16>::new(cq).unwrap();
+            poll.attach(&sq).unwrap();
+            (r, poll)
+        };
+        // The boundary (2^55) is start + 6; signals fall on start + 3, + 7, ...
+        let start = wr_id::SEQ_MASK + 1 - 6;
+        r.st.f.seq = start;
+        r.st.posted = start;
+        r.st.retired = start;
+        r.st.next_signal = start + 3;
+        let e = r.event_at();
+        r.set_event(e);
+        // Every WQE here is one block, so sequence `s` is at block `s - start`.
+        let wrid = |s: u64| {
+            // SAFETY: an entry of the simulator's 64-entry wrid table.
+            unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
+        };
+        let check = |from: u64, to: u64| {
+            for s in from..=to {
+                assert_eq!(wrid(s), wr_id::encode(5, s), "wrid of seq {s:#x}");
+            }
+        };
+        let data = [0x33u8; 20];
+        let msg = Msg::send(Local::Inline(&data));
+
+        // Staged WRs crossing the boundary, then a leaked batch: never announced, all
+        // rewound to `start`, back in the first epoch.
+        for s in start..start + 7 {
+            // SAFETY: inline payloads (copied now).
+            assert_eq!(unsafe { r.stage(msg) }.unwrap(), s);
+        }
+        check(start, start + 6);
+        core::mem::forget(r.batch());
+        // A batch crossing the boundary, leaked too.
+        let mut b = r.batch();
+        for _ in 0..7 {
+            b.push(msg).unwrap();
+        }
+        check(start, start + 6);
+        core::mem::forget(b);
+
+        let mut got = 0;
+        let mut drain = |r: &mut DirectRing<RecordingDoorbell>| {
+            sim.process();
+            for c in poll.poll().unwrap().iter() {
+                assert_eq!(c.ring(), 5, "{:#x}", c.wr_id());
+                got += r.on_completion(c).unwrap();
+            }
+        };
+        let mut last = start - 1;
+        for round in 0..12u64 {
+            let first = last + 1;
+            if round % 3 == 2 {
+                let mut b = r.batch();
+                for _ in 0..3 {
+                    last = b.push(msg).unwrap();
+                }
+                b.finish().unwrap();
+            } else {
+                last = r.send_now(msg).unwrap();
+            }
+            assert_eq!(r.posted_total(), last + 1);
+            check(first, last);
+            drain(&mut r);
+        }
+        assert!(
+            last > wr_id::SEQ_MASK + 10,
+            "the run crossed the epoch: {last:#x}"
+        );
+        r.signal_next();
+        let end = r.send_now(Msg::send(Local::Empty)).unwrap();
+        check(end, end);
+        drain(&mut r);
+        assert_eq!(
+            got,
+            end + 1 - start,
+            "everything retired, by its own completions"
+        );
+        assert_eq!(r.outstanding(), 0);
     }
 }

@@ -317,10 +317,10 @@ fn send_from_dmabuf(kind: RingKind) -> Vec<u8> {
     let cfg = SendConfig::new(0, 8, 64).inline_bufs(false);
     let msg = Msg::send(Local::Buf(dm.local(0, 16).unwrap().into()));
     let deadline = std::time::Instant::now() + T;
-    match kind {
-        RingKind::Send => {
-            let mut poller = cq_a.poller::<8>().unwrap();
-            let mut ring = a.send_ring::<8>(cfg).unwrap();
+    // The rings share no trait: the same steps on each.
+    macro_rules! send_and_retire {
+        ($poller:expr, $ring:expr) => {{
+            let (mut poller, mut ring) = ($poller, $ring);
             ring.signal_next();
             // SAFETY: dm stays registered (and its bytes unchanged) until retired below.
             let seq = unsafe { ring.stage(msg) }.unwrap();
@@ -334,40 +334,17 @@ fn send_from_dmabuf(kind: RingKind) -> Vec<u8> {
                     "{kind:?}: no completion"
                 );
             }
+        }};
+    }
+    match kind {
+        RingKind::Send => {
+            send_and_retire!(cq_a.poller::<8>().unwrap(), a.send_ring::<8>(cfg).unwrap())
         }
-        RingKind::Wr => {
-            let mut poller = cq_a.poller::<8>().unwrap();
-            let mut ring = a.wr_ring(cfg).unwrap();
-            ring.signal_next();
-            // SAFETY: as above.
-            let seq = unsafe { ring.stage(msg) }.unwrap();
-            ring.flush().unwrap();
-            while !ring.is_retired(seq) {
-                for c in poller.poll().unwrap() {
-                    ring.on_completion(c).unwrap();
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{kind:?}: no completion"
-                );
-            }
-        }
+        RingKind::Wr => send_and_retire!(cq_a.poller::<8>().unwrap(), a.wr_ring(cfg).unwrap()),
         RingKind::Direct => {
             let mut poller = cq_a.direct_poller::<8>().unwrap();
-            let mut ring = a.direct_ring(&mut poller, cfg).unwrap();
-            ring.signal_next();
-            // SAFETY: as above.
-            let seq = unsafe { ring.stage(msg) }.unwrap();
-            ring.flush().unwrap();
-            while !ring.is_retired(seq) {
-                for c in poller.poll().unwrap() {
-                    ring.on_completion(c).unwrap();
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{kind:?}: no completion"
-                );
-            }
+            let ring = a.direct_ring(&mut poller, cfg).unwrap();
+            send_and_retire!(poller, ring)
         }
     }
     let wc = cq_b.wait_one(T).unwrap();

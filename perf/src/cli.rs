@@ -238,6 +238,15 @@ pub struct Args {
     #[arg(long = "compare_direct")]
     pub compare_direct: bool,
 
+    /// Sleep on completion events instead of busy polling (perftest's `-e`): after a poll
+    /// that finds nothing, arm the CQ (`ibv_req_notify_cq`), poll once more, then block in
+    /// `ibv_get_cq_event` on its completion channel. Latency then includes the interrupt
+    /// (or, on softnic, the channel's wake-up). Each side decides for itself. Not with
+    /// write_lat (it waits for the peer's WRITE in memory, which raises no completion) or
+    /// --direct / --compare_direct.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+
     /// Print one JSON document instead of the table.
     #[arg(long = "json")]
     pub json: bool,
@@ -322,7 +331,24 @@ impl Args {
                 || self.histogram.is_some())
         {
             return Err(PerfError::Usage(
-                "--compare_direct runs the verbs path and then --direct and prints both                  tables: drop --direct / --timestamps / --use_old_post_send / --json /                  --histogram (or run one path with --direct alone)"
+                "--compare_direct runs the verbs path and then --direct and prints both \
+                 tables: drop --direct / --timestamps / --use_old_post_send / --json / \
+                 --histogram (or run one path with --direct alone)"
+                    .into(),
+            ));
+        }
+        if self.events && test == TestKind::WriteLat {
+            return Err(PerfError::Usage(
+                "--events sleeps on completions, and write_lat waits for the peer's WRITE in \
+                 memory, which raises none: drop -e, or measure event-driven latency with \
+                 send_lat"
+                    .into(),
+            ));
+        }
+        if self.events && (self.direct || self.compare_direct) {
+            return Err(PerfError::Usage(
+                "--events arms the CQ through the verbs path, and --direct reads the send CQ \
+                 behind it: drop -e or --direct / --compare_direct"
                     .into(),
             ));
         }

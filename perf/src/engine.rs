@@ -321,6 +321,19 @@ pub struct Hot {
     received: u64,
     last_imm: Option<u32>,
     clock: &'static Clock,
+    /// `--events`: sleep on the CQ's completion channel instead of spinning.
+    events: Option<Events>,
+    /// `--events`: waits on the channel so far (each after an arm and an empty poll).
+    sleeps: u64,
+}
+
+/// `--events` (perftest's `-e`): the completion channel of a side's CQ and the CQ, armed
+/// and slept on whenever a poll finds nothing.
+pub struct Events {
+    /// The channel the CQ was created on.
+    pub ch: hotverbs::CompChannel,
+    /// The CQ (send and receive completions).
+    pub cq: hotverbs::Cq,
 }
 
 // SAFETY: every raw pointer inside (the Side's handles, the rings' links) refers to objects
@@ -468,7 +481,65 @@ impl Hot {
             last_imm: None,
             // Calibrated here, before anything is timed.
             clock: clock(),
+            events: None,
+            sleeps: 0,
         })
+    }
+
+    /// Sleeps on `events` (the side's CQ and its channel) instead of spinning when a poll
+    /// finds nothing (`--events`).
+    pub fn with_events(mut self, events: Option<Events>) -> Hot {
+        self.events = events;
+        self
+    }
+
+    /// Whether this side sleeps on completion events (`--events`).
+    pub fn sleeps_on_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// After an empty poll: spin on (the watchdog counts), or with `--events` arm the CQ and
+    /// sleep until its next completion event.
+    #[inline(always)]
+    fn idle(&mut self, wd: &mut Watchdog<'_>, what: &'static str) -> Result<(), PerfError> {
+        if self.events.is_some() {
+            return self.sleep(wd, what);
+        }
+        wd.idle(self.progress_mark(), what)
+    }
+
+    /// `--events`: `ibv_req_notify_cq`, one more poll (a completion that arrived between
+    /// the empty poll and the arm raises no event), then `ibv_get_cq_event` and its ack.
+    /// The wait is cut in 100 ms slices for the watchdog (a stalled peer, an abort). The
+    /// completions are left to the caller's next poll.
+    #[inline(never)]
+    fn sleep(&mut self, wd: &mut Watchdog<'_>, what: &'static str) -> Result<(), PerfError> {
+        let ev = self.events.take().expect("events mode");
+        let r = self.sleep_on(&ev, wd, what);
+        self.events = Some(ev);
+        r
+    }
+
+    fn sleep_on(
+        &mut self,
+        ev: &Events,
+        wd: &mut Watchdog<'_>,
+        what: &'static str,
+    ) -> Result<(), PerfError> {
+        ev.cq.req_notify(false)?;
+        if self.poll()? > 0 {
+            return Ok(());
+        }
+        self.sleeps += 1;
+        loop {
+            if let Some(e) = ev.ch.wait_cq_event(Duration::from_millis(100))? {
+                if e.is_for(&ev.cq) {
+                    ev.cq.ack_events(1);
+                }
+                return Ok(());
+            }
+            wd.check(self.progress_mark(), what)?;
+        }
     }
 
     /// The signal period the send ring uses.
@@ -601,7 +672,7 @@ impl Hot {
     fn wait_recv(&mut self, target: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
         while self.received < target {
             if self.poll()? == 0 {
-                wd.idle(self.progress_mark(), "a message from the peer")?;
+                self.idle(wd, "a message from the peer")?;
             }
         }
         Ok(())
@@ -612,7 +683,7 @@ impl Hot {
     fn wait_retired(&mut self, seq: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
         while !self.send.is_retired(seq) {
             if self.poll()? == 0 {
-                wd.idle(self.progress_mark(), "a send completion")?;
+                self.idle(wd, "a send completion")?;
             }
         }
         Ok(())
@@ -728,7 +799,7 @@ impl Hot {
                 Ok(seq) => return Ok(seq),
                 Err(SendError::WouldBlock) => {
                     if self.poll()? == 0 {
-                        wd.idle(self.progress_mark(), what)?;
+                        self.idle(wd, what)?;
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -920,12 +991,12 @@ impl Hot {
             }
             // Window full: wait for a signaled completion to open it.
             if self.poll()? == 0 {
-                wd.idle(self.progress_mark(), "send completions")?;
+                self.idle(wd, "send completions")?;
             }
         }
         while self.send.outstanding() > 0 {
             if self.poll()? == 0 {
-                wd.idle(self.progress_mark(), "the last send completions")?;
+                self.idle(wd, "the last send completions")?;
             }
         }
         Ok(posted)
@@ -1157,16 +1228,17 @@ mod tests {
         Hot,
         Hot,
     ) {
-        softnic_pair_with(p, timeout, false, false)
+        softnic_pair_with(p, timeout, false, false, false)
     }
 
-    /// [`softnic_pair`] with the post path (`old`: `--use_old_post_send`) and completion
-    /// timestamps chosen.
+    /// [`softnic_pair`] with the post path (`old`: `--use_old_post_send`), completion
+    /// timestamps and completion events (`--events`) chosen.
     fn softnic_pair_with(
         p: &Params,
         timeout: Duration,
         old: bool,
         timestamps: bool,
+        events: bool,
     ) -> (
         crate::setup::Device,
         crate::setup::SideRes,
@@ -1177,7 +1249,8 @@ mod tests {
         use crate::setup::{Device, SideRes};
         let dev = Device::open("softnic", 1, None)
             .unwrap()
-            .with_paths(old, timestamps);
+            .with_paths(old, timestamps)
+            .with_events(events);
         let mut a = SideRes::new(&dev, p).unwrap();
         let mut b = SideRes::new(&dev, p).unwrap();
         let (ea, eb) = (a.endpoint(&dev, p), b.endpoint(&dev, p));
@@ -1185,10 +1258,84 @@ mod tests {
         b.connect(&dev, &ea).unwrap();
         // SAFETY: the SideRes outlive the Hots in every test (returned together and the
         // Hots are dropped first: they are declared after them in the callers' patterns).
-        let ha = unsafe { Hot::new(a.side(&eb).unwrap(), p, timeout) }.unwrap();
+        let ha = unsafe { Hot::new(a.side(&eb).unwrap(), p, timeout) }
+            .unwrap()
+            .with_events(a.events());
         // SAFETY: as above.
-        let hb = unsafe { Hot::new(b.side(&ea).unwrap(), p, timeout) }.unwrap();
+        let hb = unsafe { Hot::new(b.side(&ea).unwrap(), p, timeout) }
+            .unwrap()
+            .with_events(b.events());
         (dev, a, b, ha, hb)
+    }
+
+    /// `--events`: a side with nothing coming arms its CQ and sleeps on the channel, in
+    /// slices, until the watchdog calls the stall (no hang, no busy loop needed); a message
+    /// from the peer then wakes it. Every test kind that polls a CQ runs to the end, on
+    /// both post paths, with both sides sleeping.
+    #[test]
+    fn events_mode_sleeps_until_a_completion_and_runs_every_cq_test() {
+        let mut p = params(TestKind::SendLat, vec![8], 64);
+        p.warmup = 0;
+        let (_dev, _a, _b, mut ha, mut hb) =
+            softnic_pair_with(&p, Duration::from_millis(300), false, false, true);
+        assert!(ha.sleeps_on_events() && hb.sleeps_on_events());
+        let abort = AtomicBool::new(false);
+        let mut wd = Watchdog::new(Duration::from_millis(300), &abort);
+        match ha.wait_recv(1, &mut wd) {
+            Err(PerfError::Stall { waiting_for, .. }) => {
+                assert_eq!(waiting_for, "a message from the peer")
+            }
+            other => panic!("nothing was sent, yet {:?}", other.map(|_| ())),
+        }
+        assert_eq!(
+            ha.sleeps, 1,
+            "armed, polled nothing, slept (and no busy loop)"
+        );
+        // Woken by the peer's message: usually while asleep (the send comes a moment after
+        // the wait starts); either order ends the same way.
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let mut wd = Watchdog::new(Duration::from_secs(20), &abort);
+                ha.wait_recv(1, &mut wd)
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            let mut wd = Watchdog::new(Duration::from_secs(20), &abort);
+            hb.send_one(8, false, &mut wd).unwrap();
+            h.join().unwrap().unwrap();
+        });
+        assert_eq!(ha.received, 1);
+
+        for test in [
+            TestKind::SendLat,
+            TestKind::ReadLat,
+            TestKind::AtomicLat,
+            TestKind::SendBw,
+            TestKind::WriteBw,
+            TestKind::ReadBw,
+        ] {
+            for old in [false, true] {
+                let mut p = params(test, vec![8], 64);
+                p.warmup = 3;
+                p.amount = Amount::Iters(40);
+                if test == TestKind::AtomicLat {
+                    p.sizes = vec![8];
+                }
+                let (_dev, _a, _b, mut ha, mut hb) =
+                    softnic_pair_with(&p, Duration::from_secs(20), old, false, true);
+                let abort = AtomicBool::new(false);
+                let m = std::thread::scope(|s| {
+                    let h = crate::run::passive_works(test)
+                        .then(|| s.spawn(|| hb.passive(&p, 8, &abort)));
+                    let m = ha.active(&p, 8, &Counter::default(), &abort).unwrap();
+                    if let Some(h) = h {
+                        h.join().unwrap().unwrap();
+                    }
+                    m
+                });
+                assert_eq!(m.iterations, 40, "{test} old={old}");
+                ha.settle().unwrap();
+            }
+        }
     }
 
     #[test]
@@ -1201,7 +1348,7 @@ mod tests {
             p.warmup = 3;
             p.amount = Amount::Iters(50);
             let (_dev, _a, _b, mut ha, mut hb) =
-                softnic_pair_with(&p, Duration::from_secs(10), old, false);
+                softnic_pair_with(&p, Duration::from_secs(10), old, false, false);
             assert_eq!(
                 ha.post_path(),
                 if old { "ibv_post_send" } else { "ibv_wr_*" }
@@ -1268,7 +1415,7 @@ mod tests {
             p.amount = Amount::Iters(64);
             p.post_list = 4;
             let (_dev, _a, _b, mut ha, _hb) =
-                softnic_pair_with(&p, Duration::from_secs(10), old, false);
+                softnic_pair_with(&p, Duration::from_secs(10), old, false, false);
             let m = ha
                 .active(&p, 8, &Counter::default(), &AtomicBool::new(false))
                 .unwrap();
@@ -1301,7 +1448,7 @@ mod tests {
                 continue;
             }
             let (_dev, _a, _b, mut ha, mut hb) =
-                softnic_pair_with(&p, Duration::from_secs(10), false, true);
+                softnic_pair_with(&p, Duration::from_secs(10), false, true, false);
             assert!(ha.timestamp_clock().is_some());
             let abort = AtomicBool::new(false);
             let m = std::thread::scope(|s| {

@@ -59,6 +59,8 @@ pub struct RunInfo {
     pub post_path: String,
     /// `--timestamps`: the device clock the NIC-clock row is read with.
     pub nic_clock: Option<String>,
+    /// `--events`: this side sleeps on completion events instead of busy polling.
+    pub events: bool,
 }
 
 /// One finished size.
@@ -119,6 +121,9 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
     }
     s.push_str(&format!(" Clock          : {}\n", info.clock));
     s.push_str(&format!(" Post path      : {}\n", info.post_path));
+    if info.events {
+        s.push_str(" Completions    : events (ibv_req_notify_cq, ibv_get_cq_event)\n");
+    }
     if let Some(c) = &info.nic_clock {
         s.push_str(&format!(" NIC clock      : {c}\n"));
     }
@@ -257,6 +262,7 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
         "note": info.note,
         "post_path": info.post_path,
         "nic_clock": info.nic_clock,
+        "events": info.events,
         "results": rows,
     })
 }
@@ -295,6 +301,7 @@ mod tests {
             note: None,
             post_path: "ibv_wr_*".into(),
             nic_clock: None,
+            events: false,
         }
     }
 

@@ -35,6 +35,10 @@ pub const LISTENING: &str = "hotverbs-perf: listening on TCP port ";
 pub const LOOPBACK_NOTE: &str = "loopback: two QPs in this process connected to each other; \
 the passive side runs on its own thread and both busy-poll, as two hosts would";
 
+/// [`LOOPBACK_NOTE`] with `--events`.
+pub const LOOPBACK_EVENTS_NOTE: &str = "loopback: two QPs in this process connected to each \
+other; the passive side runs on its own thread and both sleep on completion events (-e)";
+
 /// The note of a run on `softnic_mlx5`, softnic's simulated ConnectX.
 pub const SIM_NOTE: &str = "softnic_mlx5 simulates a ConnectX in this process (the WQEs the \
 direct path writes are parsed and executed by softnic at each poll): it shows the direct path \
@@ -157,7 +161,7 @@ fn progress_enabled(args: &Args) -> bool {
 }
 
 /// Does the passive side of `t` do anything (answer pings, consume SENDs)?
-fn passive_works(t: TestKind) -> bool {
+pub(crate) fn passive_works(t: TestKind) -> bool {
     t.is_ping_pong() || t == TestKind::SendBw
 }
 
@@ -305,7 +309,8 @@ fn comparison(p: &Params, verbs: &[SizeResult], direct: &[SizeResult]) -> String
 fn open_device(args: &Args, name: &str) -> Result<Device, PerfError> {
     Ok(Device::open(name, args.ib_port, args.gid_index)?
         .with_paths(args.use_old_post_send, args.timestamps)
-        .with_direct(args.direct))
+        .with_direct(args.direct)
+        .with_events(args.events))
 }
 
 fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) -> RunInfo {
@@ -325,6 +330,7 @@ fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) ->
         clock: hot.clock().describe(),
         note: note.map(str::to_string),
         post_path: hot.post_path().to_string(),
+        events: hot.sleeps_on_events(),
         nic_clock: hot.timestamp_clock().map(|c| {
             let (ns, cycles) = c.rate();
             format!(
@@ -350,14 +356,18 @@ fn loopback(
     // SAFETY: a and b (QP, CQ, MR) outlive the Hots (dropped at the end of this function,
     // after them); each CQ is polled by its Hot only; QPs were built by SideRes::new with
     // sq_sig_all = 0 and the depths Hot needs, and are in RTS.
-    let mut ha = unsafe { Hot::new(a.side(&eb)?, p, timeout)? };
+    let mut ha = unsafe { Hot::new(a.side(&eb)?, p, timeout)? }.with_events(a.events());
     // SAFETY: as above, for side b.
-    let mut hb = unsafe { Hot::new(b.side(&ea)?, p, timeout)? };
-    let note = if dev.name() == hotverbs::SOFTNIC_MLX5 {
-        format!("{LOOPBACK_NOTE}; {SIM_NOTE}")
+    let mut hb = unsafe { Hot::new(b.side(&ea)?, p, timeout)? }.with_events(b.events());
+    let mut note = if dev.events {
+        LOOPBACK_EVENTS_NOTE
     } else {
-        LOOPBACK_NOTE.to_string()
-    };
+        LOOPBACK_NOTE
+    }
+    .to_string();
+    if dev.name() == hotverbs::SOFTNIC_MLX5 {
+        note = format!("{note}; {SIM_NOTE}");
+    }
     let info = info(args, dev, Role::Loopback, &ha, Some(&note));
     let mut out = Output::new(args);
     out.header(p, &info);
@@ -469,7 +479,7 @@ fn serve(
     res.connect(dev, &theirs)?;
     // SAFETY: res outlives hot (declared before it, dropped after); the CQ is polled by
     // hot only; the QP was built for these parameters and is in RTS.
-    let mut hot = unsafe { Hot::new(res.side(&theirs)?, &p, timeout)? };
+    let mut hot = unsafe { Hot::new(res.side(&theirs)?, &p, timeout)? }.with_events(res.events());
     let info = info(args, dev, Role::Server, &hot, None);
     let mut out = Output::new(args);
     out.header(&p, &info);
@@ -502,7 +512,7 @@ fn measure(
     let theirs = ctl.exchange(&res.endpoint(dev, p))?;
     res.connect(dev, &theirs)?;
     // SAFETY: as in serve().
-    let mut hot = unsafe { Hot::new(res.side(&theirs)?, p, timeout)? };
+    let mut hot = unsafe { Hot::new(res.side(&theirs)?, p, timeout)? }.with_events(res.events());
     let info = info(args, dev, Role::Client, &hot, None);
     let mut out = Output::new(args);
     out.header(p, &info);

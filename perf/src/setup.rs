@@ -4,8 +4,8 @@
 
 use hotverbs::exchange::Endpoint;
 use hotverbs::{
-    AccessFlags, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr, Pd, PortInfo, Qp,
-    QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, SOFTNIC,
+    AccessFlags, CompChannel, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr, Pd, PortInfo,
+    Qp, QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, SOFTNIC,
 };
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
@@ -77,6 +77,9 @@ pub struct Device {
     pub timestamps: bool,
     /// Post and poll sends through the mlx5 direct path (`--direct`).
     pub direct: bool,
+    /// Create the CQ on a completion channel and sleep on its events when a poll finds
+    /// nothing (`--events`).
+    pub events: bool,
 }
 
 impl Device {
@@ -108,6 +111,7 @@ impl Device {
             old_post_send: false,
             timestamps: false,
             direct: false,
+            events: false,
         })
     }
 
@@ -122,6 +126,12 @@ impl Device {
     /// The mlx5 direct path (`--direct`): refused by name unless the device is a ConnectX.
     pub fn with_direct(mut self, direct: bool) -> Device {
         self.direct = direct;
+        self
+    }
+
+    /// Completion events (`--events`): the CQ on a channel, slept on.
+    pub fn with_events(mut self, events: bool) -> Device {
+        self.events = events;
         self
     }
 
@@ -151,6 +161,8 @@ pub struct SideRes {
     pub mr: Mr<'static>,
     /// The inline threshold in force (what was asked, within what the QP grants).
     pub inline: u32,
+    /// `--events`: the completion channel `cq` was created on.
+    pub channel: Option<CompChannel>,
 }
 
 impl SideRes {
@@ -172,15 +184,23 @@ impl SideRes {
         } else {
             None
         };
+        let channel = if dev.events {
+            Some(dev.ctx.create_comp_channel()?)
+        } else {
+            None
+        };
         let (cq, ts) = if dev.timestamps {
             // A device without completion timestamps (rxe) is refused here, by name.
-            let cq = CqBuilder::new(&dev.ctx, cqe)
-                .wc_fields(WcFields::from_bits_retain(engine::TS_FIELDS.wc_flags()))
-                .build()?;
+            let b = CqBuilder::new(&dev.ctx, cqe)
+                .wc_fields(WcFields::from_bits_retain(engine::TS_FIELDS.wc_flags()));
+            let cq = match &channel {
+                Some(ch) => b.channel(ch).build()?,
+                None => b.build()?,
+            };
             let clock = dev.ctx.timestamp_clock()?;
             (cq, Some((clock, dev.ctx.ex_cq_batch_poll_safe()?)))
         } else {
-            (dev.ctx.create_cq(cqe, None)?, None)
+            (dev.ctx.create_cq(cqe, channel.as_ref())?, None)
         };
         let len = engine::buffer_len(p);
         let mr = dev
@@ -244,6 +264,7 @@ impl SideRes {
                         direct: direct.map(|w| (scq.expect("direct has its send CQ"), w)),
                         ts,
                         mr,
+                        channel,
                     });
                 }
                 Err(e) if !dev.old_post_send && e.errno_name() == "EOPNOTSUPP" => {
@@ -289,6 +310,14 @@ impl SideRes {
             ..ConnectOptions::default()
         };
         Ok(self.qp.connect(&dev.port, remote, &opts)?)
+    }
+
+    /// `--events`: the channel and the CQ to sleep on.
+    pub fn events(&self) -> Option<engine::Events> {
+        self.channel.as_ref().map(|ch| engine::Events {
+            ch: ch.clone(),
+            cq: self.cq.clone(),
+        })
     }
 
     /// The raw handles for the datapath, aimed at `remote`'s landing zone.

@@ -68,6 +68,15 @@ fn inconsistent_options_fail_with_a_reason() {
         ),
         (&["send_lat", "-d", "no_such_dev0"], "no_such_dev0"),
         (&["send_lat", "-d", "softnic", "-x", "9"], "GID index 9"),
+        (&["write_lat", "-d", "softnic", "-e"], "write_lat waits"),
+        (
+            &["send_lat", "-d", "softnic_mlx5", "-e", "--direct"],
+            "--events arms the CQ",
+        ),
+        (
+            &["send_lat", "-d", "softnic", "-e", "--compare_direct"],
+            "--events arms the CQ",
+        ),
     ];
     for (args, want) in cases {
         let o = perf(args);
@@ -174,6 +183,44 @@ fn hotverbs_has_no_real_device() -> bool {
     std::fs::read_dir("/sys/class/infiniband")
         .map(|d| d.count() == 0)
         .unwrap_or(true)
+}
+
+/// `-e` (perftest's `--events`): both sides sleep on completion events; the header and
+/// `--json` say so, and every test that waits on a CQ runs to the end.
+#[test]
+fn events_mode_runs_and_says_so() {
+    for test in [
+        "send_lat",
+        "read_lat",
+        "atomic_lat",
+        "send_bw",
+        "write_bw",
+        "read_bw",
+    ] {
+        let v = json(&[test, "-d", "softnic", "-n", "200", "-s", "8", "-e"]);
+        assert_eq!(v["events"], true, "{test}: {v}");
+        assert!(
+            v["note"]
+                .as_str()
+                .unwrap()
+                .contains("sleep on completion events"),
+            "{test}: {v}"
+        );
+        assert!(
+            v["results"][0]["iterations"].as_u64().unwrap() >= 200,
+            "{test}: {v}"
+        );
+    }
+    let o = perf(&["send_lat", "-d", "softnic", "-n", "100", "--events"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains(" Completions    : events"), "{out}");
+    let o = perf(&["send_lat", "-d", "softnic", "-n", "100"]);
+    assert!(!text(&o).0.contains("Completions"), "polling says nothing");
+    assert_eq!(
+        json(&["send_lat", "-d", "softnic", "-n", "100"])["events"],
+        false
+    );
 }
 
 #[test]

@@ -204,6 +204,16 @@ pub(super) const HOST_PROGRAMS: &[HostProgram] = &[
         counted: false,
         required: true,
     },
+    // Completion events (`-e` in both tools): each side arms its CQ and sleeps in
+    // `ibv_get_cq_event` whenever a poll finds nothing.
+    HostProgram {
+        name: "perf send_lat 2B events",
+        binary: "release/hotverbs-perf",
+        args: "send_lat -d {dev} -x {gid} -p {port} -s 2 -n 1000 --clock tsc -e",
+        baseline: Some("ib_send_lat -d {dev} -x {gid} -p {port} -F -s 2 -n 1000 -e"),
+        counted: false,
+        required: true,
+    },
 ];
 
 /// A probe of the tick (see the module docs): a hotverbs-perf variant run once per repeat

@@ -1039,10 +1039,7 @@ fn dp_ud_send_ring_with_batching() {
     let o = ConnectOptions::default();
     a.connect(&info, &Endpoint::default(), &o).unwrap();
     b.connect(&info, &Endpoint::default(), &o).unwrap();
-    let attr = match info.gid_index {
-        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
-        None => AhAttr::lid(info.lid, info.port),
-    };
+    let attr = AhAttr::from_port(&info, info.gid, info.lid);
     let ah = pd.create_ah(&attr).unwrap();
     const SLOT: u32 = 40 + 64;
     let mr = pd

@@ -166,10 +166,7 @@ fn run(cfg: &Config, is_client: bool, mut session: Session) -> Res<Outcome> {
         // SAFETY: the buffer is not touched until the receive completes (poll below).
         unsafe { qp.post_recv(0, &[mr.sge()])? };
     }
-    let ah = match port.gid_index {
-        Some(i) => AhAttr::gid(remote.gid(), i as u8, port.port),
-        None => AhAttr::lid(remote.lid, port.port),
-    };
+    let ah = AhAttr::to_endpoint(&port, &remote);
     qp.to_rtr(&RtrAttr {
         path_mtu: port.active_mtu.min(Mtu::Mtu1024),
         dest_qpn: remote.qpn,

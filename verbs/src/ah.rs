@@ -8,8 +8,9 @@ use std::fmt;
 use hotverbs_ffi::{ibv_ah, ibv_ah_attr};
 
 use crate::cq::Wc;
-use crate::device::Gid;
+use crate::device::{Gid, PortInfo};
 use crate::error::{record_drop_error, Error, Result};
+use crate::exchange::Endpoint;
 use crate::pd::Pd;
 use crate::qp::Grh;
 use crate::zeroed;
@@ -60,6 +61,37 @@ impl AhAttr {
             grh: Some(Grh::to(dgid, sgid_index)),
             ..AhAttr::lid(0, port)
         }
+    }
+
+    /// The address of a port with GID `dgid` and LID `dlid`, from the local port `local`
+    /// (what [`Context::port_info`](crate::Context::port_info) returned): with a GRH from
+    /// `local.gid_index` when the local port has a GID index (always on RoCE) or the
+    /// destination has no LID, and `dlid` always (InfiniBand routes by it). The rule
+    /// [`Qp::connect`](crate::Qp::connect) uses.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::{AhAttr, Context};
+    /// let info = Context::open("softnic")?.port_info(None, None)?;
+    /// // Our own port (loopback), as a UD test addresses it.
+    /// let a = AhAttr::from_port(&info, info.gid, info.lid);
+    /// assert_eq!(a.grh.map(|g| g.dgid), info.gid_index.map(|_| info.gid));
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    pub fn from_port(local: &PortInfo, dgid: Gid, dlid: u16) -> AhAttr {
+        let by_gid = local.gid_index.is_some() || dlid == 0;
+        AhAttr {
+            // Kept with a GRH too: InfiniBand routes by LID whatever the GRH says.
+            grh: by_gid.then(|| Grh::to(dgid, local.gid_index.unwrap_or(0) as u8)),
+            ..AhAttr::lid(dlid, local.port)
+        }
+    }
+
+    /// The address of a peer's [`Endpoint`] (its GID and LID), from `local`; see
+    /// [`from_port`](Self::from_port). For UD: [`Pd::create_ah`] on it, then
+    /// [`Ah::ud_dest`] with the endpoint's QP number.
+    pub fn to_endpoint(local: &PortInfo, remote: &Endpoint) -> AhAttr {
+        AhAttr::from_port(local, remote.gid(), remote.lid)
     }
 
     /// As the C struct.

@@ -1483,27 +1483,18 @@ impl Qp {
             Some(m) => m.min(local.active_mtu),
             None => local.active_mtu,
         };
-        let grh = (local.gid_index.is_some() || remote.lid == 0).then(|| Grh {
-            dgid: Gid(remote.gid),
-            sgid_index: local.gid_index.unwrap_or(0) as u8,
-            hop_limit: opts.hop_limit,
-            traffic_class: 0,
-            flow_label: 0,
-        });
+        let mut ah = AhAttr::to_endpoint(local, remote);
+        ah.sl = opts.sl;
+        if let Some(g) = ah.grh.as_mut() {
+            g.hop_limit = opts.hop_limit;
+        }
         self.to_rtr(&RtrAttr {
             path_mtu: mtu,
             dest_qpn: remote.qpn,
             rq_psn: remote.psn,
             max_dest_rd_atomic: opts.max_dest_rd_atomic,
             min_rnr_timer: opts.min_rnr_timer,
-            ah: AhAttr {
-                dlid: remote.lid,
-                sl: opts.sl,
-                src_path_bits: 0,
-                static_rate: 0,
-                port: local.port,
-                grh,
-            },
+            ah,
         })?;
         self.to_rts(&RtsAttr {
             timeout: opts.timeout,

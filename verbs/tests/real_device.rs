@@ -170,10 +170,7 @@ fn ud_send_and_reply_with_ah_from_wc() {
     let o = ConnectOptions::default();
     a.connect(&info, &Endpoint::default(), &o).unwrap();
     b.connect(&info, &Endpoint::default(), &o).unwrap();
-    let attr = match info.gid_index {
-        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
-        None => AhAttr::lid(info.lid, info.port),
-    };
+    let attr = AhAttr::from_port(&info, info.gid, info.lid);
     let ah = pd.create_ah(&attr).unwrap();
     let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let rx = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
@@ -698,10 +695,7 @@ fn transitions_queries_and_invalid_ones() {
     let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
     let peer = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
     assert_eq!(qp.query().unwrap().state(), QpState::Reset);
-    let ah = match info.gid_index {
-        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
-        None => AhAttr::lid(info.lid, info.port),
-    };
+    let ah = AhAttr::from_port(&info, info.gid, info.lid);
     let rtr = RtrAttr {
         path_mtu: Mtu::Mtu1024.min(info.active_mtu),
         dest_qpn: peer.qp_num(),

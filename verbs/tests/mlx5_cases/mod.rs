@@ -359,10 +359,7 @@ pub fn direct_ring_ud_reaches_a_ud_peer(ctx: &Context) {
     let o = ConnectOptions::default();
     a.connect(&info, &Endpoint::default(), &o).unwrap();
     b.connect(&info, &Endpoint::default(), &o).unwrap();
-    let attr = match info.gid_index {
-        Some(i) => AhAttr::gid(info.gid, i as u8, info.port),
-        None => AhAttr::lid(info.lid, info.port),
-    };
+    let attr = AhAttr::from_port(&info, info.gid, info.lid);
     let ah = pd.create_ah(&attr).unwrap();
     let rx = pd.alloc_mr(16 * 128, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..16u64 {

@@ -83,6 +83,32 @@ impl fmt::Display for TestKind {
     }
 }
 
+/// The transport of the QPs (perftest's `-c`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[clap(rename_all = "UPPER")]
+pub enum Connection {
+    /// Reliable connection: every test.
+    #[default]
+    Rc,
+    /// Unreliable connection (no ACKs, no READ or atomics): send_lat and write_lat.
+    Uc,
+    /// Unreliable datagram (SENDs of at most one MTU, addressed per WR): send_lat.
+    Ud,
+}
+
+impl Connection {
+    /// As perftest prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Connection::Rc => "RC",
+            Connection::Uc => "UC",
+            Connection::Ud => "UD",
+        }
+    }
+}
+
 /// The atomic of `atomic_lat` (perftest's `-A`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[clap(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -204,6 +230,12 @@ pub struct Args {
     #[arg(short = 'A', long = "atomic-type", value_enum, default_value_t = AtomicKind::FetchAndAdd)]
     pub atomic: AtomicKind,
 
+    /// Connection type: RC (every test), UC (send_lat, write_lat) or UD (send_lat, messages
+    /// of at most one MTU). The unreliable transports drop what finds no receive, so their
+    /// bandwidth tests, which need flow control to count every message, are not offered.
+    #[arg(short = 'c', long = "connection", value_enum, ignore_case = true, default_value_t = Connection::Rc)]
+    pub connection: Connection,
+
     /// Post with the legacy `ibv_post_send` (hotverbs' preformatted `SendRing`) instead of
     /// the extended `ibv_wr_*` API on an extended QP (`ibv_create_qp_ex`), which is the
     /// default, as in perftest since 2020 (same flag name). A device without extended QPs
@@ -306,6 +338,9 @@ pub struct Params {
     pub rx_depth: u32,
     /// Atomic kind for `atomic_lat`.
     pub atomic: AtomicKind,
+    /// The QPs' transport (`-c`).
+    #[serde(default)]
+    pub connection: Connection,
 }
 
 impl Args {
@@ -335,6 +370,34 @@ impl Args {
                  tables: drop --direct / --timestamps / --use_old_post_send / --json / \
                  --histogram (or run one path with --direct alone)"
                     .into(),
+            ));
+        }
+        match (self.connection, test) {
+            (Connection::Rc, _)
+            | (Connection::Uc, TestKind::SendLat | TestKind::WriteLat)
+            | (Connection::Ud, TestKind::SendLat) => {}
+            (c, _) => {
+                return Err(PerfError::Usage(format!(
+                    "{test} is not offered over {}: {}",
+                    c.name(),
+                    if c == Connection::Ud {
+                        "UD carries SENDs only, and its bandwidth test needs a flow control \
+                         it does not have; run send_lat -c UD, or -c RC"
+                    } else {
+                        "UC has no READ or atomics, and its bandwidth tests need a flow \
+                         control it does not have; run send_lat or write_lat -c UC, or -c RC"
+                    }
+                )));
+            }
+        }
+        if self.connection == Connection::Ud && self.all {
+            return Err(PerfError::Usage(
+                "-a runs up to 8 MiB and a UD message fits one MTU: give the size with -s".into(),
+            ));
+        }
+        if self.connection != Connection::Rc && (self.direct || self.compare_direct) {
+            return Err(PerfError::Usage(
+                "--direct runs over RC: drop -c, or drop --direct / --compare_direct".into(),
             ));
         }
         if self.events && test == TestKind::WriteLat {
@@ -443,6 +506,7 @@ impl Args {
             tx_depth: self.tx_depth,
             rx_depth: self.rx_depth,
             atomic: self.atomic,
+            connection: self.connection,
         })
     }
 }

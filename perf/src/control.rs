@@ -305,6 +305,7 @@ mod tests {
             tx_depth: 8,
             rx_depth: 8,
             atomic: AtomicKind::FetchAndAdd,
+            connection: Default::default(),
         }
     }
 

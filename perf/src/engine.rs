@@ -32,11 +32,12 @@ use hotverbs::TimestampClock;
 use hotverbs_datapath::mlx5::{DirectCq, DirectSq};
 use hotverbs_datapath::{
     Completion, CqPoller, DirectPoller, DirectRing, ExCqPoller, ExFields, Local, LocalBuf, Msg,
-    RecvConfig, RecvRing, RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, WcError, WrRing,
+    RecvConfig, RecvRing, RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, UdDest, WcError,
+    WrRing,
 };
 use hotverbs_ffi::{ibv_cq, ibv_cq_ex, ibv_qp, ibv_qp_ex};
 
-use crate::cli::{Amount, AtomicKind, Params, TestKind};
+use crate::cli::{Amount, AtomicKind, Connection, Params, TestKind};
 use crate::clock::{clock, Clock};
 use crate::error::PerfError;
 use crate::progress::Counter;
@@ -60,19 +61,32 @@ pub fn slot_size(max_size: u32) -> u32 {
     max_size.div_ceil(64).max(1) * 64
 }
 
+/// Bytes a UD receive adds before the message: the GRH slot (`ibv_post_recv(3)`).
+pub const GRH: u32 = 40;
+
+/// The slot of a run: its largest message, after the GRH over UD.
+pub fn run_slot(p: &Params) -> u32 {
+    let max = p.sizes.iter().copied().max().unwrap_or(1);
+    slot_size(if p.connection == Connection::Ud {
+        max + GRH
+    } else {
+        max
+    })
+}
+
 /// Receive slots for a run: `rx_depth`, capped by [`RECV_BUDGET`] and [`RING_N`], at least 2.
 pub fn recv_count(p: &Params) -> u32 {
     if !p.test.uses_recv() {
         return 0;
     }
-    let s = slot_size(p.sizes.iter().copied().max().unwrap_or(1)) as u64;
+    let s = run_slot(p) as u64;
     let by_budget = (RECV_BUDGET / s).max(2);
     (p.rx_depth as u64).min(by_budget).min(RING_N as u64) as u32
 }
 
 /// Bytes of registered memory a side needs.
 pub fn buffer_len(p: &Params) -> u64 {
-    let s = slot_size(p.sizes.iter().copied().max().unwrap_or(1)) as u64;
+    let s = run_slot(p) as u64;
     2 * s + recv_count(p) as u64 * s
 }
 
@@ -119,6 +133,8 @@ pub struct Side {
     /// `--direct`: the mlx5 send queue (with its `wrid` table) and the send CQ the direct
     /// ring and poller use; `cq` then holds the receives only.
     pub direct: Option<(DirectSq, DirectCq)>,
+    /// `-c UD`: the peer's address (an AH the setup layer keeps) every SEND carries.
+    pub ud: Option<UdDest>,
 }
 
 /// The completion fields a `--timestamps` run reads from its extended CQ: what the rings
@@ -349,7 +365,7 @@ impl Hot {
     /// `side.cq`, which nothing else polls.
     pub unsafe fn new(side: Side, p: &Params, timeout: Duration) -> Result<Hot, PerfError> {
         let max_size = p.sizes.iter().copied().max().unwrap_or(1);
-        let slot = slot_size(max_size);
+        let slot = run_slot(p);
         if (side.mr.len as u64) < buffer_len(p) {
             return Err(PerfError::Internal(format!(
                 "registered buffer of {} bytes is smaller than the {} the run needs",
@@ -374,8 +390,11 @@ impl Hot {
         };
         let cfg = SendConfig::new(SEND_RING, depth, side.max_inline)
             .signal_every(signal_every)
-            .batch(batch)
-            .remote(side.remote);
+            .batch(batch);
+        let cfg = match side.ud {
+            Some(dest) => cfg.ud(dest),
+            None => cfg.remote(side.remote),
+        };
         let ring_err = |e| PerfError::Ring {
             what: format!("send ring (depth {depth}, signal every {signal_every}, batch {batch})"),
             source: e,
@@ -1182,6 +1201,7 @@ mod tests {
             tx_depth: 128,
             rx_depth: rx,
             atomic: AtomicKind::FetchAndAdd,
+            connection: Default::default(),
         }
     }
 
@@ -1266,6 +1286,33 @@ mod tests {
             .unwrap()
             .with_events(b.events());
         (dev, a, b, ha, hb)
+    }
+
+    /// `-c`: each transport gets its QP type (UD: an address handle to the peer, and
+    /// receive slots with room for the GRH before the message), and a SEND goes through.
+    #[test]
+    fn each_connection_type_builds_its_qps_and_carries_a_send() {
+        use hotverbs::QpType;
+        for (c, t) in [
+            (Connection::Rc, QpType::Rc),
+            (Connection::Uc, QpType::Uc),
+            (Connection::Ud, QpType::Ud),
+        ] {
+            let mut p = params(TestKind::SendLat, vec![100], 64);
+            p.connection = c;
+            let (_dev, a, b, mut ha, mut hb) =
+                softnic_pair_with(&p, Duration::from_secs(10), false, false, false);
+            assert_eq!((a.qp.qp_type(), b.qp.qp_type()), (t, t));
+            assert_eq!(a.ah.is_some(), c == Connection::Ud, "{c:?}");
+            assert_eq!(ha.slot, if c == Connection::Ud { 192 } else { 128 });
+            let abort = AtomicBool::new(false);
+            let mut wd = Watchdog::new(Duration::from_secs(10), &abort);
+            hb.send_one(100, false, &mut wd).unwrap();
+            ha.wait_recv(1, &mut wd).unwrap();
+            ha.send_one(100, true, &mut wd).unwrap();
+            hb.wait_recv(1, &mut wd).unwrap();
+            assert_eq!(hb.last_imm, Some(LAST as u32), "{c:?}");
+        }
     }
 
     /// `--events`: a side with nothing coming arms its CQ and sleeps on the channel, in

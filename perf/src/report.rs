@@ -90,7 +90,12 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
     s.push('\n');
     s.push_str(&format!("{:^87}\n", p.test.title()));
     s.push_str(&kv("Device", &info.device, "Role", info.role.name()));
-    s.push_str(&kv("Link layer", &info.link_layer, "Connection type", "RC"));
+    s.push_str(&kv(
+        "Link layer",
+        &info.link_layer,
+        "Connection type",
+        p.connection.name(),
+    ));
     s.push_str(&kv("Number of qps", "1", "Port", &info.ib_port.to_string()));
     let gid = info.gid_index.map_or("-".to_string(), |g| g.to_string());
     s.push_str(&kv("Mtu", &format!("{}[B]", info.mtu), "GID index", &gid));
@@ -248,6 +253,7 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
         "mtu": info.mtu,
         "clock": info.clock,
         "link_layer": info.link_layer,
+        "connection": p.connection.name(),
         "latency_is_half_round_trip": p.test.is_ping_pong(),
         "params": {
             "inline_size": info.inline_size,
@@ -284,6 +290,7 @@ mod tests {
             tx_depth: 128,
             rx_depth: 512,
             atomic: AtomicKind::FetchAndAdd,
+            connection: Default::default(),
         }
     }
 

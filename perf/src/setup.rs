@@ -4,12 +4,13 @@
 
 use hotverbs::exchange::Endpoint;
 use hotverbs::{
-    AccessFlags, CompChannel, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr, Pd, PortInfo,
-    Qp, QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, SOFTNIC,
+    AccessFlags, Ah, AhAttr, CompChannel, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr,
+    Pd, PortInfo, Qp, QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, DEFAULT_QKEY,
+    SOFTNIC,
 };
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
-use crate::cli::Params;
+use crate::cli::{Connection, Params};
 use crate::engine::{self, Side};
 use crate::error::PerfError;
 
@@ -148,8 +149,10 @@ impl Device {
 
 /// One side's objects. Field order is drop order: the QP before its CQ and the MR.
 pub struct SideRes {
-    /// The RC QP.
+    /// The QP (RC, or UC / UD with `-c`).
     pub qp: Qp,
+    /// `-c UD`: the address handle of the peer, made at `connect`.
+    pub ah: Option<Ah>,
     /// Its CQ (send and receive; receive only with `--direct`).
     pub cq: Cq,
     /// `--direct`: the send CQ the direct poller reads, and the ring's `wrid` table.
@@ -170,6 +173,22 @@ impl SideRes {
     pub fn new(dev: &Device, p: &Params) -> Result<SideRes, PerfError> {
         let depth = engine::send_depth(p);
         let rx = engine::recv_count(p);
+        let qp_type = match p.connection {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+            Connection::Ud => QpType::Ud,
+        };
+        let max = p.sizes.iter().copied().max().unwrap_or(1);
+        if p.connection == Connection::Ud && max > dev.mtu() {
+            return Err(PerfError::Usage(format!(
+                "a UD message is one packet: -s {max} exceeds the {} B MTU of {} port {}; \
+                 use -s {} or less (or -c RC)",
+                dev.mtu(),
+                dev.name(),
+                dev.port.port,
+                dev.mtu()
+            )));
+        }
         let cqe = depth + rx + 16;
         if dev.direct && !dev.ctx.is_mlx5() {
             return Err(PerfError::Usage(format!(
@@ -234,7 +253,7 @@ impl SideRes {
         };
         let mut last = None;
         for inline in tries {
-            let b = QpBuilder::new(&dev.pd, scq.as_ref().unwrap_or(&cq), &cq, QpType::Rc)
+            let b = QpBuilder::new(&dev.pd, scq.as_ref().unwrap_or(&cq), &cq, qp_type)
                 .max_send_wr(depth)
                 .max_recv_wr(rx.max(1))
                 .max_send_sge(1)
@@ -260,6 +279,7 @@ impl SideRes {
                     return Ok(SideRes {
                         inline: inline.min(granted),
                         qp,
+                        ah: None,
                         cq,
                         direct: direct.map(|w| (scq.expect("direct has its send CQ"), w)),
                         ts,
@@ -300,8 +320,8 @@ impl SideRes {
         self.qp.endpoint(&dev.port).with_mr(self.landing(p))
     }
 
-    /// RESET -> INIT -> RTR -> RTS towards `remote`.
-    pub fn connect(&self, dev: &Device, remote: &Endpoint) -> Result<(), PerfError> {
+    /// RESET -> INIT -> RTR -> RTS towards `remote`; over UD, the address handle to it.
+    pub fn connect(&mut self, dev: &Device, remote: &Endpoint) -> Result<(), PerfError> {
         let opts = ConnectOptions {
             max_rd_atomic: dev.rd_atomic,
             max_dest_rd_atomic: dev.rd_atomic,
@@ -309,7 +329,15 @@ impl SideRes {
             rnr_retry: 7,
             ..ConnectOptions::default()
         };
-        Ok(self.qp.connect(&dev.port, remote, &opts)?)
+        self.qp.connect(&dev.port, remote, &opts)?;
+        if self.qp.qp_type() == QpType::Ud {
+            self.ah = Some(
+                dev.pd
+                    .create_ah(&AhAttr::to_endpoint(&dev.port, remote))
+                    .map_err(|e| PerfError::verbs(e, "the address handle to the peer"))?,
+            );
+        }
+        Ok(())
     }
 
     /// `--events`: the channel and the CQ to sleep on.
@@ -349,6 +377,10 @@ impl SideRes {
                 Some((scq, wrid)) => Some((self.qp.mlx5_sq(wrid.as_mut_ptr())?, scq.mlx5_cq()?)),
                 None => None,
             },
+            ud: self
+                .ah
+                .as_ref()
+                .map(|ah| ah.ud_dest(remote.qpn, DEFAULT_QKEY)),
         })
     }
 }

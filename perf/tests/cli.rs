@@ -70,6 +70,23 @@ fn inconsistent_options_fail_with_a_reason() {
         (&["send_lat", "-d", "softnic", "-x", "9"], "GID index 9"),
         (&["write_lat", "-d", "softnic", "-e"], "write_lat waits"),
         (
+            &["send_bw", "-d", "softnic", "-c", "UD"],
+            "send_bw is not offered over UD",
+        ),
+        (&["read_lat", "-d", "softnic", "-c", "UC"], "UC has no READ"),
+        (
+            &["send_lat", "-d", "softnic", "-c", "UD", "-a"],
+            "fits one MTU",
+        ),
+        (
+            &["send_lat", "-d", "softnic", "-c", "UD", "-s", "2000"],
+            "exceeds the 1024 B MTU of softnic",
+        ),
+        (
+            &["send_lat", "-d", "softnic_mlx5", "-c", "UD", "--direct"],
+            "--direct runs over RC",
+        ),
+        (
             &["send_lat", "-d", "softnic_mlx5", "-e", "--direct"],
             "--events arms the CQ",
         ),
@@ -220,6 +237,40 @@ fn events_mode_runs_and_says_so() {
     assert_eq!(
         json(&["send_lat", "-d", "softnic", "-n", "100"])["events"],
         false
+    );
+}
+
+/// `-c UC` / `-c UD` (perftest's): the ping-pongs run over the unreliable transports on
+/// both post paths, UD up to a full MTU (the receive slots make room for the GRH); the
+/// header and `--json` name the transport.
+#[test]
+fn unreliable_transports_run_the_ping_pongs() {
+    for (test, c, size) in [
+        ("send_lat", "UD", "8"),
+        ("send_lat", "UD", "1024"),
+        ("send_lat", "UC", "8"),
+        ("write_lat", "UC", "8"),
+        ("write_lat", "UC", "4096"),
+    ] {
+        for old in [false, true] {
+            let mut args = vec![test, "-d", "softnic", "-c", c, "-s", size, "-n", "200"];
+            if old {
+                args.push("--use_old_post_send");
+            }
+            let v = json(&args);
+            assert_eq!(v["connection"], c, "{args:?}: {v}");
+            let r = &v["results"][0];
+            assert_eq!(r["iterations"], 200, "{args:?}: {v}");
+            assert!(r["t_p50_us"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+        }
+    }
+    let o = perf(&["send_lat", "-d", "softnic", "-c", "ud", "-n", "100"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("Connection type : UD"), "{out}");
+    assert_eq!(
+        json(&["send_lat", "-d", "softnic", "-n", "100"])["connection"],
+        "RC"
     );
 }
 

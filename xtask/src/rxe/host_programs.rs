@@ -214,6 +214,16 @@ pub(super) const HOST_PROGRAMS: &[HostProgram] = &[
         counted: false,
         required: true,
     },
+    // The unreliable datagram transport (`-c UD` in both tools): SENDs addressed through an
+    // AH to the peer's GID, each receive preceded by its GRH.
+    HostProgram {
+        name: "perf send_lat 2B UD",
+        binary: "release/hotverbs-perf",
+        args: "send_lat -d {dev} -x {gid} -p {port} -s 2 -n 1000 --clock tsc -c UD",
+        baseline: Some("ib_send_lat -d {dev} -x {gid} -p {port} -F -s 2 -n 1000 -c UD"),
+        counted: false,
+        required: true,
+    },
 ];
 
 /// A probe of the tick (see the module docs): a hotverbs-perf variant run once per repeat

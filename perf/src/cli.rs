@@ -92,7 +92,7 @@ pub enum Connection {
     /// Reliable connection: every test.
     #[default]
     Rc,
-    /// Unreliable connection (no ACKs, no READ or atomics): send_lat and write_lat.
+    /// Unreliable connection (no ACKs, no READ or atomics): send_lat, write_lat, write_bw.
     Uc,
     /// Unreliable datagram (SENDs of at most one MTU, addressed per WR): send_lat.
     Ud,
@@ -230,9 +230,9 @@ pub struct Args {
     #[arg(short = 'A', long = "atomic-type", value_enum, default_value_t = AtomicKind::FetchAndAdd)]
     pub atomic: AtomicKind,
 
-    /// Connection type: RC (every test), UC (send_lat, write_lat) or UD (send_lat, messages
-    /// of at most one MTU). The unreliable transports drop what finds no receive, so their
-    /// bandwidth tests, which need flow control to count every message, are not offered.
+    /// Connection type: RC (every test), UC (send_lat, write_lat, write_bw) or UD (send_lat,
+    /// messages of at most one MTU). The unreliable transports drop a SEND that finds no
+    /// receive, so send_bw, which counts every message at the receiver, is RC only.
     #[arg(short = 'c', long = "connection", value_enum, ignore_case = true, default_value_t = Connection::Rc)]
     pub connection: Connection,
 
@@ -374,7 +374,7 @@ impl Args {
         }
         match (self.connection, test) {
             (Connection::Rc, _)
-            | (Connection::Uc, TestKind::SendLat | TestKind::WriteLat)
+            | (Connection::Uc, TestKind::SendLat | TestKind::WriteLat | TestKind::WriteBw)
             | (Connection::Ud, TestKind::SendLat) => {}
             (c, _) => {
                 return Err(PerfError::Usage(format!(
@@ -384,8 +384,8 @@ impl Args {
                         "UD carries SENDs only, and its bandwidth test needs a flow control \
                          it does not have; run send_lat -c UD, or -c RC"
                     } else {
-                        "UC has no READ or atomics, and its bandwidth tests need a flow \
-                         control it does not have; run send_lat or write_lat -c UC, or -c RC"
+                        "UC has no READ or atomics, and send_bw needs a flow control it does \
+                         not have; run send_lat, write_lat or write_bw -c UC, or -c RC"
                     }
                 )));
             }

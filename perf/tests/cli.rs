@@ -240,8 +240,8 @@ fn events_mode_runs_and_says_so() {
     );
 }
 
-/// `-c UC` / `-c UD` (perftest's): the ping-pongs run over the unreliable transports on
-/// both post paths, UD up to a full MTU (the receive slots make room for the GRH); the
+/// `-c UC` / `-c UD` (perftest's): the ping-pongs (and UC's WRITE stream) run over the
+/// unreliable transports on both post paths, UD up to a full MTU (the receive slots make room for the GRH); the
 /// header and `--json` name the transport.
 #[test]
 fn unreliable_transports_run_the_ping_pongs() {
@@ -251,6 +251,7 @@ fn unreliable_transports_run_the_ping_pongs() {
         ("send_lat", "UC", "8"),
         ("write_lat", "UC", "8"),
         ("write_lat", "UC", "4096"),
+        ("write_bw", "UC", "4096"),
     ] {
         for old in [false, true] {
             let mut args = vec![test, "-d", "softnic", "-c", c, "-s", size, "-n", "200"];
@@ -261,7 +262,11 @@ fn unreliable_transports_run_the_ping_pongs() {
             assert_eq!(v["connection"], c, "{args:?}: {v}");
             let r = &v["results"][0];
             assert_eq!(r["iterations"], 200, "{args:?}: {v}");
-            assert!(r["t_p50_us"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+            if test.ends_with("_lat") {
+                assert!(r["t_p50_us"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+            } else {
+                assert!(r["mib_per_s"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+            }
         }
     }
     let o = perf(&["send_lat", "-d", "softnic", "-c", "ud", "-n", "100"]);

@@ -224,6 +224,23 @@ pub(super) const HOST_PROGRAMS: &[HostProgram] = &[
         counted: false,
         required: true,
     },
+    // The unreliable connection (`-c UC` in both tools): WRITEs with no ACK.
+    HostProgram {
+        name: "perf write_lat 2B UC",
+        binary: "release/hotverbs-perf",
+        args: "write_lat -d {dev} -x {gid} -p {port} -s 2 -n 1000 --clock tsc -c UC",
+        baseline: Some("ib_write_lat -d {dev} -x {gid} -p {port} -F -s 2 -n 1000 -c UC"),
+        counted: false,
+        required: true,
+    },
+    HostProgram {
+        name: "perf write_bw 64B UC",
+        binary: "release/hotverbs-perf",
+        args: "write_bw -d {dev} -x {gid} -p {port} -s 64 -n 1000 -c UC",
+        baseline: Some("ib_write_bw -d {dev} -x {gid} -p {port} -F -s 64 -n 1000 -c UC"),
+        counted: false,
+        required: true,
+    },
 ];
 
 /// A probe of the tick (see the module docs): a hotverbs-perf variant run once per repeat

@@ -77,6 +77,7 @@ impl DirectStream {
 /// doorbell each), the simulated device run after each, every completion reaped.
 #[inline(never)]
 pub fn hv_measured_stream_direct(r: &mut DirectStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    crate::whole_stream(n)?;
     let DirectStream { sim, ring, poller } = r;
     let m = Msg::send(Local::Inline(msg));
     let mut left = n;
@@ -112,6 +113,7 @@ pub fn hv_measured_stream_direct_now(
     msg: &[u8],
     n: u64,
 ) -> Result<u64, String> {
+    crate::whole_stream(n)?;
     let DirectStream { sim, ring, poller } = r;
     let m = Msg::send(Local::Inline(msg));
     let mut left = n;
@@ -170,4 +172,185 @@ pub fn poll_direct(n: u64) -> Result<u64, String> {
         done += k as u64;
     }
     Ok(done)
+}
+
+/// The floor: the stores of the direct ring's 32-byte inline SEND and nothing else, for
+/// `cargo xtask insn`'s floor rows. No check, no signal schedule, no completion, no
+/// sequence number beyond libmlx5's `cur_post`, every piece of state in a local: what any
+/// writer of these bytes executes at the least (x86-64 baseline: SSE2, as the crate is
+/// built). The same bytes, doorbell record and register stores as [`DirectRing`] (a unit
+/// test compares them); the SQ is never drained (nothing reads it: no device runs).
+#[derive(Debug)]
+pub struct Floor {
+    sim: Box<Mlx5Sim>,
+    cur: u32,
+    bf_off: usize,
+    /// The `wrid` entry of `cur_post` 0 (the ring's id bits).
+    id_off: u64,
+}
+
+impl Floor {
+    /// A floor writer on its own simulated SQ whose `wrid` entries carry `id_off` (the
+    /// ring id bits of the ring it is compared with).
+    pub fn new(id_off: u64) -> Floor {
+        Floor {
+            sim: Box::new(Mlx5Sim::new(WQE_CNT, FILL as u32, QPN)),
+            cur: 0,
+            bf_off: 0,
+            id_off,
+        }
+    }
+}
+
+/// One WQE of the floor: ctrl segment, inline header, 32 bytes, `wrid`. Returns its ctrl.
+///
+/// # Safety
+/// `sq` holds `mask + 1` basic blocks and `wrid` as many entries.
+#[inline(always)]
+unsafe fn floor_wqe(
+    sq: *mut u8,
+    wrid: *mut u64,
+    mask: u32,
+    cur: u32,
+    id_off: u64,
+    msg: &[u8; 32],
+) -> *mut u8 {
+    use hotverbs_datapath::mlx5::{opcode, INLINE_SEG};
+    // The constant half of the ctrl word: opcode and `qpn_ds` (ds 4: ctrl + 3 inline).
+    const W0: u64 = (opcode::SEND as u64) << 32 | (QPN << 8 | 4) as u64;
+    let idx = (cur & mask) as usize;
+    // SAFETY: idx < wqe_cnt (the caller's contract); the WQE is one 64-byte block.
+    unsafe {
+        let ctrl = sq.add(idx << 6);
+        ctrl.add(16).cast::<u32>().write((32 | INLINE_SEG).to_be());
+        let m = msg.as_ptr().cast::<u128>();
+        ctrl.add(20)
+            .cast::<u128>()
+            .write_unaligned(m.read_unaligned());
+        ctrl.add(36)
+            .cast::<u128>()
+            .write_unaligned(m.add(1).read_unaligned());
+        ctrl.cast::<u64>()
+            .write((((cur & 0xffff) as u64) << 40 | W0).swap_bytes());
+        ctrl.add(8).cast::<u64>().write(0);
+        wrid.add(idx).write((cur as u64).wrapping_add(id_off));
+        ctrl
+    }
+}
+
+/// The floor of a lone post: [`floor_wqe`], the doorbell record, the BlueFlame copy, the
+/// barriers of [`DirectRing::send_now`]'s lone path; `n` times.
+#[inline(never)]
+pub fn hv_measured_floor_now(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
+    use hotverbs_datapath::mlx5::{Doorbell, Mmio, SND_DBR};
+    let p = f.sim.ptrs();
+    let (sq, wrid, dbrec, mask, id_off) = (p.sq, p.wrid, p.qp_dbrec, WQE_CNT - 1, f.id_off);
+    let mut bf = p.bf_reg.wrapping_add(f.bf_off);
+    let mut cur = f.cur;
+    let mut db = Mmio;
+    for _ in 0..n {
+        // SAFETY: the simulator's SQ, wrid table, doorbell record and BlueFlame page (its
+        // buffer of 256 bytes at `bf`, 64-byte aligned), used by nothing else.
+        unsafe {
+            let ctrl = floor_wqe(sq, wrid, mask, cur, id_off, msg);
+            cur = cur.wrapping_add(1);
+            db.to_device_barrier();
+            db.write_dbr(dbrec.add(SND_DBR), (cur & 0xffff).to_be());
+            db.wc_start();
+            db.bf_block(bf.cast(), ctrl.cast());
+            db.flush_writes();
+        }
+        bf = bf.map_addr(|a| a ^ 256);
+    }
+    f.cur = cur;
+    f.bf_off ^= (n as usize & 1) * 256;
+    n
+}
+
+/// The floor of a post list of 32: 32 [`floor_wqe`]s, then the doorbell record and the
+/// 8-byte doorbell of [`DirectRing`]'s batches; `n` WQEs (a multiple of 32).
+#[inline(never)]
+pub fn hv_measured_floor_32(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
+    use hotverbs_datapath::mlx5::{Doorbell, Mmio, SND_DBR};
+    let p = f.sim.ptrs();
+    let (sq, wrid, dbrec, mask, id_off) = (p.sq, p.wrid, p.qp_dbrec, WQE_CNT - 1, f.id_off);
+    let mut bf = p.bf_reg.wrapping_add(f.bf_off);
+    let mut cur = f.cur;
+    let mut db = Mmio;
+    for _ in 0..n / 32 {
+        let mut last = sq;
+        for _ in 0..32 {
+            // SAFETY: as in hv_measured_floor_now.
+            last = unsafe { floor_wqe(sq, wrid, mask, cur, id_off, msg) };
+            cur = cur.wrapping_add(1);
+        }
+        // SAFETY: as in hv_measured_floor_now.
+        unsafe {
+            db.to_device_barrier();
+            db.write_dbr(dbrec.add(SND_DBR), (cur & 0xffff).to_be());
+            db.wc_start();
+            db.write64(bf.cast(), last.cast::<u64>().read());
+            db.flush_writes();
+        }
+        bf = bf.map_addr(|a| a ^ 256);
+    }
+    f.cur = cur;
+    f.bf_off ^= ((n / 32) as usize & 1) * 256;
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MSG;
+    use hotverbs_datapath::wr_id;
+
+    /// The simulator's SQ, `wrid` table, send doorbell record and both BlueFlame buffers,
+    /// the ctrl segments' `fm_ce_se` bytes cleared (the ring signals every 32nd WR, the
+    /// floor none).
+    fn snapshot(sim: &mut Mlx5Sim) -> (Vec<u8>, Vec<u64>, u32, Vec<u8>) {
+        let p = sim.ptrs();
+        let n = sim.wqe_cnt as usize;
+        // SAFETY: the simulator's regions, of these sizes, not written meanwhile.
+        unsafe {
+            let mut sq = core::slice::from_raw_parts(p.sq, n * 64).to_vec();
+            for b in 0..n {
+                sq[b * 64 + 11] = 0;
+            }
+            let mut bf = core::slice::from_raw_parts(p.bf_reg, 512).to_vec();
+            bf[11] = 0;
+            bf[256 + 11] = 0;
+            (
+                sq,
+                core::slice::from_raw_parts(p.wrid, n).to_vec(),
+                p.qp_dbrec.add(1).read(),
+                bf,
+            )
+        }
+    }
+
+    /// The floor rows measure the same stores as the direct rows: equal SQ bytes, `wrid`
+    /// entries, doorbell record and BlueFlame buffers after a stream that wraps the SQ.
+    #[test]
+    fn the_floor_writes_what_the_direct_ring_writes() {
+        for (lone, n) in [(true, 288u64), (false, 320)] {
+            let mut r = DirectStream::new(if lone { SIGNAL_EVERY } else { 32 }).unwrap();
+            let mut f = Floor::new(wr_id::encode(r.ring.ring_id(), 0));
+            if lone {
+                hv_measured_stream_direct_now(&mut r, &MSG, n).unwrap();
+                hv_measured_floor_now(&mut f, &MSG, n);
+            } else {
+                hv_measured_stream_direct(&mut r, &MSG, n).unwrap();
+                hv_measured_floor_32(&mut f, &MSG, n);
+            }
+            let (a, b) = (snapshot(&mut r.sim), snapshot(&mut f.sim));
+            assert_eq!(a.2, (n as u32).to_be(), "lone {lone}: doorbell record");
+            for (blk, (x, y)) in a.0.chunks(64).zip(b.0.chunks(64)).enumerate() {
+                assert_eq!(x, y, "lone {lone}: SQ block {blk}");
+            }
+            assert_eq!(a.1, b.1, "lone {lone}: wrid table");
+            assert_eq!(a.2, b.2, "lone {lone}: doorbell record");
+            assert_eq!(a.3, b.3, "lone {lone}: BlueFlame buffers");
+        }
+    }
 }

@@ -236,6 +236,18 @@ impl RingStream {
     }
 }
 
+/// The streams drain by polling until nothing is outstanding, so their last WR must be a
+/// signaled one: `n` a multiple of [`SIGNAL_EVERY`] (else they would wait forever).
+pub fn whole_stream(n: u64) -> Result<(), String> {
+    if n % SIGNAL_EVERY as u64 == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "a stream of {n} messages: the count must be a multiple of {SIGNAL_EVERY} (its last WR signaled) to drain"
+        ))
+    }
+}
+
 /// Streaming, naive: `n` messages, every completion reaped.
 #[inline(never)]
 pub fn hv_measured_stream_naive(p: &mut NaivePoster, msg: &[u8], n: u64) -> Result<u64, String> {
@@ -246,6 +258,7 @@ pub fn hv_measured_stream_naive(p: &mut NaivePoster, msg: &[u8], n: u64) -> Resu
 /// signaled), every completion reaped.
 #[inline(never)]
 pub fn hv_measured_stream_ring(r: &mut RingStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    whole_stream(n)?;
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
@@ -289,6 +302,7 @@ fn stream_ring(r: &mut RingStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
 /// doorbell per message), every completion reaped.
 #[inline(never)]
 pub fn hv_measured_stream_send_now(r: &mut RingStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    whole_stream(n)?;
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
@@ -428,6 +442,7 @@ impl WrStream {
 /// every completion reaped with the [`ExCqPoller`].
 #[inline(never)]
 pub fn hv_measured_stream_wr(r: &mut WrStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    whole_stream(n)?;
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }
@@ -467,6 +482,7 @@ fn stream_wr(r: &mut WrStream, m: Msg<'_>, n: u64) -> Result<u64, String> {
 /// Streaming through [`WrRing::send_now`]: one region (one `ibv_wr_complete`) per message.
 #[inline(never)]
 pub fn hv_measured_stream_wr_now(r: &mut WrStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    whole_stream(n)?;
     if n % SIGNAL_EVERY as u64 != 0 {
         return Err(format!("n = {n} must be a multiple of {SIGNAL_EVERY}"));
     }

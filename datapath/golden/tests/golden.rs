@@ -1018,13 +1018,13 @@ mod real {
         let mut freed_total = 0u64;
         for round in 0..rounds {
             let lib_buf = lib.cq_buf();
-            let ours = ours_buf.as_mut_ptr().cast::<u8>();
-            for i in 0..(N as usize * 8) {
+            for (i, slot) in ours_buf.iter_mut().enumerate() {
                 let v = r.next();
-                ours_buf[i] = v;
+                *slot = v;
                 // SAFETY: the model's CQ buffer has N * 64 bytes.
                 unsafe { lib_buf.cast::<u64>().add(i).write_unaligned(v) };
             }
+            let ours = ours_buf.as_mut_ptr().cast::<u8>();
             // Away from i32::MAX: libmlx5 compares indices as `int` differences.
             let cons =
                 (r.next() as u32 & 0x3fff_ffff) ^ if r.below(2) == 0 { 0 } else { 0xc000_0000 };

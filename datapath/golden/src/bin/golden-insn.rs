@@ -30,7 +30,8 @@ mod real {
     use std::process::ExitCode;
 
     use hotverbs_benches::direct::{
-        hv_measured_stream_direct, hv_measured_stream_direct_now, poll_direct, DirectStream,
+        hv_measured_floor_32, hv_measured_floor_now, hv_measured_stream_direct,
+        hv_measured_stream_direct_now, poll_direct, DirectStream, Floor,
     };
     use hotverbs_benches::naive::NaivePoster;
     use hotverbs_benches::{
@@ -75,6 +76,22 @@ mod real {
             "list 32: direct vs libmlx5 ibv_wr_*",
             "c-wr-32",
             "direct-32",
+            "-",
+            "-",
+            "msg",
+        ),
+        (
+            "lone post: floor vs libmlx5 post_send",
+            "c-post-1",
+            "floor-now",
+            "-",
+            "-",
+            "msg",
+        ),
+        (
+            "list 32: floor vs libmlx5 post_send",
+            "c-post-32",
+            "floor-32",
             "-",
             "-",
             "msg",
@@ -164,6 +181,14 @@ mod real {
         ("direct-now", "DirectRing::send_now (BlueFlame per message)"),
         ("direct-32", "DirectRing post list 32"),
         ("direct-poll", "DirectPoller, 32 per poll"),
+        (
+            "floor-now",
+            "the direct lone post's stores alone: no check, no counter, no completion",
+        ),
+        (
+            "floor-32",
+            "the direct post list 32's stores alone: no check, no counter, no completion",
+        ),
     ];
 
     fn model() -> Model {
@@ -358,6 +383,16 @@ mod real {
                 }
             }
             "direct-poll" => poll_direct(n),
+            "floor-now" | "floor-32" => {
+                let mut f = Floor::new(0);
+                let g = if w == "floor-now" {
+                    hv_measured_floor_now
+                } else {
+                    hv_measured_floor_32
+                };
+                g(&mut f, &MSG, warm);
+                Ok(g(&mut f, &MSG, n))
+            }
             other => Err(format!("unknown workload {other:?}")),
         }
     }

@@ -11,8 +11,9 @@
 //! Port spaces ([`PortSpace`]): an ID in `RDMA_PS_TCP` ([`CmId::new`]) connects RC QPs
 //! with CM REQ/REP; one in `RDMA_PS_UDP` ([`CmId::with_port_space`]) carries a UD QP and
 //! "connects" by service ID resolution (SIDR), which hands the client the server's QPN,
-//! Q_Key and address ([`CmId::connect_ud`]). UC has no rdma_cm port space here and is
-//! refused.
+//! Q_Key and address ([`CmId::connect_ud`]), or joins multicast groups
+//! ([`CmId::join_multicast`]: the ID's UD QP receives the group, and the join returns the
+//! address that sends to it). UC has no rdma_cm port space here and is refused.
 //!
 //! Invariants: a [`CmId`] holds its [`EventChannel`] (the channel outlives its IDs) and
 //! owns the [`Qp`] made on it, which holds its PD and CQs; the QP is destroyed
@@ -280,7 +281,14 @@ impl EventChannel {
             } else {
                 std::slice::from_raw_parts(data.cast::<u8>(), data_len as usize).to_vec()
             };
-            let ud = (ud_id && e.event == hotverbs_ffi::RDMA_CM_EVENT_ESTABLISHED).then(|| {
+            // librdmacm fills `ud` for a UD ID's ESTABLISHED (SIDR reply) and for a join
+            // (the group's QPN 0xFFFFFF, Q_Key and address).
+            let ud_event = matches!(
+                e.event,
+                hotverbs_ffi::RDMA_CM_EVENT_ESTABLISHED
+                    | hotverbs_ffi::RDMA_CM_EVENT_MULTICAST_JOIN
+            );
+            let ud = (ud_id && ud_event).then(|| {
                 let p = e.param.ud;
                 UdParam {
                     qp_num: p.qp_num,
@@ -915,6 +923,104 @@ impl CmId {
         )
     }
 
+    /// On an ID in [`PortSpace::Udp`] with its UD QP ([`create_qp`](Self::create_qp)) and
+    /// an address on a device (`resolve_addr` to the group, or `bind` to a local IP):
+    /// `rdma_join_multicast(3)` for the multicast address `group`, then wait for
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`. librdmacm attaches the ID's QP to the group when the
+    /// join completes, so receives posted on it take the group's datagrams (after a 40-byte
+    /// GRH, as every UD receive); on RoCE the kernel also joins the IP group (IGMP), so the
+    /// network delivers it. Returns what sending to the group takes: QPN `0xFFFFFF`, the
+    /// group's Q_Key (`RDMA_UDP_QKEY`) and its address (the MGID; an AH made from it sends
+    /// to every member). Leave with [`leave_multicast`](Self::leave_multicast), or by
+    /// destroying the ID.
+    ///
+    /// # Errors
+    /// `EINVAL` before the verb for a non-multicast `group`, an RC ID or an ID without its
+    /// QP; the verb's errno otherwise (`ENODEV` / `EINVAL` when the ID has no device yet);
+    /// `RDMA_CM_EVENT_MULTICAST_ERROR` as the event's status, named.
+    pub fn join_multicast(&self, group: SocketAddr, timeout: Duration) -> Result<UdParam> {
+        self.check_multicast("rdma_join_multicast", group)?;
+        if self.qp.is_none() {
+            return Err(Error::new("rdma_join_multicast", libc::EINVAL).with_hint(
+                "create the ID's UD QP first (CmId::create_qp): librdmacm attaches it to the \
+                 group when the join completes",
+            ));
+        }
+        let f = self
+            .fns
+            .rdma_join_multicast
+            .ok_or_else(|| Error::missing("rdma_join_multicast"))?;
+        let (mut ss, _) = sockaddr_of(&group);
+        // SAFETY: live ID; the sockaddr is valid for the call (librdmacm copies it); the
+        // context pointer is only handed back in the join's event, which we do not read.
+        let ret = unsafe {
+            f(
+                self.id,
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                std::ptr::null_mut(),
+            )
+        };
+        if ret != 0 {
+            return Err(Error::from_ret("rdma_join_multicast", ret).or_hint(|| {
+                Some(format!(
+                    "joining {}: the ID needs an address on a device first (resolve_addr to \
+                     the group, or bind to a local IP)",
+                    group.ip()
+                ))
+            }));
+        }
+        let ev = self.expect(
+            "rdma_join_multicast",
+            hotverbs_ffi::RDMA_CM_EVENT_MULTICAST_JOIN,
+            timeout,
+        )?;
+        ev.ud.ok_or_else(|| {
+            Error::new("rdma_join_multicast", libc::EPROTO)
+                .with_hint("RDMA_CM_EVENT_MULTICAST_JOIN without the group's UD parameters")
+        })
+    }
+
+    /// `rdma_leave_multicast(3)`: detaches the ID's QP from `group` and leaves it.
+    ///
+    /// # Errors
+    /// `EINVAL` before the verb as for [`join_multicast`](Self::join_multicast); the
+    /// verb's errno otherwise (`EADDRNOTAVAIL`: this ID has not joined `group`).
+    pub fn leave_multicast(&self, group: SocketAddr) -> Result<()> {
+        self.check_multicast("rdma_leave_multicast", group)?;
+        let f = self
+            .fns
+            .rdma_leave_multicast
+            .ok_or_else(|| Error::missing("rdma_leave_multicast"))?;
+        let (mut ss, _) = sockaddr_of(&group);
+        // SAFETY: live ID; the sockaddr is valid for the call.
+        let ret = unsafe { f(self.id, (&mut ss as *mut libc::sockaddr_storage).cast()) };
+        if ret != 0 {
+            return Err(Error::from_ret("rdma_leave_multicast", ret).or_hint(|| {
+                Some(format!(
+                    "this ID has not joined {} (join_multicast)",
+                    group.ip()
+                ))
+            }));
+        }
+        Ok(())
+    }
+
+    fn check_multicast(&self, verb: &'static str, group: SocketAddr) -> Result<()> {
+        if !group.ip().is_multicast() {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                "{} is not a multicast address (IPv4 224.0.0.0/4, IPv6 ff00::/8)",
+                group.ip()
+            )));
+        }
+        if self.ps != PortSpace::Udp {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "multicast groups carry UD datagrams: join on an ID in RDMA_PS_UDP \
+                 (CmId::with_port_space(&channel, PortSpace::Udp))",
+            ));
+        }
+        Ok(())
+    }
+
     /// `rdma_accept(3)`; on an RC ID, then wait for `RDMA_CM_EVENT_ESTABLISHED`. On a UD ID
     /// the accept is the SIDR reply (with this ID's QP's number and Q_Key): nothing follows
     /// on this side, so it returns at once (`timeout` unused).
@@ -1327,6 +1433,60 @@ mod tests {
         assert!(id.qp().is_none());
         drop(id);
         assert_eq!(fake::calls(), ["rdma_create_qp", "rdma_destroy_id"]);
+    }
+
+    #[test]
+    fn multicast_joins_are_checked_before_the_verb() {
+        let ctx = Context::open("softnic").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
+        let t = Duration::from_secs(1);
+        // Not a multicast address.
+        let mut id = fake_cm_id(&ctx, PortSpace::Udp);
+        for a in ["10.77.0.1:0", "[fe80::1]:0"] {
+            let e = id.join_multicast(a.parse().unwrap(), t).unwrap_err();
+            assert_eq!((e.verb(), e.errno()), ("rdma_join_multicast", libc::EINVAL));
+            assert!(e.to_string().contains("not a multicast address"), "{e}");
+            let e = id.leave_multicast(a.parse().unwrap()).unwrap_err();
+            assert_eq!(
+                (e.verb(), e.errno()),
+                ("rdma_leave_multicast", libc::EINVAL)
+            );
+        }
+        // No QP yet: librdmacm would join without attaching anything.
+        let e = id.join_multicast(group, t).unwrap_err();
+        assert_eq!((e.verb(), e.errno()), ("rdma_join_multicast", libc::EINVAL));
+        assert!(e.to_string().contains("CmId::create_qp"), "{e}");
+        // With its QP, an IPv4 or IPv6 group reaches the verb (the fake has none: ENOSYS).
+        id.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
+            .unwrap();
+        for g in [group, "[ff0e::1:2]:0".parse().unwrap()] {
+            let e = id.join_multicast(g, t).unwrap_err();
+            assert_eq!((e.verb(), e.errno()), ("rdma_join_multicast", libc::ENOSYS));
+            let e = id.leave_multicast(g).unwrap_err();
+            assert_eq!(
+                (e.verb(), e.errno()),
+                ("rdma_leave_multicast", libc::ENOSYS)
+            );
+        }
+        // An RC ID never joins.
+        let rc = fake_cm_id(&ctx, PortSpace::Tcp);
+        let e = rc.join_multicast(group, t).unwrap_err();
+        assert_eq!((e.verb(), e.errno()), ("rdma_join_multicast", libc::EINVAL));
+        assert!(e.to_string().contains("RDMA_PS_UDP"), "{e}");
+        let e = rc.leave_multicast(group).unwrap_err();
+        assert!(e.to_string().contains("RDMA_PS_UDP"), "{e}");
+        drop((id, rc));
+        assert_eq!(
+            fake::calls(),
+            [
+                "rdma_create_qp",
+                "rdma_destroy_qp",
+                "rdma_destroy_id",
+                "rdma_destroy_id"
+            ]
+        );
     }
 
     #[test]

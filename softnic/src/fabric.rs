@@ -23,6 +23,13 @@ pub(crate) use dv::DV_QPS;
 pub(crate) const QPN_BASE: u32 = 17;
 /// The multicast QPN of the IBA (`0xFFFFFF`).
 pub(crate) const MCAST_QPN: u32 = 0x00ff_ffff;
+
+/// A multicast GID: `ff..` (InfiniBand, RoCE over IPv6) or the IPv4-mapped address of an
+/// IPv4 multicast group (`::ffff:224.0.0.0/100`, RoCE v2 over IPv4: what rxe attaches and
+/// what rdma_cm's joins return).
+pub(crate) fn is_mcast_gid(g: &[u8; 16]) -> bool {
+    g[0] == 0xff || (g[..10] == [0; 10] && g[10..12] == [0xff; 2] && g[12] & 0xf0 == 0xe0)
+}
 /// Size of the GRH area at the start of every UD receive buffer.
 pub(crate) const GRH_LEN: usize = 40;
 /// Active path MTU of the port (rxe on a 1500-byte netdev: 1024).
@@ -2080,7 +2087,7 @@ impl Fabric {
         let sol = e.flags & IBV_SEND_SOLICITED != 0;
         let mut targets = std::mem::take(&mut self.scratch_waiters);
         targets.clear();
-        if dgid[0] == 0xff && e.remote_qpn == MCAST_QPN {
+        if is_mcast_gid(&dgid) && e.remote_qpn == MCAST_QPN {
             if let Some(g) = self.mcast.get(&dgid) {
                 targets.extend(g.iter().copied().filter(|&q| q != Qp::qpn(qi)));
             }

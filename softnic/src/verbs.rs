@@ -1480,7 +1480,7 @@ pub(crate) unsafe extern "C" fn attach_mcast(
     // SAFETY: live QP, readable gid (caller).
     let (i, raw) = unsafe { ((*qp).handle as usize, (*gid).raw) };
     let q = f.qp(i);
-    if q.qpt != IBV_QPT_UD || raw[0] != 0xff {
+    if q.qpt != IBV_QPT_UD || !fabric::is_mcast_gid(&raw) {
         return libc::EINVAL;
     }
     let qpn = i as u32 + fabric::QPN_BASE;

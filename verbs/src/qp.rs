@@ -1525,7 +1525,15 @@ impl Qp {
         b.connect(local, &a.endpoint(local), opts)
     }
 
-    /// `ibv_attach_mcast(3)`: receive the multicast group `gid`/`lid` on this UD QP.
+    /// `ibv_attach_mcast(3)`: receive the multicast group `gid`/`lid` on this UD QP. The
+    /// GID is `ff..` (InfiniBand, RoCE over IPv6) or, for RoCE v2 over IPv4, the group's
+    /// IPv4-mapped address (`::ffff:239.1.2.3`); `lid` is 0 on RoCE.
+    ///
+    /// On RoCE this attaches the QP only: the host must also be a member of the IP group
+    /// (a UDP socket's `join_multicast_v4` / `IP_ADD_MEMBERSHIP` on the port's interface)
+    /// or the network, and on rxe the local stack, never hands it the group's datagrams
+    /// (measured on rxe: nothing arrives without it).
+    /// [`CmId::join_multicast`](crate::cm::CmId::join_multicast) does both.
     pub fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
         let f = self
             .pd
@@ -1542,7 +1550,12 @@ impl Qp {
                 (!ud)
                     .then(|| "only UD QPs can join multicast groups".into())
                     .or_else(|| {
-                        (gid.0[0] != 0xff).then(|| format!("{gid} is not a multicast GID (ff..::)"))
+                        (!is_multicast_gid(gid)).then(|| {
+                            format!(
+                                "{gid} is not a multicast GID (ff..:: or an IPv4-mapped \
+                                 224.0.0.0/4 address)"
+                            )
+                        })
                     })
             }));
         }
@@ -2017,6 +2030,11 @@ impl<'a> SendWr<'a> {
     pub fn wr_id(&self) -> u64 {
         self.wr_id
     }
+}
+
+/// A multicast GID: `ff..` (IB / IPv6) or an IPv4-mapped multicast address (RoCE v2).
+fn is_multicast_gid(gid: &Gid) -> bool {
+    gid.0[0] == 0xff || gid.ipv4().is_some_and(|a| a[0] & 0xf0 == 0xe0)
 }
 
 #[cfg(test)]

@@ -218,6 +218,83 @@ fn ud_send_and_reply_with_ah_from_wc() {
     assert_eq!(ids, [2, 4]);
 }
 
+/// Multicast with the verbs alone: a UD QP attached to a group (`ibv_attach_mcast`) takes
+/// the datagrams another UD QP sends to the group's GID (QPN 0xFFFFFF, the receiver's
+/// Q_Key); detached, it is refused a second detach. On RoCE the host must also be an IP
+/// member of the group for the network to hand the datagrams back (rdma_cm's join does
+/// that; here a UDP socket joins, as an application without rdma_cm would).
+#[test]
+fn ud_multicast_attach_send_detach() {
+    let Some(ctx) = device() else { return };
+    let info = port_info(&ctx);
+    let group = Ipv4Addr::new(239, 77, 0, 2);
+    // RoCE v2 over IPv4: the IP join, on the interface of the port's address.
+    // Without it rxe drops them: measured, the receive waits out its 10 s.
+    let _member = info.gid.ipv4().map(|ip| {
+        let s = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        s.join_multicast_v4(&group, &Ipv4Addr::from(ip)).unwrap();
+        s
+    });
+    let mgid = Gid::from_ipv4(group.octets());
+    let pd = ctx.alloc_pd().unwrap();
+    let (scq, rcq) = (
+        ctx.create_cq(16, None).unwrap(),
+        ctx.create_cq(16, None).unwrap(),
+    );
+    let rq = QpBuilder::new(&pd, &rcq, &rcq, QpType::Ud).build().unwrap();
+    let sq = QpBuilder::new(&pd, &scq, &scq, QpType::Ud).build().unwrap();
+    let o = ConnectOptions::default();
+    rq.connect(&info, &Endpoint::default(), &o).unwrap();
+    sq.connect(&info, &Endpoint::default(), &o).unwrap();
+    rq.attach_mcast(&mgid, 0).unwrap();
+    let ah = pd.create_ah(&AhAttr::from_port(&info, mgid, 0)).unwrap();
+    const N: usize = 3;
+    let rx = pd.alloc_mr(N * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut tx = pd.alloc_mr(N * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..N {
+        let msg = format!("attached #{i}");
+        tx.write_from(i * 64, msg.as_bytes()).unwrap();
+        // SAFETY: rx and tx untouched until their completions.
+        unsafe {
+            rq.post_recv(i as u64, &[rx.local(i * 128, 128).unwrap()])
+                .unwrap();
+            sq.post_send(
+                &SendWr::ud(
+                    10 + i as u64,
+                    &[tx.local(i * 64, msg.len()).unwrap()],
+                    &ah,
+                    0xff_ffff,
+                    DEFAULT_QKEY,
+                )
+                .signaled(),
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            scq.wait_one(T).unwrap().ok().unwrap().wr_id(),
+            10 + i as u64
+        );
+    }
+    let mut got = Vec::new();
+    for _ in 0..N {
+        let wc = rcq.wait_one(T).unwrap().ok().unwrap();
+        let i = wc.wr_id() as usize;
+        got.push(
+            String::from_utf8(
+                rx.read_vec(i * 128 + 40, wc.byte_len() as usize - 40)
+                    .unwrap(),
+            )
+            .unwrap(),
+        );
+    }
+    got.sort();
+    assert_eq!(got, ["attached #0", "attached #1", "attached #2"]);
+    rq.detach_mcast(&mgid, 0).unwrap();
+    // rxe: EINVAL, "the QP is not attached to this group?".
+    let e = rq.detach_mcast(&mgid, 0).unwrap_err();
+    assert_eq!(e.verb(), "ibv_detach_mcast", "{e}");
+}
+
 #[test]
 fn srq_shared_by_two_qps_and_completion_events() {
     let Some(ctx) = device() else { return };

@@ -1073,6 +1073,41 @@ fn multicast_attach_send_detach() {
     no_completion(&p.cq_b);
 }
 
+/// RoCE v2 over IPv4 names a group by its IPv4-mapped address (`::ffff:239.77.0.3`), as
+/// rxe and rdma_cm's joins do: softnic attaches and delivers to it like an `ff..` GID, and
+/// still refuses a unicast IPv4-mapped one (the test above).
+#[test]
+fn multicast_to_an_ipv4_mapped_group() {
+    let p = pair(QpType::Ud);
+    // 239.77.0.3: unique to this test (groups are process-wide in softnic).
+    let group = Gid::from_ipv4([239, 77, 0, 3]);
+    p.b.attach_mcast(&group, 0).unwrap();
+    for unicast in [[10, 77, 0, 1], [223, 255, 255, 255], [240, 0, 0, 1]] {
+        let e = p.b.attach_mcast(&Gid::from_ipv4(unicast), 0).unwrap_err();
+        assert_eq!(
+            (e.verb(), e.errno()),
+            ("ibv_attach_mcast", libc::EINVAL),
+            "{unicast:?}"
+        );
+    }
+    let ah = p.pd.create_ah(&AhAttr::gid(group, 1, 1)).unwrap();
+    let rx = p.pd.alloc_mr(128, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut tx = p.pd.alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    tx.write_from(0, b"v4 feed").unwrap();
+    // SAFETY: buffers untouched until completions.
+    unsafe {
+        p.b.post_recv(1, &[rx.local(0, 128).unwrap()]).unwrap();
+        p.a.post_send(
+            &SendWr::ud(2, &[tx.local(0, 7).unwrap()], &ah, 0xff_ffff, DEFAULT_QKEY).signaled(),
+        )
+        .unwrap();
+    }
+    assert!(p.cq_a.wait_one(T).unwrap().is_ok());
+    assert_eq!(p.cq_b.wait_one(T).unwrap().ok().unwrap().wr_id(), 1);
+    assert_eq!(rx.read_vec(40, 7).unwrap(), b"v4 feed");
+    p.b.detach_mcast(&group, 0).unwrap();
+}
+
 #[test]
 fn multicast_on_rc_is_rejected() {
     let p = pair(QpType::Rc);

@@ -200,6 +200,12 @@ impl Floor {
             id_off,
         }
     }
+
+    /// The SQ, `wrid` table, doorbell record and current BlueFlame buffer.
+    fn queues(&mut self) -> (*mut u8, *mut u64, *mut u32, *mut u8) {
+        let p = self.sim.ptrs();
+        (p.sq, p.wrid, p.qp_dbrec, p.bf_reg.wrapping_add(self.bf_off))
+    }
 }
 
 /// One WQE of the floor: ctrl segment, inline header, 32 bytes, `wrid`. Returns its ctrl.
@@ -243,11 +249,8 @@ unsafe fn floor_wqe(
 #[inline(never)]
 pub fn hv_measured_floor_now(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
     use hotverbs_datapath::mlx5::{Doorbell, Mmio, SND_DBR};
-    let p = f.sim.ptrs();
-    let (sq, wrid, dbrec, mask, id_off) = (p.sq, p.wrid, p.qp_dbrec, WQE_CNT - 1, f.id_off);
-    let mut bf = p.bf_reg.wrapping_add(f.bf_off);
-    let mut cur = f.cur;
-    let mut db = Mmio;
+    let (sq, wrid, dbrec, mut bf) = f.queues();
+    let (mask, id_off, mut cur, mut db) = (WQE_CNT - 1, f.id_off, f.cur, Mmio);
     for _ in 0..n {
         // SAFETY: the simulator's SQ, wrid table, doorbell record and BlueFlame page (its
         // buffer of 256 bytes at `bf`, 64-byte aligned), used by nothing else.
@@ -272,11 +275,8 @@ pub fn hv_measured_floor_now(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
 #[inline(never)]
 pub fn hv_measured_floor_32(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
     use hotverbs_datapath::mlx5::{Doorbell, Mmio, SND_DBR};
-    let p = f.sim.ptrs();
-    let (sq, wrid, dbrec, mask, id_off) = (p.sq, p.wrid, p.qp_dbrec, WQE_CNT - 1, f.id_off);
-    let mut bf = p.bf_reg.wrapping_add(f.bf_off);
-    let mut cur = f.cur;
-    let mut db = Mmio;
+    let (sq, wrid, dbrec, mut bf) = f.queues();
+    let (mask, id_off, mut cur, mut db) = (WQE_CNT - 1, f.id_off, f.cur, Mmio);
     for _ in 0..n / 32 {
         let mut last = sq;
         for _ in 0..32 {

@@ -218,6 +218,20 @@ fn ud_send_and_reply_with_ah_from_wc() {
     assert_eq!(ids, [2, 4]);
 }
 
+/// The payloads of `n` UD receives on `cq` whose `wr_id` is their slot of `slot` bytes in
+/// `rx`, each after its 40-byte GRH; sorted (UD keeps no order promise).
+fn ud_payloads(cq: &Cq, rx: &Mr, slot: usize, n: usize) -> Vec<Vec<u8>> {
+    let mut got: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let wc = cq.wait_one(T).unwrap().ok().unwrap();
+            let at = wc.wr_id() as usize * slot + 40;
+            rx.read_vec(at, wc.byte_len() as usize - 40).unwrap()
+        })
+        .collect();
+    got.sort();
+    got
+}
+
 /// Multicast with the verbs alone: a UD QP attached to a group (`ibv_attach_mcast`) takes
 /// the datagrams another UD QP sends to the group's GID (QPN 0xFFFFFF, the receiver's
 /// Q_Key); detached, it is refused a second detach. On RoCE the host must also be an IP
@@ -275,20 +289,8 @@ fn ud_multicast_attach_send_detach() {
             10 + i as u64
         );
     }
-    let mut got = Vec::new();
-    for _ in 0..N {
-        let wc = rcq.wait_one(T).unwrap().ok().unwrap();
-        let i = wc.wr_id() as usize;
-        got.push(
-            String::from_utf8(
-                rx.read_vec(i * 128 + 40, wc.byte_len() as usize - 40)
-                    .unwrap(),
-            )
-            .unwrap(),
-        );
-    }
-    got.sort();
-    assert_eq!(got, ["attached #0", "attached #1", "attached #2"]);
+    let got = ud_payloads(&rcq, &rx, 128, N);
+    assert_eq!(got, [&b"attached #0"[..], b"attached #1", b"attached #2"]);
     rq.detach_mcast(&mgid, 0).unwrap();
     // rxe: EINVAL, "the QP is not attached to this group?".
     let e = rq.detach_mcast(&mgid, 0).unwrap_err();
@@ -636,17 +638,7 @@ fn rdma_cm_multicast_join_send_leave() {
             100 + i as u64
         );
     }
-    let mut got = Vec::new();
-    for _ in 0..N {
-        let wc = rcq.wait_one(T).unwrap().ok().unwrap();
-        let i = wc.wr_id() as usize;
-        got.push(
-            rx.read_vec(i * SLOT + 40, wc.byte_len() as usize - 40)
-                .unwrap(),
-        );
-    }
-    // UD keeps no order promise: compare as a set.
-    got.sort();
+    let got = ud_payloads(&rcq, &rx, SLOT, N);
     let mut want: Vec<Vec<u8>> = (0..N)
         .map(|i| format!("to the group #{i}").into_bytes())
         .collect();

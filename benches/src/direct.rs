@@ -244,7 +244,7 @@ unsafe fn floor_wqe(
     }
 }
 
-/// The floor of a lone post: [`floor_wqe`], the doorbell record, the BlueFlame copy, the
+/// The floor of a lone post: `floor_wqe`, the doorbell record, the BlueFlame copy, the
 /// barriers of [`DirectRing::send_now`]'s lone path; `n` times.
 #[inline(never)]
 pub fn hv_measured_floor_now(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
@@ -270,7 +270,7 @@ pub fn hv_measured_floor_now(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
     n
 }
 
-/// The floor of a post list of 32: 32 [`floor_wqe`]s, then the doorbell record and the
+/// The floor of a post list of 32: 32 `floor_wqe`s, then the doorbell record and the
 /// 8-byte doorbell of [`DirectRing`]'s batches; `n` WQEs (a multiple of 32).
 #[inline(never)]
 pub fn hv_measured_floor_32(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {

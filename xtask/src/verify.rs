@@ -117,6 +117,7 @@ fn fuzz_tuning(target: &str) -> FuzzTuning {
         "ring" => (150_000, 4_000, None, false),
         "softnic_post" => (100_000, 2_300, None, false),
         "wr_ring" => (150_000, 10_000, Some(384), false),
+        "direct_ring" => (150_000, 8_000, Some(384), false),
         // A new target: a share like the stateful ones until it is measured.
         _ => (100_000, 2_500, None, false),
     };

@@ -62,7 +62,10 @@ struct hv_env {
 	int nahs;
 };
 
-static struct hv_env *cur_env;
+/* The env the hooks record into: per thread, because the test harness runs tests on
+ * several threads at once and each records its own env (a process-wide pointer let one
+ * test's `hv_record` steal another's stores: "0 stores" failures under load). */
+static _Thread_local struct hv_env *cur_env;
 
 /* Called by the patched util/mmio.h before every MMIO store. */
 void hv_mmio_hook(void *addr, unsigned size, uint64_t raw)

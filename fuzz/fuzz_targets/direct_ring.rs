@@ -30,7 +30,8 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use arbitrary::Arbitrary;
-use hotverbs_datapath::mlx5::{DirectCq, DirectSq, RecordingDoorbell};
+use hotverbs_benches::direct::{sim_cq, sim_sq};
+use hotverbs_datapath::mlx5::{DirectSq, RecordingDoorbell};
 use hotverbs_datapath::*;
 use hotverbs_softnic::mlx5sim::Mlx5Sim;
 use libfuzzer_sys::fuzz_target;
@@ -512,29 +513,13 @@ fuzz_target!(|input: Input| {
     if input.remote {
         cfg = cfg.remote(RemoteBuf::new(REMOTE_ADDR, REMOTE_LEN, 0x99));
     }
-    let p = sim.ptrs();
+    // The simulator's queues as `mlx5dv_init_obj` would describe them (hotverbs-benches'),
+    // with this target's SGE limit.
     let sq = DirectSq {
-        buf: p.sq,
-        wqe_cnt: sim.wqe_cnt,
-        stride: 64,
-        dbrec: p.qp_dbrec,
-        bf_reg: p.bf_reg,
-        bf_size: 256,
-        bf_offset: 0,
-        qp_num: QPN,
-        ud: false,
-        max_inline,
         max_sge: MAX_SGE,
-        wrid: p.wrid,
+        ..sim_sq(&mut sim, max_inline)
     };
-    let cq = DirectCq {
-        buf: p.cq,
-        cqe_cnt: sim.cqe_cnt,
-        cqe_size: 64,
-        dbrec: p.cq_dbrec,
-        cqn: 0x77,
-        cons_index: 0,
-    };
+    let cq = sim_cq(&mut sim);
     // SAFETY: the simulator's memory is boxed and outlives the ring and the poller, its
     // only users.
     let (r, p) = unsafe {

@@ -1727,6 +1727,13 @@ impl<const N: usize> SendRing<N> {
         self.flush().map(|()| true)
     }
 
+    /// True once [`split`](Self::split) handed out counters and a retirer (a reset must
+    /// then not run while the retirer may).
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.st.split_key != 0
+    }
+
     /// True once the WR with sequence `seq` is retired (its buffers are free again).
     #[inline(always)]
     pub fn is_retired(&self, seq: u64) -> bool {

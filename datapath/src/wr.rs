@@ -770,6 +770,13 @@ impl WrRing {
         dropped
     }
 
+    /// True once [`split`](Self::split) handed out counters and a retirer (a reset must
+    /// then not run while the retirer may).
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.st.split_key != 0
+    }
+
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {

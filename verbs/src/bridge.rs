@@ -33,24 +33,63 @@
 //!   (`Mr<'static>`, so a leaked registration can never outlive its memory), borrowed by
 //!   the ring.
 //!
+//! - **While a ring or poller exists, it owns its queue.** The wrappers forward the
+//!   datapath's methods instead of `DerefMut` (a `&mut` to the datapath value, which holds
+//!   raw queue pointers and no lifetime, could be `mem::swap`ped under a wrapper whose QP
+//!   outlives it); swapping the wrappers themselves unifies their lifetimes, so the
+//!   shorter-lived QP must outlive both:
+//!   ```compile_fail,E0505
+//!   # use hotverbs::{Context, QpBuilder, QpType, SendConfig};
+//!   # let ctx = Context::open("softnic").unwrap();
+//!   # let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(64, None).unwrap());
+//!   let long = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build().unwrap();
+//!   let mut a = long.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+//!   let short = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build().unwrap();
+//!   let mut b = short.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+//!   std::mem::swap(&mut a, &mut b);
+//!   drop(b);
+//!   drop(short); // `a` now posts into `short`'s queue: refused at compile time
+//!   a.flush().unwrap();
+//!   ```
+//!   and the datapath ring inside cannot be reached mutably at all:
+//!   ```compile_fail,E0596
+//!   # use hotverbs::{Context, QpBuilder, QpType, SendConfig};
+//!   # let ctx = Context::open("softnic").unwrap();
+//!   # let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(64, None).unwrap());
+//!   # let q1 = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build().unwrap();
+//!   # let q2 = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build().unwrap();
+//!   let mut a = q1.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+//!   let mut b = q2.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+//!   std::mem::swap(&mut *a, &mut *b); // the datapath rings: no DerefMut
+//!   ```
+//!   The move to RESET of an owned QP ([`Qp::reset`], [`Qp::connect`] from another state,
+//!   a raw modify) is refused (`EBUSY`, naming the ring): it is the ring's `reset_qp`
+//!   (`reset_qp_with` when a [`RecvRing`] owns the receive queue too), which accounts every
+//!   WR, resets the ring(s) and keeps the receive lease; then `connect` again.
+//! - **Completions belong to rings**: [`Cq::poll`] is refused while rings complete on the
+//!   CQ; a completion handed to the wrong ring is an error, never `Ok`.
+//!
 //! Zero-copy sends stay `unsafe` ([`hotverbs_datapath::SendRing::stage`]): the buffer must
 //! not be touched until its WR is retired, which no type can express cheaply.
 
 use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use hotverbs_datapath as dp;
+use hotverbs_datapath::split::Orderings;
 use hotverbs_datapath::{
-    ExFields, LocalBuf, RecvConfig, RecvTarget, RemoteBuf, SendConfig, UdDest,
+    Completion, ExFields, ExPollError, Local, LocalBuf, Msg, PollError, PostError, Received,
+    RecvConfig, RecvError, RecvTarget, RemoteBuf, SendConfig, SendCounters, SendError,
+    SendRetirer, UdDest, WcError,
 };
 
 use crate::ah::Ah;
 use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::mr::{Mr, RemoteMr, Sge};
-use crate::qp::{Qp, QpType, SendOps};
+use crate::qp::{Qp, QpType, SendOps, SqOwner};
 
 /// An mlx5 CQ's doorbell record, CQ UAR page and number (`struct mlx5dv_cq`), for arming
 /// it without libmlx5 (`hotverbs_datapath::mlx5::arm_cq`).
@@ -85,8 +124,45 @@ pub(crate) struct CqRings {
     /// poll runs the simulated device first (`crate::direct`).
     sim: AtomicBool,
     /// `wrid` tables of the direct rings completing on this CQ (`crate::direct`): owned
-    /// by the CQ so a direct poller never reads a freed one.
-    wrid_tables: Mutex<Vec<Box<[u64]>>>,
+    /// by the CQ so a direct poller never reads a freed one. Raw (from `Box::into_raw`,
+    /// freed in `Drop`): a `Box` moved into the `Vec` would be retagged as unique and
+    /// invalidate the pointer the ring and poller write and read through.
+    wrid_tables: Mutex<Vec<WridTable>>,
+    /// The send queues direct rings attached to this CQ's poller, so that a poller made
+    /// after the last one was dropped serves them too (removed when the QP is destroyed).
+    direct_sqs: Mutex<Vec<AttachedSq>>,
+}
+
+/// A `wrid` table allocated by [`CqRings::wrid_table`].
+#[derive(Debug)]
+struct WridTable(*mut [u64]);
+
+// SAFETY: a heap allocation owned by the CqRings; only freed in its Drop.
+unsafe impl Send for WridTable {}
+// SAFETY: as above (the CqRings never reads through it).
+unsafe impl Sync for WridTable {}
+
+/// A direct ring's send queue, as attached to the CQ's poller.
+#[derive(Debug, Clone, Copy)]
+struct AttachedSq(DirectSqDesc);
+
+type DirectSqDesc = hotverbs_datapath::mlx5::DirectSq;
+
+// SAFETY: addresses of a live QP's queue and of a wrid table the CqRings owns; only handed
+// to `DirectPoller::attach` under the CQ's poller slot.
+unsafe impl Send for AttachedSq {}
+// SAFETY: as above.
+unsafe impl Sync for AttachedSq {}
+
+impl Drop for CqRings {
+    fn drop(&mut self) {
+        let tables = self.wrid_tables.get_mut().unwrap_or_else(|e| e.into_inner());
+        for t in tables.drain(..) {
+            // SAFETY: from Box::into_raw in wrid_table, freed once (drained); the CQ is
+            // being destroyed, so no poller or ring uses it any more.
+            drop(unsafe { Box::from_raw(t.0) });
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +200,20 @@ impl CqRings {
         Ok(id as u8)
     }
 
+    /// `EBUSY` naming `verb` while rings complete on this CQ (a completion taken by
+    /// `Cq::poll` would never reach its ring).
+    pub(crate) fn refuse_if_rings(&self, verb: &'static str) -> Result<()> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.ids.iter().any(|w| *w != 0) {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "rings built by the bridge (send_ring, recv_ring, wr_ring, direct_ring) \
+                 complete on this CQ until their QPs are destroyed: poll it with \
+                 Cq::poller and hand each completion to its ring (Completion::ring)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Marks the CQ as the mlx5 direct path's for good; `arm` is how to arm it.
     pub(crate) fn mark_direct(&self, arm: DirectArm) {
         let _ = self.arm.set(arm);
@@ -133,6 +223,10 @@ impl CqRings {
     /// A QP with a direct ring on this CQ was destroyed: its CQEs still in the CQ are to be
     /// cleaned by the direct poller, in its own thread, at its next poll or attach.
     pub(crate) fn defer_clean(&self, qpn: u32) {
+        self.direct_sqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|a| a.0.qp_num != qpn);
         self.to_clean
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -195,13 +289,34 @@ impl CqRings {
 
     /// A zeroed `wrid` table of `n` entries owned by the CQ (freed with it).
     pub(crate) fn wrid_table(&self, n: usize) -> *mut u64 {
-        let mut t = vec![0u64; n].into_boxed_slice();
-        let p = t.as_mut_ptr();
+        let t: *mut [u64] = Box::into_raw(vec![0u64; n].into_boxed_slice());
         self.wrid_tables
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(t);
-        p
+            .push(WridTable(t));
+        t.cast()
+    }
+
+    /// Remembers a direct ring's send queue (attached to the current poller) for the
+    /// pollers made after it.
+    pub(crate) fn register_direct(&self, sq: DirectSqDesc) {
+        let mut sqs = self.direct_sqs.lock().unwrap_or_else(|e| e.into_inner());
+        sqs.retain(|a| a.0.qp_num != sq.qp_num);
+        sqs.push(AttachedSq(sq));
+    }
+
+    /// Attaches every registered send queue to a new direct poller.
+    pub(crate) fn reattach_direct<const B: usize>(
+        &self,
+        poller: &mut hotverbs_datapath::DirectPoller<B>,
+    ) -> std::result::Result<(), hotverbs_datapath::mlx5::DirectError> {
+        let sqs = self.direct_sqs.lock().unwrap_or_else(|e| e.into_inner());
+        for a in sqs.iter() {
+            // SAFETY: the queue of a live QP (removed at its destruction, defer_clean) and
+            // its wrid table, owned by this CQ and freed only with it.
+            unsafe { poller.attach(&a.0)? };
+        }
+        Ok(())
     }
 
     /// Gives back a ring id and its reserved completions (a ring that was not built).
@@ -252,12 +367,226 @@ fn config_error(verb: &'static str, e: dp::ConfigError) -> Error {
     Error::new(verb, libc::EINVAL).with_hint(e.to_string())
 }
 
+/// Forwards the send-ring methods every post path shares (the `Msg` API, completions,
+/// split mode, draining) from a bridge wrapper to its datapath ring.
+///
+/// The wrappers forward instead of `DerefMut`: a `&mut` to the datapath ring would let
+/// `mem::swap` move it under another wrapper whose QP lives longer (the datapath value
+/// carries raw queue pointers and no lifetime), and would reach its `unsafe`-free but
+/// queue-changing methods around the owner. `Deref` stays: a shared reference cannot be
+/// swapped, and the read-only accessors (`outstanding`, `free`, `ring_id`, `error`, ...)
+/// come through it.
+macro_rules! forward_send_ring {
+    ($batch:ty) => {
+        /// Posts `msg` alone now (inline payloads only; see the datapath ring's
+        /// `send_now`). Returns its sequence number.
+        ///
+        /// # Errors
+        /// As the datapath ring's: `WouldBlock` when full, `Failed` after an error
+        /// completion, a refused message by name.
+        #[inline(always)]
+        pub fn send_now(&mut self, msg: Msg<'_>) -> std::result::Result<u64, SendError> {
+            self.ring.send_now(msg)
+        }
+
+        /// Stages `msg` without posting (zero-copy from registered memory).
+        ///
+        /// # Safety
+        /// As the datapath ring's `stage`: memory `msg` points at stays valid and unwritten
+        /// (read-only for sends, untouched for READ/atomics) until its WR is retired.
+        #[inline(always)]
+        pub unsafe fn stage(&mut self, msg: Msg<'_>) -> std::result::Result<u64, SendError> {
+            // SAFETY: the caller's contract, passed on unchanged.
+            unsafe { self.ring.stage(msg) }
+        }
+
+        /// Opens a batch: messages pushed into it go out as one chain, one doorbell, on
+        /// `finish` (or drop).
+        #[inline(always)]
+        pub fn batch<'d>(&mut self) -> $batch {
+            self.ring.batch()
+        }
+
+        /// Posts every staged WR.
+        ///
+        /// # Errors
+        /// As the datapath ring's `flush`.
+        #[inline(always)]
+        pub fn flush(&mut self) -> std::result::Result<(), SendError> {
+            self.ring.flush()
+        }
+
+        /// Retires the WRs a completion of this ring covers; returns how many (0 for a
+        /// stale completion of this ring, left in the CQ across a reset).
+        ///
+        /// # Errors
+        /// The completion's error status (the ring then fails until reset), or a
+        /// completion that is not this ring's (another ring's, or a receive): route by
+        /// [`Completion::ring`](hotverbs_datapath::Completion::ring).
+        #[inline(always)]
+        pub fn on_completion(&mut self, c: &Completion) -> std::result::Result<u64, WcError> {
+            self.ring.on_completion(c)
+        }
+
+        /// Makes the next staged WR signaled whatever the schedule says.
+        #[inline(always)]
+        pub fn signal_next(&mut self) {
+            self.ring.signal_next()
+        }
+
+        /// Split mode: counters for this (posting) thread and a retirer for the polling
+        /// thread (see the datapath ring's `split`).
+        pub fn split(&mut self) -> (SendCounters, SendRetirer) {
+            self.ring.split()
+        }
+
+        /// Split mode, poster side: absorbs the retirer's progress.
+        ///
+        /// # Panics
+        /// If `shared` are not the counters of this ring's latest `split`.
+        #[inline(always)]
+        pub fn sync<O: Orderings>(&mut self, shared: &SendCounters<O>) {
+            self.ring.sync(shared)
+        }
+
+        /// Posts what is staged and waits, up to `timeout`, until every WR is retired,
+        /// calling `poll` to poll the CQ and hand completions to their rings (this one
+        /// included: `poll` gets the ring back). The natural
+        /// `while ring.outstanding() > 0 { poll }` never ends when the last WRs posted
+        /// were unsignaled (only a later signaled WR retires them), so `drain` first asks
+        /// for that signal: a zero-length signaled RDMA WRITE to the ring's remote (RC/UC
+        /// rings with a remote; a zero-length WRITE checks no key, IBTA C9-88). A ring
+        /// without a remote cannot post one by itself: send its last message after
+        /// [`signal_next`](Self::signal_next), and `drain` then only waits.
+        ///
+        /// # Errors
+        /// `DrainError::Stalled` when WRs are still outstanding at the deadline, saying
+        /// why ([`DrainError`]); `DrainError::Post` when the signal could not be posted;
+        /// `DrainError::Poll` with `poll`'s error.
+        pub fn drain<E>(
+            &mut self,
+            timeout: std::time::Duration,
+            mut poll: impl FnMut(&mut Self) -> std::result::Result<(), E>,
+        ) -> std::result::Result<(), DrainError<E>> {
+            let deadline = std::time::Instant::now() + timeout;
+            self.ring.flush().map_err(DrainError::Post)?;
+            let mut signal = SignalAsked::No;
+            if self.ring.outstanding() > 0 && self.ring.error().is_none() {
+                signal = self.ask_signal().map_err(DrainError::Post)?;
+            }
+            while self.ring.outstanding() > 0 {
+                poll(self).map_err(DrainError::Poll)?;
+                if self.ring.outstanding() > 0 && std::time::Instant::now() >= deadline {
+                    return Err(DrainError::Stalled(Stall {
+                        outstanding: self.ring.outstanding(),
+                        error: self.ring.error(),
+                        signal,
+                    }));
+                }
+            }
+            Ok(())
+        }
+
+        /// Posts a zero-length signaled WRITE so every earlier WR is retired by its
+        /// completion; `NoRemote` (nothing posted) when the ring has none.
+        fn ask_signal(&mut self) -> std::result::Result<SignalAsked, SendError> {
+            self.ring.signal_next();
+            match self.ring.send_now(Msg::write(Local::Inline(&[]), 0)) {
+                Ok(_) => Ok(SignalAsked::Posted),
+                // The ring is full: a signaled WR is in flight (a full ring always has
+                // one), so nothing needs asking.
+                Err(SendError::WouldBlock) => Ok(SignalAsked::RingFull),
+                // Failed meanwhile: the flushes retire everything.
+                Err(SendError::QpError(_)) => Ok(SignalAsked::No),
+                Err(SendError::NoRemote | SendError::OpNotEnabled(_) | SendError::Config(_)) => {
+                    Ok(SignalAsked::NoRemote)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+}
+
+pub(crate) use forward_send_ring;
+
+/// How [`drain`](SendRing::drain) made sure the ring's last WRs are retired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalAsked {
+    /// Nothing was outstanding, or the ring had failed (flushes retire everything).
+    No,
+    /// A zero-length signaled RDMA WRITE was posted after the last WR.
+    Posted,
+    /// The ring was full, so a signaled WR was already in flight.
+    RingFull,
+    /// The ring has no remote (a SEND-only or UD ring), so nothing could be posted: its
+    /// last WR retires only if it was signaled.
+    NoRemote,
+}
+
+/// Why a ring's WRs were not all retired by [`SendRing::drain`]'s deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// WRs still outstanding.
+    pub outstanding: u64,
+    /// The ring's first error completion, if it failed (then the rest come as flushes).
+    pub error: Option<WcError>,
+    /// What the drain did about an unsignaled tail.
+    pub signal: SignalAsked,
+}
+
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} WRs still outstanding: ", self.outstanding)?;
+        match (self.error, self.signal) {
+            (Some(e), _) => write!(
+                f,
+                "the ring failed ({e:?}) and the rest have not flushed yet: keep polling, or \
+                 move the QP to ERR (Qp::to_error) so the device flushes them"
+            ),
+            (None, SignalAsked::NoRemote) => f.write_str(
+                "the last WRs were unsignaled and the ring has no remote to post a \
+                 zero-length signaled WRITE to: send the last message after signal_next()",
+            ),
+            (None, _) => f.write_str(
+                "their completions have not come: the peer may be dead (retry_cnt 7 retries \
+                 for ever), the CQ may have overflowed (rxe drops completions), or a \
+                 completion went to another ring; move the QP to ERR to flush, then reset_qp",
+            ),
+        }
+    }
+}
+
+/// The error of a ring's `drain`.
+#[derive(Debug)]
+pub enum DrainError<E> {
+    /// The deadline passed with WRs outstanding.
+    Stalled(Stall),
+    /// Posting what was staged, or the signal, failed.
+    Post(SendError),
+    /// The caller's poll failed.
+    Poll(E),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for DrainError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DrainError::Stalled(s) => write!(f, "drain: {s}"),
+            DrainError::Post(e) => write!(f, "drain: posting failed: {e}"),
+            DrainError::Poll(e) => write!(f, "drain: polling failed: {e}"),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for DrainError<E> {}
+
 /// A [`hotverbs_datapath::SendRing`] on a [`Qp`]'s send queue, borrowing the QP; made by
-/// [`Qp::send_ring`] / [`Qp::send_ring_ud`]. Derefs to the datapath ring: its whole API
-/// (`send_now`, `batch`, `on_completion`, `split`, ...) is available.
+/// [`Qp::send_ring`] / [`Qp::send_ring_ud`]. While it lives it owns the send queue: the
+/// QP's move to RESET goes through [`reset_qp`](Self::reset_qp). Its methods forward to
+/// the datapath ring; `Deref` gives the read-only accessors (`outstanding`, `free`,
+/// `ring_id`, `error`, ...).
 pub struct SendRing<'q, const N: usize> {
     ring: dp::SendRing<N>,
-    _qp: PhantomData<&'q Qp>,
+    qp: &'q Qp,
 }
 
 impl<const N: usize> Deref for SendRing<'_, N> {
@@ -267,9 +596,84 @@ impl<const N: usize> Deref for SendRing<'_, N> {
     }
 }
 
-impl<const N: usize> DerefMut for SendRing<'_, N> {
-    fn deref_mut(&mut self) -> &mut dp::SendRing<N> {
-        &mut self.ring
+impl<'q, const N: usize> SendRing<'q, N> {
+    forward_send_ring!(dp::send::Batch<'_, 'd, N>);
+
+    /// Marks the last staged WR signaled and posts the chain (see the datapath ring's
+    /// `flush_signaled`).
+    ///
+    /// # Errors
+    /// As `flush`.
+    pub fn flush_signaled(&mut self) -> std::result::Result<bool, SendError> {
+        self.ring.flush_signaled()
+    }
+
+    /// Switches a UD ring's destination to `ah` / `remote_qpn` / `qkey`, borrowing the
+    /// new AH for the ring's life.
+    ///
+    /// # Errors
+    /// `SendRing::set_ud_dest: EINVAL` for an AH of another PD or an RC/UC ring; the
+    /// datapath's refusal (staged WRs are posted first).
+    pub fn set_ud_dest(&mut self, ah: &'q Ah, remote_qpn: u32, qkey: u32) -> Result<()> {
+        const VERB: &str = "SendRing::set_ud_dest";
+        if self.qp.qp_type() != QpType::Ud {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint("not a UD ring"));
+        }
+        if ah.pd().protection_raw() != self.qp.pd().protection_raw() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the address handle belongs to another PD than the QP"));
+        }
+        let dest = UdDest {
+            ah: ah.as_raw(),
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        // SAFETY: a live AH of the QP's PD, borrowed for 'q (the ring's life), so it
+        // outlives every WR posted with it.
+        unsafe { self.ring.set_ud_dest(dest) }
+            .map_err(|e| Error::new(VERB, libc::EINVAL).with_hint(e.to_string()))
+    }
+
+    /// Recovery: moves the QP to RESET (its WRs discarded by the device) and resets the
+    /// ring: every staged or outstanding WR is accounted as never completed (returned),
+    /// the error state left; completions of them still in the CQ are ignored as stale.
+    /// Then [`Qp::connect`] again, to the same peer or a new one, and post.
+    ///
+    /// # Errors
+    /// `SendRing::reset_qp: EBUSY` when a [`RecvRing`] owns the QP's receive queue (use
+    /// [`reset_qp_with`](Self::reset_qp_with), which resets both) or the ring is in split
+    /// mode (a retirer may be running); the move's error.
+    pub fn reset_qp(&mut self) -> Result<u64> {
+        const VERB: &str = "SendRing::reset_qp";
+        refuse_split(VERB, self.ring.is_split())?;
+        refuse_recv_owned(VERB, self.qp, "SendRing")?;
+        self.qp.reset_by_rings()?;
+        // SAFETY: the QP just went to RESET: the device uses none of the ring's WRs; not
+        // in split mode (checked).
+        Ok(unsafe { self.ring.reset() })
+    }
+
+    /// [`reset_qp`](Self::reset_qp) for a QP whose receive queue `recv` owns: both rings
+    /// reset with one move to RESET. Returns (send WRs never completed, receive slots
+    /// requeued for the next `fill`).
+    ///
+    /// # Errors
+    /// `SendRing::reset_qp_with: EINVAL` when `recv` is not this QP's; `EBUSY` in split
+    /// mode; the move's error.
+    pub fn reset_qp_with<const M: usize>(&mut self, recv: &mut RecvRing<'_, M>) -> Result<(u64, usize)> {
+        const VERB: &str = "SendRing::reset_qp_with";
+        refuse_split(VERB, self.ring.is_split())?;
+        same_qp(VERB, self.qp, recv.qp)?;
+        self.qp.reset_by_rings()?;
+        // SAFETY: the QP just went to RESET: the device holds none of either ring's WRs;
+        // not in split mode (checked).
+        Ok(unsafe { (self.ring.reset(), recv.ring.reset()) })
+    }
+}
+
+impl<const N: usize> Drop for SendRing<'_, N> {
+    fn drop(&mut self) {
+        self.qp.set_sq_owner(None);
     }
 }
 
@@ -285,11 +689,50 @@ impl<const N: usize> std::fmt::Debug for SendRing<'_, N> {
     }
 }
 
+/// `EBUSY` for a ring in split mode (its retirer may be running on another thread).
+pub(crate) fn refuse_split(verb: &'static str, split: bool) -> Result<()> {
+    if split {
+        return Err(Error::new(verb, libc::EBUSY).with_hint(
+            "the ring is in split mode and its retirer may be running on another thread: \
+             move the QP to ERR, drain the flushes through the retirer, stop it, then reset",
+        ));
+    }
+    Ok(())
+}
+
+/// `EBUSY` when a `RecvRing` owns `qp`'s receive queue (a send ring's lone `reset_qp`
+/// would discard its receives behind its back).
+pub(crate) fn refuse_recv_owned(verb: &'static str, qp: &Qp, ring: &str) -> Result<()> {
+    if qp.rq_owned() {
+        return Err(Error::new(verb, libc::EBUSY).with_hint(format!(
+            "a RecvRing owns this QP's receive queue, and RESET discards its receives: reset \
+             both with {ring}::reset_qp_with(&mut recv_ring)"
+        )));
+    }
+    Ok(())
+}
+
+/// `EINVAL` unless both rings are on the same QP.
+pub(crate) fn same_qp(verb: &'static str, a: &Qp, b: &Qp) -> Result<()> {
+    if a.as_raw() != b.as_raw() {
+        return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+            "the receive ring is on QP {:#x}, the send ring on QP {:#x}: pass the RecvRing of \
+             this ring's QP",
+            b.qp_num(),
+            a.qp_num()
+        )));
+    }
+    Ok(())
+}
+
 /// A [`hotverbs_datapath::RecvRing`] on a [`Qp`]'s receive queue over a leased region;
-/// made by [`Qp::recv_ring`]. Derefs to the datapath ring.
+/// made by [`Qp::recv_ring`]. While it lives it owns the receive queue (and the region
+/// stays leased whatever happens to the QP). Its methods forward to the datapath ring;
+/// `Deref` gives the read-only ones (`data`, `posted`, `held`, ...).
 pub struct RecvRing<'q, const N: usize> {
     ring: dp::RecvRing<N>,
-    _qp: PhantomData<(&'q Qp, &'q Mr<'static>)>,
+    qp: &'q Qp,
+    _region: PhantomData<&'q mut Mr<'static>>,
 }
 
 impl<const N: usize> Deref for RecvRing<'_, N> {
@@ -299,9 +742,87 @@ impl<const N: usize> Deref for RecvRing<'_, N> {
     }
 }
 
-impl<const N: usize> DerefMut for RecvRing<'_, N> {
-    fn deref_mut(&mut self) -> &mut dp::RecvRing<N> {
-        &mut self.ring
+impl<'q, const N: usize> RecvRing<'q, N> {
+    /// The QP whose receive queue this ring owns.
+    pub(crate) fn qp(&self) -> &'q Qp {
+        self.qp
+    }
+
+    /// Resets the datapath ring after its QP went to RESET.
+    ///
+    /// # Safety
+    /// The QP went through RESET since the ring last posted.
+    pub(crate) unsafe fn reset_after_qp_reset(&mut self) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe { self.ring.reset() }
+    }
+
+    /// Posts every free slot (one chained post). Returns how many were posted.
+    ///
+    /// # Errors
+    /// As the datapath ring's `fill`.
+    #[inline(always)]
+    pub fn fill(&mut self) -> std::result::Result<usize, PostError> {
+        self.ring.fill()
+    }
+
+    /// Takes a receive completion of this ring: the slot is held (read it with `data`)
+    /// until [`release`](Self::release).
+    ///
+    /// # Errors
+    /// As the datapath ring's `on_completion`: another ring's or a send completion, a
+    /// stale one, or the receive's error status.
+    #[inline(always)]
+    pub fn on_completion(&mut self, c: &mut Completion) -> std::result::Result<Received, RecvError> {
+        self.ring.on_completion(c)
+    }
+
+    /// Gives a held slot back (reposted at the next `repost`/`fill`).
+    ///
+    /// # Errors
+    /// As the datapath ring's `release`.
+    #[inline(always)]
+    pub fn release(&mut self, m: Received) -> std::result::Result<(), RecvError> {
+        self.ring.release(m)
+    }
+
+    /// Reposts the released slots in one chain.
+    ///
+    /// # Errors
+    /// As the datapath ring's `repost`.
+    #[inline(always)]
+    pub fn repost(&mut self) -> std::result::Result<usize, PostError> {
+        self.ring.repost()
+    }
+
+    /// Recovery of a QP with no send ring: moves it to RESET (its receives discarded) and
+    /// requeues every posted slot for the next [`fill`](Self::fill); held slots stay held.
+    /// The region stays leased. Returns how many slots were requeued.
+    ///
+    /// # Errors
+    /// `RecvRing::reset_qp: EBUSY` when a send ring owns the QP's send queue (reset
+    /// through it: `reset_qp_with(&mut this)`); the move's error.
+    pub fn reset_qp(&mut self) -> Result<usize> {
+        const VERB: &str = "RecvRing::reset_qp";
+        if let Some(k) = self.qp.sq_owner() {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(format!(
+                "a {} owns this QP's send queue, and RESET discards its WRs: reset both with \
+                 {}::reset_qp_with(&mut recv_ring)",
+                k.name(),
+                k.name()
+            )));
+        }
+        self.qp.reset_by_rings()?;
+        // SAFETY: the QP just went to RESET: none of this ring's receives is posted.
+        Ok(unsafe { self.ring.reset() })
+    }
+}
+
+impl<const N: usize> Drop for RecvRing<'_, N> {
+    fn drop(&mut self) {
+        // The region stays leased until the QP is reset or destroyed (receives stay
+        // posted); only the ownership of the queue ends.
+        self.qp.set_rq_owned(false);
     }
 }
 
@@ -317,7 +838,7 @@ impl<const N: usize> std::fmt::Debug for RecvRing<'_, N> {
 }
 
 /// A [`hotverbs_datapath::CqPoller`] on a [`Cq`], borrowing it; made by [`Cq::poller`].
-/// While it exists it is the CQ's only poller. Derefs to the datapath poller.
+/// While it exists it is the CQ's only poller. Its methods forward to the datapath poller.
 pub struct CqPoller<'c, const B: usize> {
     poller: dp::CqPoller<B>,
     cq: &'c Cq,
@@ -330,9 +851,52 @@ impl<const B: usize> Deref for CqPoller<'_, B> {
     }
 }
 
-impl<const B: usize> DerefMut for CqPoller<'_, B> {
-    fn deref_mut(&mut self) -> &mut dp::CqPoller<B> {
-        &mut self.poller
+impl<const B: usize> CqPoller<'_, B> {
+    /// Polls up to `B` completions (one `ibv_poll_cq`).
+    ///
+    /// # Errors
+    /// The provider's error (`ibv_poll_cq` < 0: e.g. a CQ overrun).
+    #[inline(always)]
+    pub fn poll(&mut self) -> std::result::Result<&mut [Completion], PollError> {
+        self.poller.poll()
+    }
+
+    /// Polls into `out`; returns how many were written.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    #[inline(always)]
+    pub fn poll_into(&mut self, out: &mut [Completion]) -> std::result::Result<usize, PollError> {
+        self.poller.poll_into(out)
+    }
+
+    /// Polls until something arrives or `max_polls` polls found nothing.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    #[inline(always)]
+    pub fn poll_spin(&mut self, max_polls: u64) -> std::result::Result<&mut [Completion], PollError> {
+        self.poller.poll_spin(max_polls)
+    }
+
+    /// Polls once and hands every completion to `f`.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    #[inline(always)]
+    pub fn drain<F: FnMut(&mut Completion)>(&mut self, f: F) -> std::result::Result<usize, PollError> {
+        self.poller.drain(f)
+    }
+
+    /// `ibv_req_notify_cq(3)` from the poller's own thread: the way to arm a CQ made
+    /// without the provider's locks (a thread domain, `MLX5_SINGLE_THREADED`), where
+    /// [`Cq::req_notify`] is refused while a poller exists (arming reads the consumer
+    /// index the poller writes).
+    ///
+    /// # Errors
+    /// `ibv_req_notify_cq` with the provider's errno.
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        self.cq.req_notify_unchecked(solicited_only)
     }
 }
 
@@ -354,11 +918,11 @@ impl<const B: usize> std::fmt::Debug for CqPoller<'_, B> {
 
 /// A [`hotverbs_datapath::WrRing`] on an extended [`Qp`]'s send queue (posting through
 /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`), borrowing the QP; made by
-/// [`Qp::wr_ring`] / [`Qp::wr_ring_ud`]. Derefs to the datapath ring. It takes the send
-/// queue exactly as a [`SendRing`] does: a QP has one ring of either kind.
+/// [`Qp::wr_ring`] / [`Qp::wr_ring_ud`]. It owns the send queue exactly as a [`SendRing`]
+/// does: a QP has one ring of either kind, and the move to RESET goes through it.
 pub struct WrRing<'q> {
     ring: dp::WrRing,
-    _qp: PhantomData<&'q Qp>,
+    qp: &'q Qp,
 }
 
 impl Deref for WrRing<'_> {
@@ -368,9 +932,41 @@ impl Deref for WrRing<'_> {
     }
 }
 
-impl DerefMut for WrRing<'_> {
-    fn deref_mut(&mut self) -> &mut dp::WrRing {
-        &mut self.ring
+impl WrRing<'_> {
+    forward_send_ring!(dp::wr::WrBatch<'_, 'd>);
+
+    /// Recovery, as [`SendRing::reset_qp`] (an open `ibv_wr_*` region is aborted).
+    ///
+    /// # Errors
+    /// `WrRing::reset_qp: EBUSY` when a [`RecvRing`] owns the receive queue (use
+    /// [`reset_qp_with`](Self::reset_qp_with)) or in split mode; the move's error.
+    pub fn reset_qp(&mut self) -> Result<u64> {
+        const VERB: &str = "WrRing::reset_qp";
+        refuse_split(VERB, self.ring.is_split())?;
+        refuse_recv_owned(VERB, self.qp, "WrRing")?;
+        self.qp.reset_by_rings()?;
+        // SAFETY: the QP just went to RESET; not in split mode (checked).
+        Ok(unsafe { self.ring.reset() })
+    }
+
+    /// [`reset_qp`](Self::reset_qp) with the QP's receive ring, as
+    /// [`SendRing::reset_qp_with`].
+    ///
+    /// # Errors
+    /// As `SendRing::reset_qp_with`.
+    pub fn reset_qp_with<const M: usize>(&mut self, recv: &mut RecvRing<'_, M>) -> Result<(u64, usize)> {
+        const VERB: &str = "WrRing::reset_qp_with";
+        refuse_split(VERB, self.ring.is_split())?;
+        same_qp(VERB, self.qp, recv.qp)?;
+        self.qp.reset_by_rings()?;
+        // SAFETY: the QP just went to RESET; not in split mode (checked).
+        Ok(unsafe { (self.ring.reset(), recv.ring.reset()) })
+    }
+}
+
+impl Drop for WrRing<'_> {
+    fn drop(&mut self) {
+        self.qp.set_sq_owner(None);
     }
 }
 
@@ -382,7 +978,6 @@ impl std::fmt::Debug for WrRing<'_> {
 
 /// A [`hotverbs_datapath::ExCqPoller`] on an extended [`Cq`], borrowing it; made by
 /// [`Cq::ex_poller`]. While it exists it is the CQ's only poller (as a [`CqPoller`]).
-/// Derefs to the datapath poller (`poll`, `poll_ts`).
 pub struct ExCqPoller<'c, const B: usize> {
     poller: dp::ExCqPoller<B>,
     cq: &'c Cq,
@@ -395,9 +990,31 @@ impl<const B: usize> Deref for ExCqPoller<'_, B> {
     }
 }
 
-impl<const B: usize> DerefMut for ExCqPoller<'_, B> {
-    fn deref_mut(&mut self) -> &mut dp::ExCqPoller<B> {
-        &mut self.poller
+impl<const B: usize> ExCqPoller<'_, B> {
+    /// Polls up to `B` completions (`ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll`).
+    ///
+    /// # Errors
+    /// The provider's error.
+    #[inline(always)]
+    pub fn poll(&mut self) -> std::result::Result<&mut [Completion], ExPollError> {
+        self.poller.poll()
+    }
+
+    /// [`poll`](Self::poll) with each completion's raw timestamp (`COMPLETION_TS`).
+    ///
+    /// # Errors
+    /// As `poll`.
+    #[inline(always)]
+    pub fn poll_ts(&mut self) -> std::result::Result<(&mut [Completion], &[u64]), ExPollError> {
+        self.poller.poll_ts()
+    }
+
+    /// `ibv_req_notify_cq(3)` from the poller's thread, as [`CqPoller::req_notify`].
+    ///
+    /// # Errors
+    /// The provider's errno.
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        self.cq.req_notify_unchecked(solicited_only)
     }
 }
 
@@ -611,8 +1228,8 @@ impl Qp {
     /// Qp::connect_pair(&a, &b, &ctx.port_info(None, None)?, &ConnectOptions::default())?;
     /// let mut ring = a.send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))?;
     /// let mut poller = cq.poller::<8>()?;
-    /// let region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
-    /// let mut rb = b.recv_ring::<4>(&region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
+    /// let mut region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
+    /// let mut rb = b.recv_ring::<4>(&mut region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
     /// rb.fill()?;
     /// ring.send_now(Msg::send(Local::Inline(b"hi")))?;
     /// let mut got = 0;
@@ -644,10 +1261,9 @@ impl Qp {
         }
         self.check_inline(VERB, &cfg)?;
         let id = self.claim_send_queue(VERB, cfg.depth_of())?;
-        Ok(SendRing {
-            ring: self.finish_send_ring(VERB, id, cfg)?,
-            _qp: PhantomData,
-        })
+        let ring = self.finish_send_ring(VERB, id, cfg)?;
+        self.set_sq_owner(Some(SqOwner::Send));
+        Ok(SendRing { ring, qp: self })
     }
 
     /// A send ring on this UD QP sending to `ah` / `remote_qpn` / `qkey` (borrowing the AH
@@ -679,10 +1295,9 @@ impl Qp {
             remote_qkey: qkey,
         });
         let id = self.claim_send_queue(VERB, cfg.depth_of())?;
-        Ok(SendRing {
-            ring: self.finish_send_ring(VERB, id, cfg)?,
-            _qp: PhantomData,
-        })
+        let ring = self.finish_send_ring(VERB, id, cfg)?;
+        self.set_sq_owner(Some(SqOwner::Send));
+        Ok(SendRing { ring, qp: self })
     }
 
     fn check_ex(
@@ -735,10 +1350,8 @@ impl Qp {
                     n: depth,
                     clean_qpn: None,
                 });
-                Ok(WrRing {
-                    ring,
-                    _qp: PhantomData,
-                })
+                self.set_sq_owner(Some(SqOwner::Wr));
+                Ok(WrRing { ring, qp: self })
             }
             Err(e) => {
                 self.send_cq().inner.rings.release(id, depth);
@@ -773,8 +1386,8 @@ impl Qp {
     /// let mut ring = a.wr_ring(SendConfig::new(0, 16, 64).signal_every(1))?;
     /// // Rings check each completion's qp_num: read it (and byte_len for receives).
     /// let mut poller = cq.ex_poller::<8>(ExFields::BYTE_LEN | ExFields::QP_NUM)?;
-    /// let region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
-    /// let mut rb = b.recv_ring::<4>(&region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
+    /// let mut region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
+    /// let mut rb = b.recv_ring::<4>(&mut region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
     /// rb.fill()?;
     /// ring.send_now(Msg::send(Local::Inline(b"hi")))?;
     /// let mut got = 0;
@@ -843,7 +1456,8 @@ impl Qp {
     }
 
     /// A receive ring on this QP's receive queue over `region[offset..]` (`cfg.count` slots
-    /// of `cfg.slot_len` bytes), borrowing the QP and the region. The region is leased to
+    /// of `cfg.slot_len` bytes), borrowing the QP, and the region exclusively (so no slice
+    /// of it taken before can live on while the device writes it). The region is leased to
     /// the QP ([`Qp::lease_recv`]: no safe slice of it until the QP is reset or destroyed,
     /// whatever happens to the ring) and must be owned memory (`Mr<'static>`, from
     /// [`Pd::alloc_mr`](crate::Pd::alloc_mr)) with `LOCAL_WRITE`. Nothing is posted until
@@ -857,7 +1471,7 @@ impl Qp {
     /// cannot take the ring's completions.
     pub fn recv_ring<'q, const N: usize>(
         &'q self,
-        region: &'q Mr<'static>,
+        region: &'q mut Mr<'static>,
         offset: usize,
         cfg: RecvConfig,
     ) -> Result<RecvRing<'q, N>> {
@@ -918,9 +1532,11 @@ impl Qp {
                     n: count,
                     clean_qpn: None,
                 });
+                self.set_rq_owned(true);
                 Ok(RecvRing {
                     ring,
-                    _qp: PhantomData,
+                    qp: self,
+                    _region: PhantomData,
                 })
             }
             Err(e) => Err(undo(config_error(VERB, e))),

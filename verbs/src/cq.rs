@@ -1175,24 +1175,41 @@ impl Cq {
     /// `ibv_poll_cq(3)` into `wcs`; returns how many were written.
     ///
     /// # Errors
-    /// `ibv_poll_cq: EBUSY` while a datapath poller polls the CQ, and for good once the CQ
-    /// was handed to the mlx5 direct path ([`Cq::direct_poller`]); the provider's error.
+    /// `ibv_poll_cq: EBUSY` while a datapath poller polls the CQ, while bridge rings
+    /// complete on it (their completions are theirs: poll with [`Cq::poller`] and hand each
+    /// to its ring), and for good once the CQ was handed to the mlx5 direct path
+    /// ([`Cq::direct_poller`]); the provider's error.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
-        self.inner.rings.refuse_if_direct("ibv_poll_cq")?;
-        if self.inner.rings.poller_taken() {
-            return Err(Error::new("ibv_poll_cq", libc::EBUSY).with_hint(
+        const VERB: &str = "ibv_poll_cq";
+        self.inner.rings.refuse_if_direct(VERB)?;
+        // Completions of ring WRs belong to their rings: taken here they would never
+        // retire (a ring waiting on them waits for ever).
+        self.inner.rings.refuse_if_rings(VERB)?;
+        // The poller slot for the duration of the poll: a datapath poller cannot be made
+        // between the check and the poll (the slot is the check).
+        if self.inner.rings.take_poller() {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
                 "a datapath CqPoller polls this CQ: poll through it (one poller per CQ)",
             ));
         }
+        struct Slot<'a>(&'a crate::bridge::CqRings);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                self.0.release_poller();
+            }
+        }
+        let _slot = Slot(&self.inner.rings);
+        // Checked again with the slot held: a ring made meanwhile reserved before.
+        self.inner.rings.refuse_if_rings(VERB)?;
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         let _serial = self.inner.serial.as_ref().map(|m| m.lock());
-        // SAFETY: live CQ (serialised above if the provider may not lock it); Wc is
-        // repr(transparent) over ibv_wc so the slice is n writable
-        // ibv_wc entries.
+        // SAFETY: live CQ (serialised above if the provider may not lock it, and no
+        // datapath poller exists: the slot is held); Wc is repr(transparent) over ibv_wc
+        // so the slice is n writable ibv_wc entries.
         let ret =
             unsafe { hotverbs_ffi::inline::ibv_poll_cq(self.inner.cq, n, wcs.as_mut_ptr().cast()) };
         if ret < 0 {
-            return Err(Error::from_ret("ibv_poll_cq", ret).or_hint(|| {
+            return Err(Error::from_ret(VERB, ret).or_hint(|| {
                 Some(
                     "the CQ overran (more completions than its capacity) or the device failed"
                         .into(),
@@ -1227,7 +1244,30 @@ impl Cq {
     /// `solicited_only`) raises an event on its channel. A CQ handed to the mlx5 direct
     /// path ([`Cq::direct_poller`]) is armed as libmlx5 would, from the consumer index the
     /// direct poller keeps (`hotverbs_datapath::mlx5::arm_cq`).
+    ///
+    /// # Errors
+    /// `ibv_req_notify_cq: EBUSY` on a CQ without the provider's lock (a thread domain or
+    /// single-threaded CQ) while a datapath poller exists: arm it with the poller's
+    /// `req_notify`, in its thread; the provider's errno.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.serial.is_some()
+            && self.inner.rings.direct_arm().is_none()
+            && self.inner.rings.poller_taken()
+        {
+            // Without the provider's lock, arming reads the consumer index the poller's
+            // thread writes: only the poller may arm.
+            return Err(Error::new("ibv_req_notify_cq", libc::EBUSY).with_hint(
+                "this CQ runs without the provider's lock (thread domain or single-threaded) \
+                 and a datapath poller polls it: arm it from the poller's thread with \
+                 poller.req_notify()",
+            ));
+        }
+        self.req_notify_unchecked(solicited_only)
+    }
+
+    /// [`req_notify`](Self::req_notify) without the lock-free CQ's poller check: for the
+    /// pollers, which hold the CQ's only poller slot.
+    pub(crate) fn req_notify_unchecked(&self, solicited_only: bool) -> Result<()> {
         if let Some(arm) = self.inner.rings.direct_arm() {
             // A CQ of the mlx5 direct path: libmlx5's arm would use its own consumer
             // index, which no longer follows the CQ.

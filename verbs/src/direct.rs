@@ -46,7 +46,7 @@
 //!
 //! [`DirectPoller::clean`]: dp::DirectPoller::clean
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 
 use hotverbs_datapath as dp;
@@ -57,7 +57,9 @@ use hotverbs_ffi::mlx5dv::{
 };
 
 use crate::ah::Ah;
-use crate::bridge::RingReservation;
+use crate::bridge::{forward_send_ring, refuse_recv_owned, refuse_split, DrainError, SignalAsked, Stall, RingReservation};
+use hotverbs_datapath::{Completion, Local, Msg, SendCounters, SendError, SendRetirer, WcError};
+use hotverbs_datapath::split::Orderings;
 use crate::cq::Cq;
 use crate::device::Context;
 use crate::error::{Error, Result};
@@ -122,12 +124,6 @@ impl<const B: usize> Deref for DirectPoller<'_, B> {
     type Target = dp::DirectPoller<B>;
     fn deref(&self) -> &dp::DirectPoller<B> {
         &self.poller
-    }
-}
-
-impl<const B: usize> DerefMut for DirectPoller<'_, B> {
-    fn deref_mut(&mut self) -> &mut dp::DirectPoller<B> {
-        &mut self.poller
     }
 }
 
@@ -213,13 +209,36 @@ impl Deref for DirectRing<'_> {
     }
 }
 
-impl DerefMut for DirectRing<'_> {
-    fn deref_mut(&mut self) -> &mut dp::DirectRing {
-        &mut self.ring
-    }
-}
-
 impl DirectRing<'_> {
+    forward_send_ring!(dp::DirectBatch<'_, 'd>);
+
+    /// Stages an inline SEND/WRITE whose payload is gathered from `parts` (see the
+    /// datapath ring's `stage_inline_gather`).
+    ///
+    /// # Errors
+    /// As the datapath ring's.
+    pub fn stage_inline_gather(
+        &mut self,
+        msg: Msg<'_>,
+        parts: &[&[u8]],
+    ) -> std::result::Result<u64, SendError> {
+        self.ring.stage_inline_gather(msg, parts)
+    }
+
+    /// Stages a WR gathering from registered buffers.
+    ///
+    /// # Safety
+    /// As the datapath ring's `stage_gather`: every buffer stays valid and unwritten until
+    /// the WR is retired.
+    pub unsafe fn stage_gather(
+        &mut self,
+        msg: Msg<'_>,
+        sges: &[dp::LocalBuf],
+    ) -> std::result::Result<u64, SendError> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.ring.stage_gather(msg, sges) }
+    }
+
     /// Recovery (after an error, or to reconnect): moves the QP to RESET, removes its
     /// CQEs the poller has not consumed from the send CQ ([`DirectPoller::clean`]; libmlx5
     /// does not clean a CQ of the direct path), and resets the ring
@@ -235,24 +254,54 @@ impl DirectRing<'_> {
     /// use the unsafe `reset` as its contract says); the error of the move to RESET.
     pub fn reset_qp<const B: usize>(&mut self, poller: &mut DirectPoller<'_, B>) -> Result<u64> {
         const VERB: &str = "DirectRing::reset_qp";
+        self.check_reset(VERB, poller)?;
+        refuse_recv_owned(VERB, self.qp, "DirectRing")?;
+        self.qp.reset_by_rings()?;
+        poller.poller.clean(self.qp.qp_num());
+        // SAFETY: the QP just went to RESET (libmlx5 zeroed its doorbell record, the device
+        // no longer uses its WRs), none of its CQEs is left unconsumed in the send CQ (just
+        // cleaned), and the ring is not in split mode (checked).
+        Ok(unsafe { self.ring.reset() })
+    }
+
+    /// [`reset_qp`](Self::reset_qp) for a QP whose receive queue `recv` owns: both rings
+    /// reset with one move to RESET. Returns (send WRs never completed, receive slots
+    /// requeued).
+    ///
+    /// # Errors
+    /// As `reset_qp`, and `EINVAL` when `recv` is not this QP's.
+    pub fn reset_qp_with<const B: usize, const M: usize>(
+        &mut self,
+        poller: &mut DirectPoller<'_, B>,
+        recv: &mut crate::RecvRing<'_, M>,
+    ) -> Result<(u64, usize)> {
+        const VERB: &str = "DirectRing::reset_qp_with";
+        self.check_reset(VERB, poller)?;
+        crate::bridge::same_qp(VERB, self.qp, recv.qp())?;
+        self.qp.reset_by_rings()?;
+        poller.poller.clean(self.qp.qp_num());
+        // SAFETY: as in reset_qp; the receive ring's receives went with the RESET.
+        Ok(unsafe { (self.ring.reset(), recv.reset_after_qp_reset()) })
+    }
+
+    fn check_reset<const B: usize>(
+        &self,
+        verb: &'static str,
+        poller: &DirectPoller<'_, B>,
+    ) -> Result<()> {
         if poller.cq.as_raw() != self.qp.send_cq().as_raw() {
-            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
                 "the poller is not the direct poller of this QP's send CQ: pass the one the \
                  ring was built with",
             ));
         }
-        if self.ring.is_split() {
-            return Err(Error::new(VERB, libc::EBUSY).with_hint(
-                "the ring is in split mode and its retirer may be running: stop the retirer, \
-                 reset the QP, DirectPoller::clean its QP number, then DirectRing::reset",
-            ));
-        }
-        self.qp.reset()?;
-        poller.poller.clean(self.qp.qp_num());
-        // SAFETY: the QP just went to RESET (libmlx5 zeroed its doorbell record, the device
-        // no longer uses its WRs), none of its CQEs is left unconsumed in the send CQ (just
-        // cleaned), and the ring is not in split mode.
-        Ok(unsafe { self.ring.reset() })
+        refuse_split(verb, self.ring.is_split())
+    }
+}
+
+impl Drop for DirectRing<'_> {
+    fn drop(&mut self) {
+        self.qp.set_sq_owner(None);
     }
 }
 
@@ -347,7 +396,13 @@ impl Cq {
         // the flag just taken makes this its only consumer (Cq::poll and other pollers
         // are refused); direct rings attach only their own wrid tables, owned by this CQ.
         match unsafe { dp::DirectPoller::new(desc) } {
-            Ok(poller) => {
+            Ok(mut poller) => {
+                // A poller made after an earlier one was dropped serves the rings the
+                // earlier one served (their registrations are the CQ's).
+                if let Err(e) = self.inner.rings.reattach_direct(&mut poller) {
+                    self.inner.rings.release_poller();
+                    return Err(config_error(VERB, dp::ConfigError::Direct(e)));
+                }
                 // From here on only direct pollers poll the CQ (see above).
                 self.inner.rings.mark_direct(arm);
                 if self.context().kind() == crate::DeviceKind::Softnic {
@@ -530,6 +585,8 @@ impl Qp {
             depth,
             self.qp_num(),
         ));
+        cq.inner.rings.register_direct(sq);
+        self.set_sq_owner(Some(crate::qp::SqOwner::Direct));
         Ok(DirectRing { ring, qp: self })
     }
 }

@@ -472,6 +472,8 @@ impl<'a> QpBuilder<'a> {
             sq_sig_all: self.sq_sig_all,
             sq_taken: AtomicBool::new(false),
             rq_taken: AtomicBool::new(false),
+            sq_owner: AtomicU8::new(0),
+            rq_owner: AtomicBool::new(false),
             qp_type: self.qp_type,
             cap: init.cap,
             pd: self.pd.clone(),
@@ -1085,6 +1087,11 @@ pub struct Qp {
     sq_taken: AtomicBool,
     /// The receive queue was handed out ([`Qp::take_recv_queue`]).
     rq_taken: AtomicBool,
+    /// Which ring owns the send queue now ([`SqOwner`] as `u8`; 0: none alive). While one
+    /// does, a move to RESET is the ring's operation (`reset_qp`), refused elsewhere.
+    sq_owner: AtomicU8,
+    /// A `RecvRing` owns the receive queue now.
+    rq_owner: AtomicBool,
     qp_type: QpType,
     cap: hotverbs_ffi::ibv_qp_cap,
     pd: Pd,
@@ -1244,6 +1251,75 @@ impl Qp {
         mask: QpAttrMask,
         hint: impl FnOnce(&Qp, QpState) -> Option<String>,
     ) -> Result<()> {
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == hotverbs_ffi::IBV_QPS_RESET {
+            self.refuse_if_owned()?;
+        }
+        self.modify_state(attr, mask, hint)
+    }
+
+    /// `EBUSY` naming the ring when a ring owns one of this QP's queues: a move to RESET
+    /// would zero the device's counters and discard posted WRs under it (a direct ring
+    /// would then re-announce old WQEs; a receive ring would repost into memory no longer
+    /// leased), so it is the ring's operation.
+    fn refuse_if_owned(&self) -> Result<()> {
+        let sq = SqOwner::from_u8(self.sq_owner.load(Ordering::Acquire));
+        let rq = self.rq_owner.load(Ordering::Acquire);
+        let hint = match (sq, rq) {
+            (None, false) => return Ok(()),
+            (Some(k), false) => format!(
+                "a {} owns this QP's send queue: reset the QP through it ({}::reset_qp), \
+                 which accounts every WR and resets the ring, then connect again",
+                k.name(),
+                k.name()
+            ),
+            (None, true) => "a RecvRing owns this QP's receive queue: reset the QP through it \
+                             (RecvRing::reset_qp), then connect again"
+                .to_string(),
+            (Some(k), true) => format!(
+                "a {} and a RecvRing own this QP's queues: reset the QP through both \
+                 ({}::reset_qp_with(&mut recv_ring)), then connect again",
+                k.name(),
+                k.name()
+            ),
+        };
+        Err(Error::new("ibv_modify_qp(RESET)", libc::EBUSY).with_hint(hint))
+    }
+
+    /// RESET on behalf of the rings that own the queues (they reset themselves after).
+    pub(crate) fn reset_by_rings(&self) -> Result<()> {
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RESET;
+        self.modify_state(&mut attr, QpAttrMask::STATE, |_, _| None)
+    }
+
+    /// The ring that owns the send queue now, if any.
+    pub(crate) fn sq_owner(&self) -> Option<SqOwner> {
+        SqOwner::from_u8(self.sq_owner.load(Ordering::Acquire))
+    }
+
+    /// Records (or, with `None`, clears) the ring owning the send queue.
+    pub(crate) fn set_sq_owner(&self, k: Option<SqOwner>) {
+        self.sq_owner
+            .store(k.map_or(0, |k| k as u8), Ordering::Release);
+    }
+
+    /// A `RecvRing` owns the receive queue now.
+    pub(crate) fn rq_owned(&self) -> bool {
+        self.rq_owner.load(Ordering::Acquire)
+    }
+
+    /// Records whether a `RecvRing` owns the receive queue.
+    pub(crate) fn set_rq_owned(&self, yes: bool) {
+        self.rq_owner.store(yes, Ordering::Release);
+    }
+
+    fn modify_state(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: QpAttrMask,
+        hint: impl FnOnce(&Qp, QpState) -> Option<String>,
+    ) -> Result<()> {
         let f = self
             .pd
             .context()
@@ -1256,8 +1332,9 @@ impl Qp {
         if ret == 0 {
             if mask.contains(QpAttrMask::STATE) {
                 self.state.store(attr.qp_state, Ordering::Relaxed);
-                if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET {
-                    // RESET removes the receive queue's WRs without completions.
+                if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET && !self.rq_owned() {
+                    // RESET removes the receive queue's WRs without completions; a live
+                    // RecvRing keeps its lease (it posts into the region again).
                     self.release_leases();
                 }
             }
@@ -1859,6 +1936,35 @@ impl Drop for Qp {
     fn drop(&mut self) {
         if let Err(e) = self.destroy_inner() {
             record_drop_error(e);
+        }
+    }
+}
+
+/// The kind of ring that owns a QP's send queue (for the messages that name it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum SqOwner {
+    Send = 1,
+    Wr = 2,
+    Direct = 3,
+}
+
+impl SqOwner {
+    fn from_u8(v: u8) -> Option<SqOwner> {
+        match v {
+            1 => Some(SqOwner::Send),
+            2 => Some(SqOwner::Wr),
+            3 => Some(SqOwner::Direct),
+            _ => None,
+        }
+    }
+
+    /// The ring type's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SqOwner::Send => "SendRing",
+            SqOwner::Wr => "WrRing",
+            SqOwner::Direct => "DirectRing",
         }
     }
 }

@@ -81,8 +81,8 @@ use hotverbs_datapath as dp;
 use hotverbs_datapath::split::Orderings;
 use hotverbs_datapath::{
     Completion, ExFields, ExPollError, Local, LocalBuf, Msg, PollError, PostError, Received,
-    RecvConfig, RecvError, RecvTarget, RemoteBuf, SendConfig, SendCounters, SendError,
-    SendRetirer, UdDest, WcError,
+    RecvConfig, RecvError, RecvTarget, RemoteBuf, SendConfig, SendCounters, SendError, SendRetirer,
+    UdDest, WcError,
 };
 
 use crate::ah::Ah;
@@ -156,7 +156,10 @@ unsafe impl Sync for AttachedSq {}
 
 impl Drop for CqRings {
     fn drop(&mut self) {
-        let tables = self.wrid_tables.get_mut().unwrap_or_else(|e| e.into_inner());
+        let tables = self
+            .wrid_tables
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
         for t in tables.drain(..) {
             // SAFETY: from Box::into_raw in wrid_table, freed once (drained); the CQ is
             // being destroyed, so no poller or ring uses it any more.
@@ -660,7 +663,10 @@ impl<'q, const N: usize> SendRing<'q, N> {
     /// # Errors
     /// `SendRing::reset_qp_with: EINVAL` when `recv` is not this QP's; `EBUSY` in split
     /// mode; the move's error.
-    pub fn reset_qp_with<const M: usize>(&mut self, recv: &mut RecvRing<'_, M>) -> Result<(u64, usize)> {
+    pub fn reset_qp_with<const M: usize>(
+        &mut self,
+        recv: &mut RecvRing<'_, M>,
+    ) -> Result<(u64, usize)> {
         const VERB: &str = "SendRing::reset_qp_with";
         refuse_split(VERB, self.ring.is_split())?;
         same_qp(VERB, self.qp, recv.qp)?;
@@ -773,7 +779,10 @@ impl<'q, const N: usize> RecvRing<'q, N> {
     /// As the datapath ring's `on_completion`: another ring's or a send completion, a
     /// stale one, or the receive's error status.
     #[inline(always)]
-    pub fn on_completion(&mut self, c: &mut Completion) -> std::result::Result<Received, RecvError> {
+    pub fn on_completion(
+        &mut self,
+        c: &mut Completion,
+    ) -> std::result::Result<Received, RecvError> {
         self.ring.on_completion(c)
     }
 
@@ -875,7 +884,10 @@ impl<const B: usize> CqPoller<'_, B> {
     /// # Errors
     /// As [`poll`](Self::poll).
     #[inline(always)]
-    pub fn poll_spin(&mut self, max_polls: u64) -> std::result::Result<&mut [Completion], PollError> {
+    pub fn poll_spin(
+        &mut self,
+        max_polls: u64,
+    ) -> std::result::Result<&mut [Completion], PollError> {
         self.poller.poll_spin(max_polls)
     }
 
@@ -884,7 +896,10 @@ impl<const B: usize> CqPoller<'_, B> {
     /// # Errors
     /// As [`poll`](Self::poll).
     #[inline(always)]
-    pub fn drain<F: FnMut(&mut Completion)>(&mut self, f: F) -> std::result::Result<usize, PollError> {
+    pub fn drain<F: FnMut(&mut Completion)>(
+        &mut self,
+        f: F,
+    ) -> std::result::Result<usize, PollError> {
         self.poller.drain(f)
     }
 
@@ -954,7 +969,10 @@ impl WrRing<'_> {
     ///
     /// # Errors
     /// As `SendRing::reset_qp_with`.
-    pub fn reset_qp_with<const M: usize>(&mut self, recv: &mut RecvRing<'_, M>) -> Result<(u64, usize)> {
+    pub fn reset_qp_with<const M: usize>(
+        &mut self,
+        recv: &mut RecvRing<'_, M>,
+    ) -> Result<(u64, usize)> {
         const VERB: &str = "WrRing::reset_qp_with";
         refuse_split(VERB, self.ring.is_split())?;
         same_qp(VERB, self.qp, recv.qp)?;
@@ -1060,14 +1078,15 @@ impl Cq {
     /// rxe) the poller reads one completion per `ibv_start_poll` .. `ibv_end_poll` and
     /// never calls `ibv_next_poll` ([`hotverbs_datapath::ExCqPoller::one_per_poll`]).
     ///
-    /// Rings check each completion's `qp_num` (and a receive ring its `byte_len`): ask for
-    /// [`ExFields::QP_NUM`] (and [`ExFields::BYTE_LEN`]) when rings take this poller's
-    /// completions; without `QP_NUM` every completion reads `qp_num` 0.
+    /// Rings check each completion's `qp_num` (and a receive ring its `byte_len`): the
+    /// poller always reads [`ExFields::QP_NUM`] (added to `fields`), so the CQ must have
+    /// been created with `WcFields::QP_NUM`; ask for [`ExFields::BYTE_LEN`] when receive
+    /// rings take its completions.
     ///
     /// # Errors
     /// `ExCqPoller: EINVAL` for a CQ from `ibv_create_cq` (build it with
-    /// [`CqBuilder::wc_fields`](crate::CqBuilder::wc_fields)) or a field the CQ was not
-    /// created with (named); `EBUSY` when a poller exists or the CQ was handed to the mlx5
+    /// [`CqBuilder::wc_fields`](crate::CqBuilder::wc_fields)), a CQ without
+    /// `WcFields::QP_NUM`, or a field the CQ was not created with (named); `EBUSY` when a poller exists or the CQ was handed to the mlx5
     /// direct path.
     pub fn ex_poller<const B: usize>(&self, fields: ExFields) -> Result<ExCqPoller<'_, B>> {
         const VERB: &str = "ExCqPoller";
@@ -1077,6 +1096,16 @@ impl Cq {
             ));
         };
         let have = self.wc_fields().bits();
+        if have & ExFields::QP_NUM.wc_flags() == 0 {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(
+                "the CQ was not created with WcFields::QP_NUM, which rings need: each checks a \
+                 completion's QP number (without it every completion reads QP 0 and no ring \
+                 takes any); add it to CqBuilder::wc_fields (the CQ has {:?})",
+                self.wc_fields()
+            )));
+        }
+        // Always read: rings route and check by it.
+        let fields = fields | ExFields::QP_NUM;
         let missing = fields.wc_flags() & !have;
         if missing != 0 {
             return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(

@@ -106,7 +106,9 @@ pub mod testing;
 mod watchdog;
 
 pub use ah::{Ah, AhAttr};
-pub use bridge::{CqPoller, ExCqPoller, RecvRing, SendRing, WrRing};
+pub use bridge::{
+    CqPoller, DrainError, ExCqPoller, RecvRing, SendRing, SignalAsked, Stall, WrRing,
+};
 pub use clock::{ClockSample, RtValues, TimestampClock};
 pub use cq::{
     async_event_name, AsyncElement, AsyncEvent, AsyncEvents, CompChannel, Cq, CqBuilder, CqEvent,

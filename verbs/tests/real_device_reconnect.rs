@@ -1,0 +1,256 @@
+//! Issue 27's fault scenario through the public API only, no `unsafe`: a stream of SENDs
+//! to a peer that dies mid-stream, the error and flush completions, the ring's safe
+//! recovery (`reset_qp`), a connection to a new peer with the same ring, traffic resumed;
+//! every WR retired exactly once.
+//!
+//! On softnic in both profiles on every `cargo test`; on rxe0 inside `cargo xtask rxe`
+//! (the `real_device*` convention), where the dead peer is a destroyed QP whose packets
+//! rxe drops, so the WRs end with `RETRY_EXC_ERR` after the transport retries.
+
+use std::time::Duration;
+
+use hotverbs::testing::{gid_index, rxe_required, Probe};
+use hotverbs::*;
+
+/// Receive slots per peer.
+const SLOTS: u32 = 64;
+
+struct Stream<'q> {
+    ring: SendRing<'q, 16>,
+    /// `send_now` answers that posted a WR.
+    posted: u64,
+    /// WRs retired by completions (measured on the ring's retired count, per completion).
+    retired_by_completions: u64,
+    /// WRs a reset accounted as never completed.
+    dropped_by_reset: u64,
+    /// Error statuses seen, in order.
+    errors: Vec<WcError>,
+}
+
+impl Stream<'_> {
+    /// Sends `seq` (8 bytes inline); `last` asks for a signal (the stream's ring has no
+    /// remote, so `drain` cannot post one itself).
+    fn send(&mut self, seq: u64, last: bool) {
+        if last {
+            self.ring.signal_next();
+        }
+        let r = self
+            .ring
+            .send_now(Msg::send(Local::Inline(&seq.to_le_bytes())));
+        match r {
+            Ok(_) => self.posted += 1,
+            Err(e) => panic!("send_now({seq}): {e}"),
+        }
+    }
+
+    /// Polls until nothing is outstanding (the ring asks for the signal its unsignaled
+    /// tail needs), counting what each completion retires.
+    fn drain(&mut self, p: &mut CqPoller<'_, 16>, timeout: Duration) {
+        let Stream {
+            ring,
+            retired_by_completions,
+            errors,
+            posted,
+            ..
+        } = self;
+        let before = ring.posted_total();
+        let r = ring.drain(timeout, |r| {
+            for c in p.poll()? {
+                let was = r.retired_total();
+                if let Err(e) = r.on_completion(c) {
+                    errors.push(e);
+                }
+                let now = r.retired_total();
+                assert!(
+                    now >= was && now <= r.posted_total(),
+                    "retired within posted"
+                );
+                *retired_by_completions += now - was;
+            }
+            Ok::<_, PollError>(())
+        });
+        // The zero-length signaled WRITE drain may post is a WR too.
+        *posted += ring.posted_total() - before;
+        r.unwrap_or_else(|e| panic!("drain: {e}"));
+    }
+}
+
+fn open() -> Vec<(String, Context)> {
+    let named = std::env::var("HOTVERBS_DEVICE").is_ok_and(|d| !d.is_empty() && d != SOFTNIC);
+    if rxe_required() || named {
+        return match Probe::new().test("real_device_reconnect").open() {
+            Some(ctx) => vec![(ctx.name().to_string(), ctx)],
+            None => vec![],
+        };
+    }
+    [
+        ("softnic-spec", hotverbs_softnic::Profile::Spec),
+        ("softnic-rxe", hotverbs_softnic::Profile::Rxe),
+    ]
+    .into_iter()
+    .map(|(n, profile)| {
+        let ctx = Context::open_softnic_with(SoftnicConfig {
+            name: format!("{n}-reconnect"),
+            profile,
+            ..Default::default()
+        })
+        .unwrap();
+        (n.to_string(), ctx)
+    })
+    .collect()
+}
+
+#[test]
+fn peer_dies_mid_stream_then_the_same_ring_serves_a_new_peer() {
+    for (label, ctx) in open() {
+        run(&label, &ctx);
+    }
+}
+
+fn run(label: &str, ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let peer_cq = ctx.create_cq(256, None).unwrap();
+    let port = ctx.port_info(None, gid_index()).unwrap();
+    // timeout 12 (16.8 ms per attempt) and retry_cnt 6: a dead peer fails a WR after
+    // about 120 ms on rxe; softnic fails it at once.
+    let opts = ConnectOptions {
+        timeout: 12,
+        ..ConnectOptions::default()
+    };
+    let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+        .max_send_wr(16)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let peer = || {
+        QpBuilder::new(&pd, &peer_cq, &peer_cq, QpType::Rc)
+            .max_recv_wr(SLOTS)
+            .build()
+            .unwrap()
+    };
+    let region = || {
+        pd.alloc_mr(SLOTS as usize * 64, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+    };
+    let (mut b_mem, mut c_mem) = (region(), region());
+    let b = peer();
+    a.connect(&port, &b.endpoint(&port), &opts).unwrap();
+    b.connect(&port, &a.endpoint(&port), &opts).unwrap();
+
+    let mut s = Stream {
+        ring: a
+            .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
+            .unwrap(),
+        posted: 0,
+        retired_by_completions: 0,
+        dropped_by_reset: 0,
+        errors: Vec::new(),
+    };
+    let mut p = cq.poller::<16>().unwrap();
+    let mut pp = peer_cq.poller::<16>().unwrap();
+    let patience = Duration::from_secs(10);
+
+    // 1. Healthy stream to B.
+    {
+        let mut rb = b
+            .recv_ring::<64>(&mut b_mem, 0, RecvConfig::new(0, 64, SLOTS))
+            .unwrap();
+        rb.fill().unwrap();
+        for seq in 0..10 {
+            s.send(seq, seq == 9);
+        }
+        s.drain(&mut p, patience);
+        assert!(s.errors.is_empty(), "{label}: {:?}", s.errors);
+        assert_eq!(
+            receive(&mut pp, &mut rb, 10),
+            (0..10).collect::<Vec<_>>(),
+            "{label}"
+        );
+    }
+
+    // 2. B dies mid-stream: its QP is destroyed; A keeps sending.
+    b.destroy().unwrap();
+    for seq in 10..18 {
+        s.send(seq, seq == 17);
+    }
+    s.drain(&mut p, patience);
+    assert!(
+        matches!(s.errors.first(), Some(WcError::RetryExc)),
+        "{label}: a dead peer ends the first WR with RETRY_EXC_ERR: {:?}",
+        s.errors
+    );
+    assert!(
+        s.errors[1..].iter().all(|e| *e == WcError::WrFlush),
+        "{label}: the rest flush: {:?}",
+        s.errors
+    );
+    assert_eq!(s.ring.error(), Some(WcError::RetryExc));
+    assert_eq!(
+        s.ring
+            .send_now(Msg::send(Local::Inline(&[0; 8])))
+            .unwrap_err(),
+        SendError::QpError(WcError::RetryExc),
+        "{label}: a failed ring refuses until it is recovered"
+    );
+    // Behind the ring's back, nothing: the QP is the ring's.
+    assert_eq!(a.reset().unwrap_err().errno(), libc::EBUSY, "{label}");
+
+    // 3. Safe recovery, then a new peer C with the same ring.
+    s.dropped_by_reset += s.ring.reset_qp().unwrap();
+    assert_eq!(s.ring.outstanding(), 0);
+    let c = peer();
+    a.connect(&port, &c.endpoint(&port), &opts).unwrap();
+    c.connect(&port, &a.endpoint(&port), &opts).unwrap();
+    let mut rc = c
+        .recv_ring::<64>(&mut c_mem, 0, RecvConfig::new(0, 64, SLOTS))
+        .unwrap();
+    rc.fill().unwrap();
+    let errors_before = s.errors.len();
+    for seq in 18..40 {
+        // In bursts of 8 (the ring holds 16), each ending signaled and drained.
+        let last = seq == 39 || (seq - 18) % 8 == 7;
+        s.send(seq, last);
+        if last {
+            s.drain(&mut p, patience);
+        }
+    }
+    assert_eq!(s.errors.len(), errors_before, "{label}: {:?}", s.errors);
+    assert_eq!(
+        receive(&mut pp, &mut rc, 22),
+        (18..40).collect::<Vec<_>>(),
+        "{label}"
+    );
+
+    // Every WR exactly once: retired by a completion or accounted by the reset.
+    assert_eq!(s.ring.outstanding(), 0);
+    assert_eq!(
+        s.retired_by_completions + s.dropped_by_reset,
+        s.posted,
+        "{label}: posted {} = retired {} + dropped {}",
+        s.posted,
+        s.retired_by_completions,
+        s.dropped_by_reset
+    );
+    assert_eq!(s.ring.posted_total(), s.posted, "{label}");
+    eprintln!(
+        "{label}: {} WRs posted, {} retired by completions, {} dropped by the reset, errors {:?}",
+        s.posted, s.retired_by_completions, s.dropped_by_reset, s.errors
+    );
+}
+
+/// The next `n` messages of `rx` (their sequence numbers), bounded by polls.
+fn receive(p: &mut CqPoller<'_, 16>, rx: &mut RecvRing<'_, 64>, n: usize) -> Vec<u64> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while got.len() < n && std::time::Instant::now() < deadline {
+        for c in p.poll().unwrap() {
+            let m = rx.on_completion(c).unwrap();
+            let d = rx.data(&m).unwrap();
+            got.push(u64::from_le_bytes(d[..8].try_into().unwrap()));
+            rx.release(m).unwrap();
+        }
+        rx.repost().unwrap();
+    }
+    got
+}

@@ -1192,11 +1192,22 @@ impl Qp {
                  QP's life)",
             ));
         }
+        if let Some(td) = self.thread_domain() {
+            if !td.claim_send_ring() {
+                self.sq_taken().store(false, Ordering::Release);
+                return Err(Error::new(verb, libc::EBUSY).with_hint(
+                    "another QP of this thread domain has a send ring: the QPs of a thread \
+                     domain share its doorbell register without a lock, and two rings could \
+                     ring it from two threads; give each QP with a ring its own thread domain \
+                     (ctx.alloc_td(), pd.alloc_parent_domain(Some(&td)))",
+                ));
+            }
+        }
         let cq = self.send_cq();
         match cq.inner.rings.reserve(verb, cq.capacity(), depth) {
             Ok(id) => Ok(id),
             Err(e) => {
-                self.sq_taken().store(false, Ordering::Release);
+                self.unclaim_send_queue();
                 Err(e)
             }
         }
@@ -1226,7 +1237,7 @@ impl Qp {
             }
             Err(e) => {
                 self.send_cq().inner.rings.release(id, depth);
-                self.sq_taken().store(false, Ordering::Release);
+                self.unclaim_send_queue();
                 Err(config_error(verb, e))
             }
         }
@@ -1384,7 +1395,7 @@ impl Qp {
             }
             Err(e) => {
                 self.send_cq().inner.rings.release(id, depth);
-                self.sq_taken().store(false, Ordering::Release);
+                self.unclaim_send_queue();
                 Err(config_error(verb, e))
             }
         }

@@ -47,7 +47,6 @@
 //! [`DirectPoller::clean`]: dp::DirectPoller::clean
 
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
 
 use hotverbs_datapath as dp;
 use hotverbs_datapath::mlx5::{DirectCq, DirectSq, DirectUd};
@@ -57,13 +56,16 @@ use hotverbs_ffi::mlx5dv::{
 };
 
 use crate::ah::Ah;
-use crate::bridge::{forward_send_ring, refuse_recv_owned, refuse_split, DrainError, SignalAsked, Stall, RingReservation};
-use hotverbs_datapath::{Completion, Local, Msg, SendCounters, SendError, SendRetirer, WcError};
-use hotverbs_datapath::split::Orderings;
+use crate::bridge::{
+    forward_send_ring, refuse_recv_owned, refuse_split, DrainError, RingReservation, SignalAsked,
+    Stall,
+};
 use crate::cq::Cq;
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::qp::{Qp, QpType};
+use hotverbs_datapath::split::Orderings;
+use hotverbs_datapath::{Completion, Local, Msg, SendCounters, SendError, SendRetirer, WcError};
 
 /// `mlx5dv_init_obj` for one object kind, or the reason this is not an mlx5 device.
 fn init_obj(verb: &'static str, ctx: &Context, obj: &mut mlx5dv_obj, kind: u32) -> Result<()> {
@@ -552,7 +554,7 @@ impl Qp {
         let sq = DirectSq { wrid, ..probe };
         let undo = |e: Error| {
             cq.inner.rings.release_ring(id, depth);
-            self.sq_taken().store(false, Ordering::Release);
+            self.unclaim_send_queue();
             e
         };
         // The QP may have been posted on through libmlx5: start at its cur_post.

@@ -1298,10 +1298,29 @@ impl Qp {
         SqOwner::from_u8(self.sq_owner.load(Ordering::Acquire))
     }
 
-    /// Records (or, with `None`, clears) the ring owning the send queue.
+    /// Records (or, with `None`, clears) the ring owning the send queue; clearing it also
+    /// frees the thread domain's send-ring slot.
     pub(crate) fn set_sq_owner(&self, k: Option<SqOwner>) {
         self.sq_owner
             .store(k.map_or(0, |k| k as u8), Ordering::Release);
+        if k.is_none() {
+            if let Some(td) = self.thread_domain() {
+                td.release_send_ring();
+            }
+        }
+    }
+
+    /// The thread domain the QP was made in (through a parent domain), if any.
+    pub(crate) fn thread_domain(&self) -> Option<&crate::ThreadDomain> {
+        self.pd.inner.parent.as_ref().and_then(|p| p.td.as_ref())
+    }
+
+    /// Gives the send queue back after a ring could not be built.
+    pub(crate) fn unclaim_send_queue(&self) {
+        if let Some(td) = self.thread_domain() {
+            td.release_send_ring();
+        }
+        self.sq_taken.store(false, Ordering::Release);
     }
 
     /// A `RecvRing` owns the receive queue now.
@@ -1527,6 +1546,11 @@ impl Qp {
     }
 
     /// Any state -> RESET: queues emptied; the QP can be connected again.
+    ///
+    /// # Errors
+    /// `ibv_modify_qp(RESET): EBUSY` while a ring owns one of the QP's queues: the reset is
+    /// the ring's (`SendRing::reset_qp`, `reset_qp_with`, `RecvRing::reset_qp`,
+    /// `DirectRing::reset_qp`), which accounts its WRs; the provider's errno.
     pub fn reset(&self) -> Result<()> {
         // SAFETY: plain C data.
         let mut attr: ibv_qp_attr = unsafe { zeroed() };

@@ -30,6 +30,11 @@ use crate::pd::{Pd, PdInner};
 pub(crate) struct TdInner {
     ctx: Context,
     td: *mut ibv_td,
+    /// A send ring (any kind) lives on a QP of this thread domain. The QPs of one thread
+    /// domain share its doorbell / BlueFlame register without a lock (that is the
+    /// promise), and rings are `Send`: two rings on two of its QPs could ring it from two
+    /// threads at once. So a thread domain has one send ring at a time.
+    send_ring: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: a TD is an identifier handed to verbs, all of which are thread-safe to call; the
@@ -107,6 +112,23 @@ impl fmt::Debug for ThreadDomain {
     }
 }
 
+impl ThreadDomain {
+    /// Takes the thread domain's one send-ring slot; false if a send ring already has it.
+    pub(crate) fn claim_send_ring(&self) -> bool {
+        !self
+            .inner
+            .send_ring
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Frees the slot (the ring was dropped, or not built).
+    pub(crate) fn release_send_ring(&self) {
+        self.inner
+            .send_ring
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 impl Context {
     /// `ibv_alloc_td(3)`: a thread domain of this device.
     ///
@@ -138,6 +160,7 @@ impl Context {
             inner: Arc::new(TdInner {
                 ctx: self.clone(),
                 td,
+                send_ring: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

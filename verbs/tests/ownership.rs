@@ -551,3 +551,41 @@ fn a_new_direct_poller_serves_the_existing_rings() {
     assert_eq!(ring.outstanding(), 0);
     assert_eq!(t.read_u64(0).unwrap(), 5);
 }
+
+/// Suspected item, settled: the QPs of one thread domain share its doorbell register
+/// without a lock, and rings are `Send`, so two send rings on two of its QPs could ring it
+/// from two threads. A thread domain has one send ring at a time; QPs in thread domains
+/// of their own each get one.
+#[test]
+fn a_thread_domain_has_one_send_ring_at_a_time() {
+    let ctx = softnic();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let td = ctx.alloc_td().unwrap();
+    let shared = pd.alloc_parent_domain(Some(&td)).unwrap();
+    let qp = |pdom: &Pd| {
+        QpBuilder::new(pdom, &cq, &cq, QpType::Rc)
+            .max_inline_data(64)
+            .build()
+            .unwrap()
+    };
+    let (q1, q2) = (qp(&shared), qp(&shared));
+    let cfg = || SendConfig::new(0, 16, 64);
+    let r1 = q1.send_ring::<16>(cfg()).unwrap();
+    let e = q2.send_ring::<16>(cfg()).unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY);
+    assert!(e.to_string().contains("thread domain"), "{e}");
+    drop(r1);
+    let _r2 = q2.send_ring::<16>(cfg()).expect("the slot is free again");
+
+    let (td3, td4) = (ctx.alloc_td().unwrap(), ctx.alloc_td().unwrap());
+    let (p3, p4) = (
+        pd.alloc_parent_domain(Some(&td3)).unwrap(),
+        pd.alloc_parent_domain(Some(&td4)).unwrap(),
+    );
+    let (q3, q4) = (qp(&p3), qp(&p4));
+    let _r3 = q3.send_ring::<16>(cfg()).unwrap();
+    let _r4 = q4
+        .send_ring::<16>(cfg())
+        .expect("a thread domain of its own");
+}

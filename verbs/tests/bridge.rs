@@ -44,12 +44,12 @@ fn errno<T: std::fmt::Debug>(r: Result<T>, verb: &str, errno: i32) -> Error {
 fn inline_traffic_end_to_end_without_unsafe() {
     let s = setup(256);
     let (a, b) = connected(&s);
-    let region = s.pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = s.pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let mut tx = a
         .send_ring::<64>(SendConfig::new(0, 64, 64).signal_every(16).batch(16))
         .unwrap();
     let mut rx = b
-        .recv_ring::<64>(&region, 0, RecvConfig::new(0, 64, 64))
+        .recv_ring::<64>(&mut region, 0, RecvConfig::new(0, 64, 64))
         .unwrap();
     assert_ne!(
         tx.ring_id(),
@@ -80,7 +80,9 @@ fn inline_traffic_end_to_end_without_unsafe() {
         }
     }
     assert_eq!(got, (0..1000).collect::<Vec<_>>(), "in order, each once");
-    // The region is leased to b while its receives may be posted.
+    // The ring borrows the region exclusively (no slice of it while the ring lives); once
+    // the ring is gone the region stays leased to b while its receives may be posted.
+    drop(rx);
     assert_eq!(region.as_slice().unwrap_err().errno(), libc::EBUSY);
 }
 
@@ -102,12 +104,14 @@ fn one_ring_per_send_queue_and_per_receive_queue() {
         "SendRing",
         libc::EBUSY,
     );
-    let region = s.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = s.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    // The first ring borrows its region exclusively: the second one asks with another.
+    let mut other = s.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let _rx = a
-        .recv_ring::<8>(&region, 0, RecvConfig::new(0, 64, 8))
+        .recv_ring::<8>(&mut region, 0, RecvConfig::new(0, 64, 8))
         .unwrap();
     errno(
-        a.recv_ring::<8>(&region, 1024, RecvConfig::new(0, 64, 8)),
+        a.recv_ring::<8>(&mut other, 0, RecvConfig::new(0, 64, 8)),
         "RecvRing",
         libc::EBUSY,
     );
@@ -186,9 +190,9 @@ fn rings_check_what_the_raw_contracts_assume() {
         "SendRing",
         libc::EINVAL,
     );
-    let region = s.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = s.pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
     errno(
-        rc(&s).recv_ring::<8>(&region, 0, RecvConfig::new(0, 64, 8)),
+        rc(&s).recv_ring::<8>(&mut region, 0, RecvConfig::new(0, 64, 8)),
         "RecvRing",
         libc::EINVAL,
     );
@@ -208,9 +212,9 @@ fn ud_ring_sends_to_its_address_handle() {
         q
     };
     let (a, b) = (ud(64), ud(0));
-    let region = s.pd.alloc_mr(8 * 1100, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = s.pd.alloc_mr(8 * 1100, AccessFlags::LOCAL_WRITE).unwrap();
     let mut rx = b
-        .recv_ring::<8>(&region, 0, RecvConfig::new(0, 1100, 8))
+        .recv_ring::<8>(&mut region, 0, RecvConfig::new(0, 1100, 8))
         .unwrap();
     rx.fill().unwrap();
     let ah =
@@ -255,7 +259,7 @@ fn reservations_are_visible_to_raw_posters() {
     let s = setup(64);
     let (a, b) = connected(&s);
     assert_eq!(s.cq.reserved_by_rings(), 0);
-    let region = s.pd.alloc_mr(16 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = s.pd.alloc_mr(16 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let after_tx = {
         let _tx = a
             .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
@@ -263,7 +267,7 @@ fn reservations_are_visible_to_raw_posters() {
         let after_tx = s.cq.reserved_by_rings();
         assert!(after_tx > 0 && after_tx <= 16, "{after_tx}");
         let _rx = b
-            .recv_ring::<16>(&region, 0, RecvConfig::new(0, 64, 16))
+            .recv_ring::<16>(&mut region, 0, RecvConfig::new(0, 64, 16))
             .unwrap();
         assert_eq!(s.cq.reserved_by_rings(), after_tx + 16);
         after_tx

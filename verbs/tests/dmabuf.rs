@@ -149,7 +149,7 @@ fn dmabuf_mr_refuses_every_cpu_accessor_and_receive_leases() {
     // A receive lease (and so a RecvRing, which reads its slots on the CPU).
     efault(a.lease_recv(&dm, 0, 64).unwrap_err());
     efault(
-        a.recv_ring::<4>(&dm, 0, RecvConfig::new(0, 64, 4))
+        a.recv_ring::<4>(&mut dm, 0, RecvConfig::new(0, 64, 4))
             .map(drop)
             .unwrap_err(),
     );

@@ -273,12 +273,12 @@ fn extended_cq_is_still_a_full_cq() {
     assert_eq!(ids[1].wr_id(), 11);
 
     // The datapath bridge over the extended QP and CQ: rings reserve the CQ's capacity.
-    let region = p.pd.alloc_mr(16 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = p.pd.alloc_mr(16 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sring =
         p.a.send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
             .unwrap();
     let mut rring =
-        p.b.recv_ring::<16>(&region, 0, RecvConfig::new(0, 64, 16))
+        p.b.recv_ring::<16>(&mut region, 0, RecvConfig::new(0, 64, 16))
             .unwrap();
     rring.fill().unwrap();
     let mut poller = p.cq.poller::<8>().unwrap();

@@ -3,7 +3,8 @@
 //! and asserting what the user sees: the named `WcError` / `SendError` / `hotverbs::Error`
 //! with its errno, every posted WR retired exactly once, no buffer handed back before its
 //! completion, and the ring working again after the documented recovery (QP -> ERR -> drain
-//! the flushes -> RESET -> `unsafe` ring reset -> reconnect).
+//! the flushes -> RESET through the rings that own the QP's queues, `reset_qp` /
+//! `reset_qp_with`, without `unsafe` -> reconnect).
 //!
 //! Where rxe departs from the man pages, a test accepts exactly the two measured behaviours:
 //! [`World::Spec`] (softnic's default profile) or [`World::Rxe`] (real rxe inside `cargo
@@ -87,14 +88,14 @@ fn s01_post_send_before_rts() {
     pair.b
         .connect(&env.port, &pair.a.endpoint(&env.port), &opts)
         .unwrap();
-    let rb = region(&pair.pd, 8 * 64);
+    let mut rb = region(&pair.pd, 8 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 64, 8))
+        .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 64, 8))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -141,9 +142,14 @@ fn s01_post_send_before_rts() {
     assert_eq!(log.live(), 0, "no completion for a refused post");
 
     // Recovery: RESET discards whatever the provider queued; the ring reset accounts for it.
-    pair.a.reset().unwrap();
-    // SAFETY: A is in RESET.
-    let dropped = unsafe { tx.reset() };
+    // The ring owns A's send queue: the QP's own move to RESET is refused, naming it.
+    let busy = assert_err(pair.a.reset(), "ibv_modify_qp(RESET)", libc::EBUSY);
+    assert!(
+        busy.to_string().contains("SendRing::reset_qp"),
+        "the refusal names the ring's way: {busy}"
+    );
+    let dropped = tx.reset_qp().expect("SendRing::reset_qp");
+    assert_eq!(state(&pair.a), QpState::Reset);
     assert_eq!(dropped, env.pick(0, 1), "WRs of unknown fate accounted for");
     pair.a
         .connect(&env.port, &pair.b.endpoint(&env.port), &opts)
@@ -189,14 +195,14 @@ fn s02_post_recv_by_state() {
     let env = Env::open("s02_post_recv_by_state");
     let pair = env.pair(Shape::default());
     let opts = env.opts();
-    let rb = region(&pair.pd, 8 * 64);
+    let mut rb = region(&pair.pd, 8 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
     let mut log = Log::default();
@@ -215,8 +221,9 @@ fn s02_post_recv_by_state() {
             assert_eq!(rxb.posted(), 4);
         }
     }
-    // SAFETY: B is in RESET: nothing of the ring is posted on the device.
-    let queued = unsafe { rxb.reset() };
+    // B is in RESET: nothing of the ring is posted on the device; the ring's reset (B
+    // through RESET again) requeues every slot.
+    let queued = rxb.reset_qp().expect("RecvRing::reset_qp");
     assert_eq!(queued, 4);
 
     // INIT: accepted, consumed later in order.
@@ -328,14 +335,14 @@ fn s03_sq_depth() {
     );
     let opts = env.opts();
     env.connect(&pair, &opts);
-    let rb = region(&pair.pd, 8 * 64);
+    let mut rb = region(&pair.pd, 8 * 64);
     let mut tx = pair
         .a
         .send_ring::<4>(SendConfig::new(0, 4, 64).signal_every(2).batch(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 64, 8))
+        .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 64, 8))
         .unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
     let mut log = Log::default();
@@ -476,14 +483,14 @@ fn s04_rq_depth() {
     );
 
     env.connect(&pair, &opts);
-    let rb = region(&pair.pd, 4 * 64);
+    let mut rb = region(&pair.pd, 4 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(4))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4).repost_batch(1))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4).repost_batch(1))
         .unwrap();
     assert_eq!(rxb.fill().unwrap(), 4);
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -608,14 +615,14 @@ fn s05_inline() {
         "a refused post leaves the QP in RTS"
     );
 
-    let rb = region(&pair.pd, 8 * 128);
+    let mut rb = region(&pair.pd, 8 * 128);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 128, 8))
+        .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 128, 8))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -684,14 +691,14 @@ fn s06_num_sge_over_max() {
     );
     assert_eq!(state(&pair.a), QpState::Rts);
 
-    let rb = region(&pair.pd, 8 * 64);
+    let mut rb = region(&pair.pd, 8 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 64, 8))
+        .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 64, 8))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -720,8 +727,8 @@ fn s06_num_sge_over_max() {
 macro_rules! standard {
     ($env:ident, $pair:ident, $tx:ident, $rxa:ident, $rxb:ident, $p:ident, $log:ident, $win:ident) => {
         let $win = $pair.pd.alloc_mr(4096, rw()).unwrap();
-        let ra = region(&$pair.pd, 2 * 256);
-        let rb = region(&$pair.pd, 8 * 256);
+        let mut ra = region(&$pair.pd, 2 * 256);
+        let mut rb = region(&$pair.pd, 8 * 256);
         let mut $tx = $pair
             .a
             .send_ring::<16>(
@@ -733,11 +740,11 @@ macro_rules! standard {
             .unwrap();
         let mut $rxa = $pair
             .a
-            .recv_ring::<2>(&ra, 0, RecvConfig::new(0, 256, 2))
+            .recv_ring::<2>(&mut ra, 0, RecvConfig::new(0, 256, 2))
             .unwrap();
         let mut $rxb = $pair
             .b
-            .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 256, 8))
+            .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 256, 8))
             .unwrap();
         $rxa.fill().unwrap();
         $rxb.fill().unwrap();
@@ -754,12 +761,7 @@ macro_rules! recover_standard {
             (&$pair.a, &$pair.b),
             &$env.opts(),
             &mut $p,
-            &mut [
-                &mut Tx("A.sq", &mut $tx),
-                &mut Rx("A.rq", &mut $rxa),
-                &mut Rx("B.rq", &mut $rxb),
-                &mut Raw("A.raw"),
-            ],
+            owners!($tx, $rxa, $rxb),
             &mut $log,
         );
         let got = ping(
@@ -791,9 +793,21 @@ macro_rules! sinks {
     };
 }
 
+/// The standard rings grouped by the QP whose queues they own, for [`recover`]: A's send
+/// and receive rings reset together (`reset_qp_with`), B's receive ring alone.
+macro_rules! owners {
+    ($tx:ident, $rxa:ident, $rxb:ident) => {
+        &mut [
+            &mut (Tx("A.sq", &mut $tx), Rx("A.rq", &mut $rxa)) as &mut dyn QpRings,
+            &mut Rx("B.rq", &mut $rxb),
+            &mut Raw("A.raw"),
+        ]
+    };
+}
+
 /// Stages one zero-copy SEND of `buf` (longer than the ring's inline limit, so the
 /// provider reads it through its lkey), signaled, and posts it.
-fn send_buf<const N: usize>(tx: &mut dp::SendRing<N>, buf: LocalBuf) -> u64 {
+fn send_buf<const N: usize>(tx: &mut SendRing<'_, N>, buf: LocalBuf) -> u64 {
     assert!(buf.len > 64);
     tx.signal_next();
     // SAFETY: the memory is an owned MR of the test that outlives the QP and is not touched
@@ -883,9 +897,10 @@ fn s08_sge_bounds_local_access() {
     env.connect(&pair, &env.opts());
     let src = pair.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     // The bridge refuses a receive region without LOCAL_WRITE (the NIC could not write it).
-    let ro = pair.pd.alloc_mr(4096, AccessFlags::empty()).unwrap();
+    let mut ro = pair.pd.alloc_mr(4096, AccessFlags::empty()).unwrap();
     assert_err(
-        pair.b.recv_ring::<8>(&ro, 0, RecvConfig::new(0, 256, 8)),
+        pair.b
+            .recv_ring::<8>(&mut ro, 0, RecvConfig::new(0, 256, 8)),
         "Qp::lease_recv",
         libc::EINVAL,
     );
@@ -993,8 +1008,8 @@ fn s09_write_remote_protection() {
     let pair = env.pair(Shape::default());
     env.connect(&pair, &env.opts());
     let target = pair.pd.alloc_mr(4096, rw()).unwrap();
-    let ra = region(&pair.pd, 2 * 256);
-    let rb = region(&pair.pd, 2 * 256);
+    let mut ra = region(&pair.pd, 2 * 256);
+    let mut rb = region(&pair.pd, 2 * 256);
     let mut tx = pair
         .a
         .send_ring::<16>(
@@ -1009,11 +1024,11 @@ fn s09_write_remote_protection() {
         .unwrap();
     let mut rxa = pair
         .a
-        .recv_ring::<2>(&ra, 0, RecvConfig::new(0, 256, 2))
+        .recv_ring::<2>(&mut ra, 0, RecvConfig::new(0, 256, 2))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<2>(&rb, 0, RecvConfig::new(0, 256, 2))
+        .recv_ring::<2>(&mut rb, 0, RecvConfig::new(0, 256, 2))
         .unwrap();
     rxa.fill().unwrap();
     rxb.fill().unwrap();
@@ -1261,19 +1276,19 @@ fn s11_send_larger_than_recv() {
     let env = Env::open("s11_send_larger_than_recv");
     let pair = env.pair(Shape::default());
     env.connect(&pair, &env.opts());
-    let ra = region(&pair.pd, 2 * 256);
-    let rb = region(&pair.pd, 2 * 16);
+    let mut ra = region(&pair.pd, 2 * 256);
+    let mut rb = region(&pair.pd, 2 * 16);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxa = pair
         .a
-        .recv_ring::<2>(&ra, 0, RecvConfig::new(0, 256, 2))
+        .recv_ring::<2>(&mut ra, 0, RecvConfig::new(0, 256, 2))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<2>(&rb, 0, RecvConfig::new(0, 16, 2))
+        .recv_ring::<2>(&mut rb, 0, RecvConfig::new(0, 16, 2))
         .unwrap();
     rxa.fill().unwrap();
     rxb.fill().unwrap();
@@ -1308,7 +1323,7 @@ fn s11_send_larger_than_recv() {
         (&pair.a, &pair.b),
         &env.opts(),
         &mut p,
-        sinks!(tx, rxa, rxb),
+        owners!(tx, rxa, rxb),
         &mut log,
     );
     assert_eq!(r.unknown, 0);
@@ -1346,14 +1361,14 @@ fn s12_rnr() {
         ..env.opts()
     };
     env.connect2(&pair.a, &pair.b, &no_rnr, &quick_rnr);
-    let rb = region(&pair.pd, 4 * 64);
+    let mut rb = region(&pair.pd, 4 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
     let mut log = Log::default();
@@ -1365,13 +1380,17 @@ fn s12_rnr() {
         (state(&pair.a), state(&pair.b)),
         (QpState::Err, QpState::Rts)
     );
-    // Recovery with rnr_retry 7 (B's ring stays unfilled: it is left out).
+    // Recovery with rnr_retry 7 (B's ring stays unfilled: B is reset through it, which
+    // owns its receive queue, but it is not refilled).
     let r = recover(
         &env,
         (&pair.a, &pair.b),
         &env.opts(),
         &mut p,
-        &mut [&mut Tx("A.sq", &mut tx)],
+        &mut [
+            &mut Tx("A.sq", &mut tx),
+            &mut Unfilled(Rx("B.rq", &mut rxb)),
+        ],
         &mut log,
     );
     assert_eq!(r.unknown, 0);
@@ -1495,19 +1514,19 @@ fn s14_modify_to_err_with_outstanding() {
     let env = Env::open("s14_modify_to_err_with_outstanding");
     let pair = env.pair(Shape::default());
     env.connect(&pair, &env.opts());
-    let ra = region(&pair.pd, 2 * 256);
-    let rb = region(&pair.pd, 8 * 256);
+    let mut ra = region(&pair.pd, 2 * 256);
+    let mut rb = region(&pair.pd, 8 * 256);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(2).batch(1))
         .unwrap();
     let mut rxa = pair
         .a
-        .recv_ring::<2>(&ra, 0, RecvConfig::new(0, 256, 2))
+        .recv_ring::<2>(&mut ra, 0, RecvConfig::new(0, 256, 2))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<8>(&rb, 0, RecvConfig::new(0, 256, 8))
+        .recv_ring::<8>(&mut rb, 0, RecvConfig::new(0, 256, 8))
         .unwrap();
     rxa.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -1545,16 +1564,29 @@ fn s14_modify_to_err_with_outstanding() {
     );
 
     // RTS -> RESET with receives outstanding: no completions; the ring reset re-queues them.
-    pair.b.reset().unwrap();
+    // The receive ring owns B's receive queue: the QP's own move to RESET is refused (the
+    // ring would repost into slots the reset discarded), naming the ring; the ring does it.
+    let busy = assert_err(pair.b.reset(), "ibv_modify_qp(RESET)", libc::EBUSY);
+    assert!(
+        busy.to_string().contains("RecvRing::reset_qp"),
+        "the refusal names the ring's way: {busy}"
+    );
+    assert_eq!(state(&pair.b), QpState::Rts, "refused: B untouched");
+    assert_eq!(rxb.reset_qp().expect("RecvRing::reset_qp"), 8);
+    assert_eq!(state(&pair.b), QpState::Reset);
+    let logged = log.0.len();
     assert_eq!(quiet(&env, &mut p, sinks!(tx, rxa, rxb), &mut log), 0);
-    // SAFETY: B is in RESET.
-    assert_eq!(unsafe { rxb.reset() }, 8);
+    assert_eq!(
+        log.0.len(),
+        logged,
+        "not even a stale completion: RESET completes nothing"
+    );
     let r = recover(
         &env,
         (&pair.a, &pair.b),
         &env.failing_opts(),
         &mut p,
-        sinks!(tx, rxa, rxb),
+        owners!(tx, rxa, rxb),
         &mut log,
     );
     assert_eq!(r.unknown, 0);
@@ -1631,9 +1663,9 @@ fn s15_cq_overflow() {
         .unwrap();
     let b = env.rc(&pd, &big, shape);
     env.connect2(&a, &b, &env.opts(), &env.opts());
-    let rb = region(&pd, 16 * 64);
+    let mut rb = region(&pd, 16 * 64);
     let mut rxb = b
-        .recv_ring::<16>(&rb, 0, RecvConfig::new(0, 64, 12))
+        .recv_ring::<16>(&mut rb, 0, RecvConfig::new(0, 64, 12))
         .unwrap();
     rxb.fill().unwrap();
     let src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -1712,15 +1744,15 @@ fn s15_cq_overflow() {
     let c = env.rc(&pd2, &cq_t, shape);
     let d = env.rc(&pd2, &big, shape);
     env.connect2(&c, &d, &env.opts(), &env.opts());
-    let rd = region(&pd2, 16 * 64);
+    let mut rd = region(&pd2, 16 * 64);
     let mut rxd = d
-        .recv_ring::<16>(&rd, 0, RecvConfig::new(0, 64, 16))
+        .recv_ring::<16>(&mut rd, 0, RecvConfig::new(0, 64, 16))
         .unwrap();
     rxd.fill().unwrap();
-    let rr = region(&pd2, 4 * 64);
+    let mut rr = region(&pd2, 4 * 64);
     let mut rxr = pair_r
         .b
-        .recv_ring::<4>(&rr, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rr, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     rxr.fill().unwrap();
     let mut tx = pair_r
@@ -1775,13 +1807,19 @@ fn s15_cq_overflow() {
                 "the ring waits for a completion that was dropped"
             );
             // Recovery: ERR (nothing to flush: the WR completed), RESET, the ring reset
-            // accounts for the lost one, reconnect.
+            // accounts for the lost one, reconnect. B's receive ring (on the big CQ, polled
+            // elsewhere) owns B's receive queue: B goes to RESET through it, and it posts
+            // its slots again after the reconnect.
             let r = recover(
                 &env,
                 (&pair_r.a, &pair_r.b),
                 &env.opts(),
                 &mut pt,
-                &mut sinks,
+                &mut [
+                    &mut Tx("A.sq", &mut tx),
+                    &mut Raw("C.raw"),
+                    &mut Rx("B.rq", &mut rxr),
+                ],
                 &mut log_t,
             );
             assert_eq!(r.unknown, 1, "the lost completion, accounted by the reset");
@@ -1791,11 +1829,9 @@ fn s15_cq_overflow() {
         }
     };
     if env.world == World::Rxe {
-        // The pair was reconnected by recover(): B's ring (on the big CQ) posts again and
-        // the ring's next message goes through.
-        // SAFETY: B went through RESET in recover() and is connected again.
-        unsafe { rxr.reset() };
-        rxr.fill().unwrap();
+        // The pair was reconnected by recover(): B's ring (on the big CQ, reset and refilled
+        // there) posts again and the ring's next message goes through.
+        assert_eq!(rxr.posted(), 4, "refilled by the recovery");
         tx.signal_next();
         tx.send_now(Msg::send(Local::Inline(b"after"))).unwrap();
         assert!(drained(
@@ -1821,14 +1857,14 @@ fn s15_cq_overflow() {
         // overflow again.
         let fresh = env.pair(Shape::default());
         env.connect(&fresh, &env.opts());
-        let rf = region(&fresh.pd, 4 * 64);
+        let mut rf = region(&fresh.pd, 4 * 64);
         let mut txf = fresh
             .a
             .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
             .unwrap();
         let mut rxf = fresh
             .b
-            .recv_ring::<4>(&rf, 0, RecvConfig::new(0, 64, 4))
+            .recv_ring::<4>(&mut rf, 0, RecvConfig::new(0, 64, 4))
             .unwrap();
         rxf.fill().unwrap();
         let mut pf = fresh.cq.poller::<8>().unwrap();
@@ -1928,7 +1964,7 @@ fn s16_zero_byte_ops() {
     // A zero-byte WRITE / WRITE_IMM with a bogus rkey at address 0: not key-checked.
     let pair2 = env.pair(Shape::default());
     env.connect(&pair2, &env.opts());
-    let rb2 = region(&pair2.pd, 2 * 64);
+    let mut rb2 = region(&pair2.pd, 2 * 64);
     let mut tx2 = pair2
         .a
         .send_ring::<16>(
@@ -1939,7 +1975,7 @@ fn s16_zero_byte_ops() {
         .unwrap();
     let mut rxb2 = pair2
         .b
-        .recv_ring::<2>(&rb2, 0, RecvConfig::new(0, 64, 2))
+        .recv_ring::<2>(&mut rb2, 0, RecvConfig::new(0, 64, 2))
         .unwrap();
     rxb2.fill().unwrap();
     let mut p2 = pair2.cq.poller::<16>().unwrap();
@@ -1979,7 +2015,7 @@ fn s17_write_with_imm() {
     let pattern: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
     src.as_mut_slice().unwrap()[..3000].copy_from_slice(&pattern);
     let target = pair.pd.alloc_mr(4096, rw()).unwrap();
-    let rb = region(&pair.pd, 4 * 64);
+    let mut rb = region(&pair.pd, 4 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(
@@ -1990,7 +2026,7 @@ fn s17_write_with_imm() {
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<16>().unwrap();
@@ -2132,13 +2168,13 @@ fn s18_ud() {
         ))
         .unwrap();
     let qkey = ub.query().unwrap().qkey();
-    let rgb = region(&pd, 4 * 1100);
-    let rgc = region(&pd, 2 * 64);
+    let mut rgb = region(&pd, 4 * 1100);
+    let mut rgc = region(&pd, 2 * 64);
     let mut rxb = ub
-        .recv_ring::<4>(&rgb, 0, RecvConfig::new(0, 1100, 4))
+        .recv_ring::<4>(&mut rgb, 0, RecvConfig::new(0, 1100, 4))
         .unwrap();
     let mut rxc = uc
-        .recv_ring::<2>(&rgc, 0, RecvConfig::new(0, 64, 2))
+        .recv_ring::<2>(&mut rgc, 0, RecvConfig::new(0, 64, 2))
         .unwrap();
     rxb.fill().unwrap();
     rxc.fill().unwrap();
@@ -2176,8 +2212,8 @@ fn s18_ud() {
         ("1025 B > MTU", ub.qp_num(), qkey, 1025),
     ] {
         log.clear();
-        // SAFETY: the AH lives as long as the ring (declared before it).
-        unsafe { tx.set_ud_dest(ah.ud_dest(qpn, key)) }.unwrap();
+        // The ring borrows the AH (declared before it) for its life.
+        tx.set_ud_dest(&ah, qpn, key).unwrap();
         tx.signal_next();
         // SAFETY: `src` outlives the QP and is not written.
         unsafe {
@@ -2201,8 +2237,7 @@ fn s18_ud() {
     assert_eq!((state(&ua), state(&ub)), (QpState::Rts, QpState::Rts));
     // 100 B into a 64 B receive.
     log.clear();
-    // SAFETY: as above.
-    unsafe { tx.set_ud_dest(ah.ud_dest(uc.qp_num(), qkey)) }.unwrap();
+    tx.set_ud_dest(&ah, uc.qp_num(), qkey).unwrap();
     tx.send_now(Msg::send(Local::Inline(&[4u8; 60]))).unwrap();
     expect_n(&env, &mut p, ud_sinks!(), &mut log, 3);
     let short = env.pick(WcError::LocLen, WcError::LocQpOp);
@@ -2214,10 +2249,10 @@ fn s18_ud() {
         env.world
     );
     assert_eq!(state(&uc), QpState::Err, "the UD QP goes to ERR (both)");
-    // Recovery of C: RESET, ring reset, INIT..RTS, refill, then a datagram that fits.
-    uc.reset().unwrap();
-    // SAFETY: C is in RESET.
-    unsafe { rxc.reset() };
+    // Recovery of C: RESET through its ring (the QP's own reset is refused while the ring
+    // owns its receive queue), INIT..RTS, refill, then a datagram that fits.
+    assert_err(uc.reset(), "ibv_modify_qp(RESET)", libc::EBUSY);
+    rxc.reset_qp().expect("RecvRing::reset_qp");
     uc.connect(&env.port, &uc.endpoint(&env.port), &opts)
         .unwrap();
     rxc.fill().unwrap();
@@ -2253,10 +2288,8 @@ fn s18_ud() {
         tx.send_now(Msg::send(Local::Inline(b"x"))),
         Err(SendError::QpError(bad_lkey))
     );
-    ua.reset().unwrap();
     assert_eq!(
-        // SAFETY: A is in RESET.
-        unsafe { tx.reset() },
+        tx.reset_qp().expect("SendRing::reset_qp"),
         0,
         "the failed WR was retired by its completion"
     );
@@ -2344,14 +2377,14 @@ fn s19_create_limits() {
         libc::EINVAL,
     );
     env.connect(&pair, &env.opts());
-    let rb = region(&pair.pd, 4 * 64);
+    let mut rb = region(&pair.pd, 4 * 64);
     let mut tx = pair
         .a
         .send_ring::<4>(SendConfig::new(0, 4, 64).signal_every(2))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<8>().unwrap();
@@ -2447,14 +2480,14 @@ fn s20_modify_qp_transitions() {
     assert_eq!(state(a), QpState::Reset);
     // Reusable: the ring on it works after RESET -> INIT -> RTR -> RTS.
     env.connect(&pair, &opts);
-    let rb = region(&pair.pd, 4 * 64);
+    let mut rb = region(&pair.pd, 4 * 64);
     let mut tx = pair
         .a
         .send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))
         .unwrap();
     let mut rxb = pair
         .b
-        .recv_ring::<4>(&rb, 0, RecvConfig::new(0, 64, 4))
+        .recv_ring::<4>(&mut rb, 0, RecvConfig::new(0, 64, 4))
         .unwrap();
     rxb.fill().unwrap();
     let mut p = pair.cq.poller::<8>().unwrap();
@@ -2522,8 +2555,10 @@ fn s21_teardown_and_odd_opcodes() {
     assert_eq!(state(&pair.a), QpState::Err);
     // Recovery towards a new peer.
     let d = env.rc(&pair.pd, &pair.cq, Shape::default());
-    let rd = region(&pair.pd, 4 * 64);
-    let mut rxd = d.recv_ring::<4>(&rd, 0, RecvConfig::new(0, 64, 4)).unwrap();
+    let mut rd = region(&pair.pd, 4 * 64);
+    let mut rxd = d
+        .recv_ring::<4>(&mut rd, 0, RecvConfig::new(0, 64, 4))
+        .unwrap();
     let r = recover(
         &env,
         (&pair.a, &d),
@@ -2676,8 +2711,10 @@ fn s22_transport_retry() {
     assert!(tx2.balanced_after(), "retired exactly once");
     // Recovery towards a live peer.
     let d = env.rc(pd, cq, Shape::default());
-    let rd = region(pd, 4 * 64);
-    let mut rxd = d.recv_ring::<4>(&rd, 0, RecvConfig::new(0, 64, 4)).unwrap();
+    let mut rd = region(pd, 4 * 64);
+    let mut rxd = d
+        .recv_ring::<4>(&mut rd, 0, RecvConfig::new(0, 64, 4))
+        .unwrap();
     let r = recover(
         &env,
         (a, &d),

@@ -136,10 +136,10 @@ fn soak(profile: Profile, seed: u64) {
     .unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let port = ctx.port_info(None, None).unwrap();
-    let rx_region = pd
+    let mut rx_region = pd
         .alloc_mr((RX_SLOTS * 64) as usize, AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let credit_region = pd
+    let mut credit_region = pd
         .alloc_mr((CREDIT_SLOTS * 16) as usize, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let write_target = pd
@@ -184,10 +184,10 @@ fn soak(profile: Profile, seed: u64) {
             )
             .unwrap();
         let mut crx = a
-            .recv_ring::<16>(&credit_region, 0, RecvConfig::new(0, 16, CREDIT_SLOTS))
+            .recv_ring::<16>(&mut credit_region, 0, RecvConfig::new(0, 16, CREDIT_SLOTS))
             .unwrap();
         let mut rx = b
-            .recv_ring::<64>(&rx_region, 0, RecvConfig::new(0, 64, RX_SLOTS))
+            .recv_ring::<64>(&mut rx_region, 0, RecvConfig::new(0, 64, RX_SLOTS))
             .unwrap();
         let mut ctx_b = b
             .send_ring::<16>(SendConfig::new(0, 16, 0).signal_every(4))
@@ -470,15 +470,13 @@ fn soak(profile: Profile, seed: u64) {
             if lost_cq {
                 break;
             }
-            a.reset().unwrap();
-            b.reset().unwrap();
-            // SAFETY: both QPs are in RESET: the device holds none of the rings' WRs.
-            unsafe {
-                tx.reset();
-                ctx_b.reset();
-                rx.reset();
-                crx.reset();
-            }
+            // RESET through the rings that own each QP's queues (the QPs' own reset is
+            // refused while they do): the device holds none of the rings' WRs after it.
+            tx.reset_qp_with(&mut crx)
+                .expect("A: SendRing::reset_qp_with");
+            ctx_b
+                .reset_qp_with(&mut rx)
+                .expect("B: SendRing::reset_qp_with");
             // Every WR retired exactly once: by a completion or by the reset.
             acct_tx.absorb(tx.retired_total(), tx.posted_total(), "tx");
             assert_eq!(

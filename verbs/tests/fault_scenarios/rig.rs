@@ -1,7 +1,7 @@
 //! The rig of the fault-scenario suite: which device and which expectations (`World`), a
 //! connected RC pair on one CQ, a completion pump that hands every completion to the ring it
-//! belongs to and logs it, and the documented recovery (ERR -> drain -> RESET -> ring reset
-//! -> reconnect).
+//! belongs to and logs it, and the documented recovery (ERR -> drain -> RESET through the
+//! rings that own the queues, `reset_qp` / `reset_qp_with`, no `unsafe` -> reconnect).
 
 use std::time::{Duration, Instant};
 
@@ -298,24 +298,101 @@ pub trait Sink {
     fn busy(&self) -> u64;
     /// The ring's progress counters, for a [`Watchdog`].
     fn progress(&self) -> Progress;
-    /// The documented ring reset after the QP went through RESET; returns what it accounted
-    /// for (send: WRs that never completed; receive: slots queued again).
-    ///
-    /// # Safety
-    /// The ring's QP is in RESET.
-    unsafe fn reset_ring(&mut self) -> u64;
-    /// After reconnecting: receive rings post their slots again.
-    fn refill(&mut self);
     /// posted_total == retired_total (send), no slot lost (receive).
     fn balanced(&self) -> bool;
 }
 
-/// A send ring named for the log.
-pub struct Tx<'r, const N: usize>(pub &'static str, pub &'r mut dp::SendRing<N>);
-/// A receive ring named for the log; every message is copied into the log and released.
-pub struct Rx<'r, const N: usize>(pub &'static str, pub &'r mut dp::RecvRing<N>);
+/// The rings that own one QP's queues, which the recovery resets the QP through (a move to
+/// RESET under a live ring is refused, `EBUSY`: the ring accounts for its WRs and resets
+/// itself): a lone [`Tx`] or [`Rx`] (the QP's other queue has no ring), a `(Tx, Rx)` pair
+/// of one QP (`reset_qp_with`), or [`Raw`] (no ring at all).
+pub trait QpRings {
+    /// The rings, as the pump's sinks.
+    fn sinks(&mut self) -> Vec<&mut dyn Sink>;
+    /// The QP to RESET through its rings; returns (send WRs that never completed, receive
+    /// slots queued again).
+    fn reset_qp(&mut self) -> (u64, u64);
+    /// After reconnecting: receive rings post their slots again.
+    fn refill(&mut self);
+}
 
-impl<const N: usize> Sink for Tx<'_, N> {
+/// A send ring named for the log.
+pub struct Tx<'r, 'q, const N: usize>(pub &'static str, pub &'r mut SendRing<'q, N>);
+/// A receive ring named for the log; every message is copied into the log and released.
+pub struct Rx<'r, 'q, const N: usize>(pub &'static str, pub &'r mut RecvRing<'q, N>);
+
+impl<const N: usize> QpRings for Tx<'_, '_, N> {
+    fn sinks(&mut self) -> Vec<&mut dyn Sink> {
+        vec![self]
+    }
+    fn reset_qp(&mut self) -> (u64, u64) {
+        let n = self
+            .1
+            .reset_qp()
+            .unwrap_or_else(|e| panic!("{}: SendRing::reset_qp: {e}", self.0));
+        (n, 0)
+    }
+    fn refill(&mut self) {}
+}
+
+impl<const N: usize> QpRings for Rx<'_, '_, N> {
+    fn sinks(&mut self) -> Vec<&mut dyn Sink> {
+        vec![self]
+    }
+    fn reset_qp(&mut self) -> (u64, u64) {
+        let n = self
+            .1
+            .reset_qp()
+            .unwrap_or_else(|e| panic!("{}: RecvRing::reset_qp: {e}", self.0));
+        (0, n as u64)
+    }
+    fn refill(&mut self) {
+        self.1.fill().expect("RecvRing::fill");
+    }
+}
+
+impl<const N: usize, const M: usize> QpRings for (Tx<'_, '_, N>, Rx<'_, '_, M>) {
+    fn sinks(&mut self) -> Vec<&mut dyn Sink> {
+        vec![&mut self.0, &mut self.1]
+    }
+    fn reset_qp(&mut self) -> (u64, u64) {
+        let (send, recv) = self
+            .0
+             .1
+            .reset_qp_with(&mut *self.1 .1)
+            .unwrap_or_else(|e| panic!("{}: SendRing::reset_qp_with: {e}", self.0 .0));
+        (send, recv as u64)
+    }
+    fn refill(&mut self) {
+        self.1.refill();
+    }
+}
+
+/// A receive ring the recovery resets (its QP goes to RESET through it) but leaves
+/// unfilled: for a test that posts the receives itself, later.
+pub struct Unfilled<'r, 'q, const N: usize>(pub Rx<'r, 'q, N>);
+
+impl<const N: usize> QpRings for Unfilled<'_, '_, N> {
+    fn sinks(&mut self) -> Vec<&mut dyn Sink> {
+        self.0.sinks()
+    }
+    fn reset_qp(&mut self) -> (u64, u64) {
+        self.0.reset_qp()
+    }
+    fn refill(&mut self) {}
+}
+
+impl QpRings for Raw {
+    fn sinks(&mut self) -> Vec<&mut dyn Sink> {
+        vec![self]
+    }
+    fn reset_qp(&mut self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn refill(&mut self) {}
+}
+
+impl<const N: usize> Sink for Tx<'_, '_, N> {
     fn who(&self) -> &'static str {
         self.0
     }
@@ -340,17 +417,12 @@ impl<const N: usize> Sink for Tx<'_, N> {
     fn progress(&self) -> Progress {
         self.1.progress()
     }
-    unsafe fn reset_ring(&mut self) -> u64 {
-        // SAFETY: forwarded (the QP is in RESET).
-        unsafe { self.1.reset() }
-    }
-    fn refill(&mut self) {}
     fn balanced(&self) -> bool {
         self.1.outstanding() == 0 && self.1.retired_total() == self.1.posted_total()
     }
 }
 
-impl<const N: usize> Sink for Rx<'_, N> {
+impl<const N: usize> Sink for Rx<'_, '_, N> {
     fn who(&self) -> &'static str {
         self.0
     }
@@ -385,13 +457,6 @@ impl<const N: usize> Sink for Rx<'_, N> {
     fn progress(&self) -> Progress {
         self.1.progress()
     }
-    unsafe fn reset_ring(&mut self) -> u64 {
-        // SAFETY: forwarded (the QP is in RESET).
-        unsafe { self.1.reset() as u64 }
-    }
-    fn refill(&mut self) {
-        self.1.fill().expect("RecvRing::fill");
-    }
     fn balanced(&self) -> bool {
         self.1.held() == 0 && self.1.posted() + self.1.pending() <= self.1.count()
     }
@@ -425,10 +490,6 @@ impl Sink for Raw {
     fn progress(&self) -> Progress {
         Progress::default()
     }
-    unsafe fn reset_ring(&mut self) -> u64 {
-        0
-    }
-    fn refill(&mut self) {}
     fn balanced(&self) -> bool {
         true
     }
@@ -438,7 +499,7 @@ impl Sink for Raw {
 /// to its ring (by ring id: unique on the CQ) and logging it. A completion of no ring fails
 /// the test; a poll error is returned.
 pub fn try_pump<const B: usize>(
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
     limit: Duration,
@@ -460,7 +521,7 @@ pub fn try_pump<const B: usize>(
 
 /// One `poll_cq`: each completion to its ring (by ring id: unique on the CQ), logged.
 pub fn poll_once<const B: usize>(
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
 ) -> Result<usize, dp::PollError> {
@@ -483,7 +544,7 @@ pub fn poll_once<const B: usize>(
 /// the ring goes idle or the watchdog does not fire within the deadline.
 pub fn stall<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
     which: usize,
@@ -522,7 +583,7 @@ pub fn stall<const B: usize>(
 /// [`try_pump`] within [`Env::deadline`], failing the test on a poll error.
 pub fn pump<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
     until: impl FnMut(&Log, &[&mut dyn Sink]) -> bool,
@@ -533,7 +594,7 @@ pub fn pump<const B: usize>(
 /// Pumps until `n` more completions were logged; fails the test otherwise.
 pub fn expect_n<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
     n: usize,
@@ -549,7 +610,7 @@ pub fn expect_n<const B: usize>(
 /// Watches for [`Env::quiet`]: returns how many completions arrived meanwhile.
 pub fn quiet<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
 ) -> usize {
@@ -561,7 +622,7 @@ pub fn quiet<const B: usize>(
 /// Pumps until no sink holds work (every send WR retired, every receive completed).
 pub fn drained<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
 ) -> bool {
@@ -572,7 +633,7 @@ pub fn drained<const B: usize>(
 /// on a real device, whose flushes come within milliseconds). Returns whether all drained.
 pub fn drain_or_quiet<const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
+    p: &mut CqPoller<'_, B>,
     sinks: &mut [&mut dyn Sink],
     log: &mut Log,
 ) -> bool {
@@ -607,13 +668,15 @@ pub struct Recovered {
 }
 
 /// The documented recovery of a pair: both QPs to ERR, drain every flush (every WR retires
-/// exactly once), RESET, the rings' `unsafe reset`, reconnect, re-post receives.
+/// exactly once), RESET through the rings that own each QP's queues (`owners`: each QP's
+/// rings together, [`QpRings`]; a QP no ring owns is reset by hand), reconnect, re-post
+/// receives. No `unsafe`: the rings' `reset_qp` / `reset_qp_with`.
 pub fn recover<const B: usize>(
     env: &Env,
     (a, b): (&Qp, &Qp),
     opts: &ConnectOptions,
-    p: &mut dp::CqPoller<B>,
-    sinks: &mut [&mut dyn Sink],
+    p: &mut CqPoller<'_, B>,
+    owners: &mut [&mut dyn QpRings],
     log: &mut Log,
 ) -> Recovered {
     for (q, name) in [(a, "A"), (b, "B")] {
@@ -628,7 +691,13 @@ pub fn recover<const B: usize>(
     // (an unsignaled WR that completed silently before the error, a completion the CQ
     // dropped) is accounted for by the ring resets below: drain until every ring is idle
     // or nothing arrived for a quiet period.
-    drain_or_quiet(env, p, sinks, log);
+    {
+        let mut sinks: Vec<&mut dyn Sink> = Vec::new();
+        for o in owners.iter_mut() {
+            sinks.extend(o.sinks());
+        }
+        drain_or_quiet(env, p, &mut sinks, log);
+    }
     for e in log.0[before..].iter().filter(|e| !e.stale) {
         assert_eq!(
             e.status,
@@ -638,19 +707,23 @@ pub fn recover<const B: usize>(
         assert_eq!(e.data, b"", "no buffer handed out by a flush");
     }
     let flushed = log.0[before..].iter().filter(|e| !e.stale).count();
-    a.reset().expect("A -> RESET");
-    b.reset().expect("B -> RESET");
     let mut unknown = 0;
-    for s in sinks.iter_mut() {
-        // SAFETY: both QPs are in RESET: the device holds none of their WRs.
-        let n = unsafe { s.reset_ring() };
-        if s.busy() == 0 && s.who().ends_with(".sq") {
-            unknown += n;
+    for o in owners.iter_mut() {
+        // The rings move their QP to RESET (the device drops every WR) and account for
+        // what never completed.
+        let (send, _requeued) = o.reset_qp();
+        unknown += send;
+    }
+    for (q, name) in [(a, "A"), (b, "B")] {
+        // A QP no ring owns (raw posts only): by hand (refused, EBUSY, under a ring that
+        // was not passed in `owners`).
+        if state(q) != QpState::Reset {
+            q.reset().unwrap_or_else(|e| panic!("{name} -> RESET: {e}"));
         }
     }
     env.connect2(a, b, opts, opts);
-    for s in sinks.iter_mut() {
-        s.refill();
+    for o in owners.iter_mut() {
+        o.refill();
     }
     Recovered { flushed, unknown }
 }
@@ -659,8 +732,8 @@ pub fn recover<const B: usize>(
 /// returns the bytes received.
 pub fn ping<const N: usize, const B: usize>(
     env: &Env,
-    p: &mut dp::CqPoller<B>,
-    tx: &mut Tx<'_, N>,
+    p: &mut CqPoller<'_, B>,
+    tx: &mut Tx<'_, '_, N>,
     others: &mut [&mut dyn Sink],
     rx_who: &str,
     log: &mut Log,

@@ -602,6 +602,11 @@ impl<const N: usize> Deref for SendRing<'_, N> {
 impl<'q, const N: usize> SendRing<'q, N> {
     forward_send_ring!(dp::send::Batch<'_, 'd, N>);
 
+    /// The QP whose send queue this ring owns.
+    pub fn qp(&self) -> &'q Qp {
+        self.qp
+    }
+
     /// Marks the last staged WR signaled and posts the chain (see the datapath ring's
     /// `flush_signaled`).
     ///
@@ -750,7 +755,7 @@ impl<const N: usize> Deref for RecvRing<'_, N> {
 
 impl<'q, const N: usize> RecvRing<'q, N> {
     /// The QP whose receive queue this ring owns.
-    pub(crate) fn qp(&self) -> &'q Qp {
+    pub fn qp(&self) -> &'q Qp {
         self.qp
     }
 
@@ -947,8 +952,13 @@ impl Deref for WrRing<'_> {
     }
 }
 
-impl WrRing<'_> {
+impl<'q> WrRing<'q> {
     forward_send_ring!(dp::wr::WrBatch<'_, 'd>);
+
+    /// The QP whose send queue this ring owns.
+    pub fn qp(&self) -> &'q Qp {
+        self.qp
+    }
 
     /// Recovery, as [`SendRing::reset_qp`] (an open `ibv_wr_*` region is aborted).
     ///

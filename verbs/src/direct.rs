@@ -211,8 +211,13 @@ impl Deref for DirectRing<'_> {
     }
 }
 
-impl DirectRing<'_> {
+impl<'q> DirectRing<'q> {
     forward_send_ring!(dp::DirectBatch<'_, 'd>);
+
+    /// The QP whose send queue this ring owns.
+    pub fn qp(&self) -> &'q Qp {
+        self.qp
+    }
 
     /// Stages an inline SEND/WRITE whose payload is gathered from `parts` (see the
     /// datapath ring's `stage_inline_gather`).

@@ -18,9 +18,34 @@
 //! Invariants: a [`CmId`] holds its [`EventChannel`] (the channel outlives its IDs) and
 //! owns the [`Qp`] made on it, which holds its PD and CQs; the QP is destroyed
 //! (`rdma_destroy_qp`, by the `Qp`'s destroy) before the ID (`rdma_destroy_id`), and
-//! callers only ever borrow it ([`CmId::qp`]), so it cannot outlive the ID. Events are
-//! copied out and acknowledged immediately, so no unacknowledged event ever blocks
-//! `rdma_destroy_id`.
+//! callers only ever borrow it ([`CmId::qp`]), so it cannot outlive the ID.
+//!
+//! # Events on a shared channel
+//!
+//! Several IDs may share one [`EventChannel`] (an ID made by [`CmId::get_request`] always
+//! shares its listener's), and each event belongs to one of them: `rdma_cm_event.id`, or
+//! for `RDMA_CM_EVENT_CONNECT_REQUEST` the listener, `listen_id`. A [`CmId`] that waits
+//! (`connect`, `accept`, `get_request`, `join_multicast`, ...) takes only its own events:
+//! an event it reads for another live ID is *parked* on the channel for that ID, which
+//! finds it there when it next waits; an event of an ID no [`CmId`] holds any more is
+//! dropped, and for a connect request its new ID is refused (`rdma_reject(3)`) and
+//! destroyed, never leaked. One waiter at a time reads the channel; the others wait for it
+//! to park their event or give the reading up, each until its own deadline: a timeout
+//! bounds the whole wait, however many other IDs' events arrive meanwhile.
+//!
+//! Invariants of that routing, which hold the raw pointers in it to their meaning:
+//! - Every event is copied out (private data included) and acknowledged
+//!   (`rdma_ack_cm_event(3)`) right after it is read and routed, so no unacknowledged
+//!   event ever blocks `rdma_destroy_id` or `rdma_leave_multicast`, and none is acked
+//!   twice (the read, the routing and the ack are one reader's, holding the reading role).
+//! - An ID is keyed by its address. An event is routed *before* it is acknowledged, and
+//!   librdmacm frees an ID only after every event of it that was read is acknowledged, so
+//!   the ID an event names is not freed (and its address not reused) while the event is
+//!   routed. A [`CmId`] leaves the routing table, dropping what was parked for it, before
+//!   `rdma_destroy_id`: a later ID at the same address never receives an older ID's event.
+//! - A parked connect request owns its new ID until its listener takes it (then a
+//!   [`CmId`] owns it) or is dropped (then it is refused and destroyed).
+//! - The routing table's lock is never held across a librdmacm call that can block.
 //!
 //! # Example (needs an RDMA device with an IP; prints why not otherwise)
 //! ```no_run
@@ -44,11 +69,12 @@
 //! # Ok::<(), hotverbs::Error>(())
 //! ```
 
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use hotverbs_ffi::{
     ibv_qp, rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, RdmaCmFns,
@@ -98,15 +124,40 @@ pub fn event_name(t: u32) -> &'static str {
 struct ChannelInner {
     fns: &'static RdmaCmFns,
     ch: *mut rdma_event_channel,
+    /// Which IDs live on the channel and the events parked for them (module docs).
+    router: Router<Parked>,
 }
 
-// SAFETY: an event channel is an fd; librdmacm's calls on it are thread-safe.
+// SAFETY: an event channel is an fd; librdmacm's calls on it are thread-safe; the router
+// is behind its own lock.
 unsafe impl Send for ChannelInner {}
 // SAFETY: see Send.
 unsafe impl Sync for ChannelInner {}
 
+impl ChannelInner {
+    fn new(fns: &'static RdmaCmFns, ch: *mut rdma_event_channel) -> ChannelInner {
+        ChannelInner {
+            fns,
+            ch,
+            router: Router::new(),
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: live channel while self lives; librdmacm never writes `fd` after creation;
+        // not -1 (checked in `EventChannel::new`), open until the channel is destroyed.
+        unsafe { BorrowedFd::borrow_raw((*self.ch).fd) }
+    }
+}
+
 impl Drop for ChannelInner {
     fn drop(&mut self) {
+        // Every CmId on the channel is gone (each holds an Arc of us) and took its parked
+        // events with it; whatever is left (nothing, today) still owns new IDs to refuse
+        // before their channel goes.
+        for ev in self.router.drain() {
+            self.discard(ev);
+        }
         if let Some(f) = self.fns.rdma_destroy_event_channel {
             // SAFETY: ch came from rdma_create_event_channel; every ID on it is destroyed
             // (they hold Arcs of us).
@@ -218,7 +269,7 @@ impl EventChannel {
                 ),
             );
         }
-        let inner = ChannelInner { fns, ch };
+        let inner = ChannelInner::new(fns, ch);
         // `AsFd` hands out the fd as a `BorrowedFd`, which must not be -1: a channel
         // without one is refused (dropping `inner` destroys it).
         // SAFETY: ch is the live channel just created.
@@ -243,26 +294,70 @@ impl EventChannel {
         set_nonblocking(self.as_fd(), nonblocking)
     }
 
-    /// Waits up to `timeout` for the next event (`rdma_get_cm_event(3)`), copies it and
-    /// acknowledges it (`rdma_ack_cm_event(3)`).
+    /// Waits up to `timeout` for the next event of the channel, whichever ID it is about
+    /// (`rdma_get_cm_event(3)`), copies it and acknowledges it (`rdma_ack_cm_event(3)`).
+    ///
+    /// This is the channel's view, for a channel you drive yourself (e.g. from an fd
+    /// readiness loop): it also takes events parked for a [`CmId`] (oldest first), which
+    /// that ID then never sees — on a channel whose IDs wait in their own methods
+    /// (`connect`, `get_request`, ...), let them take their events. The new ID of a
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST` ([`CmEvent::id`]) is then the caller's to accept or
+    /// reject and destroy.
     ///
     /// # Errors
     /// `ETIMEDOUT` when nothing arrives in time.
     pub fn get_event(&self, timeout: Duration) -> Result<CmEvent> {
-        if !poll_readable(self.as_fd(), timeout)? {
-            return Err(Error::new("rdma_get_cm_event", libc::ETIMEDOUT)
-                .with_hint(format!("no rdma_cm event within {timeout:?}")));
+        let inner = &*self.inner;
+        match inner.router.wait(inner, Taker::Any, timeout)? {
+            Some(Parked(ev)) => Ok(ev),
+            None => Err(Error::new("rdma_get_cm_event", libc::ETIMEDOUT)
+                .with_hint(format!("no rdma_cm event within {timeout:?}"))),
         }
-        let fns = self.inner.fns;
-        let get = fns
+    }
+}
+
+/// An event read from the channel by `rdma_get_cm_event` and not yet acknowledged: the
+/// event, its ID (and for a connect request its listener) are valid until
+/// [`EventSource::ack`] consumes it. Made only by [`ChannelInner`]'s `read`.
+struct ReadEvent(*mut rdma_cm_event);
+
+/// A copied, acknowledged event on its way to (or parked for) the ID it belongs to.
+struct Parked(CmEvent);
+
+// SAFETY: the pointers in a CmEvent are identifiers of IDs, only compared while routing;
+// the one a Parked owns (a connect request's new ID) is used from whichever thread takes
+// or drops it, and librdmacm's calls on an ID are thread-safe.
+unsafe impl Send for Parked {}
+
+impl EventSource for ChannelInner {
+    type Raw = ReadEvent;
+    type Event = Parked;
+
+    fn read(&self, timeout: Duration) -> Result<Option<ReadEvent>> {
+        let get = self
+            .fns
             .rdma_get_cm_event
             .ok_or_else(|| Error::missing("rdma_get_cm_event"))?;
+        if !poll_readable(self.fd(), timeout)? {
+            return Ok(None);
+        }
         let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
         // SAFETY: live channel, valid out-pointer.
-        let ret = unsafe { get(self.inner.ch, &mut ev) };
+        let ret = unsafe { get(self.ch, &mut ev) };
         if ret != 0 {
-            return Err(Error::from_ret("rdma_get_cm_event", ret));
+            let e = Error::from_ret("rdma_get_cm_event", ret);
+            // A non-blocking channel whose event someone outside this crate read first:
+            // nothing this time (the caller's deadline decides whether to read again).
+            if e.errno() == libc::EAGAIN || e.errno() == libc::EINTR {
+                return Ok(None);
+            }
+            return Err(e);
         }
+        Ok(Some(ReadEvent(ev)))
+    }
+
+    fn copy(&self, raw: &ReadEvent) -> (usize, Parked) {
+        let ev = raw.0;
         // SAFETY: ev is a valid event until acked, and so is the ID it names (librdmacm
         // keeps an ID with unacknowledged events alive); private data (if any) is
         // private_data_len bytes; librdmacm fills the union member `ud` for IDs of a UD QP
@@ -306,11 +401,60 @@ impl EventChannel {
                 ud,
             }
         };
-        if let Some(ack) = fns.rdma_ack_cm_event {
-            // SAFETY: ev came from rdma_get_cm_event and is acked once.
-            unsafe { ack(ev) };
+        (owner_key(&out), Parked(out))
+    }
+
+    fn ack(&self, raw: ReadEvent) {
+        if let Some(ack) = self.fns.rdma_ack_cm_event {
+            // SAFETY: raw came from rdma_get_cm_event and is consumed here: acked once.
+            unsafe { ack(raw.0) };
         }
-        Ok(out)
+    }
+
+    fn discard(&self, Parked(ev): Parked) {
+        if ev.kind == hotverbs_ffi::RDMA_CM_EVENT_CONNECT_REQUEST && !ev.id.is_null() {
+            // SAFETY: a connect request's new ID, live (nothing destroyed it: no CmId holds
+            // it, and the event owning it is being dropped here, once), its event acked.
+            unsafe { refuse_request(self.fns, ev.id) };
+        }
+    }
+}
+
+/// The routing key of the ID `ev` belongs to: the listener of a connect request, the
+/// event's ID otherwise.
+fn owner_key(ev: &CmEvent) -> usize {
+    if ev.kind == hotverbs_ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
+        ev.listen_id as usize
+    } else {
+        ev.id as usize
+    }
+}
+
+/// Refuses a connect request no live listener will take: `rdma_reject(3)` (the peer hears
+/// a reject now, not a timeout) and `rdma_destroy_id(3)` of its new ID. Failures are
+/// recorded as drop errors ([`take_drop_errors`](crate::take_drop_errors)).
+///
+/// # Safety
+/// `id` is the live new ID of an acknowledged connect request, without a QP, that nothing
+/// else holds or destroys.
+unsafe fn refuse_request(fns: &RdmaCmFns, id: *mut rdma_cm_id) {
+    const WHY: &str = "refusing a connect request no live listener took (its CmId was dropped, \
+                       or it was waiting for another event)";
+    if let Some(reject) = fns.rdma_reject {
+        // SAFETY: live ID (the caller's contract); no private data.
+        let ret = unsafe { reject(id, std::ptr::null(), 0) };
+        if ret != 0 {
+            record_drop_error(Error::from_ret("rdma_reject", ret).with_hint(WHY));
+        }
+    }
+    let Some(destroy) = fns.rdma_destroy_id else {
+        return record_drop_error(Error::missing("rdma_destroy_id"));
+    };
+    // SAFETY: live ID without a QP or unacknowledged events, destroyed once (the caller's
+    // contract).
+    let ret = unsafe { destroy(id) };
+    if ret != 0 {
+        record_drop_error(Error::from_ret("rdma_destroy_id", ret).with_hint(WHY));
     }
 }
 
@@ -342,6 +486,187 @@ fn is_conn_event(t: u32) -> bool {
             | RDMA_CM_EVENT_ESTABLISHED
             | RDMA_CM_EVENT_REJECTED
     )
+}
+
+/// Who a wait takes events for: one ID (by its routing key, the `rdma_cm_id` address), or
+/// whoever's event comes first ([`EventChannel::get_event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taker {
+    Id(usize),
+    Any,
+}
+
+/// What a [`Router`] reads events from: the channel through librdmacm
+/// ([`ChannelInner`]), or a test's stand-in.
+trait EventSource {
+    /// An event read and not yet acknowledged.
+    type Raw;
+    /// What is kept of an event after its acknowledgement: handed to its taker or parked.
+    type Event: Send;
+    /// Waits up to `timeout` for an event and reads it; `Ok(None)` when none came.
+    fn read(&self, timeout: Duration) -> Result<Option<Self::Raw>>;
+    /// The routing key of the ID the event belongs to, and a copy of all its takers need;
+    /// called before [`ack`](Self::ack), while the event pins its ID.
+    fn copy(&self, raw: &Self::Raw) -> (usize, Self::Event);
+    /// Acknowledges the event (once: it is consumed).
+    fn ack(&self, raw: Self::Raw);
+    /// Disposes of an event nobody will take (a connect request: refuses its new ID).
+    fn discard(&self, ev: Self::Event);
+}
+
+/// The longest single sleep of a wait: a `poll(2)` timeout in milliseconds is an `i32`;
+/// a longer wait (up to `Duration::MAX`, "forever") sleeps again.
+const MAX_SLEEP: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Routes the events of one channel to the IDs they belong to (module docs): the live IDs'
+/// keys, the events parked for them, and the role of the one waiter reading the channel.
+struct Router<E> {
+    routes: Mutex<Routes<E>>,
+    /// Signalled when an event is parked or the reading role is given up.
+    changed: Condvar,
+}
+
+struct Routes<E> {
+    /// Keys of the IDs that take their events (live `CmId`s on the channel).
+    live: HashSet<usize>,
+    /// Events read by a wait other than their ID's, with its key, in arrival order.
+    parked: VecDeque<(usize, E)>,
+    /// Whether a waiter is reading the channel (one at a time: the read, the routing and
+    /// the acknowledgement of an event are its alone).
+    reading: bool,
+}
+
+impl<E> Routes<E> {
+    fn take(&mut self, taker: Taker) -> Option<E> {
+        let at = match taker {
+            Taker::Any => (!self.parked.is_empty()).then_some(0),
+            Taker::Id(k) => self.parked.iter().position(|(key, _)| *key == k),
+        }?;
+        self.parked.remove(at).map(|(_, ev)| ev)
+    }
+}
+
+/// The reading role, given up (and the other waiters woken) when dropped: also when the
+/// read fails or panics, so no waiter waits on a reader that is gone.
+struct ReadingRole<'a, E>(&'a Router<E>);
+
+impl<E> Drop for ReadingRole<'_, E> {
+    fn drop(&mut self) {
+        self.0.lock().reading = false;
+        self.0.changed.notify_all();
+    }
+}
+
+impl<E> Router<E> {
+    fn new() -> Router<E> {
+        Router {
+            routes: Mutex::new(Routes {
+                live: HashSet::new(),
+                parked: VecDeque::new(),
+                reading: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The routes; a panic elsewhere while they were locked leaves them consistent (every
+    /// change is one push, remove or flag), so a poisoned lock is taken as it is.
+    fn lock(&self) -> MutexGuard<'_, Routes<E>> {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// From now on, events of `key` read by other waiters are parked for it.
+    fn register(&self, key: usize) {
+        self.lock().live.insert(key);
+    }
+
+    /// `key`'s ID is going: its later events are discarded by whoever reads them; returns
+    /// those parked for it, for the caller to discard.
+    fn deregister(&self, key: usize) -> Vec<E> {
+        let mut r = self.lock();
+        r.live.remove(&key);
+        let (gone, kept) = std::mem::take(&mut r.parked)
+            .into_iter()
+            .partition(|(k, _)| *k == key);
+        r.parked = kept;
+        gone.into_iter().map(|(_, ev)| ev).collect()
+    }
+
+    /// Every parked event (the channel is going).
+    fn drain(&self) -> Vec<E> {
+        self.lock().parked.drain(..).map(|(_, ev)| ev).collect()
+    }
+
+    /// Waits until `timeout` from now for an event of `taker`: one parked for it, else one
+    /// read from `src` while no other waiter reads. An event read for another live ID is
+    /// parked for it; one for a key that is not live is discarded (`taker` `Any` takes
+    /// it). `Ok(None)` when the deadline passes; a zero timeout still reads once when no
+    /// other waiter is reading.
+    fn wait<S>(&self, src: &S, taker: Taker, timeout: Duration) -> Result<Option<E>>
+    where
+        S: EventSource<Event = E>,
+    {
+        // None: past the end of Instant, i.e. no deadline.
+        let deadline = Instant::now().checked_add(timeout);
+        let mut first = true;
+        let mut r = self.lock();
+        loop {
+            if let Some(ev) = r.take(taker) {
+                return Ok(Some(ev));
+            }
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() && !first {
+                return Ok(None);
+            }
+            first = false;
+            if r.reading {
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                // Another waiter reads: it parks our event, or gives the role up.
+                r = self
+                    .changed
+                    .wait_timeout(r, left.min(MAX_SLEEP))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                continue;
+            }
+            r.reading = true;
+            drop(r);
+            let role = ReadingRole(self);
+            let Some(raw) = src.read(left.min(MAX_SLEEP))? else {
+                drop(role);
+                r = self.lock();
+                continue;
+            };
+            let (key, ev) = src.copy(&raw);
+            let mut mine = None;
+            let mut orphan = None;
+            {
+                // Routed before the ack (module docs: the ID cannot go meanwhile), and
+                // while holding the role, so no later event of the same ID overtakes it.
+                let mut r = self.lock();
+                if taker == Taker::Any || taker == Taker::Id(key) {
+                    mine = Some(ev);
+                } else if r.live.contains(&key) {
+                    r.parked.push_back((key, ev));
+                } else {
+                    orphan = Some(ev);
+                }
+            }
+            src.ack(raw);
+            drop(role);
+            if let Some(ev) = orphan {
+                src.discard(ev);
+            }
+            if mine.is_some() {
+                return Ok(mine);
+            }
+            r = self.lock();
+        }
+    }
 }
 
 /// Connection parameters (`struct rdma_conn_param`).
@@ -608,13 +933,20 @@ impl CmId {
         if ret != 0 {
             return Err(Error::from_ret("rdma_create_id", ret));
         }
-        Ok(CmId {
-            fns,
+        Ok(CmId::adopt(channel, id, ps))
+    }
+
+    /// Wraps the live ID `id` of `channel` (a new one, or a connect request's, not yet
+    /// accepted: no event of it was read) and routes its events to it from now on.
+    fn adopt(channel: &EventChannel, id: *mut rdma_cm_id, ps: PortSpace) -> CmId {
+        channel.inner.router.register(id as usize);
+        CmId {
+            fns: channel.inner.fns,
             id,
             channel: channel.clone(),
             ps,
             qp: None,
-        })
+        }
     }
 
     /// The ID's port space.
@@ -627,28 +959,38 @@ impl CmId {
         self.id
     }
 
-    /// Waits for the next event on the channel and checks it is `want`.
+    /// Waits for this ID's next event (events of other IDs on the channel are parked for
+    /// them meanwhile: module docs) and checks it is `want`; `timeout` bounds the whole
+    /// wait.
     fn expect(&self, verb: &'static str, want: u32, timeout: Duration) -> Result<CmEvent> {
-        let ev = self.channel.get_event(timeout).map_err(|e| {
-            if e.errno() == libc::ETIMEDOUT {
-                Error::new(verb, libc::ETIMEDOUT)
-                    .with_hint(format!("no {} within {timeout:?}", event_name(want)))
-            } else {
-                e
-            }
-        })?;
+        let inner = &*self.channel.inner;
+        let Some(Parked(ev)) = inner
+            .router
+            .wait(inner, Taker::Id(self.id as usize), timeout)?
+        else {
+            return Err(Error::new(verb, libc::ETIMEDOUT)
+                .with_hint(format!("no {} within {timeout:?}", event_name(want))));
+        };
         if ev.kind != want {
             let errno = if ev.status < 0 {
                 -ev.status
             } else {
                 libc::ECONNREFUSED
             };
-            return Err(Error::new(verb, errno).with_hint(format!(
+            let mut hint = format!(
                 "expected {}, got {} (status {})",
                 event_name(want),
                 ev.name,
                 ev.status
-            )));
+            );
+            if ev.kind == hotverbs_ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
+                hint.push_str(
+                    ": that connect request was rejected (take requests with get_request)",
+                );
+            }
+            // A connect request taken here is refused, not leaked.
+            inner.discard(Parked(ev));
+            return Err(Error::new(verb, errno).with_hint(hint));
         }
         Ok(ev)
     }
@@ -754,23 +1096,18 @@ impl CmId {
     }
 
     /// Waits for `RDMA_CM_EVENT_CONNECT_REQUEST` on a listening ID: the new ID of the
-    /// incoming connection, and the private data the client sent.
+    /// incoming connection, and the private data the client sent. Requests that other IDs
+    /// of the channel read while they waited were kept for this listener and come first,
+    /// in arrival order; the new ID shares the listener's channel. A request still waiting
+    /// when the listener is dropped is rejected (`rdma_reject(3)`) and its ID destroyed.
     pub fn get_request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
         let ev = self.expect(
             "rdma_get_cm_event",
             hotverbs_ffi::RDMA_CM_EVENT_CONNECT_REQUEST,
             timeout,
         )?;
-        Ok((
-            CmId {
-                fns: self.fns,
-                id: ev.id,
-                channel: self.channel.clone(),
-                ps: self.ps,
-                qp: None,
-            },
-            ev.private_data,
-        ))
+        // The new ID is on the listener's channel; no event of it is read before accept.
+        Ok((CmId::adopt(&self.channel, ev.id, self.ps), ev.private_data))
     }
 
     /// The ID's device context (after address resolution, or for an incoming request),
@@ -1079,6 +1416,13 @@ impl CmId {
         if id.is_null() {
             return Ok(());
         }
+        // Out of the routing table before rdma_destroy_id (module docs): events of this ID
+        // read from now on are discarded by their reader; those parked for it go now (a
+        // connect request's new ID refused).
+        let inner = &*self.channel.inner;
+        for ev in inner.router.deregister(id as usize) {
+            inner.discard(ev);
+        }
         // The QP first: its destroy is rdma_destroy_qp on the ID, which is still live. Only
         // the ID ever held it (callers borrow it), so nothing uses it any more.
         let qp_destroyed = self.qp.take().map_or(Ok(()), Qp::destroy);
@@ -1181,8 +1525,18 @@ mod tests {
     /// A stand-in for librdmacm's QP verbs over softnic, so `CmId::create_qp` and the
     /// ID's teardown run for real without an rdma_cm device: `rdma_create_qp` is
     /// `ibv_create_qp` storing the QP in `id->qp`, `rdma_destroy_qp` destroys it.
+    ///
+    /// [`EV_FNS`](fake::EV_FNS) adds an event channel: the test [`push`](fake::push)es
+    /// events as the kernel would report them; `rdma_get_cm_event` hands them out in order
+    /// through an eventfd (so `poll(2)` sees them as it sees librdmacm's fd),
+    /// `rdma_ack_cm_event` frees them, and what the channel's IDs were told (acks, rejects,
+    /// destroys) is logged per channel ([`take_log`](fake::take_log)), whichever thread
+    /// did it.
     mod fake {
         use std::cell::RefCell;
+        use std::collections::VecDeque;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::Mutex;
 
         use hotverbs_ffi::*;
 
@@ -1228,17 +1582,124 @@ mod tests {
 
         unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> i32 {
             log("rdma_destroy_id");
+            // SAFETY: the live ID being destroyed.
+            channel_log(unsafe { (*id).channel }, format!("destroy_id {id:p}"));
             // SAFETY: allocated by `id` below, destroyed once.
             drop(unsafe { Box::from_raw(id) });
             0
         }
 
-        unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
-            // SAFETY: allocated by `channel` below, destroyed once.
-            drop(unsafe { Box::from_raw(ch) });
+        /// A fake event channel: the `rdma_event_channel` its users hold (first, so the
+        /// pointers convert), over an eventfd in semaphore mode that counts the queue.
+        #[repr(C)]
+        struct Channel {
+            ch: rdma_event_channel,
+            /// Pushed, not yet read events (`*mut Event`).
+            queue: Mutex<VecDeque<usize>>,
+            log: Mutex<Vec<String>>,
         }
 
-        pub static FNS: RdmaCmFns = RdmaCmFns {
+        impl Drop for Channel {
+            fn drop(&mut self) {
+                for ev in self.queue.get_mut().unwrap().drain(..) {
+                    // SAFETY: pushed and never read, so never acked: freed once, here.
+                    drop(unsafe { Box::from_raw(ev as *mut Event) });
+                }
+                // SAFETY: the eventfd `channel` opened, closed once.
+                unsafe { libc::close(self.ch.fd) };
+            }
+        }
+
+        /// A pushed event: the `rdma_cm_event` handed out (first), its channel, its
+        /// number, and the private data it points into.
+        #[repr(C)]
+        struct Event {
+            ev: rdma_cm_event,
+            ch: *mut Channel,
+            serial: u32,
+            _private: Vec<u8>,
+        }
+
+        fn channel_log(ch: *mut rdma_event_channel, what: String) {
+            if !ch.is_null() {
+                // SAFETY: a live channel of `channel`: the test holds its EventChannel.
+                unsafe { &*ch.cast::<Channel>() }
+                    .log
+                    .lock()
+                    .unwrap()
+                    .push(what);
+            }
+        }
+
+        unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
+            // SAFETY: allocated by `channel` below, destroyed once.
+            drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
+        }
+
+        unsafe extern "C" fn create_id(
+            ch: *mut rdma_event_channel,
+            out: *mut *mut rdma_cm_id,
+            _context: *mut std::ffi::c_void,
+            ps: rdma_port_space,
+        ) -> i32 {
+            let qp_type = if ps == RDMA_PS_UDP {
+                IBV_QPT_UD
+            } else {
+                IBV_QPT_RC
+            };
+            // SAFETY: valid out-pointer (CmId::with_port_space).
+            unsafe { *out = id_on(ch, std::ptr::null_mut(), qp_type) };
+            0
+        }
+
+        unsafe extern "C" fn get_cm_event(
+            ch: *mut rdma_event_channel,
+            out: *mut *mut rdma_cm_event,
+        ) -> i32 {
+            // SAFETY: a live channel of `channel`.
+            let c = unsafe { &*ch.cast::<Channel>() };
+            let mut n = 0u64;
+            // SAFETY: 8 writable bytes; a non-blocking eventfd: EAGAIN when empty.
+            if unsafe { libc::read(c.ch.fd, (&mut n as *mut u64).cast(), 8) } != 8 {
+                return -1;
+            }
+            let ev = c
+                .queue
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("counted by the fd");
+            // SAFETY: valid out-pointer.
+            unsafe { *out = ev as *mut rdma_cm_event };
+            0
+        }
+
+        unsafe extern "C" fn ack_cm_event(ev: *mut rdma_cm_event) -> i32 {
+            // SAFETY: made by `push` and read once; a second ack would free it twice.
+            let e = unsafe { Box::from_raw(ev.cast::<Event>()) };
+            channel_log(e.ch.cast(), format!("ack #{}", e.serial));
+            0
+        }
+
+        unsafe extern "C" fn reject(id: *mut rdma_cm_id, _: *const std::ffi::c_void, _: u8) -> i32 {
+            // SAFETY: a live ID (refuse_request's contract).
+            channel_log(unsafe { (*id).channel }, format!("reject {id:p}"));
+            0
+        }
+
+        unsafe extern "C" fn connect_or_accept(_: *mut rdma_cm_id, _: *mut rdma_conn_param) -> i32 {
+            0
+        }
+
+        unsafe extern "C" fn join(
+            _: *mut rdma_cm_id,
+            _: *mut sockaddr,
+            _: *mut std::ffi::c_void,
+        ) -> i32 {
+            0
+        }
+
+        const BASE: RdmaCmFns = RdmaCmFns {
             rdma_create_qp: Some(create_qp),
             rdma_destroy_qp: Some(destroy_qp),
             rdma_destroy_id: Some(destroy_id),
@@ -1246,34 +1707,120 @@ mod tests {
             ..RdmaCmFns::EMPTY
         };
 
+        pub static FNS: RdmaCmFns = BASE;
+
+        /// [`FNS`] with events: IDs are made on a channel, connect, accept and join
+        /// succeed, and their events are the test's to [`push`].
+        pub static EV_FNS: RdmaCmFns = RdmaCmFns {
+            rdma_create_id: Some(create_id),
+            rdma_get_cm_event: Some(get_cm_event),
+            rdma_ack_cm_event: Some(ack_cm_event),
+            rdma_reject: Some(reject),
+            rdma_connect: Some(connect_or_accept),
+            rdma_accept: Some(connect_or_accept),
+            rdma_join_multicast: Some(join),
+            ..BASE
+        };
+
         pub fn channel() -> *mut rdma_event_channel {
-            Box::into_raw(Box::new(rdma_event_channel { fd: -1 }))
+            // SAFETY: no pointers.
+            let fd = unsafe {
+                libc::eventfd(
+                    0,
+                    libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+                )
+            };
+            assert!(fd >= 0, "eventfd");
+            let c = Channel {
+                ch: rdma_event_channel { fd },
+                queue: Mutex::default(),
+                log: Mutex::default(),
+            };
+            Box::into_raw(Box::new(c)).cast()
         }
 
         /// An ID on `verbs` (a softnic context) as librdmacm would hand it out.
         pub fn id(verbs: *mut ibv_context, qp_type: u32) -> *mut rdma_cm_id {
+            id_on(std::ptr::null_mut(), verbs, qp_type)
+        }
+
+        /// An ID on channel `ch` (its rejects and destroys logged there).
+        pub fn id_on(
+            ch: *mut rdma_event_channel,
+            verbs: *mut ibv_context,
+            qp_type: u32,
+        ) -> *mut rdma_cm_id {
             // SAFETY: rdma_cm_id is plain C data; all-zero is valid.
             let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+            id.channel = ch;
             id.verbs = verbs;
             id.qp_type = qp_type;
             Box::into_raw(Box::new(id))
         }
+
+        /// Queues an event of kind `kind` about `id` (for a connect request: the new ID,
+        /// of listener `listen_id`) with `private` data; on a UD ID the event carries UD
+        /// parameters with Q_Key `qkey`. Returns its number (`ack #n` in the log).
+        pub fn push(
+            ch: *mut rdma_event_channel,
+            kind: u32,
+            id: *mut rdma_cm_id,
+            listen_id: *mut rdma_cm_id,
+            private: &[u8],
+            qkey: u32,
+        ) -> u32 {
+            static SERIAL: AtomicU32 = AtomicU32::new(1);
+            let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: plain C data; all-zero is valid.
+            let mut ev: rdma_cm_event = unsafe { std::mem::zeroed() };
+            ev.event = kind;
+            ev.id = id;
+            ev.listen_id = listen_id;
+            let private = private.to_vec();
+            // SAFETY: a live fake ID.
+            if unsafe { (*id).qp_type } == IBV_QPT_UD {
+                ev.param.ud.private_data = private.as_ptr().cast();
+                ev.param.ud.private_data_len = private.len() as u8;
+                ev.param.ud.qp_num = 0xff_ffff;
+                ev.param.ud.qkey = qkey;
+            } else {
+                ev.param.conn.private_data = private.as_ptr().cast();
+                ev.param.conn.private_data_len = private.len() as u8;
+            }
+            let c = ch.cast::<Channel>();
+            let e = Box::new(Event {
+                ev,
+                ch: c,
+                serial,
+                _private: private,
+            });
+            // SAFETY: a live channel of `channel`.
+            let c = unsafe { &*c };
+            c.queue.lock().unwrap().push_back(Box::into_raw(e) as usize);
+            let one = 1u64;
+            // SAFETY: 8 readable bytes; the channel's open eventfd.
+            let written = unsafe { libc::write(c.ch.fd, (&one as *const u64).cast(), 8) };
+            assert_eq!(written, 8);
+            serial
+        }
+
+        /// What happened on `ch` since the last call: `ack #n`, `reject 0x..`,
+        /// `destroy_id 0x..`, in order.
+        pub fn take_log(ch: *mut rdma_event_channel) -> Vec<String> {
+            // SAFETY: a live channel of `channel`.
+            std::mem::take(&mut *unsafe { &*ch.cast::<Channel>() }.log.lock().unwrap())
+        }
+    }
+
+    fn fake_channel(fns: &'static RdmaCmFns) -> EventChannel {
+        EventChannel {
+            inner: Arc::new(ChannelInner::new(fns, fake::channel())),
+        }
     }
 
     fn fake_cm_id(ctx: &Context, ps: PortSpace) -> CmId {
-        let channel = EventChannel {
-            inner: Arc::new(ChannelInner {
-                fns: &fake::FNS,
-                ch: fake::channel(),
-            }),
-        };
-        CmId {
-            fns: &fake::FNS,
-            id: fake::id(ctx.as_raw(), ps.qp_type().raw()),
-            channel,
-            ps,
-            qp: None,
-        }
+        let channel = fake_channel(&fake::FNS);
+        CmId::adopt(&channel, fake::id(ctx.as_raw(), ps.qp_type().raw()), ps)
     }
 
     #[test]
@@ -1499,5 +2046,546 @@ mod tests {
         assert_eq!(sin.sin_family as i32, libc::AF_INET);
         assert_eq!(u16::from_be(sin.sin_port), 7471);
         assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 77, 0, 1]);
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Routing on a shared channel: the router alone, over synthetic events
+    // ----------------------------------------------------------------------------------
+
+    /// A channel stand-in for the router alone: an event is (routing key, serial number);
+    /// reads, acknowledgements and discards are counted and recorded.
+    #[derive(Default)]
+    struct Synthetic {
+        queue: Mutex<VecDeque<(usize, u32)>>,
+        arrived: Condvar,
+        reads: std::sync::atomic::AtomicUsize,
+        acked: Mutex<Vec<u32>>,
+        discarded: Mutex<Vec<u32>>,
+    }
+
+    /// An event read and not yet acknowledged (not `Copy`: `ack` consumes it).
+    struct SyntheticRaw(usize, u32);
+
+    impl Synthetic {
+        fn push(&self, key: usize, serial: u32) {
+            self.queue.lock().unwrap().push_back((key, serial));
+            self.arrived.notify_all();
+        }
+        fn reads(&self) -> usize {
+            self.reads.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn acked(&self) -> Vec<u32> {
+            self.acked.lock().unwrap().clone()
+        }
+        fn discarded(&self) -> Vec<u32> {
+            self.discarded.lock().unwrap().clone()
+        }
+    }
+
+    impl EventSource for Synthetic {
+        type Raw = SyntheticRaw;
+        type Event = (usize, u32);
+
+        fn read(&self, timeout: Duration) -> Result<Option<SyntheticRaw>> {
+            let deadline = Instant::now() + timeout;
+            let mut q = self.queue.lock().unwrap();
+            loop {
+                if let Some((key, serial)) = q.pop_front() {
+                    self.reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(Some(SyntheticRaw(key, serial)));
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                q = self.arrived.wait_timeout(q, left).unwrap().0;
+            }
+        }
+
+        fn copy(&self, raw: &SyntheticRaw) -> (usize, (usize, u32)) {
+            (raw.0, (raw.0, raw.1))
+        }
+
+        fn ack(&self, raw: SyntheticRaw) {
+            self.acked.lock().unwrap().push(raw.1);
+        }
+
+        fn discard(&self, ev: (usize, u32)) {
+            self.discarded.lock().unwrap().push(ev.1);
+        }
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn router_parks_another_ids_event_until_that_id_waits() {
+        let (r, src) = (Router::new(), Synthetic::default());
+        r.register(1);
+        r.register(2);
+        for (key, serial) in [(2, 10), (2, 11), (1, 12)] {
+            src.push(key, serial);
+        }
+        assert_eq!(r.wait(&src, Taker::Id(1), T).unwrap(), Some((1, 12)));
+        // All three read, each acked at once; 2's two parked for it.
+        assert_eq!((src.reads(), src.acked()), (3, vec![10, 11, 12]));
+        // 2 takes them in order from the parking, without reading the channel.
+        assert_eq!(r.wait(&src, Taker::Id(2), T).unwrap(), Some((2, 10)));
+        assert_eq!(
+            r.wait(&src, Taker::Id(2), Duration::ZERO).unwrap(),
+            Some((2, 11))
+        );
+        assert_eq!(src.reads(), 3);
+        assert_eq!(r.wait(&src, Taker::Id(2), Duration::ZERO).unwrap(), None);
+        assert_eq!(src.acked(), [10, 11, 12], "acked once each");
+        assert!(src.discarded().is_empty());
+    }
+
+    #[test]
+    fn router_discards_events_of_ids_that_are_not_live_once() {
+        let (r, src) = (Router::new(), Synthetic::default());
+        r.register(1);
+        r.register(2);
+        // 7 never was live (a raw ID no CmId holds): acked and discarded, not parked.
+        for (key, serial) in [(7, 20), (2, 21), (1, 22)] {
+            src.push(key, serial);
+        }
+        assert_eq!(r.wait(&src, Taker::Id(1), T).unwrap(), Some((1, 22)));
+        assert_eq!(src.discarded(), [20]);
+        // 2 goes with an event parked: it is handed back (for the caller to discard), and
+        // 2's later events are discarded by whoever reads them.
+        assert_eq!(r.deregister(2), [(2, 21)]);
+        src.push(2, 23);
+        src.push(1, 24);
+        assert_eq!(r.wait(&src, Taker::Id(1), T).unwrap(), Some((1, 24)));
+        assert_eq!(src.discarded(), [20, 23]);
+        assert_eq!(src.acked(), [20, 21, 22, 23, 24], "acked once each");
+        // A key that comes back (an address reused by a new ID) starts empty.
+        r.register(2);
+        assert_eq!(r.wait(&src, Taker::Id(2), Duration::ZERO).unwrap(), None);
+        assert!(r.drain().is_empty());
+    }
+
+    #[test]
+    fn router_any_takes_the_oldest_parked_event_then_reads() {
+        let (r, src) = (Router::new(), Synthetic::default());
+        r.register(1);
+        r.register(2);
+        for (key, serial) in [(2, 30), (1, 31), (9, 32)] {
+            src.push(key, serial);
+        }
+        assert_eq!(r.wait(&src, Taker::Id(1), T).unwrap(), Some((1, 31)));
+        assert_eq!(r.wait(&src, Taker::Any, T).unwrap(), Some((2, 30)));
+        // Any takes what no live ID would (the channel's own reader).
+        assert_eq!(r.wait(&src, Taker::Any, T).unwrap(), Some((9, 32)));
+        assert!(src.discarded().is_empty());
+        // A zero timeout still reads once.
+        src.push(1, 33);
+        assert_eq!(
+            r.wait(&src, Taker::Id(1), Duration::ZERO).unwrap(),
+            Some((1, 33))
+        );
+        assert_eq!(src.acked(), [30, 31, 32, 33]);
+    }
+
+    #[test]
+    fn router_timeout_bounds_the_whole_wait_while_other_ids_events_arrive() {
+        let r = Arc::new(Router::new());
+        let src = Arc::new(Synthetic::default());
+        r.register(1);
+        r.register(2);
+        const N: u32 = 60;
+        let feeder = {
+            let src = Arc::clone(&src);
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    src.push(2, i);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let wait = Duration::from_millis(300);
+        let t0 = Instant::now();
+        assert_eq!(r.wait(&*src, Taker::Id(1), wait).unwrap(), None);
+        let took = t0.elapsed();
+        // A timeout per read would restart with every event of 2 (every 20 ms) and end
+        // only after the last (1.2 s and more).
+        assert!(
+            took >= wait && took < wait + Duration::from_millis(400),
+            "{took:?}"
+        );
+        feeder.join().unwrap();
+        // Nothing of 2's was lost: those read meanwhile were parked, in order.
+        let mut got = Vec::new();
+        while let Some((key, serial)) = r.wait(&*src, Taker::Id(2), Duration::ZERO).unwrap() {
+            assert_eq!(key, 2);
+            got.push(serial);
+        }
+        assert_eq!(got, (0..N).collect::<Vec<_>>());
+        assert_eq!(src.acked(), got, "acked once each");
+    }
+
+    #[test]
+    fn router_two_threads_waiting_on_one_channel_each_get_their_own_events() {
+        let r = Arc::new(Router::new());
+        let src = Arc::new(Synthetic::default());
+        r.register(1);
+        r.register(2);
+        const N: usize = 300;
+        let waiter = |key: usize| {
+            let (r, src) = (Arc::clone(&r), Arc::clone(&src));
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while got.len() < N {
+                    match r.wait(&*src, Taker::Id(key), T).unwrap() {
+                        Some((k, serial)) => {
+                            assert_eq!(k, key, "event #{serial} of {k} given to {key}");
+                            got.push(serial);
+                        }
+                        None => panic!("{key} waited {T:?} with {} of {N} events", got.len()),
+                    }
+                }
+                got
+            })
+        };
+        let (one, two) = (waiter(1), waiter(2));
+        // Interleaved irregularly, with events of no live ID between, and pauses so that
+        // both threads take turns reading and parking.
+        let (mut sent1, mut sent2, mut strays) = (Vec::new(), Vec::new(), Vec::new());
+        let mut serial = 0u32;
+        let mut x = 0x2545_f491_u32;
+        while sent1.len() < N || sent2.len() < N {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let key = match x % 7 {
+                0 => 3,
+                1..=3 if sent1.len() < N => 1,
+                _ if sent2.len() < N => 2,
+                _ => 1,
+            };
+            src.push(key, serial);
+            match key {
+                1 => sent1.push(serial),
+                2 => sent2.push(serial),
+                _ => strays.push(serial),
+            }
+            serial += 1;
+            if x % 16 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert_eq!(one.join().unwrap(), sent1, "1's events, in order");
+        assert_eq!(two.join().unwrap(), sent2, "2's events, in order");
+        // Everything was read; each event acked exactly once; only the strays discarded.
+        let mut acked = src.acked();
+        acked.sort();
+        assert_eq!(acked, (0..serial).collect::<Vec<_>>());
+        // (Discarded after the reading role is given up, so not necessarily in order.)
+        let mut discarded = src.discarded();
+        discarded.sort();
+        assert_eq!(discarded, strays);
+        assert!(src.queue.lock().unwrap().is_empty() && r.drain().is_empty());
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Routing through CmId, over the fake librdmacm's event channel
+    // ----------------------------------------------------------------------------------
+
+    fn ev_channel() -> EventChannel {
+        fake_channel(&fake::EV_FNS)
+    }
+
+    /// A raw ID on `ch` no CmId holds yet (a connect request's new ID, or a stray).
+    fn raw_id(ch: &EventChannel, qp_type: u32) -> *mut rdma_cm_id {
+        fake::id_on(ch.inner.ch, std::ptr::null_mut(), qp_type)
+    }
+
+    fn count(log: &[String], what: &str) -> usize {
+        log.iter().filter(|l| *l == what).count()
+    }
+
+    #[test]
+    fn join_multicast_returns_its_own_group_when_another_ids_join_comes_first() {
+        let ctx = Context::open("softnic").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let ch = ev_channel();
+        let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
+        let mut ids = [0, 1].map(|_| {
+            let id = fake::id_on(ch.inner.ch, ctx.as_raw(), hotverbs_ffi::IBV_QPT_UD);
+            CmId::adopt(&ch, id, PortSpace::Udp)
+        });
+        for id in &mut ids {
+            id.create_qp(QpBuilder::new(&pd, &cq, &cq, QpType::Ud))
+                .unwrap();
+        }
+        let [a, b] = &ids;
+        let join = hotverbs_ffi::RDMA_CM_EVENT_MULTICAST_JOIN;
+        let nb = fake::push(
+            ch.inner.ch,
+            join,
+            b.as_raw(),
+            std::ptr::null_mut(),
+            &[],
+            0xb,
+        );
+        let na = fake::push(
+            ch.inner.ch,
+            join,
+            a.as_raw(),
+            std::ptr::null_mut(),
+            &[],
+            0xa,
+        );
+        assert_eq!(
+            a.join_multicast(group, T).unwrap().qkey,
+            0xa,
+            "a's own join"
+        );
+        // b's join was parked for it.
+        let g = b.join_multicast(group, Duration::ZERO).unwrap();
+        assert_eq!((g.qp_num, g.qkey), (0xff_ffff, 0xb));
+        let log = fake::take_log(ch.inner.ch);
+        assert_eq!(log, [format!("ack #{nb}"), format!("ack #{na}")]);
+        drop(ids);
+        let log = fake::take_log(ch.inner.ch);
+        assert_eq!(log.len(), 2, "two destroys, nothing else: {log:?}");
+    }
+
+    #[test]
+    fn a_connect_request_read_by_a_connecting_id_waits_for_its_listener() {
+        let ch = ev_channel();
+        let listener = CmId::new(&ch).unwrap();
+        let client = CmId::new(&ch).unwrap();
+        let new = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+        use hotverbs_ffi::{RDMA_CM_EVENT_CONNECT_REQUEST as REQ, RDMA_CM_EVENT_ESTABLISHED};
+        let n1 = fake::push(ch.inner.ch, REQ, new, listener.as_raw(), b"hello", 0);
+        let n2 = fake::push(
+            ch.inner.ch,
+            RDMA_CM_EVENT_ESTABLISHED,
+            client.as_raw(),
+            std::ptr::null_mut(),
+            b"welcome",
+            0,
+        );
+        let reply = client.connect(&ConnParam::default(), T).unwrap();
+        assert_eq!(reply, b"welcome");
+        let (conn, private) = listener.get_request(Duration::ZERO).unwrap();
+        assert_eq!((conn.as_raw(), private.as_slice()), (new, &b"hello"[..]));
+        assert_eq!(
+            fake::take_log(ch.inner.ch),
+            [format!("ack #{n1}"), format!("ack #{n2}")]
+        );
+        // The taken request's ID is the CmId's: destroyed once, when it goes, not refused.
+        drop(conn);
+        assert_eq!(fake::take_log(ch.inner.ch), [format!("destroy_id {new:p}")]);
+    }
+
+    #[test]
+    fn a_connect_request_of_no_live_listener_is_refused_not_leaked() {
+        use hotverbs_ffi::{RDMA_CM_EVENT_CONNECT_REQUEST as REQ, RDMA_CM_EVENT_ESTABLISHED};
+        let ch = ev_channel();
+        let client = CmId::new(&ch).unwrap();
+        // A listener no CmId holds (as after its CmId went while the request was queued).
+        let stray = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+        let new = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+        let n1 = fake::push(ch.inner.ch, REQ, new, stray, b"anyone?", 0);
+        let n2 = fake::push(
+            ch.inner.ch,
+            RDMA_CM_EVENT_ESTABLISHED,
+            client.as_raw(),
+            std::ptr::null_mut(),
+            &[],
+            0,
+        );
+        client.connect(&ConnParam::default(), T).unwrap();
+        assert_eq!(
+            fake::take_log(ch.inner.ch),
+            [
+                format!("ack #{n1}"),
+                format!("reject {new:p}"),
+                format!("destroy_id {new:p}"),
+                format!("ack #{n2}"),
+            ]
+        );
+        // SAFETY: the stray's box, never handed to anything that frees it.
+        drop(unsafe { Box::from_raw(stray) });
+    }
+
+    #[test]
+    fn a_listener_dropped_with_a_parked_request_refuses_it() {
+        use hotverbs_ffi::{RDMA_CM_EVENT_CONNECT_REQUEST as REQ, RDMA_CM_EVENT_ESTABLISHED};
+        let ch = ev_channel();
+        let listener = CmId::new(&ch).unwrap();
+        let client = CmId::new(&ch).unwrap();
+        let new = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+        fake::push(ch.inner.ch, REQ, new, listener.as_raw(), &[], 0);
+        fake::push(
+            ch.inner.ch,
+            RDMA_CM_EVENT_ESTABLISHED,
+            client.as_raw(),
+            std::ptr::null_mut(),
+            &[],
+            0,
+        );
+        client.connect(&ConnParam::default(), T).unwrap();
+        let l = listener.as_raw();
+        let log = fake::take_log(ch.inner.ch);
+        assert_eq!(log.iter().filter(|l| l.starts_with("ack")).count(), 2);
+        drop(listener);
+        assert_eq!(
+            fake::take_log(ch.inner.ch),
+            [
+                format!("reject {new:p}"),
+                format!("destroy_id {new:p}"),
+                format!("destroy_id {l:p}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_read_while_its_listener_waits_for_another_event_is_refused() {
+        let ch = ev_channel();
+        let listener = CmId::new(&ch).unwrap();
+        let new = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+        let n = fake::push(
+            ch.inner.ch,
+            hotverbs_ffi::RDMA_CM_EVENT_CONNECT_REQUEST,
+            new,
+            listener.as_raw(),
+            &[],
+            0,
+        );
+        let e = listener.wait_disconnected(T).unwrap_err();
+        assert_eq!(
+            (e.verb(), e.errno()),
+            ("rdma_disconnect", libc::ECONNREFUSED)
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("expected RDMA_CM_EVENT_DISCONNECTED, got RDMA_CM_EVENT_CONNECT_REQUEST")
+                && msg.contains("rejected"),
+            "{msg}"
+        );
+        assert_eq!(
+            fake::take_log(ch.inner.ch),
+            [
+                format!("ack #{n}"),
+                format!("reject {new:p}"),
+                format!("destroy_id {new:p}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cm_wait_times_out_on_time_while_other_ids_events_arrive() {
+        let ch = ev_channel();
+        let listener = CmId::new(&ch).unwrap();
+        let client = CmId::new(&ch).unwrap();
+        const N: usize = 50;
+        let (raw_ch, l) = (ch.inner.ch as usize, listener.as_raw() as usize);
+        let feeder = std::thread::spawn(move || {
+            for _ in 0..N {
+                fake::push(
+                    raw_ch as *mut rdma_event_channel,
+                    hotverbs_ffi::RDMA_CM_EVENT_DISCONNECTED,
+                    l as *mut rdma_cm_id,
+                    std::ptr::null_mut(),
+                    &[],
+                    0,
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let wait = Duration::from_millis(300);
+        let t0 = Instant::now();
+        let e = client.connect(&ConnParam::default(), wait).unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!((e.verb(), e.errno()), ("rdma_connect", libc::ETIMEDOUT));
+        assert!(
+            e.to_string()
+                .contains("no RDMA_CM_EVENT_ESTABLISHED within 300ms"),
+            "{e}"
+        );
+        // (A timeout per read would end only after the last of the listener's events.)
+        assert!(
+            took >= wait && took < wait + Duration::from_millis(400),
+            "{took:?}"
+        );
+        feeder.join().unwrap();
+        // None of the listener's events was lost to the client's wait.
+        for _ in 0..N {
+            listener.wait_disconnected(T).unwrap();
+        }
+        let log = fake::take_log(ch.inner.ch);
+        assert_eq!(log.len(), N, "{log:?}");
+        assert_eq!(
+            ch.get_event(Duration::ZERO).unwrap_err().errno(),
+            libc::ETIMEDOUT
+        );
+    }
+
+    #[test]
+    fn two_threads_waiting_on_one_channel_each_get_their_ids_events() {
+        use hotverbs_ffi::{RDMA_CM_EVENT_CONNECT_REQUEST as REQ, RDMA_CM_EVENT_DISCONNECTED};
+        let ch = ev_channel();
+        let listener = CmId::new(&ch).unwrap();
+        let client = CmId::new(&ch).unwrap();
+        let (l, c) = (listener.as_raw(), client.as_raw());
+        const N: u32 = 200;
+        let server = std::thread::spawn(move || {
+            // Kept until the end: a new ID's address is reused once it is destroyed.
+            let mut conns = Vec::new();
+            for i in 0..N {
+                let (conn, private) = listener.get_request(T).unwrap();
+                assert_eq!(private, i.to_le_bytes(), "requests in order");
+                conns.push(conn);
+            }
+            (listener, conns)
+        });
+        let disconnects = std::thread::spawn(move || {
+            for _ in 0..N {
+                client.wait_disconnected(T).unwrap();
+            }
+            client
+        });
+        let mut news = Vec::new();
+        for i in 0..N {
+            let new = raw_id(&ch, hotverbs_ffi::IBV_QPT_RC);
+            news.push(new as usize);
+            fake::push(ch.inner.ch, REQ, new, l, &i.to_le_bytes(), 0);
+            fake::push(
+                ch.inner.ch,
+                RDMA_CM_EVENT_DISCONNECTED,
+                c,
+                std::ptr::null_mut(),
+                &[],
+                0,
+            );
+            if i % 8 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let (listener, conns) = server.join().unwrap();
+        let taken: Vec<usize> = conns.iter().map(|c| c.as_raw() as usize).collect();
+        assert_eq!(taken, news, "each request to the listener, in order");
+        let client = disconnects.join().unwrap();
+        let log = fake::take_log(ch.inner.ch);
+        let acks: HashSet<&String> = log.iter().filter(|l| l.starts_with("ack")).collect();
+        assert_eq!(acks.len(), 2 * N as usize, "every event acked");
+        assert_eq!(log.len(), 2 * N as usize, "once, and nothing else: {log:?}");
+        drop(conns);
+        let log = fake::take_log(ch.inner.ch);
+        for new in news {
+            let destroyed = format!("destroy_id {:p}", new as *mut rdma_cm_id);
+            assert_eq!(count(&log, &destroyed), 1, "{destroyed}");
+        }
+        assert_eq!(log.len(), N as usize, "{log:?}");
+        drop((listener, client));
+        assert_eq!(
+            fake::take_log(ch.inner.ch),
+            [format!("destroy_id {l:p}"), format!("destroy_id {c:p}")]
+        );
     }
 }

@@ -1238,7 +1238,7 @@ fn extended_verbs_bridge_wr_ring_and_ex_poller() {
     );
     Qp::connect_pair(&a, &b, &port_info(&ctx), &ConnectOptions::default()).unwrap();
     let target = pd.alloc_mr(4096, rw()).unwrap();
-    let region = pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut region = pd.alloc_mr(64 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let mut tx = a
         .wr_ring(
             SendConfig::new(0, 64, 16)
@@ -1247,7 +1247,7 @@ fn extended_verbs_bridge_wr_ring_and_ex_poller() {
         )
         .unwrap();
     let mut rx = b
-        .recv_ring::<64>(&region, 0, RecvConfig::new(0, 64, 64))
+        .recv_ring::<64>(&mut region, 0, RecvConfig::new(0, 64, 64))
         .unwrap();
     rx.fill().unwrap();
     let mut poller = cq
@@ -1308,3 +1308,8 @@ fn extended_verbs_bridge_wr_ring_and_ex_poller() {
     // Nothing left behind in the CQ.
     assert!(poller.poll().unwrap().is_empty());
 }
+
+// rdma_cm IDs sharing one event channel (tests/cm_events.rs), included here so that the rxe
+// VM, which runs the `real_device*` targets, runs them too.
+#[path = "cm_events.rs"]
+mod cm_events;

@@ -3,14 +3,16 @@
 //!
 //! # Invariants (this module owns a raw CQ pointer)
 //! `wcs[..n]` is initialised by the provider for the `n` that `ibv_poll_cq(3)` returned;
-//! only that prefix is ever exposed.
+//! only that prefix is ever exposed. `wcs[rest.lo..rest.hi]` (empty unless a
+//! [`CqPoller::drain`] closure panicked) are completions of the last poll that nobody was
+//! handed yet: every poll returns them before it polls the CQ again.
 
 use core::hint::spin_loop;
 
 use hotverbs_ffi::inline::ibv_poll_cq;
 use hotverbs_ffi::*;
 
-use crate::error::{PollError, WcError};
+use crate::error::{Misrouted, PollError, WcError};
 use crate::wr_id;
 
 /// One work completion (`struct ibv_wc`) with cheap accessors.
@@ -79,6 +81,23 @@ impl Completion {
         self.0.qp_num = 0;
     }
 
+    /// How this completion, refused by ring `given_to` (a receive ring if `given_to_recv`)
+    /// for its ring id, kind or QP, is misrouted; `None` for a spent one (consumed by the
+    /// receive ring that accepted it, or a [`PLACEHOLDER`](Self::PLACEHOLDER)): that is
+    /// nobody's work any more, so every ring takes it as stale.
+    #[inline(always)]
+    pub(crate) fn misrouted(&self, given_to: u8, given_to_recv: bool) -> Option<Misrouted> {
+        if self.0.wr_id == SPENT && self.0.qp_num == 0 {
+            return None;
+        }
+        Some(Misrouted::new(
+            self.0.wr_id,
+            self.0.qp_num,
+            given_to,
+            given_to_recv,
+        ))
+    }
+
     /// The raw `wr_id`.
     #[inline(always)]
     pub fn wr_id(&self) -> u64 {
@@ -145,6 +164,21 @@ impl Completion {
     }
 }
 
+/// What a send ring's `on_completion` (and the split-mode retirer's) returns for a
+/// completion whose ring id, kind or QP is not the ring's: [`WcError::Misrouted`], or
+/// `Ok(0)` for a spent one. Called from each ring's out-of-line `refuse`, which takes
+/// only the ring and the completion: pointers the hot path holds anyway, so the cold exit
+/// keeps no other value alive past the compare (of the variants measured with `cargo
+/// xtask insn`, passing the ring id or building the error inline, this one disturbed the
+/// inlined post loops least).
+#[inline(always)]
+pub(crate) fn refuse_send(c: &Completion, ring: u8) -> Result<u64, WcError> {
+    match c.misrouted(ring, false) {
+        None => Ok(0),
+        Some(m) => Err(WcError::Misrouted(m)),
+    }
+}
+
 /// [`Completion::status`] of a status other than `IBV_WC_SUCCESS`.
 #[cold]
 #[inline(never)]
@@ -173,7 +207,38 @@ impl core::fmt::Debug for Completion {
 /// `ibv_poll_cq(3)`.
 pub struct CqPoller<const B: usize> {
     cq: *mut ibv_cq,
+    /// Completions a panicking [`drain`](Self::drain) closure left unhanded.
+    rest: Rest,
     wcs: [Completion; B],
+}
+
+/// `wcs[lo..hi]` of a [`CqPoller`]: polled from the CQ, not yet handed to anyone. `hi == 0`
+/// means none (the one compare a poll pays for it).
+#[derive(Clone, Copy, Debug, Default)]
+struct Rest {
+    lo: usize,
+    hi: usize,
+}
+
+/// Records how far a [`CqPoller::drain`] closure got: if it unwinds out of the closure,
+/// the completions after the one it was handling stay in the poller for the next poll.
+struct DrainGuard<'a> {
+    rest: &'a mut Rest,
+    /// The first completion not yet handed to the closure.
+    next: usize,
+    hi: usize,
+}
+
+impl Drop for DrainGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.next < self.hi {
+            *self.rest = Rest {
+                lo: self.next,
+                hi: self.hi,
+            };
+        }
+    }
 }
 
 // SAFETY: ibv_poll_cq may be called from any thread; `&mut self` makes this poller the CQ's
@@ -185,6 +250,7 @@ impl<const B: usize> core::fmt::Debug for CqPoller<B> {
         f.debug_struct("CqPoller")
             .field("cq", &self.cq)
             .field("batch", &B)
+            .field("unhanded", &(self.rest.hi - self.rest.lo))
             .finish()
     }
 }
@@ -201,13 +267,27 @@ impl<const B: usize> CqPoller<B> {
         let () = Self::CHECK;
         Self {
             cq,
+            rest: Rest::default(),
             wcs: [const { Completion::PLACEHOLDER }; B],
         }
     }
 
     /// One `ibv_poll_cq(cq, B, ..)`: the completions it returned (possibly none).
+    ///
+    /// If a [`drain`](Self::drain) closure panicked, the completions of its batch it was
+    /// not handed yet come first: this poll returns them (and does not poll the CQ).
     #[inline]
     pub fn poll(&mut self) -> Result<&mut [Completion], PollError> {
+        if self.rest.hi != 0 {
+            return Ok(self.take_rest());
+        }
+        let n = self.poll_cq()?;
+        Ok(&mut self.wcs[..n])
+    }
+
+    /// `ibv_poll_cq(cq, B, wcs)`: how many completions it wrote to `wcs`.
+    #[inline(always)]
+    fn poll_cq(&mut self) -> Result<usize, PollError> {
         // SAFETY: the CQ is live (new's contract) and `wcs` has room for B entries;
         // Completion is repr(transparent) over ibv_wc.
         let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
@@ -215,14 +295,28 @@ impl<const B: usize> CqPoller<B> {
             return Err(PollError { rc: n });
         }
         // The provider returns at most B; min() lets the compiler drop the bounds check.
-        Ok(&mut self.wcs[..(n as usize).min(B)])
+        Ok((n as usize).min(B))
+    }
+
+    /// The completions a panicking [`drain`](Self::drain) closure was not handed, now
+    /// handed out (out of line: only after a panic).
+    #[cold]
+    #[inline(never)]
+    fn take_rest(&mut self) -> &mut [Completion] {
+        let Rest { lo, hi } = core::mem::take(&mut self.rest);
+        &mut self.wcs[lo..hi]
     }
 
     /// One `ibv_poll_cq(cq, out.len(), out)` into a caller-owned array (e.g. one that
     /// outlives the borrow of the poller, or several pollers' results side by side);
-    /// returns how many entries of `out` it filled (`out[..n]`; possibly 0).
+    /// returns how many entries of `out` it filled (`out[..n]`; possibly 0). As for
+    /// [`poll`](Self::poll), completions a panicking [`drain`](Self::drain) closure was
+    /// not handed come first (moved into `out`, without polling the CQ).
     #[inline]
     pub fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, PollError> {
+        if self.rest.hi != 0 {
+            return Ok(self.move_rest_into(out));
+        }
         let max = out.len().min(i32::MAX as usize);
         // SAFETY: the CQ is live (new's contract) and `out` has room for `max` entries;
         // Completion is repr(transparent) over ibv_wc, so the provider writes whole WCs.
@@ -237,30 +331,64 @@ impl<const B: usize> CqPoller<B> {
     /// with `core::hint::spin_loop` between polls. Never blocks or sleeps.
     #[inline]
     pub fn poll_spin(&mut self, max_polls: u64) -> Result<&mut [Completion], PollError> {
+        if self.rest.hi != 0 {
+            return Ok(self.take_rest());
+        }
         let mut polls = 0u64;
         loop {
-            // SAFETY: as in `poll`.
-            let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
-            if n < 0 {
-                return Err(PollError { rc: n });
-            }
+            let n = self.poll_cq()?;
             polls += 1;
             if n > 0 || polls >= max_polls {
-                return Ok(&mut self.wcs[..(n as usize).min(B)]);
+                return Ok(&mut self.wcs[..n]);
             }
             spin_loop();
         }
     }
 
     /// Polls once and hands every completion to `f`; returns how many there were.
+    ///
+    /// # Panics in `f`
+    /// If `f` panics, the completions of the batch it was not handed yet are not lost: they
+    /// stay in the poller and the next [`poll`](Self::poll) (or `drain`, `poll_into`,
+    /// `poll_spin`) returns them before it polls the CQ again. The completion `f` was
+    /// handling when it panicked counts as handed (give a completion to its ring first,
+    /// then do what may panic; a receive ring consumes the one it accepts either way).
     #[inline]
     pub fn drain<F: FnMut(&mut Completion)>(&mut self, mut f: F) -> Result<usize, PollError> {
-        let batch = self.poll()?;
-        let n = batch.len();
-        for c in batch {
+        let (lo, hi) = if self.rest.hi != 0 {
+            let Rest { lo, hi } = core::mem::take(&mut self.rest);
+            (lo, hi)
+        } else {
+            (0, self.poll_cq()?)
+        };
+        let mut guard = DrainGuard {
+            rest: &mut self.rest,
+            next: lo,
+            hi,
+        };
+        for c in &mut self.wcs[lo..hi] {
+            guard.next += 1;
             f(c);
         }
-        Ok(n)
+        Ok(hi - lo)
+    }
+
+    /// Moves unhanded completions (see [`drain`](Self::drain)) into `out`; returns how
+    /// many. Those that do not fit stay for the next poll.
+    #[cold]
+    #[inline(never)]
+    fn move_rest_into(&mut self, out: &mut [Completion]) -> usize {
+        let Rest { lo, hi } = self.rest;
+        let k = out.len().min(hi - lo);
+        for (o, w) in out.iter_mut().zip(&mut self.wcs[lo..lo + k]) {
+            core::mem::swap(o, w);
+        }
+        self.rest = if lo + k < hi {
+            Rest { lo: lo + k, hi }
+        } else {
+            Rest::default()
+        };
+        k
     }
 
     /// The CQ this poller drains.

@@ -351,28 +351,38 @@ impl<const B: usize> ExCqPoller<B> {
     /// with its `fields` and `qp_num`); `n < B`.
     #[inline(always)]
     unsafe fn read(&mut self, cq: *mut ibv_cq_ex, f: ExFields, qp_num: u32, n: usize) {
-        let wc: *mut ibv_wc = (&raw mut self.wcs[n]).cast();
-        // SAFETY: the caller's contract; each reader was requested and checked non-NULL;
-        // `wc` points at slot n (Completion is repr(transparent) over ibv_wc).
+        // One raw pointer to the poller, taken first; the slot pointer (here) and the
+        // timestamp's (in `read_fields`) derive from it, and nothing reborrows `self` until
+        // the writes through them are done: `read_fields` takes the raw pointer, not
+        // `&mut self`, whose retag (Unique for the whole poller under Stacked Borrows, a
+        // write under Tree Borrows) would invalidate `wc` (issue 27 item 5;
+        // `tests/wr_ring.rs` under miri). Passing the poller, the slot and `n` keeps the
+        // cold call's arguments in the registers the loop already has.
+        let this: *mut Self = self;
+        // SAFETY: the caller's contract; `this` is the live poller and n < B; `wc` points at
+        // slot n (Completion is repr(transparent) over ibv_wc).
         unsafe {
+            let wc: *mut ibv_wc = (&raw mut (*this).wcs[n]).cast();
             (*wc).wr_id = (*cq).wr_id;
             (*wc).status = (*cq).status;
             (*wc).qp_num = qp_num;
             if f.0 != 0 {
-                self.read_fields(wc, n);
+                Self::read_fields(this, wc, n);
             }
         }
     }
 
     /// The requested readers of the current completion (out of line: a poller that reads
-    /// none, the common case of a CQ serving one QP, pays one compare).
+    /// none, the common case of a CQ serving one QP, pays one compare). An associated fn
+    /// on a raw pointer, not a `&mut self` method: see [`read`](Self::read).
     ///
     /// # Safety
-    /// As [`read`](Self::read); `wc` is slot `n`.
+    /// As [`read`](Self::read); `this` is the poller, valid for reads and writes, `wc` its
+    /// slot `n` (derived from `this`), and nothing else accesses them meanwhile.
     #[inline(never)]
-    unsafe fn read_fields(&mut self, wc: *mut ibv_wc, n: usize) {
-        let cq = self.cq;
-        let f = self.fields;
+    unsafe fn read_fields(this: *mut Self, wc: *mut ibv_wc, n: usize) {
+        // SAFETY: the caller's contract: plain field reads through the raw pointer.
+        let (cq, f) = unsafe { ((*this).cq, (*this).fields) };
         // SAFETY: the caller's contract.
         unsafe {
             let status = (*wc).status;
@@ -412,7 +422,7 @@ impl<const B: usize> ExCqPoller<B> {
                 (*wc).sl = ibv_wc_read_sl(cq);
             }
             if f.contains(ExFields::COMPLETION_TS) {
-                self.ts[n] = ibv_wc_read_completion_ts(cq);
+                (*this).ts[n] = ibv_wc_read_completion_ts(cq);
             }
         }
     }

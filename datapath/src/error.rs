@@ -9,13 +9,21 @@ use hotverbs_ffi::*;
 macro_rules! wc_errors {
     ($($(#[$m:meta])* $name:ident = $c:ident, $hint:literal;)*) => {
         /// A completion with a status other than `IBV_WC_SUCCESS` (`ibv_poll_cq(3)`), one
-        /// variant per `enum ibv_wc_status` value.
+        /// variant per `enum ibv_wc_status` value; and, from a send ring's
+        /// `on_completion` only, [`Misrouted`](Self::Misrouted): a completion that is not
+        /// the ring's at all (never made by [`from_status`](Self::from_status)).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
         pub enum WcError {
             $($(#[$m])* $name,)*
             /// A status this version does not know.
             Unknown(u32),
+            /// Not a status: a send ring's `on_completion` (or a
+            /// [`SendRetirer`](crate::SendRetirer)'s) was given a completion of another
+            /// ring, another kind (a receive) or another QP. Nothing was retired and the
+            /// ring's state is unchanged (it is not in the error state); the completion is
+            /// still unhandled: give it to the ring it names (see [`Misrouted`]).
+            Misrouted(Misrouted),
         }
 
         impl WcError {
@@ -29,11 +37,13 @@ macro_rules! wc_errors {
                 }
             }
 
-            /// The raw `ibv_wc_status`.
+            /// The raw `ibv_wc_status` ([`Misrouted::STATUS`] for
+            /// [`Misrouted`](Self::Misrouted), which is not a status).
             pub const fn status(self) -> ibv_wc_status {
                 match self {
                     $(Self::$name => $c,)*
                     Self::Unknown(s) => s,
+                    Self::Misrouted(_) => Misrouted::STATUS,
                 }
             }
 
@@ -42,6 +52,7 @@ macro_rules! wc_errors {
                 match self {
                     $(Self::$name => $hint,)*
                     Self::Unknown(_) => "unknown status: check the provider's documentation",
+                    Self::Misrouted(_) => "a completion of another ring, kind or QP: route completions by Completion::ring()",
                 }
             }
         }
@@ -98,14 +109,122 @@ wc_errors! {
 }
 
 impl WcError {
-    /// The status name (`"IBV_WC_REM_ACCESS_ERR"`).
+    /// The status name (`"IBV_WC_REM_ACCESS_ERR"`; `"misrouted completion"` for
+    /// [`Misrouted`](Self::Misrouted)).
     pub fn name(self) -> &'static str {
-        wc_status_name(self.status())
+        match self {
+            Self::Misrouted(_) => "misrouted completion",
+            _ => wc_status_name(self.status()),
+        }
+    }
+}
+
+// A send ring's `on_completion` returns `Result<u64, WcError>` in two registers: the
+// `Misrouted` variant must not make the error larger than the status it sits beside.
+const _: () = assert!(core::mem::size_of::<WcError>() == 8);
+const _: () = assert!(core::mem::size_of::<Result<u64, WcError>>() == 16);
+
+/// A completion handed to a ring it does not belong to: another ring's (its ring id in
+/// `wr_id`), another kind's (a receive completion given to a send ring, or a send
+/// completion to a receive ring) or another QP's (same ring id and kind, other `qp_num`:
+/// it came from a CQ this ring does not use, or from a poller that does not read QP
+/// numbers). Carried by [`WcError::Misrouted`] (send rings, the
+/// [`SendRetirer`](crate::SendRetirer)) and [`RecvError::Misrouted`] (receive rings).
+///
+/// Unlike a *stale* completion of the ring (same ring, kind and QP, but not for an
+/// outstanding WR or posted slot, e.g. a flush left in the CQ across a reset), which rings
+/// ignore, a misrouted completion is still somebody's work: dropping it would lose a
+/// receive slot or leave a ring waiting for ever, so rings refuse it as an error. The
+/// [`Display`](fmt::Display) text says where it belongs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Misrouted {
+    /// The completion's ring id ([`Completion::ring`](crate::Completion::ring)).
+    pub ring: u8,
+    /// The completion is a receive's (the receive bit of its `wr_id`).
+    pub recv: bool,
+    /// The id of the ring it was given to.
+    pub given_to: u8,
+    /// The ring it was given to is a receive ring.
+    pub given_to_recv: bool,
+    /// The completion's `qp_num` (0 from an [`ExCqPoller`](crate::ExCqPoller) that reads no
+    /// QP numbers).
+    pub qp_num: u32,
+}
+
+impl Misrouted {
+    /// What [`WcError::status`] returns for [`WcError::Misrouted`]: no `ibv_wc_status` has
+    /// this value (the completion's own status is unchanged in the completion).
+    pub const STATUS: ibv_wc_status = u32::MAX;
+
+    /// The misrouting of a completion with `wr_id` and `qp_num` given to ring `given_to`
+    /// (a receive ring if `given_to_recv`).
+    pub(crate) const fn new(wr_id: u64, qp_num: u32, given_to: u8, given_to_recv: bool) -> Self {
+        Self {
+            ring: crate::wr_id::ring_of(wr_id),
+            recv: crate::wr_id::is_recv(wr_id),
+            given_to,
+            given_to_recv,
+            qp_num,
+        }
+    }
+}
+
+impl fmt::Display for Misrouted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = |recv: bool| if recv { "receive" } else { "send" };
+        let ring_type = |recv: bool| if recv { "RecvRing" } else { "send ring" };
+        if self.recv != self.given_to_recv {
+            write!(
+                f,
+                "a {} completion (ring id {}, QP {}) was given to the {} with ring id {}: hand \
+                 it to the {} with ring id {} (route by Completion::ring())",
+                kind(self.recv),
+                self.ring,
+                self.qp_num,
+                ring_type(self.given_to_recv),
+                self.given_to,
+                ring_type(self.recv),
+                self.ring
+            )
+        } else if self.ring != self.given_to {
+            write!(
+                f,
+                "ring id {} is another ring's (a {} completion of QP {} given to the {} with \
+                 ring id {}): route by Completion::ring()",
+                self.ring,
+                kind(self.recv),
+                self.qp_num,
+                ring_type(self.given_to_recv),
+                self.given_to
+            )
+        } else if self.qp_num == 0 {
+            write!(
+                f,
+                "a completion with qp_num 0 given to the {} with ring id {}: its poller reads \
+                 no QP numbers (an ExCqPoller without ExFields::QP_NUM or with_qp_num): ask \
+                 for ExFields::QP_NUM",
+                ring_type(self.given_to_recv),
+                self.given_to
+            )
+        } else {
+            write!(
+                f,
+                "a completion of QP {} given to the {} with ring id {}, which serves another \
+                 QP: ring ids are unique per CQ only, so it was polled from a CQ this ring \
+                 does not use: give each CQ's completions to that CQ's rings",
+                self.qp_num,
+                ring_type(self.given_to_recv),
+                self.given_to
+            )
+        }
     }
 }
 
 impl fmt::Display for WcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Misrouted(m) = self {
+            return m.fmt(f);
+        }
         write!(
             f,
             "completion failed with {} ({}): {}",
@@ -317,11 +436,15 @@ pub enum RecvError {
         /// The status.
         error: WcError,
     },
-    /// The completion does not belong to a slot this ring has posted (stale or foreign).
+    /// A completion of this ring (its ring id, kind and QP) that is not for a slot it has
+    /// posted: stale (left in the CQ across a reset, or given a second time). Ignore it.
     Stale {
         /// Its `wr_id`.
         wr_id: u64,
     },
+    /// A completion that is not this ring's at all: another ring's, a send completion, or
+    /// another QP's. Nothing changed; give it to the ring it names (see [`Misrouted`]).
+    Misrouted(Misrouted),
     /// A [`Received`](crate::Received) of another ring was given to this one.
     Foreign {
         /// Its slot.
@@ -341,7 +464,8 @@ impl fmt::Display for RecvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Completion { slot, error } => write!(f, "receive slot {slot}: {error}"),
-            Self::Stale { wr_id } => write!(f, "completion wr_id {wr_id:#x} is not a posted slot of this ring (dispatch bug or stale CQE)"),
+            Self::Stale { wr_id } => write!(f, "completion wr_id {wr_id:#x} is not a posted slot of this ring (stale: left across a reset, or given twice)"),
+            Self::Misrouted(m) => m.fmt(f),
             Self::Foreign { slot } => write!(f, "Received of slot {slot} belongs to another RecvRing: give it back to the ring that produced it"),
             Self::Post(e) => e.fmt(f),
         }
@@ -371,6 +495,7 @@ impl core::error::Error for SendError {}
 impl core::error::Error for ConfigError {}
 impl core::error::Error for RecvError {}
 impl core::error::Error for PollError {}
+impl core::error::Error for Misrouted {}
 
 #[cfg(test)]
 mod tests {
@@ -390,6 +515,49 @@ mod tests {
             Some(WcError::RemAccess)
         );
         assert_eq!(WcError::from_status(999), Some(WcError::Unknown(999)));
+        assert_eq!(
+            WcError::from_status(Misrouted::STATUS),
+            Some(WcError::Unknown(Misrouted::STATUS)),
+            "no status decodes as Misrouted"
+        );
+    }
+
+    #[test]
+    fn misrouted_says_where_the_completion_belongs() {
+        let m = |ring, recv, given_to, given_to_recv, qp_num| {
+            std::format!(
+                "{}",
+                WcError::Misrouted(Misrouted {
+                    ring,
+                    recv,
+                    given_to,
+                    given_to_recv,
+                    qp_num,
+                })
+            )
+        };
+        let s = m(7, true, 1, false, 9);
+        assert!(s.contains("hand it to the RecvRing with ring id 7"), "{s}");
+        let s = m(1, false, 2, true, 9);
+        assert!(s.contains("hand it to the send ring with ring id 1"), "{s}");
+        let s = m(3, false, 1, false, 9);
+        assert!(
+            s.contains("ring id 3 is another ring's") && s.contains("Completion::ring()"),
+            "{s}"
+        );
+        let s = m(1, false, 1, false, 0);
+        assert!(s.contains("ExFields::QP_NUM"), "{s}");
+        let s = m(1, false, 1, false, 42);
+        assert!(s.contains("QP 42") && s.contains("another QP"), "{s}");
+        let e = WcError::Misrouted(Misrouted {
+            ring: 0,
+            recv: false,
+            given_to: 1,
+            given_to_recv: false,
+            qp_num: 1,
+        });
+        assert_eq!(e.status(), Misrouted::STATUS);
+        assert_eq!(e.name(), "misrouted completion");
     }
 
     #[test]

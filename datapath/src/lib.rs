@@ -59,8 +59,13 @@
 //! Give each completion to the ring named by [`Completion::ring`] (the ring id in
 //! `wr_id`; ids are unique per CQ). The opcode cannot tell sends from receives: it is
 //! undefined for error completions and rxe reports 0 (`IBV_WC_SEND`) for flushed receives.
-//! Both rings also check the ring id themselves and ignore (send) or reject (receive) a
-//! completion of another ring.
+//! Every ring also checks the ring id, kind (send or receive) and QP number itself: a
+//! completion that is not its own is an error naming where it belongs
+//! ([`WcError::Misrouted`] from send rings, [`RecvError::Misrouted`] from receive rings),
+//! never `Ok`, so a dispatch bug cannot drop a receive slot or a send's retirement
+//! silently. Only a *stale* completion of the ring itself (not for an outstanding WR or a
+//! posted slot, e.g. a flush left in the CQ across a reset) is ignored: `Ok(0)` from send
+//! rings, [`RecvError::Stale`] from receive rings.
 //!
 //! # A post the provider refuses without naming the WR
 //! rxe refuses `ibv_post_send` before RTS with `EINVAL` and `bad_wr` NULL, yet queues the
@@ -125,7 +130,7 @@ pub use cq::{Completion, CqPoller};
 pub use cq_ex::{ExCqPoller, ExFields, ExPollError};
 pub use credits::{CreditReturn, Credits};
 pub use desc::{LocalBuf, RemoteBuf, UdDest};
-pub use error::{ConfigError, PollError, PostError, RecvError, SendError, WcError};
+pub use error::{ConfigError, Misrouted, PollError, PostError, RecvError, SendError, WcError};
 pub use mlx5::{DirectBatch, DirectPoller, DirectRing};
 pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};

@@ -337,6 +337,14 @@ impl<const N: usize> RecvRing<N> {
     /// Turns a receive completion of this ring into a [`Received`] (the slot is now held by
     /// the caller), or an error: a failed receive leaves its slot idle. The completion is
     /// consumed when accepted (given again, it is [`RecvError::Stale`]).
+    ///
+    /// # Errors
+    /// - [`RecvError::Completion`]: the receive failed (its slot is idle).
+    /// - [`RecvError::Stale`]: a completion of this ring (its ring id, kind and QP) that is
+    ///   not for a posted slot: from an earlier generation (left in the CQ across a
+    ///   [`reset`](Self::reset)) or given a second time. Ignore it.
+    /// - [`RecvError::Misrouted`]: not this ring's at all (another ring id, a send
+    ///   completion, another QP): nothing changes; give it to the ring the error names.
     #[inline]
     pub fn on_completion(&mut self, c: &mut Completion) -> Result<Received, RecvError> {
         let slot = c.wr_id() & 0xFFFF_FFFF;
@@ -348,7 +356,7 @@ impl<const N: usize> RecvRing<N> {
             || slot >= self.count as u64
             || self.state[slot as usize & Self::MASK] != POSTED
         {
-            return Err(RecvError::Stale { wr_id: c.wr_id() });
+            return Err(self.refuse(c));
         }
         c.take();
         let i = slot as usize & Self::MASK;
@@ -379,6 +387,22 @@ impl<const N: usize> RecvRing<N> {
                 })
             }
         }
+    }
+
+    /// Why [`on_completion`](Self::on_completion) refuses `c`: misrouted if its ring id,
+    /// kind or QP is not this ring's (unless it is spent), else stale. Out of line: the
+    /// accepting path is the hot one.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, c: &Completion) -> RecvError {
+        if (c.wr_id() ^ self.tag) >> wr_id::KIND_SHIFT != 0
+            || (self.qp_num != 0 && c.qp_num() != self.qp_num)
+        {
+            if let Some(m) = c.misrouted(wr_id::ring_of(self.tag), true) {
+                return RecvError::Misrouted(m);
+            }
+        }
+        RecvError::Stale { wr_id: c.wr_id() }
     }
 
     /// True if `m` was made by this ring (its slot is then HELD).

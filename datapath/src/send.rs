@@ -1496,17 +1496,22 @@ impl<const N: usize> SendRing<N> {
 
     /// Retires the WRs covered by a send completion of this ring: a completion (success or
     /// error) for sequence `s` retires every WR up to and including `s`. Returns how many
-    /// WRs it retired: 0 for a completion that is not for an outstanding WR of this ring (a
-    /// stale one left in the CQ across a [`reset`](Self::reset), or another ring's: the
-    /// ring id and kind in `wr_id` and the QP number must match), which is ignored whatever
-    /// its status. An error status of an outstanding WR also puts the ring in the error
-    /// state.
+    /// WRs it retired: 0 for a *stale* completion of this ring (its ring id, kind and QP,
+    /// but not for an outstanding WR: e.g. a flush left in the CQ across a
+    /// [`reset`](Self::reset)), which is ignored whatever its status. An error status of an
+    /// outstanding WR also puts the ring in the error state.
+    ///
+    /// # Errors
+    /// The completion's error status ([`WcError`]; the ring then refuses new WRs until
+    /// reset), or [`WcError::Misrouted`] for a completion that is not this ring's at all
+    /// (another ring id, a receive, another QP): nothing changes, and the completion still
+    /// belongs to the ring the error names (route by [`Completion::ring`]).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        let st = &mut self.st;
-        if (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
-            return Ok(0);
+        if (c.wr_id() ^ self.st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num {
+            return self.refuse(c);
         }
+        let st = &mut self.st;
         let retired = match wr_id::full_seq(st.posted, st.retired, c.seq()) {
             Some(s) => {
                 let n = s + 1 - st.retired;
@@ -1527,6 +1532,15 @@ impl<const N: usize> SendRing<N> {
                 Err(e)
             }
         }
+    }
+
+    /// [`on_completion`](Self::on_completion) of a completion whose ring id, kind or QP is
+    /// not this ring's: [`WcError::Misrouted`] (`Ok(0)` for a spent one). Out of line, on
+    /// the ring and the completion only (see `cq::refuse_send`).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, c: &Completion) -> Result<u64, WcError> {
+        crate::cq::refuse_send(c, self.ring_id())
     }
 
     /// Room was made while the mark sat on the slot the ring was full at: move it on.

@@ -170,9 +170,13 @@ impl<O: Orderings> SendCounters<O> {
         self.retired.load(O::OBSERVE)
     }
 
-    /// Poller: the QP reported `e` (the first error is kept).
+    /// Poller: the QP reported `e` (the first error is kept). A
+    /// [`WcError::Misrouted`] is not the QP's error and is not published.
     #[cold]
     pub fn publish_error(&self, e: WcError) {
+        if matches!(e, WcError::Misrouted(_)) {
+            return;
+        }
         if self.error.load(Ordering::Relaxed) == NO_ERROR {
             // Release: pairs with the Acquire in `observe_error`. Single writer (poller),
             // so the check-then-store is not a race.
@@ -245,9 +249,13 @@ impl SendRetirer {
 
     /// Handles one send completion of the ring: publishes the new retired count (a
     /// completion for sequence `s` retires everything up to `s`) and any error. A
-    /// completion of another ring, QP or kind (a receive), or outside the window of
-    /// outstanding WRs (stale, from before a reset) is ignored: `Ok(0)`, whatever its
-    /// status.
+    /// completion of this ring outside the window of outstanding WRs (stale, from before a
+    /// reset) is ignored: `Ok(0)`, whatever its status.
+    ///
+    /// # Errors
+    /// The completion's error status (published for the poster), or
+    /// [`WcError::Misrouted`] for a completion of another ring, kind (a receive) or QP:
+    /// nothing is published, and the completion still belongs to the ring it names.
     ///
     /// # Panics
     /// If `shared` are not the counters made with this retirer (another ring's): publishing
@@ -267,7 +275,7 @@ impl SendRetirer {
         if c.wr_id() >> wr_id::KIND_SHIFT != self.kind
             || (self.qp_num != 0 && c.qp_num() != self.qp_num)
         {
-            return Ok(0);
+            return self.refuse(c);
         }
         let n = match wr_id::full_seq_in_window(self.retired, self.depth, c.seq()) {
             Some(s) => {
@@ -287,9 +295,23 @@ impl SendRetirer {
         }
     }
 
+    /// [`on_completion`](Self::on_completion) of a completion of another ring, kind or QP
+    /// (out of line, as the rings' own).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, c: &Completion) -> Result<u64, WcError> {
+        crate::cq::refuse_send(c, self.ring())
+    }
+
     /// WRs retired so far.
     #[inline(always)]
     pub fn retired(&self) -> u64 {
         self.retired
+    }
+
+    /// The ring id of the ring this retirer retires for.
+    #[inline(always)]
+    pub fn ring(&self) -> u8 {
+        (self.kind >> (wr_id::RING_SHIFT - wr_id::KIND_SHIFT)) as u8
     }
 }

@@ -180,16 +180,21 @@ impl Fast {
                 ibv_wr_start(qp);
                 *open = true;
             }
-            let (inline, addr, len, lkey) = match msg.local {
-                Local::Empty => (false, 0, 0, 0),
-                Local::Inline(d) => (true, d.as_ptr() as u64, d.len() as u32, 0),
+            // `src` is the payload's address: its own pointer for `Local::Inline` (provenance
+            // kept, no round trip through an integer, so miri checks the provider's copy
+            // exactly), the registered buffer's address for a `Local::Buf` (the API carries
+            // it as an integer, like `ibv_sge.addr`; the CPU reads it only for a small buffer
+            // sent inline).
+            let (inline, src, len, lkey): (bool, *const u8, u32, u32) = match msg.local {
+                Local::Empty => (false, core::ptr::null(), 0, 0),
+                Local::Inline(d) => (true, d.as_ptr(), d.len() as u32, 0),
                 Local::Buf(b) => (
                     (b.len as usize) < buf_inline
                         && matches!(
                             msg.op,
                             Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
                         ),
-                    b.addr,
+                    b.addr as usize as *const u8,
                     b.len,
                     b.lkey,
                 ),
@@ -215,9 +220,9 @@ impl Fast {
             if matches!(msg.local, Local::Empty) {
                 ibv_wr_set_sge_list(qp, 0, core::ptr::null());
             } else if inline {
-                ibv_wr_set_inline_data(qp, addr as usize as *mut c_void, len as usize);
+                ibv_wr_set_inline_data(qp, src as *mut c_void, len as usize);
             } else {
-                ibv_wr_set_sge(qp, lkey, addr, len);
+                ibv_wr_set_sge(qp, lkey, src as u64, len);
             }
         }
     }
@@ -668,14 +673,19 @@ impl WrRing {
 
     /// Retires the WRs covered by a send completion of this ring, exactly as
     /// [`SendRing::on_completion`](crate::SendRing::on_completion): returns how many it
-    /// retired (0 for a stale or foreign completion), and an error status of an outstanding
-    /// WR puts the ring in the error state.
+    /// retired (0 for a stale completion of this ring), and an error status of an
+    /// outstanding WR puts the ring in the error state.
+    ///
+    /// # Errors
+    /// The completion's error status, or [`WcError::Misrouted`] for a completion that is
+    /// not this ring's (another ring id, a receive, another QP; nothing changes).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        let st = &mut self.st;
-        if (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
-            return Ok(0);
+        if (c.wr_id() ^ self.st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num
+        {
+            return self.refuse(c);
         }
+        let st = &mut self.st;
         let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
             return Ok(0);
         };
@@ -688,6 +698,15 @@ impl WrRing {
                 Err(e)
             }
         }
+    }
+
+    /// [`on_completion`](Self::on_completion) of a completion whose ring id, kind or QP is
+    /// not this ring's: [`WcError::Misrouted`] (`Ok(0)` for a spent one). Out of line, on
+    /// the ring and the completion only (see `cq::refuse_send`).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, c: &Completion) -> Result<u64, WcError> {
+        crate::cq::refuse_send(c, self.ring_id())
     }
 
     #[cold]

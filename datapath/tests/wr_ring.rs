@@ -441,11 +441,14 @@ fn poller_reads_requested_fields_and_timestamps() {
     r.send_now(Msg::send(Local::Inline(b"x"))).unwrap();
     let cs = q.poll().unwrap();
     assert_eq!((cs[0].qp_num(), cs[0].opcode(), cs[0].seq()), (0, 0, 1));
-    assert_eq!(
-        r.on_completion(&cs[0]).unwrap(),
-        0,
-        "no qp_num: not this ring's"
+    assert!(
+        matches!(
+            r.on_completion(&cs[0]),
+            Err(WcError::Misrouted(Misrouted { qp_num: 0, .. }))
+        ),
+        "no qp_num: refused as not this ring's, never Ok(0)"
     );
+    assert_eq!(r.outstanding(), 1);
     // ... unless the poller is told its CQ serves one QP.
     let mut q = poller(&dev, ExFields::NONE).with_qp_num(QP_NUM);
     r.send_now(Msg::send(Local::Inline(b"y"))).unwrap();
@@ -568,7 +571,7 @@ fn softnic_writes_reads_and_atomics_through_the_wr_api() {
     // SAFETY: A's buffer, written before the post; the device is done with it when the
     // ring retires the WRs (settle), and nothing touches it meanwhile.
     unsafe {
-        core::ptr::copy_nonoverlapping(b"zerocopy-payload".as_ptr(), a.buf.as_ptr() as *mut u8, 16);
+        core::ptr::copy_nonoverlapping(b"zerocopy-payload".as_ptr(), a.buf, 16);
         r.stage(Msg::write(Local::Buf(a.local(0, 16)), 512))
             .unwrap();
         r.stage(Msg::read(a.local(1024, 16), 512)).unwrap();

@@ -77,6 +77,41 @@ const MIRI_TESTS: &[MiriTest] = &[
         why: "items 3, 4: foreign completions and counters; split mode",
     },
     MiriTest {
+        package: "hotverbs-datapath",
+        target: "wr_ring",
+        tests: &[
+            "batch_posts_one_region_and_signals_on_schedule",
+            "poller_reads_requested_fields_and_timestamps",
+            "every_opcode_builds_with_its_flags",
+            "softnic_writes_reads_and_atomics_through_the_wr_api",
+        ],
+        models: Models::Both,
+        why: "issue 27 item 5: ExCqPoller's field reads write through the slot they took (no \
+              &mut self retag between); WrRing's builders and inline payloads (wr.rs), on the \
+              counting device and softnic",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "regressions",
+        tests: &[
+            "a_receive_completion_handed_to_a_send_ring_is_an_error_naming_its_ring",
+            "every_send_ring_refuses_what_is_not_its_own_and_ignores_its_stale",
+            "recv_ring_refuses_another_receive_rings_completion_and_keeps_stale_for_its_own",
+            "a_completion_without_its_qp_number_is_refused_naming_the_missing_field",
+        ],
+        models: Models::Stacked,
+        why: "issue 27 item 10: a completion that is not a ring's is an error (Misrouted), a \
+              stale one of its own is ignored; every ring kind and the retirer",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "regressions",
+        tests: &["completions_after_a_panicking_drain_closure_come_back_on_the_next_poll"],
+        models: Models::Stacked,
+        why: "issue 27 (suspected, settled): CqPoller::drain keeps what a panicking closure \
+              was not handed (unwinding through the drain guard)",
+    },
+    MiriTest {
         package: "hotverbs-softnic",
         target: "soundness",
         tests: &[

@@ -1214,12 +1214,16 @@ impl<D: Doorbell> DirectRing<D> {
 
     /// Retires the WRs covered by a send completion of this ring, exactly as
     /// [`SendRing::on_completion`](crate::SendRing::on_completion).
+    ///
+    /// # Errors
+    /// The completion's error status, or [`WcError::Misrouted`] for a completion that is
+    /// not this ring's (another ring id, a receive, another QP; nothing changes).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        let st = &mut self.st;
-        if (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != st.qp_num {
-            return Ok(0);
+        if (c.wr_id() ^ self.st.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num {
+            return self.refuse(c);
         }
+        let st = &mut self.st;
         let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
             return Ok(0);
         };
@@ -1232,6 +1236,15 @@ impl<D: Doorbell> DirectRing<D> {
                 Err(e)
             }
         }
+    }
+
+    /// [`on_completion`](Self::on_completion) of a completion whose ring id, kind or QP is
+    /// not this ring's: [`WcError::Misrouted`] (`Ok(0)` for a spent one). Out of line, on
+    /// the ring and the completion only (see `cq::refuse_send`).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, c: &Completion) -> Result<u64, WcError> {
+        crate::cq::refuse_send(c, self.ring_id())
     }
 
     #[cold]

@@ -13,32 +13,35 @@ pub struct ExSide {
     pub qp: *mut ibv_qp,
     pub qpx: *mut ibv_qp_ex,
     pub mr: *mut ibv_mr,
-    pub buf: Box<[u8]>,
+    /// The registered buffer ([`BUF_LEN`] bytes), leaked like the QPs and reached only
+    /// through this raw pointer: the device writes it through the MR, so a `Box` here
+    /// (which asserts uniqueness whenever the side moves or is read) would invalidate the
+    /// pointer the MR was registered with (miri, Stacked and Tree Borrows; issue 27).
+    pub buf: *mut u8,
 }
+
+/// Bytes in each side's registered buffer.
+pub const BUF_LEN: usize = 4096;
 
 impl ExSide {
     pub fn local(&self, off: u64, len: u32) -> LocalBuf {
         // SAFETY: the MR lives as long as the side.
-        LocalBuf::new(self.buf.as_ptr() as u64 + off, len, unsafe {
-            (*self.mr).lkey
-        })
+        LocalBuf::new(self.buf as u64 + off, len, unsafe { (*self.mr).lkey })
     }
     pub fn remote(&self) -> RemoteBuf {
         // SAFETY: as above.
-        RemoteBuf::new(self.buf.as_ptr() as u64, self.buf.len() as u64, unsafe {
-            (*self.mr).rkey
-        })
+        RemoteBuf::new(self.buf as u64, BUF_LEN as u64, unsafe { (*self.mr).rkey })
     }
     pub fn qpn(&self) -> u32 {
         // SAFETY: a live QP.
         unsafe { (*self.qp).qp_num }
     }
-    /// The buffer as the device left it (read through a raw pointer: the device writes it
-    /// behind the compiler's back).
+    /// The buffer as the device left it (read through the raw pointer: the device writes
+    /// it behind the compiler's back).
     pub fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
-        assert!(off + len <= self.buf.len());
+        assert!(off + len <= BUF_LEN);
         // SAFETY: inside the buffer; no WR is in flight when tests read.
-        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().add(off), len).to_vec() }
+        unsafe { core::slice::from_raw_parts(self.buf.add(off), len).to_vec() }
     }
 }
 
@@ -108,8 +111,10 @@ pub fn ex_pair(depth: u32) -> (ExSide, ExSide, u64) {
                 hotverbs_ffi::errno()
             );
             let qpx = fns.ibv_qp_to_qp_ex.expect("ibv_qp_to_qp_ex")(qp);
-            let mut buf = vec![0u8; 4096].into_boxed_slice();
-            let mr = t::reg_mr(pd, buf.as_mut_ptr(), buf.len(), t::ALL_ACCESS);
+            // Words, not bytes: atomics need 8-byte aligned remote addresses, and a byte
+            // allocation has no such promise (miri places them anywhere).
+            let buf: *mut u8 = Box::into_raw(vec![0u64; BUF_LEN / 8].into_boxed_slice()).cast();
+            let mr = t::reg_mr(pd, buf, BUF_LEN, t::ALL_ACCESS);
             ExSide {
                 cq,
                 qp,

@@ -1660,6 +1660,39 @@ impl<const N: usize> SendRing<N> {
         dropped
     }
 
+    /// Points the ring's RDMA WRITE / READ / atomic messages at `remote` from now on: a
+    /// new peer's region after a recovery (`reset`, then the QP connected to another
+    /// peer), or another region of the same peer. Staged WRs are posted first, so they
+    /// keep the old remote; WRs already posted are the provider's copies and keep it too.
+    /// Cold: every slot's preformatted key is dropped (the next message of each slot
+    /// writes its whole format again, the new rkey with it).
+    ///
+    /// # Errors
+    /// `Config(RemoteAndUd)` on a UD ring (UD has no remote memory); the errors of
+    /// [`flush`](Self::flush) (nothing changed then).
+    pub fn set_remote(&mut self, remote: RemoteBuf) -> Result<(), SendError> {
+        // SAFETY: a live QP (new's contract).
+        if unsafe { (*self.st.qp).qp_type } == IBV_QPT_UD {
+            return Err(SendError::Config(ConfigError::RemoteAndUd));
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        self.flush()?;
+        self.st.remote = remote;
+        self.st.has_remote = true;
+        // Every format holds the old rkey: forget them (event marks stay marks).
+        for t in self.tags.iter_mut() {
+            if *t != tag::EVENT {
+                *t = tag::UNFORMATTED;
+            }
+        }
+        self.st.mark_saved = tag::UNFORMATTED;
+        self.st.lone_fmt = tag::UNFORMATTED;
+        self.st.lone_key = tag::UNFORMATTED;
+        Ok(())
+    }
+
     /// UD mode: switches the preformatted destination (AH, remote QPN, Q_Key) of every slot,
     /// e.g. from a unicast peer to a multicast group. Cold (touches all `N` WRs); staged
     /// WRs are posted first so they keep their destination. One ring per send queue: this

@@ -796,6 +796,22 @@ impl WrRing {
         self.st.split_key != 0
     }
 
+    /// Points the ring's RDMA WRITE / READ / atomic messages at `remote` from now on (a
+    /// new peer after a recovery), as [`SendRing::set_remote`](crate::SendRing::set_remote):
+    /// staged WRs are posted first with the old one.
+    ///
+    /// # Errors
+    /// `Config(RemoteAndUd)` on a UD ring; the errors of [`flush`](Self::flush).
+    pub fn set_remote(&mut self, remote: RemoteBuf) -> Result<(), SendError> {
+        if self.st.f.ud.is_some() {
+            return Err(SendError::Config(ConfigError::RemoteAndUd));
+        }
+        self.flush()?;
+        self.st.f.remote = remote;
+        self.st.f.has_remote = true;
+        Ok(())
+    }
+
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {

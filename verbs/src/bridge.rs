@@ -431,6 +431,19 @@ macro_rules! forward_send_ring {
             self.ring.on_completion(c)
         }
 
+        /// Points the ring's WRITE / READ / atomic messages at `remote` (a peer's
+        /// [`RemoteMr`](crate::RemoteMr), e.g. a new peer's after `reset_qp` and
+        /// `Qp::connect`); staged WRs are posted first with the old one.
+        ///
+        /// # Errors
+        /// `Config(RemoteAndUd)` on a UD ring; the errors of `flush`.
+        pub fn set_remote(
+            &mut self,
+            remote: impl Into<hotverbs_datapath::RemoteBuf>,
+        ) -> std::result::Result<(), SendError> {
+            self.ring.set_remote(remote.into())
+        }
+
         /// Makes the next staged WR signaled whatever the schedule says.
         #[inline(always)]
         pub fn signal_next(&mut self) {
@@ -781,8 +794,10 @@ impl<'q, const N: usize> RecvRing<'q, N> {
     /// until [`release`](Self::release).
     ///
     /// # Errors
-    /// As the datapath ring's `on_completion`: another ring's or a send completion, a
-    /// stale one, or the receive's error status.
+    /// As the datapath ring's `on_completion`: `Misrouted` for another ring's, a send's or
+    /// another QP's completion (still somebody's: hand it to the ring it names), `Stale`
+    /// for one of this ring's own that no longer counts (left in the CQ across a reset:
+    /// ignore it), or the receive's error status.
     #[inline(always)]
     pub fn on_completion(
         &mut self,

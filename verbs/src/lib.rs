@@ -126,9 +126,9 @@ pub use exchange::{Endpoint, ExchangeError};
 /// [`Qp::wr_ring`], [`Cq::poller`] and [`Cq::ex_poller`].
 pub use hotverbs_datapath as datapath;
 pub use hotverbs_datapath::{
-    Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Msg, Opcode, PollError,
-    PostError, Progress, Received, RecvConfig, RecvError, RemoteBuf, SendConfig, SendError, UdDest,
-    WcError,
+    Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Misrouted, Msg, Opcode,
+    PollError, PostError, Progress, Received, RecvConfig, RecvError, RemoteBuf, SendConfig,
+    SendError, UdDest, WcError,
 };
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};

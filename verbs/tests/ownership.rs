@@ -589,3 +589,91 @@ fn a_thread_domain_has_one_send_ring_at_a_time() {
         .send_ring::<16>(cfg())
         .expect("a thread domain of its own");
 }
+
+/// `set_remote` on the `ibv_wr_*` and direct rings: later WRITEs land in the new region,
+/// the earlier ones stayed in the old one.
+#[test]
+fn wr_and_direct_rings_follow_a_new_remote() {
+    // WrRing on softnic.
+    let ctx = softnic();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = CqBuilder::new(&ctx, 64)
+        .wc_fields(WcFields::QP_NUM)
+        .build()
+        .unwrap();
+    let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+        .send_ops(SendOps::RDMA_WRITE)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build().unwrap();
+    Qp::connect_pair(
+        &a,
+        &b,
+        &ctx.port_info(None, None).unwrap(),
+        &ConnectOptions::default(),
+    )
+    .unwrap();
+    let (t1, t2) = (write_target(&pd), write_target(&pd));
+    let mut ring = a
+        .wr_ring(
+            SendConfig::new(0, 16, 64)
+                .signal_every(1)
+                .remote(t1.remote().into()),
+        )
+        .unwrap();
+    let mut p = cq.ex_poller::<8>(ExFields::QP_NUM).unwrap();
+    ring.send_now(Msg::write(Local::Inline(&1u64.to_le_bytes()), 0))
+        .unwrap();
+    ring.set_remote(t2.remote()).unwrap();
+    ring.send_now(Msg::write(Local::Inline(&2u64.to_le_bytes()), 0))
+        .unwrap();
+    ring.drain(Duration::from_secs(10), |r| {
+        for c in p.poll()? {
+            r.on_completion(c)?;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .unwrap();
+    assert_eq!((t1.read_u64(0).unwrap(), t2.read_u64(0).unwrap()), (1, 2));
+
+    // DirectRing on the simulated ConnectX.
+    let ctx = sim();
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
+        .max_send_wr(64)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+        .build()
+        .unwrap();
+    Qp::connect_pair(
+        &a,
+        &b,
+        &ctx.port_info(None, None).unwrap(),
+        &ConnectOptions::default(),
+    )
+    .unwrap();
+    let (t1, t2) = (write_target(&pd), write_target(&pd));
+    let mut p = cq_a.direct_poller::<16>().unwrap();
+    let mut ring = a
+        .direct_ring(
+            &mut p,
+            SendConfig::new(0, 16, 64)
+                .signal_every(1)
+                .remote(t1.remote().into()),
+        )
+        .unwrap();
+    ring.send_now(Msg::write(Local::Inline(&3u64.to_le_bytes()), 8))
+        .unwrap();
+    ring.set_remote(t2.remote()).unwrap();
+    ring.send_now(Msg::write(Local::Inline(&4u64.to_le_bytes()), 8))
+        .unwrap();
+    retire_direct(&mut ring, &mut p);
+    assert_eq!((t1.read_u64(8).unwrap(), t2.read_u64(8).unwrap()), (3, 4));
+}

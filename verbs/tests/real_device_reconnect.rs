@@ -254,3 +254,106 @@ fn receive(p: &mut CqPoller<'_, 16>, rx: &mut RecvRing<'_, 64>, n: usize) -> Vec
     }
     got
 }
+
+/// The same with RDMA WRITEs: after the recovery the ring is pointed at the new peer's
+/// region (`set_remote`), and the new messages land there and only there.
+#[test]
+fn a_write_ring_follows_its_new_peers_region() {
+    for (label, ctx) in open() {
+        run_writes(&label, &ctx);
+    }
+}
+
+fn run_writes(label: &str, ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let peer_cq = ctx.create_cq(64, None).unwrap();
+    let port = ctx.port_info(None, gid_index()).unwrap();
+    let opts = ConnectOptions {
+        timeout: 12,
+        ..ConnectOptions::default()
+    };
+    let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+        .max_send_wr(16)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let peer = || {
+        QpBuilder::new(&pd, &peer_cq, &peer_cq, QpType::Rc)
+            .build()
+            .unwrap()
+    };
+    let region = || {
+        pd.alloc_mr(512, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap()
+    };
+    let (b_mem, c_mem) = (region(), region());
+    let b = peer();
+    a.connect(&port, &b.endpoint(&port), &opts).unwrap();
+    b.connect(&port, &a.endpoint(&port), &opts).unwrap();
+    let mut ring = a
+        .send_ring::<16>(
+            SendConfig::new(0, 16, 64)
+                .signal_every(4)
+                .remote(b_mem.remote().into()),
+        )
+        .unwrap();
+    let mut p = cq.poller::<16>().unwrap();
+    let mut errors = Vec::new();
+    let mut drain = |ring: &mut SendRing<'_, 16>, errors: &mut Vec<WcError>| {
+        ring.drain(Duration::from_secs(10), |r| {
+            for c in p.poll()? {
+                if let Err(e) = r.on_completion(c) {
+                    errors.push(e);
+                }
+            }
+            Ok::<_, PollError>(())
+        })
+        .unwrap_or_else(|e| panic!("{label}: drain: {e}"));
+    };
+    for i in 0..8u64 {
+        ring.send_now(Msg::write(Local::Inline(&(i + 1).to_le_bytes()), i * 8))
+            .unwrap();
+    }
+    drain(&mut ring, &mut errors);
+    assert!(errors.is_empty(), "{label}: {errors:?}");
+    b.destroy().unwrap();
+    ring.send_now(Msg::write(Local::Inline(&[9; 8]), 64))
+        .unwrap();
+    drain(&mut ring, &mut errors);
+    assert_eq!(
+        errors.first(),
+        Some(&WcError::RetryExc),
+        "{label}: {errors:?}"
+    );
+    let dropped = ring.reset_qp().unwrap();
+    let c = peer();
+    a.connect(&port, &c.endpoint(&port), &opts).unwrap();
+    c.connect(&port, &a.endpoint(&port), &opts).unwrap();
+    ring.set_remote(c_mem.remote()).unwrap();
+    errors.clear();
+    for i in 0..8u64 {
+        ring.send_now(Msg::write(Local::Inline(&(100 + i).to_le_bytes()), i * 8))
+            .unwrap();
+    }
+    drain(&mut ring, &mut errors);
+    assert!(errors.is_empty(), "{label}: {errors:?}");
+    for i in 0..8u64 {
+        assert_eq!(
+            c_mem.read_u64(i as usize * 8).unwrap(),
+            100 + i,
+            "{label}: C got it"
+        );
+        assert_eq!(
+            b_mem.read_u64(i as usize * 8).unwrap(),
+            i + 1,
+            "{label}: B untouched"
+        );
+    }
+    assert_eq!(ring.outstanding(), 0);
+    assert_eq!(
+        ring.retired_total(),
+        ring.posted_total(),
+        "{label}: dropped {dropped}"
+    );
+}

@@ -1333,6 +1333,22 @@ impl<D: Doorbell> DirectRing<D> {
         self.st.split_key != 0
     }
 
+    /// Points the ring's RDMA WRITE / READ / atomic messages at `remote` from now on (a
+    /// new peer after a recovery), as [`SendRing::set_remote`](crate::SendRing::set_remote):
+    /// staged WQEs are rung first with the old one.
+    ///
+    /// # Errors
+    /// `Config(RemoteAndUd)` on a UD ring; the errors of [`flush`](Self::flush).
+    pub fn set_remote(&mut self, remote: RemoteBuf) -> Result<(), SendError> {
+        if self.st.f.ud.is_some() {
+            return Err(SendError::Config(ConfigError::RemoteAndUd));
+        }
+        self.flush()?;
+        self.st.f.remote = remote;
+        self.st.f.has_remote = true;
+        Ok(())
+    }
+
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {

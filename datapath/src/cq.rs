@@ -90,7 +90,7 @@ impl Completion {
         if self.0.wr_id == SPENT && self.0.qp_num == 0 {
             return None;
         }
-        Some(Misrouted::new(
+        Some(Misrouted::of(
             self.0.wr_id,
             self.0.qp_num,
             given_to,

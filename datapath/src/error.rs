@@ -157,12 +157,22 @@ impl Misrouted {
     /// A completion of ring `ring` (a receive's if `recv`) given to ring `given_to` (a
     /// receive ring if `given_to_recv`); `no_qp_num`: its `qp_num` was 0 (a poller that
     /// reads no QP numbers).
-    pub const fn new(ring: u8, recv: bool, given_to: u8, given_to_recv: bool, no_qp_num: bool) -> Self {
+    pub const fn new(
+        ring: u8,
+        recv: bool,
+        given_to: u8,
+        given_to_recv: bool,
+        no_qp_num: bool,
+    ) -> Self {
         Self(
             ring as u32
                 | (given_to as u32) << 8
                 | if recv { Self::RECV } else { 0 }
-                | if given_to_recv { Self::GIVEN_TO_RECV } else { 0 }
+                | if given_to_recv {
+                    Self::GIVEN_TO_RECV
+                } else {
+                    0
+                }
                 | if no_qp_num { Self::NO_QP_NUM } else { 0 },
         )
     }
@@ -587,7 +597,13 @@ mod tests {
         assert!(s.contains("another QP"), "{s}");
         let x = Misrouted::new(200, true, 17, false, true);
         assert_eq!(
-            (x.ring(), x.recv(), x.given_to(), x.given_to_recv(), x.no_qp_num()),
+            (
+                x.ring(),
+                x.recv(),
+                x.given_to(),
+                x.given_to_recv(),
+                x.no_qp_num()
+            ),
             (200, true, 17, false, true)
         );
         let e = WcError::Misrouted(Misrouted::new(0, false, 1, false, false));

@@ -108,7 +108,13 @@ fn split_retirer_checks_ring_and_window() {
     assert_eq!(r.ring(), 3);
     assert_eq!(
         r.on_completion(&wc(wr_id::encode(2, 11), 0, IBV_WC_SEND), &shared),
-        Err(WcError::Misrouted(Misrouted::new(2, false, 3, false, hotverbs_softnic::counting::QP_NUM == 0))),
+        Err(WcError::Misrouted(Misrouted::new(
+            2,
+            false,
+            3,
+            false,
+            hotverbs_softnic::counting::QP_NUM == 0
+        ))),
         "another ring"
     );
     assert_eq!(
@@ -143,7 +149,13 @@ fn recv_ring_rejects_another_rings_completion() {
     let mut foreign = wc(wr_id::encode(1, 0), IBV_WC_SUCCESS, IBV_WC_SEND);
     assert_eq!(
         rr.on_completion(&mut foreign),
-        Err(RecvError::Misrouted(Misrouted::new(1, false, 2, true, hotverbs_softnic::counting::QP_NUM == 0)))
+        Err(RecvError::Misrouted(Misrouted::new(
+            1,
+            false,
+            2,
+            true,
+            hotverbs_softnic::counting::QP_NUM == 0
+        )))
     );
     assert_eq!((rr.posted(), rr.held()), (4, 0), "slot 0 still posted");
     // Its own flushed receive with opcode 0 (rxe) is still recognised by the ring id.
@@ -495,7 +507,13 @@ fn send_ring_refuses_a_receive_completion_with_its_ring_id() {
     assert_eq!(cs.len(), 1);
     assert_eq!(
         sr.on_completion(&cs[0]),
-        Err(WcError::Misrouted(Misrouted::new(1, true, 1, false, hotverbs_softnic::counting::QP_NUM == 0))),
+        Err(WcError::Misrouted(Misrouted::new(
+            1,
+            true,
+            1,
+            false,
+            hotverbs_softnic::counting::QP_NUM == 0
+        ))),
         "a receive retires no send (and is not dropped as Ok(0))"
     );
     assert_eq!(sr.outstanding(), 3);
@@ -519,7 +537,13 @@ fn rings_refuse_completions_of_another_qp() {
     other.qp_num = hotverbs_softnic::counting::QP_NUM + 1;
     // SAFETY: stands for a genuine completion of another QP's ring 1, polled from its CQ.
     let send_of_other_qp = unsafe { Completion::from_raw(other) };
-    let other_qp = Misrouted::new(1, false, 1, false, hotverbs_softnic::counting::QP_NUM + 1 == 0);
+    let other_qp = Misrouted::new(
+        1,
+        false,
+        1,
+        false,
+        hotverbs_softnic::counting::QP_NUM + 1 == 0,
+    );
     assert_eq!(
         sr.on_completion(&send_of_other_qp),
         Err(WcError::Misrouted(other_qp))
@@ -677,7 +701,13 @@ fn refuses_foreign_ignores_stale(
 ) {
     let other = ring_id.wrapping_add(1);
     let misrouted = |ring, recv, qp_num| {
-        Err(WcError::Misrouted(Misrouted::new(ring, recv, ring_id, false, qp_num == 0)))
+        Err(WcError::Misrouted(Misrouted::new(
+            ring,
+            recv,
+            ring_id,
+            false,
+            qp_num == 0,
+        )))
     };
     assert_eq!(
         on(&forge(wr_id::encode(other, 0), IBV_WC_SUCCESS, qp_num)),
@@ -854,10 +884,7 @@ fn a_completion_without_its_qp_number_is_refused_naming_the_missing_field() {
     let cs = p.poll().unwrap();
     assert_eq!((cs.len(), cs[0].qp_num()), (1, 0));
     let e = r.on_completion(&cs[0]).unwrap_err();
-    assert!(
-        matches!(e, WcError::Misrouted(m) if m.no_qp_num()),
-        "{e:?}"
-    );
+    assert!(matches!(e, WcError::Misrouted(m) if m.no_qp_num()), "{e:?}");
     assert!(e.to_string().contains("ExFields::QP_NUM"), "{e}");
     assert_eq!(
         r.outstanding(),
@@ -886,7 +913,13 @@ fn recv_ring_refuses_another_receive_rings_completion_and_keeps_stale_for_its_ow
     let got = b.on_completion(&mut cs[0]);
     assert_eq!(
         got,
-        Err(RecvError::Misrouted(Misrouted::new(1, true, 2, true, hotverbs_softnic::counting::QP_NUM == 0)))
+        Err(RecvError::Misrouted(Misrouted::new(
+            1,
+            true,
+            2,
+            true,
+            hotverbs_softnic::counting::QP_NUM == 0
+        )))
     );
     assert!(
         got.unwrap_err()

@@ -1211,6 +1211,9 @@ impl Qp {
                 cap.max_send_wr
             )));
         }
+        if verb != "DirectRing" {
+            self.send_cq().inner.rings.refuse_if_direct(verb)?;
+        }
         if self.sq_taken().swap(true, Ordering::AcqRel) {
             return Err(Error::new(verb, libc::EBUSY).with_hint(
                 "this QP's send queue already has its ring (one ring per send queue, for the \
@@ -1560,6 +1563,8 @@ impl Qp {
                 region.len()
             ))
         })?;
+        // The direct poller parses no responder CQEs: receives need a verbs CQ.
+        self.recv_cq().inner.rings.refuse_if_direct(VERB)?;
         if self.rq_taken().swap(true, Ordering::AcqRel) {
             return Err(Error::new(VERB, libc::EBUSY).with_hint(
                 "this QP's receive queue already has its ring (one ring per receive queue, \

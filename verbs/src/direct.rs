@@ -392,6 +392,19 @@ impl Cq {
             return Err(Error::new(VERB, libc::EBUSY)
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
         }
+        // Verbs-path rings complete here: libmlx5 holds completions of theirs the direct
+        // poller would never see (and it parses no responder CQEs), so they would wait
+        // for ever. Once the CQ is direct, only direct rings reserve on it.
+        if self.inner.rings.direct_arm().is_none() {
+            if let Err(e) = self.inner.rings.refuse_if_rings(VERB) {
+                self.inner.rings.release_poller();
+                return Err(Error::new(VERB, e.errno()).with_hint(
+                    "verbs-path rings (send_ring, wr_ring, recv_ring) complete on this CQ: \
+                     their completions queued in libmlx5 would never reach them once the CQ \
+                     is the direct path's; give the direct path a CQ of its own",
+                ));
+            }
+        }
         let (desc, arm) = match self.mlx5_cq_arm() {
             Ok(d) => d,
             Err(e) => {

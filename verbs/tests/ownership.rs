@@ -677,3 +677,44 @@ fn wr_and_direct_rings_follow_a_new_remote() {
     retire_direct(&mut ring, &mut p);
     assert_eq!((t1.read_u64(8).unwrap(), t2.read_u64(8).unwrap()), (3, 4));
 }
+
+/// Found by the `safe_api` fuzz target: a direct poller made on a CQ where verbs-path rings
+/// complete took the CQ away from libmlx5 with their completions still queued there (never
+/// delivered, no error). Now refused, as are verbs-path rings on a CQ of the direct path.
+#[test]
+fn the_direct_path_and_verbs_rings_do_not_share_a_cq() {
+    let ctx = sim();
+    let pd = ctx.alloc_pd().unwrap();
+    let (scq, rcq) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let a = QpBuilder::new(&pd, &scq, &rcq, QpType::Rc)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &scq, &rcq, QpType::Rc).build().unwrap();
+    Qp::connect_pair(
+        &a,
+        &b,
+        &ctx.port_info(None, None).unwrap(),
+        &ConnectOptions::default(),
+    )
+    .unwrap();
+    let mut region = pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut rx = b
+        .recv_ring::<4>(&mut region, 0, RecvConfig::new(0, 64, 4))
+        .unwrap();
+    rx.fill().unwrap();
+    let e = rcq.direct_poller::<8>().unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("verbs-path rings"), "{e}");
+    // The refusal left the CQ to the verbs poller.
+    let _p = rcq.poller::<8>().unwrap();
+    // The other way round: a CQ of the direct path takes no verbs-path ring.
+    let mut dp = scq.direct_poller::<8>().unwrap();
+    let e = a.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("direct path"), "{e}");
+    let _ring = a.direct_ring(&mut dp, SendConfig::new(0, 16, 64)).unwrap();
+}

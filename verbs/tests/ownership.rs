@@ -558,7 +558,13 @@ fn a_new_direct_poller_serves_the_existing_rings() {
 /// of their own each get one.
 #[test]
 fn a_thread_domain_has_one_send_ring_at_a_time() {
-    let ctx = softnic();
+    // Thread domains are softnic's Spec profile's (rxe, and so the Rxe profile, has none).
+    let ctx = Context::open_softnic_with(SoftnicConfig {
+        name: "softnic_own_td".into(),
+        profile: hotverbs_softnic::Profile::Spec,
+        ..Default::default()
+    })
+    .unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256, None).unwrap();
     let td = ctx.alloc_td().unwrap();

@@ -90,6 +90,7 @@ use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::mr::{Mr, RemoteMr, Sge};
 use crate::qp::{Qp, QpType, SendOps, SqOwner};
+use crate::srq::Srq;
 
 /// An mlx5 CQ's doorbell record, CQ UAR page and number (`struct mlx5dv_cq`), for arming
 /// it without libmlx5 (`hotverbs_datapath::mlx5::arm_cq`).
@@ -749,6 +750,54 @@ pub(crate) fn same_qp(verb: &'static str, a: &Qp, b: &Qp) -> Result<()> {
     Ok(())
 }
 
+/// Forwards the receive-ring methods ([`RecvRing`] and [`SrqRing`] share them).
+macro_rules! forward_recv_ring {
+    () => {
+        /// Posts every free slot (one chained post). Returns how many were posted.
+        ///
+        /// # Errors
+        /// As the datapath ring's `fill`.
+        #[inline(always)]
+        pub fn fill(&mut self) -> std::result::Result<usize, PostError> {
+            self.ring.fill()
+        }
+
+        /// Takes a receive completion of this ring: the slot is held (read it with `data`)
+        /// until [`release`](Self::release).
+        ///
+        /// # Errors
+        /// As the datapath ring's `on_completion`: `Misrouted` for another ring's, a send's or
+        /// another QP's completion (still somebody's: hand it to the ring it names), `Stale`
+        /// for one of this ring's own that no longer counts (left in the CQ across a reset:
+        /// ignore it), or the receive's error status.
+        #[inline(always)]
+        pub fn on_completion(
+            &mut self,
+            c: &mut Completion,
+        ) -> std::result::Result<Received, RecvError> {
+            self.ring.on_completion(c)
+        }
+
+        /// Gives a held slot back (reposted at the next `repost`/`fill`).
+        ///
+        /// # Errors
+        /// As the datapath ring's `release`.
+        #[inline(always)]
+        pub fn release(&mut self, m: Received) -> std::result::Result<(), RecvError> {
+            self.ring.release(m)
+        }
+
+        /// Reposts the released slots in one chain.
+        ///
+        /// # Errors
+        /// As the datapath ring's `repost`.
+        #[inline(always)]
+        pub fn repost(&mut self) -> std::result::Result<usize, PostError> {
+            self.ring.repost()
+        }
+    };
+}
+
 /// A [`hotverbs_datapath::RecvRing`] on a [`Qp`]'s receive queue over a leased region;
 /// made by [`Qp::recv_ring`]. While it lives it owns the receive queue (and the region
 /// stays leased whatever happens to the QP). Its methods forward to the datapath ring;
@@ -781,48 +830,7 @@ impl<'q, const N: usize> RecvRing<'q, N> {
         unsafe { self.ring.reset() }
     }
 
-    /// Posts every free slot (one chained post). Returns how many were posted.
-    ///
-    /// # Errors
-    /// As the datapath ring's `fill`.
-    #[inline(always)]
-    pub fn fill(&mut self) -> std::result::Result<usize, PostError> {
-        self.ring.fill()
-    }
-
-    /// Takes a receive completion of this ring: the slot is held (read it with `data`)
-    /// until [`release`](Self::release).
-    ///
-    /// # Errors
-    /// As the datapath ring's `on_completion`: `Misrouted` for another ring's, a send's or
-    /// another QP's completion (still somebody's: hand it to the ring it names), `Stale`
-    /// for one of this ring's own that no longer counts (left in the CQ across a reset:
-    /// ignore it), or the receive's error status.
-    #[inline(always)]
-    pub fn on_completion(
-        &mut self,
-        c: &mut Completion,
-    ) -> std::result::Result<Received, RecvError> {
-        self.ring.on_completion(c)
-    }
-
-    /// Gives a held slot back (reposted at the next `repost`/`fill`).
-    ///
-    /// # Errors
-    /// As the datapath ring's `release`.
-    #[inline(always)]
-    pub fn release(&mut self, m: Received) -> std::result::Result<(), RecvError> {
-        self.ring.release(m)
-    }
-
-    /// Reposts the released slots in one chain.
-    ///
-    /// # Errors
-    /// As the datapath ring's `repost`.
-    #[inline(always)]
-    pub fn repost(&mut self) -> std::result::Result<usize, PostError> {
-        self.ring.repost()
-    }
+    forward_recv_ring!();
 
     /// Recovery of a QP with no send ring: moves it to RESET (its receives discarded) and
     /// requeues every posted slot for the next [`fill`](Self::fill); held slots stay held.
@@ -863,6 +871,135 @@ impl<const N: usize> std::fmt::Debug for RecvRing<'_, N> {
             .field("held", &self.ring.held())
             .field("pending", &self.ring.pending())
             .finish()
+    }
+}
+
+/// A [`hotverbs_datapath::RecvRing`] on an [`Srq`] over a leased region; made by
+/// [`Srq::recv_ring`]. Its receives complete on one CQ, for every QP attached to the SRQ
+/// (a QP with another receive CQ is refused while the ring exists). A QP's reset, error or
+/// reconnect leaves the SRQ's receives posted, so the ring needs no recovery of its own:
+/// a receive a dying QP had taken comes back as a flushed completion through
+/// [`on_completion`](Self::on_completion) and the slot is free again for the next
+/// [`fill`](Self::fill). The region stays leased until the SRQ is destroyed. Its methods
+/// forward to the datapath ring; `Deref` gives the read-only ones.
+pub struct SrqRing<'q, const N: usize> {
+    ring: dp::RecvRing<N>,
+    srq: &'q Srq,
+    _region: PhantomData<&'q mut Mr<'static>>,
+}
+
+impl<const N: usize> Deref for SrqRing<'_, N> {
+    type Target = dp::RecvRing<N>;
+    fn deref(&self) -> &dp::RecvRing<N> {
+        &self.ring
+    }
+}
+
+impl<'q, const N: usize> SrqRing<'q, N> {
+    /// The SRQ this ring posts to.
+    pub fn srq(&self) -> &'q Srq {
+        self.srq
+    }
+
+    forward_recv_ring!();
+}
+
+impl<const N: usize> std::fmt::Debug for SrqRing<'_, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SrqRing")
+            .field("ring_id", &self.ring.ring_id())
+            .field("posted", &self.ring.posted())
+            .field("held", &self.ring.held())
+            .field("pending", &self.ring.pending())
+            .finish()
+    }
+}
+
+impl Srq {
+    /// A receive ring of `N` slots on this SRQ over `[offset, offset + cfg.region_len())`
+    /// of `region`, its completions on `cq`: the receive CQ of every QP attached to the
+    /// SRQ, now and while the SRQ lives. The region is leased to the SRQ until the SRQ is
+    /// destroyed (its receives stay posted whatever happens to the ring or the QPs) and
+    /// must be owned memory (`Mr<'static>`) with `LOCAL_WRITE`. Nothing is posted until
+    /// `fill`. One ring per SRQ, for the SRQ's life; `cfg.count` completions are reserved
+    /// on `cq`, the ring id assigned by it.
+    ///
+    /// # Errors
+    /// `SrqRing: EBUSY` when the SRQ had a ring; `EINVAL` when an attached QP completes
+    /// its receives on another CQ, `cq` or `region` belongs to another device, for more
+    /// slots than the SRQ's `max_wr`, a region outside the MR or without `LOCAL_WRITE`,
+    /// or a configuration the ring refuses; `ENOSPC` when `cq` cannot take the ring's
+    /// completions.
+    pub fn recv_ring<'q, const N: usize>(
+        &'q self,
+        cq: &'q Cq,
+        region: &'q mut Mr<'static>,
+        offset: usize,
+        cfg: RecvConfig,
+    ) -> Result<SrqRing<'q, N>> {
+        const VERB: &str = "SrqRing";
+        if cq.context().as_raw() != self.pd().context().as_raw() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the CQ belongs to another device context than the SRQ"));
+        }
+        let count = cfg.count_of();
+        let max_wr = self.query()?.max_wr;
+        if count > max_wr {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint(format!("{count} slots > the SRQ's max_wr {max_wr}")));
+        }
+        let len = usize::try_from(cfg.region_len()).unwrap_or(usize::MAX);
+        region.local(offset, len).map_err(|e| {
+            Error::new(VERB, e.errno()).with_hint(format!(
+                "{count} slots need {len} bytes at offset {offset}; the MR has {}",
+                region.len()
+            ))
+        })?;
+        // The direct poller parses no responder CQEs: receives need a verbs CQ.
+        cq.inner.rings.refuse_if_direct(VERB)?;
+        let mut id = 0;
+        self.take_ring(VERB, cq.as_raw(), || {
+            id = cq.inner.rings.reserve(VERB, cq.capacity(), count)?;
+            Ok(RingReservation {
+                cq: cq.clone(),
+                id,
+                n: count,
+                clean_qpn: None,
+            })
+        })?;
+        let sge = match self.lease_as(VERB, region, offset, len) {
+            Ok(sge) => sge,
+            Err(e) => {
+                self.untake_ring();
+                return Err(e);
+            }
+        };
+        // SAFETY: the SRQ outlives the ring (borrowed) and this is its one ring (take_ring),
+        // so no other code posts into it safely; the region is registered owned memory with
+        // LOCAL_WRITE (lease_as checked it) borrowed for the ring's life and leased to the
+        // SRQ until it is destroyed (its receives outlive the ring and every QP reset), so
+        // no safe slice of it exists while receives may be posted; every attached QP
+        // completes on `cq` (take_ring / Srq::attach), where the ring id is unique and
+        // completions are reached only through pollers.
+        match unsafe {
+            dp::RecvRing::new(
+                RecvTarget::Srq(self.as_raw()),
+                LocalBuf::from(sge),
+                cfg.with_ring_id(id),
+            )
+        } {
+            Ok(ring) => Ok(SrqRing {
+                ring,
+                srq: self,
+                _region: PhantomData,
+            }),
+            // The lease stays (harmless: nothing was posted; released with the SRQ), the
+            // ring is given back.
+            Err(e) => {
+                self.untake_ring();
+                Err(config_error(VERB, e))
+            }
+        }
     }
 }
 
@@ -1545,8 +1682,9 @@ impl Qp {
     ) -> Result<RecvRing<'q, N>> {
         const VERB: &str = "RecvRing";
         if self.srq().is_some() {
-            return Err(Error::new(VERB, libc::EINVAL)
-                .with_hint("this QP receives through an SRQ: post receives to the SRQ"));
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "this QP receives through an SRQ: make the ring on the SRQ (Srq::recv_ring)",
+            ));
         }
         let count = cfg.count_of();
         if count > self.cap().max_recv_wr {

@@ -107,7 +107,7 @@ mod watchdog;
 
 pub use ah::{Ah, AhAttr};
 pub use bridge::{
-    CqPoller, DrainError, ExCqPoller, RecvRing, SendRing, SignalAsked, Stall, WrRing,
+    CqPoller, DrainError, ExCqPoller, RecvRing, SendRing, SignalAsked, SrqRing, Stall, WrRing,
 };
 pub use clock::{ClockSample, RtValues, TimestampClock};
 pub use cq::{

@@ -460,9 +460,17 @@ impl<'a> QpBuilder<'a> {
             qp_type: self.qp_type.raw(),
             sq_sig_all: self.sq_sig_all as i32,
         };
+        if let Some(srq) = self.srq {
+            srq.attach(verb, self.recv_cq.as_raw())?;
+        }
         let qp = match create(self.pd.as_raw(), &mut init) {
             Ok(qp) => qp,
-            Err(errno) => return Err(Error::new(verb, errno).or_hint(|| self.cap_hint())),
+            Err(errno) => {
+                if let Some(srq) = self.srq {
+                    srq.detach(self.recv_cq.as_raw());
+                }
+                return Err(Error::new(verb, errno).or_hint(|| self.cap_hint()));
+            }
         };
         Ok(Qp {
             qp,
@@ -1872,6 +1880,9 @@ impl Qp {
             }
         }
         self.release_leases();
+        if let Some(srq) = &self.srq {
+            srq.detach(self.recv_cq.as_raw());
+        }
         let reservations =
             std::mem::take(&mut *self.reservations.lock().unwrap_or_else(|e| e.into_inner()));
         for r in reservations {

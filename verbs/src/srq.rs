@@ -7,8 +7,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use hotverbs_ffi::{ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
+use hotverbs_ffi::{ibv_cq, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
+use crate::bridge::RingReservation;
 use crate::error::{record_drop_error, Error, Result};
 use crate::mr::{Lease, Mr, Sge};
 use crate::pd::Pd;
@@ -19,6 +20,21 @@ pub(crate) struct SrqInner {
     /// Receive leases ([`Srq::lease_recv`]): released when the SRQ is destroyed (a QP
     /// reset leaves an SRQ's receives posted).
     leases: Mutex<Vec<Lease>>,
+    /// Which CQs the SRQ's receives complete on (see [`SrqCqs`]).
+    cqs: Mutex<SrqCqs>,
+}
+
+/// The receive CQs of the QPs attached to an SRQ, and the CQ of its ring: a ring reserves
+/// room for its receives' completions on one CQ, so while it exists every attached QP
+/// completes its receives there (else another CQ could overflow, or a poller that knows no
+/// such ring would be handed them).
+#[derive(Default)]
+struct SrqCqs {
+    /// One entry per live attached QP: its receive CQ.
+    attached: Vec<*mut ibv_cq>,
+    /// The ring's CQ and its claim there (kept until the SRQ is destroyed: the ring's
+    /// receives stay posted). One ring per SRQ, for the SRQ's life.
+    ring: Option<(*mut ibv_cq, RingReservation)>,
 }
 
 // SAFETY: SRQ verbs are thread-safe; the struct is an identifier.
@@ -51,6 +67,10 @@ impl SrqInner {
             .drain(..)
         {
             l.release();
+        }
+        let cqs = self.cqs.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, r)) = cqs.ring.take() {
+            r.release();
         }
         Ok(())
     }
@@ -140,6 +160,7 @@ impl Pd {
                 srq,
                 pd: self.clone(),
                 leases: Mutex::new(Vec::new()),
+                cqs: Mutex::new(SrqCqs::default()),
             }),
         })
     }
@@ -166,13 +187,84 @@ impl Srq {
     /// `Srq::lease_recv: EINVAL` when `mr` lacks `LOCAL_WRITE`, is in another PD, or the
     /// range is outside it.
     pub fn lease_recv(&self, mr: &Mr<'_>, offset: usize, len: usize) -> Result<Sge> {
-        let (sge, lease) = mr.lease("Srq::lease_recv", &self.inner.pd, offset, len)?;
+        self.lease_as("Srq::lease_recv", mr, offset, len)
+    }
+
+    /// [`lease_recv`](Self::lease_recv), its errors naming `verb`.
+    pub(crate) fn lease_as(
+        &self,
+        verb: &'static str,
+        mr: &Mr<'_>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Sge> {
+        let (sge, lease) = mr.lease(verb, &self.inner.pd, offset, len)?;
         self.inner
             .leases
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(lease);
         Ok(sge)
+    }
+
+    /// A QP whose receives complete on `cq` is being attached: refused (`EINVAL`, naming
+    /// `verb`) when the SRQ's ring completes on another CQ. Undone by [`detach`](Self::detach).
+    pub(crate) fn attach(&self, verb: &'static str, cq: *mut ibv_cq) -> Result<()> {
+        let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((ring_cq, _)) = &c.ring {
+            if *ring_cq != cq {
+                return Err(Error::new(verb, libc::EINVAL).with_hint(
+                    "this SRQ has a ring (Srq::recv_ring), which reserved room for its \
+                     completions on another CQ: give the QP that CQ as its receive CQ",
+                ));
+            }
+        }
+        c.attached.push(cq);
+        Ok(())
+    }
+
+    /// A QP attached with receive CQ `cq` is gone.
+    pub(crate) fn detach(&self, cq: *mut ibv_cq) {
+        let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = c.attached.iter().position(|&a| a == cq) {
+            c.attached.swap_remove(i);
+        }
+    }
+
+    /// Takes the SRQ's one ring: `EBUSY` when it had one; `EINVAL` when a QP attached to
+    /// it completes its receives on another CQ than `cq`. `reserve` makes the ring's claim
+    /// on `cq`, kept until the SRQ is destroyed; it runs under the lock that
+    /// [`attach`](Self::attach) takes, so no QP with another CQ slips in.
+    pub(crate) fn take_ring(
+        &self,
+        verb: &'static str,
+        cq: *mut ibv_cq,
+        reserve: impl FnOnce() -> Result<RingReservation>,
+    ) -> Result<()> {
+        let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        if c.ring.is_some() {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "this SRQ already has its ring (one ring per SRQ, for the SRQ's life: its \
+                 receives stay posted after the ring is dropped)",
+            ));
+        }
+        if c.attached.iter().any(|&a| a != cq) {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "a QP attached to this SRQ completes its receives on another CQ: the ring \
+                 reserves room on one CQ, so every attached QP must use the ring's CQ",
+            ));
+        }
+        c.ring = Some((cq, reserve()?));
+        Ok(())
+    }
+
+    /// Undoes [`take_ring`](Self::take_ring) when building the ring failed after it
+    /// (nothing was posted).
+    pub(crate) fn untake_ring(&self) {
+        let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, r)) = c.ring.take() {
+            r.release();
+        }
     }
 
     /// `ibv_query_srq(3)`: max_wr, max_sge, srq_limit.

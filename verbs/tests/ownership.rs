@@ -208,6 +208,67 @@ fn a_ring_reset_keeps_the_lease() {
     assert!(region.as_slice().is_ok());
 }
 
+/// An SRQ's ring: one per SRQ for its life; every QP attached completes on the ring's CQ
+/// (a QP with another receive CQ is refused while the ring exists, and a ring while such a
+/// QP exists); the region stays leased after the ring is dropped (the SRQ's receives stay
+/// posted, whatever happens to its QPs) until the SRQ is destroyed; a QP on the SRQ is
+/// pointed to it.
+#[test]
+fn an_srq_ring_owns_the_srq_and_its_cq() {
+    let ctx = softnic();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let other = ctx.create_cq(256, None).unwrap();
+    let srq = pd.create_srq(16, 1).unwrap();
+    let mut region = pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE).unwrap();
+    let on = |rcq| QpBuilder::new(&pd, &cq, rcq, QpType::Rc).srq(&srq).build();
+    // A QP on another CQ first: the ring is refused while it lives.
+    let stray = on(&other).unwrap();
+    let e = srq
+        .recv_ring::<16>(&cq, &mut region, 0, RecvConfig::new(0, 64, 16))
+        .unwrap_err();
+    assert_eq!((e.verb(), e.errno()), ("SrqRing", libc::EINVAL), "{e}");
+    assert!(e.to_string().contains("another CQ"), "{e}");
+    assert!(region.as_slice().is_ok(), "a refused ring leases nothing");
+    drop(stray);
+    let qp = on(&cq).unwrap();
+    {
+        let mut ring = srq
+            .recv_ring::<16>(&cq, &mut region, 0, RecvConfig::new(0, 64, 16))
+            .unwrap();
+        assert_eq!(ring.fill().unwrap(), 16);
+        assert_eq!(ring.srq().as_raw(), srq.as_raw());
+        // While it exists, QPs on another receive CQ are refused by name.
+        let e = on(&other).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{e}");
+        assert!(e.to_string().contains("Srq::recv_ring"), "{e}");
+        assert!(on(&cq).is_ok(), "the ring's CQ is fine");
+        // The receive queue of a QP on the SRQ is the SRQ's.
+        let mut other_region = pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE).unwrap();
+        let e = qp
+            .recv_ring::<16>(&mut other_region, 0, RecvConfig::new(0, 64, 16))
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(e.to_string().contains("Srq::recv_ring"), "{e}");
+        // A QP reset leaves the SRQ's receives posted.
+        qp.reset().unwrap();
+        assert_eq!(ring.posted(), 16);
+    }
+    // The ring is gone, its receives are not: the region stays leased, and the SRQ takes
+    // no second ring (its completions would be the first ring's).
+    assert_eq!(region.as_slice().unwrap_err().errno(), libc::EBUSY);
+    let mut second = pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = srq
+        .recv_ring::<16>(&cq, &mut second, 0, RecvConfig::new(0, 64, 16))
+        .unwrap_err();
+    assert_eq!((e.verb(), e.errno()), ("SrqRing", libc::EBUSY), "{e}");
+    assert!(second.as_slice().is_ok(), "the refused ring leased nothing");
+    // Destroying the SRQ (after its QPs) ends the lease.
+    drop(qp);
+    srq.destroy().unwrap();
+    assert!(region.as_slice().is_ok());
+}
+
 /// `mem::forget` of a ring keeps the QP owned for good: resets are refused (sound: the
 /// forgotten ring's state is unknown), destroying the QP still works.
 #[test]

@@ -357,3 +357,188 @@ fn run_writes(label: &str, ctx: &Context) {
         "{label}: dropped {dropped}"
     );
 }
+
+/// The receive side on an SRQ: two QPs share one `SrqRing`; one of them loses its peer
+/// (its own SEND to the dead peer fails), is recovered through its send ring and connected
+/// to a new peer, while the other's traffic goes on. The SRQ's receives are untouched by
+/// the QP's error and reset (no slot lost, none reposted twice): every slot is posted,
+/// held or pending at each step, and every message arrives exactly once.
+#[test]
+fn an_srq_ring_serves_on_while_one_of_its_qps_is_recovered() {
+    for (label, ctx) in open() {
+        run_srq(&label, &ctx);
+    }
+}
+
+fn run_srq(label: &str, ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let rcq = ctx.create_cq(256, None).unwrap();
+    let scq = ctx.create_cq(256, None).unwrap();
+    let port = ctx.port_info(None, gid_index()).unwrap();
+    let opts = ConnectOptions {
+        timeout: 12,
+        ..ConnectOptions::default()
+    };
+    let srq = pd.create_srq(SLOTS, 1).unwrap();
+    let mut mem = pd
+        .alloc_mr(SLOTS as usize * 64, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let receiver = || {
+        QpBuilder::new(&pd, &scq, &rcq, QpType::Rc)
+            .srq(&srq)
+            .max_send_wr(16)
+            .max_inline_data(64)
+            .build()
+            .unwrap()
+    };
+    let sender = || {
+        QpBuilder::new(&pd, &scq, &scq, QpType::Rc)
+            .max_send_wr(16)
+            .max_inline_data(64)
+            .build()
+            .unwrap()
+    };
+    let (r1, r2) = (receiver(), receiver());
+    let (s1, s2) = (sender(), sender());
+    for (r, s) in [(&r1, &s1), (&r2, &s2)] {
+        r.connect(&port, &s.endpoint(&port), &opts).unwrap();
+        s.connect(&port, &r.endpoint(&port), &opts).unwrap();
+    }
+    let mut ring = srq
+        .recv_ring::<64>(&rcq, &mut mem, 0, RecvConfig::new(0, 64, SLOTS))
+        .unwrap();
+    assert_eq!(ring.fill().unwrap(), SLOTS as usize, "{label}");
+    let mut rp = rcq.poller::<16>().unwrap();
+    let mut sp = scq.poller::<16>().unwrap();
+    let patience = Duration::from_secs(10);
+    let cfg = |id| SendConfig::new(id, 16, 64).signal_every(4);
+    let mut tx1 = s1.send_ring::<16>(cfg(1)).unwrap();
+    let mut tx2 = s2.send_ring::<16>(cfg(2)).unwrap();
+    let mut back = r1.send_ring::<16>(cfg(3)).unwrap();
+    let all_accounted = |ring: &SrqRing<'_, 64>, what: &str| {
+        assert_eq!(
+            ring.posted() + ring.held() + ring.pending(),
+            SLOTS,
+            "{label}: {what}: every slot posted, held or pending"
+        );
+    };
+    let send = |tx: &mut SendRing<'_, 16>, sp: &mut CqPoller<'_, 16>, seqs| {
+        send_drained(label, tx, sp, seqs)
+    };
+
+    // 1. Both peers stream.
+    send(&mut tx1, &mut sp, 0..10);
+    send(&mut tx2, &mut sp, 100..110);
+    let got = srq_receive(&mut rp, &mut ring, 20);
+    assert_eq!(got.get(&r1.qp_num()), Some(&(0..10).collect()), "{label}");
+    assert_eq!(
+        got.get(&r2.qp_num()),
+        Some(&(100..110).collect()),
+        "{label}"
+    );
+    all_accounted(&ring, "after the first stream");
+
+    // 2. S1 dies; R1 finds out when its own SEND to it fails.
+    drop(tx1);
+    s1.destroy().unwrap();
+    back.signal_next();
+    back.send_now(Msg::send(Local::Inline(&[0; 8]))).unwrap();
+    let mut errors = Vec::new();
+    back.drain(patience, |r| {
+        for c in sp.poll()? {
+            if let Err(e) = r.on_completion(c) {
+                errors.push(e);
+            }
+        }
+        Ok::<_, PollError>(())
+    })
+    .unwrap_or_else(|e| panic!("{label}: drain: {e}"));
+    assert_eq!(errors, [WcError::RetryExc], "{label}");
+    // The SRQ's receives are not R1's: its error flushed none of them.
+    assert!(
+        srq_receive(&mut rp, &mut ring, 0).is_empty(),
+        "{label}: no receive completion from R1's error"
+    );
+    all_accounted(&ring, "after R1's error");
+
+    // 3. R1 recovered through its send ring, connected to a new peer S3; S2 went on.
+    assert_eq!(
+        back.reset_qp().unwrap(),
+        0,
+        "{label}: the failed WR retired"
+    );
+    let s3 = sender();
+    r1.connect(&port, &s3.endpoint(&port), &opts).unwrap();
+    s3.connect(&port, &r1.endpoint(&port), &opts).unwrap();
+    let mut tx3 = s3.send_ring::<16>(cfg(4)).unwrap();
+    send(&mut tx3, &mut sp, 200..220);
+    send(&mut tx2, &mut sp, 110..130);
+    let got = srq_receive(&mut rp, &mut ring, 40);
+    assert_eq!(
+        got.get(&r1.qp_num()),
+        Some(&(200..220).collect()),
+        "{label}"
+    );
+    assert_eq!(
+        got.get(&r2.qp_num()),
+        Some(&(110..130).collect()),
+        "{label}"
+    );
+    all_accounted(&ring, "after the recovery");
+    assert_eq!(ring.progress().retired, 60, "{label}: each message once");
+}
+
+/// Sends `seqs` on `tx` in bursts of 8 (the ring holds 16), each ending signaled and
+/// drained; panics on any error.
+fn send_drained(
+    label: &str,
+    tx: &mut SendRing<'_, 16>,
+    sp: &mut CqPoller<'_, 16>,
+    seqs: std::ops::Range<u64>,
+) {
+    for seq in seqs.clone() {
+        let last = seq + 1 == seqs.end || (seq - seqs.start) % 8 == 7;
+        if last {
+            tx.signal_next();
+        }
+        tx.send_now(Msg::send(Local::Inline(&seq.to_le_bytes())))
+            .unwrap();
+        if last {
+            tx.drain(Duration::from_secs(10), |r| {
+                for c in sp.poll()? {
+                    r.on_completion(c).unwrap();
+                }
+                Ok::<_, PollError>(())
+            })
+            .unwrap_or_else(|e| panic!("{label}: drain: {e}"));
+        }
+    }
+}
+
+/// The next `n` messages of `rx`, by receiving QP, in order; with `n == 0`, whatever a
+/// few polls bring.
+fn srq_receive(
+    p: &mut CqPoller<'_, 16>,
+    rx: &mut SrqRing<'_, 64>,
+    n: usize,
+) -> std::collections::BTreeMap<u32, Vec<u64>> {
+    let mut got = std::collections::BTreeMap::<u32, Vec<u64>>::new();
+    let mut count = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut polls = 0;
+    while (count < n && std::time::Instant::now() < deadline) || (n == 0 && polls < 100) {
+        polls += 1;
+        for c in p.poll().unwrap() {
+            let qpn = c.qp_num();
+            let m = rx.on_completion(c).unwrap();
+            let d = rx.data(&m).unwrap();
+            got.entry(qpn)
+                .or_default()
+                .push(u64::from_le_bytes(d[..8].try_into().unwrap()));
+            count += 1;
+            rx.release(m).unwrap();
+        }
+        rx.repost().unwrap();
+    }
+    got
+}

@@ -222,6 +222,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_thread_domain_has_one_send_ring_at_a_time",
             "a_new_direct_poller_serves_the_existing_rings",
             "wr_and_direct_rings_follow_a_new_remote",
+            "an_srq_ring_owns_the_srq_and_its_cq",
         ],
         models: Models::Stacked,
         why: "issue 27 items 7-9, forget, thread domains, set_remote: the rest of the misuse \
@@ -248,9 +249,13 @@ const MIRI_TESTS: &[MiriTest] = &[
     MiriTest {
         package: "hotverbs",
         target: "real_device_reconnect",
-        tests: &["peer_dies_mid_stream_then_the_same_ring_serves_a_new_peer"],
+        tests: &[
+            "peer_dies_mid_stream_then_the_same_ring_serves_a_new_peer",
+            "an_srq_ring_serves_on_while_one_of_its_qps_is_recovered",
+        ],
         models: Models::Stacked,
-        why: "issue 27: a dead peer, the ring's safe recovery, a new peer (both profiles)",
+        why: "issue 27: a dead peer, the ring's safe recovery, a new peer (both profiles); an \
+              SRQ ring serving on while one of its QPs is recovered",
     },
 ];
 

@@ -309,6 +309,23 @@ impl SendRetirer {
         self.retired
     }
 
+    /// Ends split mode for the ring `key` names (`SendRing::unsplit`, `WrRing::unsplit`):
+    /// takes this retirer back (by value: its polling thread is done with it) and checks
+    /// that it and `shared` are of that split.
+    ///
+    /// # Panics
+    /// If either is of another ring or split (`what` names the caller), or `key` is 0
+    /// (the ring is not in split mode).
+    pub(crate) fn join<O: Orderings>(self, what: &str, key: u64, shared: &SendCounters<O>) {
+        if key == 0 || self.key != key || shared.key != key {
+            panic!(
+                "{what}: the ring's latest split has key {key}, the counters {} and the \
+                 retirer {}: pass the pair that split returned",
+                shared.key, self.key
+            );
+        }
+    }
+
     /// The ring id of the ring this retirer retires for.
     #[inline(always)]
     pub fn ring(&self) -> u8 {

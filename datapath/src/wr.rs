@@ -789,6 +789,24 @@ impl WrRing {
         dropped
     }
 
+    /// Leaves split mode: the retirer comes back by value (the polling thread is done
+    /// with it), the ring absorbs the counters' progress and error (as `sync`), and from
+    /// then on it retires its own completions (`on_completion`) and takes no counters or
+    /// retirer of that split. Its safe recovery (the setup layer's `reset_qp`) needs it.
+    ///
+    /// # Panics
+    /// If `shared` and `retirer` are not the pair of this ring's latest split, or the
+    /// ring is not in split mode.
+    pub fn unsplit<O: crate::split::Orderings>(
+        &mut self,
+        shared: &crate::split::SendCounters<O>,
+        retirer: crate::split::SendRetirer,
+    ) {
+        retirer.join("WrRing::unsplit", self.st.split_key, shared);
+        self.sync(shared);
+        self.st.split_key = 0;
+    }
+
     /// True once [`split`](Self::split) handed out counters and a retirer (a reset must
     /// then not run while the retirer may).
     #[inline]

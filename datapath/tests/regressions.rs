@@ -655,6 +655,34 @@ fn a_new_split_retires_the_old_counters() {
     assert!(r.is_err(), "counters of an earlier split accepted");
 }
 
+/// Issue 27 (split mode's recovery): `unsplit` takes only the pair of the ring's latest
+/// split, and afterwards the ring retires its own completions and refuses that pair.
+#[test]
+fn unsplit_takes_only_the_latest_pair_and_ends_split_mode() {
+    let dev = CountingDevice::new(64);
+    let mut a: SendRing<8> = send_ring(&dev, SendConfig::new(1, 8, 64).signal_every(1));
+    let (old, old_retirer) = a.split();
+    let (new, mut retirer) = a.split();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.unsplit(&old, old_retirer)
+    }));
+    assert!(r.is_err(), "a pair of an earlier split accepted");
+    assert!(a.is_split(), "a refused unsplit leaves split mode on");
+    a.send_now(Msg::send(Local::Empty)).unwrap();
+    for c in poll_all(&mut poller::<8>(&dev)) {
+        assert_eq!(retirer.on_completion(&c, &new), Ok(1));
+    }
+    a.unsplit(&new, retirer);
+    assert!(!a.is_split());
+    assert_eq!(a.outstanding(), 0, "the retirer's progress absorbed");
+    a.send_now(Msg::send(Local::Empty)).unwrap();
+    for c in poll_all(&mut poller::<8>(&dev)) {
+        assert_eq!(a.on_completion(&c), Ok(1), "its own completions again");
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.sync(&new)));
+    assert!(r.is_err(), "the unsplit pair's counters accepted");
+}
+
 /// Soundness review: a ring on a UD QP without a destination posted `ah = NULL`, which
 /// rxe and mlx5 dereference while posting. Now refused at construction (and a NULL AH in
 /// `set_ud_dest`).

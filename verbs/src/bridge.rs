@@ -466,6 +466,15 @@ macro_rules! forward_send_ring {
             self.ring.sync(shared)
         }
 
+        /// Leaves split mode (see the datapath ring's `unsplit`): the retirer comes back
+        /// by value once the polling thread is done with it; then `reset_qp` works again.
+        ///
+        /// # Panics
+        /// If `shared` and `retirer` are not the pair of this ring's latest `split`.
+        pub fn unsplit<O: Orderings>(&mut self, shared: &SendCounters<O>, retirer: SendRetirer) {
+            self.ring.unsplit(shared, retirer)
+        }
+
         /// Posts what is staged and waits, up to `timeout`, until every WR is retired,
         /// calling `poll` to poll the CQ and hand completions to their rings (this one
         /// included: `poll` gets the ring back). The natural
@@ -719,7 +728,8 @@ pub(crate) fn refuse_split(verb: &'static str, split: bool) -> Result<()> {
     if split {
         return Err(Error::new(verb, libc::EBUSY).with_hint(
             "the ring is in split mode and its retirer may be running on another thread: \
-             move the QP to ERR, drain the flushes through the retirer, stop it, then reset",
+             move the QP to ERR (Qp::to_error), let the retirer retire the flushes, take it \
+             back from its thread, ring.unsplit(&counters, retirer), then reset_qp",
         ));
     }
     Ok(())

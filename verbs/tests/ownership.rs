@@ -785,3 +785,80 @@ fn the_direct_path_and_verbs_rings_do_not_share_a_cq() {
     assert!(e.to_string().contains("direct path"), "{e}");
     let _ring = a.direct_ring(&mut dp, SendConfig::new(0, 16, 64)).unwrap();
 }
+
+/// Split mode's safe recovery: while a retirer may run on another thread, `reset_qp` is
+/// refused (`EBUSY`, saying what to do); the retirer retires the flushes on its thread,
+/// comes back by value (`unsplit`), and the same ring recovers, reconnects and sends
+/// again; every WR retired once or dropped by the reset.
+#[test]
+fn a_split_ring_recovers_once_its_retirer_is_back() {
+    let ctx = softnic();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let (a, b) = rc_pair(&ctx, &pd, &cq);
+    let target = write_target(&pd);
+    let mut ring = a.send_ring::<16>(cfg(&target)).unwrap();
+    let mut p = cq.poller::<16>().unwrap();
+    let (counters, retirer) = ring.split();
+    for i in 0..6u64 {
+        ring.send_now(Msg::write(Local::Inline(&i.to_le_bytes()), i * 8))
+            .unwrap();
+    }
+    a.to_error().unwrap();
+    ring.signal_next();
+    ring.send_now(Msg::write(Local::Inline(&[7; 8]), 48))
+        .unwrap();
+    // The polling thread: its retirer retires everything, flushes included.
+    let (retirer, errors) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut retirer = retirer;
+            let mut errors = Vec::new();
+            for _ in 0..1000 {
+                for c in p.poll().unwrap() {
+                    if let Err(e) = retirer.on_completion(c, &counters) {
+                        errors.push(e);
+                    }
+                }
+                if retirer.retired() == 7 {
+                    break;
+                }
+            }
+            (retirer, errors)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(retirer.retired(), 7, "{errors:?}");
+    assert!(
+        !errors.is_empty() && errors.iter().all(|e| *e == WcError::WrFlush),
+        "{errors:?}"
+    );
+    let e = ring.reset_qp().unwrap_err();
+    assert_eq!((e.verb(), e.errno()), ("SendRing::reset_qp", libc::EBUSY));
+    assert!(e.to_string().contains("unsplit"), "{e}");
+    ring.unsplit(&counters, retirer);
+    assert!(!ring.is_split());
+    assert_eq!(
+        ring.error(),
+        Some(WcError::WrFlush),
+        "absorbed from the counters"
+    );
+    assert_eq!(
+        ring.reset_qp().unwrap(),
+        0,
+        "every WR was retired by a completion"
+    );
+    b.reset().unwrap();
+    Qp::connect_pair(
+        &a,
+        &b,
+        &ctx.port_info(None, None).unwrap(),
+        &ConnectOptions::default(),
+    )
+    .unwrap();
+    ring.send_now(Msg::write(Local::Inline(&[9; 8]), 64))
+        .unwrap();
+    retire_all(&mut ring, &mut p);
+    assert_eq!(target.read_u64(64).unwrap(), u64::from_le_bytes([9; 8]));
+    assert_eq!(ring.retired_total(), ring.posted_total());
+}

@@ -72,6 +72,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "split_completion_before_sync_is_not_dropped",
             "split_error_completion_before_sync_is_published",
             "a_new_split_retires_the_old_counters",
+            "unsplit_takes_only_the_latest_pair_and_ends_split_mode",
         ],
         models: Models::Stacked,
         why: "items 3, 4: foreign completions and counters; split mode",
@@ -223,10 +224,11 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_new_direct_poller_serves_the_existing_rings",
             "wr_and_direct_rings_follow_a_new_remote",
             "an_srq_ring_owns_the_srq_and_its_cq",
+            "a_split_ring_recovers_once_its_retirer_is_back",
         ],
         models: Models::Stacked,
-        why: "issue 27 items 7-9, forget, thread domains, set_remote: the rest of the misuse \
-              file",
+        why: "issue 27 items 7-9, forget, thread domains, set_remote, the SRQ ring, split \
+              mode's recovery: the rest of the misuse file",
     },
     MiriTest {
         package: "hotverbs",

@@ -321,6 +321,73 @@ pub fn fuzz(args: &[String]) -> Result<(), String> {
             String::new()
         }
     );
+    if ci {
+        planted_library_bug(&fuzz_dir, &host)?;
+    }
+    Ok(())
+}
+
+/// CI's proof that `safe_api` finds a bug in the library itself, not only in its own
+/// harness: built with `--features planted-library-bug` (issue 27's item 10 put back in
+/// `hotverbs-datapath`: a receive completion handed to a send ring answered `Ok(0)`), the
+/// target must fail on its committed corpus. Builds into the same target dir as the plain
+/// run (the feature set differs, so only the crates above the datapath are rebuilt; the next
+/// `cargo xtask fuzz` builds the ordinary binary again before it runs).
+fn planted_library_bug(fuzz_dir: &Path, host: &str) -> Result<(), String> {
+    const TARGET: &str = "safe_api";
+    let start = std::time::Instant::now();
+    let mut build = cargo();
+    build
+        .args([
+            "fuzz",
+            "build",
+            "--release",
+            "--features",
+            "planted-library-bug",
+            TARGET,
+        ])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", fuzz_target_dir(false));
+    run_in(&mut build, fuzz_dir)?;
+    let scratch = root().join("target/fuzz-planted");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(scratch.join("artifacts")).map_err(|e| e.to_string())?;
+    let bin = fuzz_target_dir(false)
+        .join(host)
+        .join("release")
+        .join(TARGET);
+    let out = Command::new(&bin)
+        .arg(fuzz_dir.join("corpus").join(TARGET))
+        .arg(format!(
+            "-artifact_prefix={}/",
+            scratch.join("artifacts").display()
+        ))
+        .arg("-runs=0")
+        .env_remove("HOTVERBS_SOFTNIC_PROFILE")
+        .current_dir(fuzz_dir)
+        .output()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    let found = !out.status.success() && text.contains("took a completion that is not its own");
+    if !found {
+        let lines: Vec<&str> = text.lines().collect();
+        return Err(format!(
+            "fuzz: {TARGET} built with its planted library bug (issue 27 item 10) ran its corpus \
+             without finding it ({}); the target no longer reaches a receive completion \
+             handed to a send ring. Last lines:\n{}",
+            out.status,
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        ));
+    }
+    let why = text
+        .lines()
+        .find(|l| l.contains("took a completion that is not its own"))
+        .unwrap_or_default();
+    eprintln!(
+        "fuzz: {TARGET} with issue 27's item 10 planted in the library: found on its corpus in \
+         {:.0} s (build included): {why}",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

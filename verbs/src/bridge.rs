@@ -605,6 +605,53 @@ impl<E: std::fmt::Display> std::fmt::Display for DrainError<E> {
 
 impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for DrainError<E> {}
 
+/// The safe recovery of a verbs-path send ring (`SendRing`, `WrRing`): `reset_qp` and
+/// `reset_qp_with`, their errors naming `$name`.
+macro_rules! verbs_ring_recovery {
+    ($name:literal) => {
+        /// Recovery: moves the QP to RESET (its WRs discarded by the device) and resets the
+        /// ring: every staged or outstanding WR is accounted as never completed (returned),
+        /// the error state left; completions of them still in the CQ are ignored as stale
+        /// (for a `WrRing`, an open `ibv_wr_*` region is aborted). Then [`Qp::connect`]
+        /// again, to the same peer or a new one, and post.
+        ///
+        /// # Errors
+        #[doc = concat!("`", $name, "::reset_qp: EBUSY` when a [`RecvRing`] owns the QP's")]
+        /// receive queue (use [`reset_qp_with`](Self::reset_qp_with), which resets both) or
+        /// the ring is in split mode (a retirer may be running: `unsplit` first); the move's
+        /// error.
+        pub fn reset_qp(&mut self) -> Result<u64> {
+            const VERB: &str = concat!($name, "::reset_qp");
+            refuse_split(VERB, self.ring.is_split())?;
+            refuse_recv_owned(VERB, self.qp, $name)?;
+            self.qp.reset_by_rings()?;
+            // SAFETY: the QP just went to RESET: the device uses none of the ring's WRs;
+            // not in split mode (checked).
+            Ok(unsafe { self.ring.reset() })
+        }
+
+        /// [`reset_qp`](Self::reset_qp) for a QP whose receive queue `recv` owns: both
+        /// rings reset with one move to RESET. Returns (send WRs never completed, receive
+        /// slots requeued for the next `fill`).
+        ///
+        /// # Errors
+        #[doc = concat!("`", $name, "::reset_qp_with: EINVAL` when `recv` is not this QP's;")]
+        /// `EBUSY` in split mode; the move's error.
+        pub fn reset_qp_with<const M: usize>(
+            &mut self,
+            recv: &mut RecvRing<'_, M>,
+        ) -> Result<(u64, usize)> {
+            const VERB: &str = concat!($name, "::reset_qp_with");
+            refuse_split(VERB, self.ring.is_split())?;
+            same_qp(VERB, self.qp, recv.qp)?;
+            self.qp.reset_by_rings()?;
+            // SAFETY: the QP just went to RESET: the device holds none of either ring's
+            // WRs; not in split mode (checked).
+            Ok(unsafe { (self.ring.reset(), recv.ring.reset()) })
+        }
+    };
+}
+
 /// A [`hotverbs_datapath::SendRing`] on a [`Qp`]'s send queue, borrowing the QP; made by
 /// [`Qp::send_ring`] / [`Qp::send_ring_ud`]. While it lives it owns the send queue: the
 /// QP's move to RESET goes through [`reset_qp`](Self::reset_qp). Its methods forward to
@@ -665,44 +712,7 @@ impl<'q, const N: usize> SendRing<'q, N> {
             .map_err(|e| Error::new(VERB, libc::EINVAL).with_hint(e.to_string()))
     }
 
-    /// Recovery: moves the QP to RESET (its WRs discarded by the device) and resets the
-    /// ring: every staged or outstanding WR is accounted as never completed (returned),
-    /// the error state left; completions of them still in the CQ are ignored as stale.
-    /// Then [`Qp::connect`] again, to the same peer or a new one, and post.
-    ///
-    /// # Errors
-    /// `SendRing::reset_qp: EBUSY` when a [`RecvRing`] owns the QP's receive queue (use
-    /// [`reset_qp_with`](Self::reset_qp_with), which resets both) or the ring is in split
-    /// mode (a retirer may be running); the move's error.
-    pub fn reset_qp(&mut self) -> Result<u64> {
-        const VERB: &str = "SendRing::reset_qp";
-        refuse_split(VERB, self.ring.is_split())?;
-        refuse_recv_owned(VERB, self.qp, "SendRing")?;
-        self.qp.reset_by_rings()?;
-        // SAFETY: the QP just went to RESET: the device uses none of the ring's WRs; not
-        // in split mode (checked).
-        Ok(unsafe { self.ring.reset() })
-    }
-
-    /// [`reset_qp`](Self::reset_qp) for a QP whose receive queue `recv` owns: both rings
-    /// reset with one move to RESET. Returns (send WRs never completed, receive slots
-    /// requeued for the next `fill`).
-    ///
-    /// # Errors
-    /// `SendRing::reset_qp_with: EINVAL` when `recv` is not this QP's; `EBUSY` in split
-    /// mode; the move's error.
-    pub fn reset_qp_with<const M: usize>(
-        &mut self,
-        recv: &mut RecvRing<'_, M>,
-    ) -> Result<(u64, usize)> {
-        const VERB: &str = "SendRing::reset_qp_with";
-        refuse_split(VERB, self.ring.is_split())?;
-        same_qp(VERB, self.qp, recv.qp)?;
-        self.qp.reset_by_rings()?;
-        // SAFETY: the QP just went to RESET: the device holds none of either ring's WRs;
-        // not in split mode (checked).
-        Ok(unsafe { (self.ring.reset(), recv.ring.reset()) })
-    }
+    verbs_ring_recovery!("SendRing");
 }
 
 impl<const N: usize> Drop for SendRing<'_, N> {
@@ -1122,36 +1132,7 @@ impl<'q> WrRing<'q> {
         self.qp
     }
 
-    /// Recovery, as [`SendRing::reset_qp`] (an open `ibv_wr_*` region is aborted).
-    ///
-    /// # Errors
-    /// `WrRing::reset_qp: EBUSY` when a [`RecvRing`] owns the receive queue (use
-    /// [`reset_qp_with`](Self::reset_qp_with)) or in split mode; the move's error.
-    pub fn reset_qp(&mut self) -> Result<u64> {
-        const VERB: &str = "WrRing::reset_qp";
-        refuse_split(VERB, self.ring.is_split())?;
-        refuse_recv_owned(VERB, self.qp, "WrRing")?;
-        self.qp.reset_by_rings()?;
-        // SAFETY: the QP just went to RESET; not in split mode (checked).
-        Ok(unsafe { self.ring.reset() })
-    }
-
-    /// [`reset_qp`](Self::reset_qp) with the QP's receive ring, as
-    /// [`SendRing::reset_qp_with`].
-    ///
-    /// # Errors
-    /// As `SendRing::reset_qp_with`.
-    pub fn reset_qp_with<const M: usize>(
-        &mut self,
-        recv: &mut RecvRing<'_, M>,
-    ) -> Result<(u64, usize)> {
-        const VERB: &str = "WrRing::reset_qp_with";
-        refuse_split(VERB, self.ring.is_split())?;
-        same_qp(VERB, self.qp, recv.qp)?;
-        self.qp.reset_by_rings()?;
-        // SAFETY: the QP just went to RESET; not in split mode (checked).
-        Ok(unsafe { (self.ring.reset(), recv.ring.reset()) })
-    }
+    verbs_ring_recovery!("WrRing");
 }
 
 impl Drop for WrRing<'_> {

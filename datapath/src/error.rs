@@ -524,6 +524,44 @@ impl fmt::Display for RecvError {
     }
 }
 
+/// [`RecvRing::release`](crate::RecvRing::release) refused or could not finish.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseError {
+    /// A [`Received`](crate::Received) of another ring, handed back untouched: release it
+    /// on the ring that made it (its slot is held there until then).
+    Foreign(crate::Received),
+    /// The slot was released, but re-posting the released slots failed: the ones not
+    /// posted stay pending for the next `repost`.
+    Post(PostError),
+}
+
+impl ReleaseError {
+    /// The [`RecvError`] it stands for (`RecvError::Foreign` names the slot).
+    pub fn kind(&self) -> RecvError {
+        match self {
+            Self::Foreign(m) => RecvError::Foreign { slot: m.slot() },
+            Self::Post(e) => RecvError::Post(*e),
+        }
+    }
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Foreign(m) => write!(
+                f,
+                "RecvRing::release: the Received of slot {} belongs to another RecvRing (handed \
+                 back: release it on the ring that produced it)",
+                m.slot()
+            ),
+            Self::Post(e) => e.fmt(f),
+        }
+    }
+}
+
+impl core::error::Error for ReleaseError {}
+
 /// `ibv_poll_cq(3)` returned a negative value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollError {

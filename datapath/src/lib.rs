@@ -130,7 +130,9 @@ pub use cq::{Completion, CqPoller};
 pub use cq_ex::{ExCqPoller, ExFields, ExPollError};
 pub use credits::{CreditReturn, Credits};
 pub use desc::{LocalBuf, RemoteBuf, UdDest};
-pub use error::{ConfigError, Misrouted, PollError, PostError, RecvError, SendError, WcError};
+pub use error::{
+    ConfigError, Misrouted, PollError, PostError, RecvError, ReleaseError, SendError, WcError,
+};
 pub use mlx5::{DirectBatch, DirectPoller, DirectRing};
 pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};

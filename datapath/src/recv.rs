@@ -29,7 +29,7 @@ use hotverbs_ffi::*;
 
 use crate::cq::Completion;
 use crate::desc::LocalBuf;
-use crate::error::{ConfigError, PostError, RecvError};
+use crate::error::{ConfigError, PostError, RecvError, ReleaseError};
 use crate::wr_id;
 
 const IDLE: u8 = 0;
@@ -430,18 +430,22 @@ impl<const N: usize> RecvRing<N> {
     }
 
     /// Gives a slot back; released slots are re-posted as one chain once `repost_batch`
-    /// of them are waiting. [`RecvError::Foreign`] for a [`Received`] of another ring
-    /// (nothing happens), [`RecvError::Post`] if the re-post failed (the slots not posted
-    /// stay pending).
+    /// of them are waiting.
+    ///
+    /// # Errors
+    /// [`ReleaseError::Foreign`] for a [`Received`] of another ring: nothing happens and
+    /// it comes back, to be released on the ring that made it (its slot is never lost);
+    /// [`ReleaseError::Post`] if the re-post failed (the slot was released; the slots not
+    /// posted stay pending).
     #[inline]
-    pub fn release(&mut self, m: Received) -> Result<(), RecvError> {
+    pub fn release(&mut self, m: Received) -> Result<(), ReleaseError> {
         if !self.owns(&m) {
-            return Err(RecvError::Foreign { slot: m.slot });
+            return Err(ReleaseError::Foreign(m));
         }
         self.held -= 1;
         self.queue(m.slot);
         if self.npending >= self.repost_batch {
-            self.repost()?;
+            self.repost().map_err(ReleaseError::Post)?;
         }
         Ok(())
     }

@@ -210,7 +210,12 @@ fn received_of_another_ring_is_refused() {
     let own = small.on_completion(&mut poll_all(&mut p)[0]).unwrap();
     assert_eq!(own.slot(), 0);
     assert_eq!(small.data(&slot0), Err(RecvError::Foreign { slot: 0 }));
-    assert_eq!(small.release(slot0), Err(RecvError::Foreign { slot: 0 }));
+    // Refused and handed back (issue 27: it used to be consumed, its slot on `big` then
+    // held for good): released on its own ring, its slot is posted again.
+    let Err(ReleaseError::Foreign(slot0)) = small.release(slot0) else {
+        panic!("another ring's Received released");
+    };
+    assert_eq!(slot0.slot(), 0);
     assert_eq!(
         (small.held(), small.pending(), small.posted()),
         (1, 0, 1),
@@ -221,6 +226,13 @@ fn received_of_another_ring_is_refused() {
     small.release(own).unwrap();
     big.release(slot10).unwrap();
     assert_eq!(small.posted(), 2);
+    let held_before = big.held();
+    big.release(slot0).unwrap();
+    assert_eq!(
+        big.held(),
+        held_before - 1,
+        "the handed-back slot is free again"
+    );
 }
 
 // ---- 4. RecvRing::reset on an SRQ ---------------------------------------------------------

@@ -695,8 +695,6 @@ struct RecvEntry<'a> {
     ring: RecvRing<'a, RN>,
     led: RecvLedger,
     held: Vec<Received>,
-    /// `Received`s given to another ring (`Foreign`): their slots stay held here for good.
-    lost_held: u32,
 }
 
 enum Poller<'a> {
@@ -1040,11 +1038,7 @@ fn check_recv(e: &RecvEntry<'_>, what: &dyn std::fmt::Display) {
         l.posted - l.accepted - l.failed - l.discarded,
         "{what}: receives on the device vs ledger {l:?}"
     );
-    assert_eq!(
-        e.ring.held() as usize,
-        e.held.len() + e.lost_held as usize,
-        "{what}: held slots"
-    );
+    assert_eq!(e.ring.held() as usize, e.held.len(), "{what}: held slots");
     assert!(
         e.ring.posted() + e.ring.held() + e.ring.pending() <= l.count,
         "{what}: more slots in use than the ring has"
@@ -1777,7 +1771,6 @@ impl<'a> World<'a> {
                     ring,
                     led,
                     held: Vec::new(),
-                    lost_held: 0,
                 };
                 check_recv(&e, &what);
                 stat("ring made Recv");
@@ -2187,21 +2180,22 @@ impl<'a> World<'a> {
         let got = e.held.swap_remove(usize::from(idx) % e.held.len());
         let what = what!("release on receive ring {i}");
         if let Some(t) = target {
-            // Another ring's Received: Foreign, nothing changes there; the Received is gone
-            // (moved in), so its slot stays held in its own ring for good.
+            // Another ring's Received: Foreign, nothing changes there, and it comes back
+            // (issue 27: it used to be consumed, its slot held in ring i for good).
+            let slot = got.slot();
             let o = self.recvs[t].as_mut().expect("live");
             let before = (o.ring.posted(), o.ring.held(), o.ring.pending());
-            match o.ring.release(got) {
-                Err(RecvError::Foreign { .. }) => {}
+            let back = match o.ring.release(got) {
+                Err(ReleaseError::Foreign(m)) => m,
                 other => panic!("{what}: a Received given to receive ring {t}: {other:?}"),
-            }
+            };
             assert_eq!(
                 before,
                 (o.ring.posted(), o.ring.held(), o.ring.pending()),
                 "{what}: Foreign, yet changed"
             );
-            // The slot is lost to ring i: held there for good.
-            self.recvs[i].as_mut().expect("live").lost_held += 1;
+            assert_eq!(back.slot(), slot, "{what}: handed back another Received");
+            self.recvs[i].as_mut().expect("live").held.push(back);
             return;
         }
         let before = e.ring.posted();
@@ -2209,7 +2203,7 @@ impl<'a> World<'a> {
         let delta = u64::from(e.ring.posted()) - u64::from(before);
         match res {
             Ok(()) => {}
-            Err(RecvError::Post(pe)) => {
+            Err(ReleaseError::Post(pe)) => {
                 if pe.first_rejected == PostError::UNKNOWN {
                     e.led.unknown_post = true;
                 }
@@ -2406,8 +2400,7 @@ impl<'a> World<'a> {
                         let rx = self.recvs[j].as_mut().expect("live");
                         rx.led.discarded += recv_before.expect("recv");
                         rx.led.unknown_post = false;
-                        let not_held =
-                            rx.led.count as usize - rx.held.len() - rx.lost_held as usize;
+                        let not_held = rx.led.count as usize - rx.held.len();
                         assert_eq!(k, not_held, "{what}: receive slots requeued");
                         check_recv(rx, &what);
                     }
@@ -2445,7 +2438,7 @@ impl<'a> World<'a> {
                 assert!(!send_owned, "{what}: reset behind a send ring");
                 e.led.discarded += before;
                 e.led.unknown_post = false;
-                let not_held = e.led.count as usize - e.held.len() - e.lost_held as usize;
+                let not_held = e.led.count as usize - e.held.len();
                 assert_eq!(k, not_held, "{what}: slots requeued");
                 check_recv(e, &what);
                 self.m.qps[qp].in_reset = true;
@@ -2812,7 +2805,6 @@ impl<'a> World<'a> {
         std::mem::swap(&mut ea.ring, &mut eb.ring);
         std::mem::swap(&mut ea.led, &mut eb.led);
         std::mem::swap(&mut ea.held, &mut eb.held);
-        std::mem::swap(&mut ea.lost_held, &mut eb.lost_held);
         check_recv(ea, &"swapped receive ring");
         check_recv(eb, &"swapped receive ring");
     }

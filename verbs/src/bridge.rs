@@ -81,8 +81,8 @@ use hotverbs_datapath as dp;
 use hotverbs_datapath::split::Orderings;
 use hotverbs_datapath::{
     Completion, ExFields, ExPollError, Local, LocalBuf, Msg, PollError, PostError, Received,
-    RecvConfig, RecvError, RecvTarget, RemoteBuf, SendConfig, SendCounters, SendError, SendRetirer,
-    UdDest, WcError,
+    RecvConfig, RecvError, RecvTarget, ReleaseError, RemoteBuf, SendConfig, SendCounters,
+    SendError, SendRetirer, UdDest, WcError,
 };
 
 use crate::ah::Ah;
@@ -801,9 +801,10 @@ macro_rules! forward_recv_ring {
         /// Gives a held slot back (reposted at the next `repost`/`fill`).
         ///
         /// # Errors
-        /// As the datapath ring's `release`.
+        /// As the datapath ring's `release`: a `Received` of another ring comes back in
+        /// `ReleaseError::Foreign`, to be released on its own ring.
         #[inline(always)]
-        pub fn release(&mut self, m: Received) -> std::result::Result<(), RecvError> {
+        pub fn release(&mut self, m: Received) -> std::result::Result<(), ReleaseError> {
             self.ring.release(m)
         }
 

@@ -178,11 +178,6 @@ struct RingState {
 }
 
 impl CqRings {
-    /// A [`CqPoller`] exists.
-    pub(crate) fn poller_taken(&self) -> bool {
-        self.poller.load(Ordering::Acquire)
-    }
-
     /// Allocates a ring id and reserves `n` completions of `capacity`.
     fn reserve(&self, what: &'static str, capacity: u32, n: u32) -> Result<u8> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -1095,7 +1090,7 @@ impl<const B: usize> CqPoller<'_, B> {
 
 impl<const B: usize> Drop for CqPoller<'_, B> {
     fn drop(&mut self) {
-        // Release: pairs with the Acquire in Cq::poller / poller_taken.
+        // Release: pairs with the AcqRel swap in take_poller.
         self.cq.inner.rings.poller.store(false, Ordering::Release);
     }
 }
@@ -1192,7 +1187,7 @@ impl<const B: usize> ExCqPoller<'_, B> {
 
 impl<const B: usize> Drop for ExCqPoller<'_, B> {
     fn drop(&mut self) {
-        // Release: pairs with the Acquire in Cq::poller / Cq::ex_poller / poller_taken.
+        // Release: pairs with the AcqRel swap in take_poller.
         self.cq.inner.rings.poller.store(false, Ordering::Release);
     }
 }

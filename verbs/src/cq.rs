@@ -1192,13 +1192,7 @@ impl Cq {
                 "a datapath CqPoller polls this CQ: poll through it (one poller per CQ)",
             ));
         }
-        struct Slot<'a>(&'a crate::bridge::CqRings);
-        impl Drop for Slot<'_> {
-            fn drop(&mut self) {
-                self.0.release_poller();
-            }
-        }
-        let _slot = Slot(&self.inner.rings);
+        let _slot = PollerSlot(&self.inner.rings);
         // Checked again with the slot held: a ring made meanwhile reserved before.
         self.inner.rings.refuse_if_rings(VERB)?;
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
@@ -1247,21 +1241,31 @@ impl Cq {
     ///
     /// # Errors
     /// `ibv_req_notify_cq: EBUSY` on a CQ without the provider's lock (a thread domain or
-    /// single-threaded CQ) while a datapath poller exists: arm it with the poller's
-    /// `req_notify`, in its thread; the provider's errno.
+    /// single-threaded CQ) or of the direct path while a datapath poller exists: arm it
+    /// with the poller's `req_notify`, in its thread; the provider's errno.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        if self.inner.serial.is_some()
-            && self.inner.rings.direct_arm().is_none()
-            && self.inner.rings.poller_taken()
-        {
-            // Without the provider's lock, arming reads the consumer index the poller's
-            // thread writes: only the poller may arm.
-            return Err(Error::new("ibv_req_notify_cq", libc::EBUSY).with_hint(
-                "this CQ runs without the provider's lock (thread domain or single-threaded) \
-                 and a datapath poller polls it: arm it from the poller's thread with \
-                 poller.req_notify()",
-            ));
+        let direct = self.inner.rings.direct_arm().is_some();
+        if self.inner.serial.is_none() && !direct {
+            // The provider's lock serialises the arm with any poll.
+            return self.req_notify_unchecked(solicited_only);
         }
+        // Without the provider's lock (or on the direct path, where the consumer index
+        // is the direct poller's), arming reads the consumer index the poller's thread
+        // writes: only the poller may arm, and no poller may start meanwhile (the slot is
+        // held for the arm).
+        if self.inner.rings.take_poller() {
+            return Err(
+                Error::new("ibv_req_notify_cq", libc::EBUSY).with_hint(if direct {
+                    "a direct poller polls this CQ, and arming reads the consumer index it \
+                 writes: arm it from the poller's thread with poller.req_notify()"
+                } else {
+                    "this CQ runs without the provider's lock (thread domain or single-threaded) \
+                 and a datapath poller polls it: arm it from the poller's thread with \
+                 poller.req_notify()"
+                }),
+            );
+        }
+        let _slot = PollerSlot(&self.inner.rings);
         self.req_notify_unchecked(solicited_only)
     }
 
@@ -1732,6 +1736,16 @@ impl AsFd for AsyncEvents {
         // `ibv_close_device`, after the last clone of the context, one of which we hold for
         // at least the borrow of self.
         unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+/// The poller slot held by a verb on the CQ for its duration ([`Cq::poll`],
+/// [`Cq::req_notify`]): released on drop.
+struct PollerSlot<'a>(&'a crate::bridge::CqRings);
+
+impl Drop for PollerSlot<'_> {
+    fn drop(&mut self) {
+        self.0.release_poller();
     }
 }
 

@@ -130,6 +130,18 @@ impl<const B: usize> Deref for DirectPoller<'_, B> {
 }
 
 impl<const B: usize> DirectPoller<'_, B> {
+    /// Arms the CQ (`ibv_req_notify_cq(3)`, as libmlx5's `mlx5_arm_cq` does) from the
+    /// consumer index this poller keeps: the next completion (only solicited ones if
+    /// `solicited_only`) raises an event on the CQ's channel. From the poller's thread: it
+    /// reads the index the poller writes ([`Cq::req_notify`] is refused while a direct
+    /// poller exists).
+    ///
+    /// # Errors
+    /// None on the direct path today; `Result` for the verbs' shape.
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        self.cq.req_notify_unchecked(solicited_only)
+    }
+
     /// [`hotverbs_datapath::DirectPoller::poll`], after cleaning the CQEs of QPs destroyed
     /// since the last call (one atomic load when there are none; see
     /// [`clean_destroyed`](Self::clean_destroyed)).

@@ -95,7 +95,11 @@ fn a_non_blocking_get_cq_event_runs_the_simulated_device_once() {
             SendConfig::new(0, 8, 64).remote(dst.remote().into()),
         )
         .unwrap();
-    cq_a.req_notify(false).unwrap();
+    // The arm reads the consumer index the direct poller writes: through the poller.
+    let busy = cq_a.req_notify(false).unwrap_err();
+    assert_eq!(busy.errno(), libc::EBUSY, "{busy}");
+    assert!(busy.to_string().contains("poller.req_notify()"), "{busy}");
+    poller.req_notify(false).unwrap();
     let e = ch.get_cq_event().unwrap_err();
     assert_eq!(
         e.kind(),

@@ -272,8 +272,14 @@ pub fn req_notify_on_a_direct_cq_wakes_for_each_new_completion(ctx: &Context) {
         )
         .unwrap();
     for round in 0..4u64 {
-        // Armed from the poller's consumer index, after the last round's completion.
-        cq_a.req_notify(false).unwrap();
+        // Armed from the poller's consumer index, after the last round's completion
+        // (through the poller: `Cq::req_notify` would race its writes, and is refused).
+        assert_eq!(
+            cq_a.req_notify(false).unwrap_err().errno(),
+            libc::EBUSY,
+            "round {round}"
+        );
+        poller.req_notify(false).unwrap();
         // Armed at the poller's consumer index: nothing new yet, so no event (an arm from
         // a stale index would fire at once, for CQEs already consumed).
         let_device_run(ctx);

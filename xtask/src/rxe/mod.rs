@@ -105,7 +105,7 @@ const BOOT_ALLOWANCE: u32 = 90;
 const TEST_TIMEOUT: u32 = 300;
 
 const USAGE: &str = "\
-usage: cargo xtask rxe [--filter S] [--keep] [--timeout SECS] [--bless-faults]
+usage: cargo xtask rxe [--filter S] [--keep] [--timeout SECS] [--bless-faults] [--repeats N]
 
 Boots Debian's kernel under QEMU, creates the Soft-RoCE device rxe0 and runs in it: the
 sanity steps; the rxe_faults drift check; every `real_device*` and `fault_scenarios`
@@ -122,7 +122,10 @@ file or a failed compile fails before the VM boots.
   --keep          keep the run's share folder (outputs, console log) even on success
   --timeout SECS  wall-clock limit for the VM (default: boot allowance + step timeouts)
   --bless-faults  do not compare: write this run's normalised rxe_faults output to
-                  xtask/rxe/rxe_faults.truth (when the probe exited 0)";
+                  xtask/rxe/rxe_faults.truth (when the probe exited 0)
+  --repeats N     runs of each perf row beside perftest (default 3, the README's medians;
+                  `cargo xtask ci` runs 1: the rows are measurements, not gates, and one
+                  run each still proves every row works against perftest)";
 
 /// Debian packages the harness needs on the host (`cargo xtask ci` installs them).
 pub fn packages() -> &'static [&'static str] {
@@ -202,7 +205,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         run.steps.push(step);
     }
     let hz = kernel.hz();
-    run.add_host_programs(&workspace.target_dir, &mut share, &plan, &hz)?;
+    run.add_host_programs(
+        &workspace.target_dir,
+        &mut share,
+        &plan,
+        &hz,
+        opts.repeats.unwrap_or(REPEATS),
+    )?;
     for note in &run.skipped {
         println!("rxe: skipping {note}");
     }
@@ -289,14 +298,16 @@ struct Comparison {
 }
 
 impl Run {
-    /// Adds the steps of every built program of [`HOST_PROGRAMS`]: each row [`REPEATS`]
-    /// times, interleaved with its baseline, each repeat followed by the row's [`PROBES`].
+    /// Adds the steps of every built program of [`HOST_PROGRAMS`]: each row `repeats`
+    /// times ([`REPEATS`] unless `--repeats`), interleaved with its baseline, each repeat
+    /// followed by the row's [`PROBES`].
     fn add_host_programs(
         &mut self,
         target_dir: &Path,
         share: &mut Share,
         plan: &Plan,
         hz: &str,
+        repeats: usize,
     ) -> Result<(), String> {
         let mut not_built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for program in HOST_PROGRAMS {
@@ -318,7 +329,7 @@ impl Run {
             let first_probe = self.probes.len();
             self.probes
                 .extend(probes.iter().map(|p| (p.name, program.name, Vec::new())));
-            for rep in 1..=REPEATS {
+            for rep in 1..=repeats {
                 for (tool, step) in program.steps(&guest, rep, hz) {
                     match tool {
                         Tool::Perftest => row.perftest.push(self.steps.len()),
@@ -366,9 +377,10 @@ impl Run {
         let compared = compare_rows(&rows);
         if !compared.is_empty() {
             println!(
-                "rxe: hotverbs-perf vs perftest, both as server + client processes, {REPEATS} \
+                "rxe: hotverbs-perf vs perftest, both as server + client processes, {} \
                  interleaved runs each in this boot; ratio of the medians, above 1 = hotverbs \
-                 slower (latency hotverbs / perftest, bandwidth and rate perftest / hotverbs):"
+                 slower (latency hotverbs / perftest, bandwidth and rate perftest / hotverbs):",
+                self.comparisons.first().map_or(0, |c| c.hotverbs.len())
             );
             for line in compared {
                 println!("  {line}");
@@ -463,6 +475,8 @@ struct Options {
     timeout: Option<Duration>,
     bless_faults: bool,
     help: bool,
+    /// `--repeats N`: runs of each perf row (default [`REPEATS`]).
+    repeats: Option<usize>,
 }
 
 fn parse_args(args: &[String]) -> Result<Options, String> {
@@ -487,6 +501,13 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                     .parse()
                     .map_err(|_| format!("--timeout wants whole seconds, not {v:?}"))?;
                 opts.timeout = Some(Duration::from_secs(secs));
+            }
+            "--repeats" => {
+                let v = value("--repeats")?;
+                match v.parse::<usize>() {
+                    Ok(n) if n > 0 => opts.repeats = Some(n),
+                    _ => return Err(format!("--repeats wants a count of 1 or more, not {v:?}")),
+                }
             }
             "--keep" => opts.keep = true,
             "--bless-faults" => opts.bless_faults = true,
@@ -533,6 +554,11 @@ mod tests {
         assert!(o.keep);
         assert!(!o.bless_faults);
         assert!(parse_args(&args(&["--bless-faults"])).unwrap().bless_faults);
+        assert_eq!(
+            parse_args(&args(&["--repeats", "1"])).unwrap().repeats,
+            Some(1)
+        );
+        assert!(parse_args(&args(&["--repeats=0"])).is_err());
         assert_eq!(o.timeout, Some(Duration::from_secs(90)));
         assert_eq!(
             parse_args(&args(&["--filter=x"]))

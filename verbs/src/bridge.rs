@@ -765,6 +765,30 @@ pub(crate) fn same_qp(verb: &'static str, a: &Qp, b: &Qp) -> Result<()> {
     Ok(())
 }
 
+/// `Deref` to the datapath ring (its read-only methods: `data`, `posted`, `held`, ...)
+/// and `Debug`, for the receive-ring wrappers ([`RecvRing`], [`SrqRing`]).
+macro_rules! recv_ring_views {
+    ($t:ident) => {
+        impl<const N: usize> Deref for $t<'_, N> {
+            type Target = dp::RecvRing<N>;
+            fn deref(&self) -> &dp::RecvRing<N> {
+                &self.ring
+            }
+        }
+
+        impl<const N: usize> std::fmt::Debug for $t<'_, N> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t))
+                    .field("ring_id", &self.ring.ring_id())
+                    .field("posted", &self.ring.posted())
+                    .field("held", &self.ring.held())
+                    .field("pending", &self.ring.pending())
+                    .finish()
+            }
+        }
+    };
+}
+
 /// Forwards the receive-ring methods ([`RecvRing`] and [`SrqRing`] share them).
 macro_rules! forward_recv_ring {
     () => {
@@ -824,12 +848,7 @@ pub struct RecvRing<'q, const N: usize> {
     _region: PhantomData<&'q mut Mr<'static>>,
 }
 
-impl<const N: usize> Deref for RecvRing<'_, N> {
-    type Target = dp::RecvRing<N>;
-    fn deref(&self) -> &dp::RecvRing<N> {
-        &self.ring
-    }
-}
+recv_ring_views!(RecvRing);
 
 impl<'q, const N: usize> RecvRing<'q, N> {
     /// The QP whose receive queue this ring owns.
@@ -879,17 +898,6 @@ impl<const N: usize> Drop for RecvRing<'_, N> {
     }
 }
 
-impl<const N: usize> std::fmt::Debug for RecvRing<'_, N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvRing")
-            .field("ring_id", &self.ring.ring_id())
-            .field("posted", &self.ring.posted())
-            .field("held", &self.ring.held())
-            .field("pending", &self.ring.pending())
-            .finish()
-    }
-}
-
 /// A [`hotverbs_datapath::RecvRing`] on an [`Srq`] over a leased region; made by
 /// [`Srq::recv_ring`]. Its receives complete on one CQ, for every QP attached to the SRQ
 /// (a QP with another receive CQ is refused while the ring exists). A QP's reset, error or
@@ -904,12 +912,7 @@ pub struct SrqRing<'q, const N: usize> {
     _region: PhantomData<&'q mut Mr<'static>>,
 }
 
-impl<const N: usize> Deref for SrqRing<'_, N> {
-    type Target = dp::RecvRing<N>;
-    fn deref(&self) -> &dp::RecvRing<N> {
-        &self.ring
-    }
-}
+recv_ring_views!(SrqRing);
 
 impl<'q, const N: usize> SrqRing<'q, N> {
     /// The SRQ this ring posts to.
@@ -918,17 +921,6 @@ impl<'q, const N: usize> SrqRing<'q, N> {
     }
 
     forward_recv_ring!();
-}
-
-impl<const N: usize> std::fmt::Debug for SrqRing<'_, N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SrqRing")
-            .field("ring_id", &self.ring.ring_id())
-            .field("posted", &self.ring.posted())
-            .field("held", &self.ring.held())
-            .field("pending", &self.ring.pending())
-            .finish()
-    }
 }
 
 impl Srq {

@@ -284,10 +284,15 @@ impl<const B: usize> CqPoller<B> {
     /// not handed yet come first: this poll returns them (and does not poll the CQ).
     #[inline]
     pub fn poll(&mut self) -> Result<&mut [Completion], PollError> {
-        if self.rest.hi != 0 {
-            return Ok(self.take_rest());
-        }
-        let n = self.poll_cq()?;
+        // Both ways end in a return code checked once, and one slice of `wcs`: the check of
+        // `rest` is the only cost of the panic-safe `drain` here.
+        let n = if self.rest.hi != 0 {
+            self.take_rest()
+        } else {
+            // SAFETY: as in `poll_cq`.
+            unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) }
+        };
+        let n = Self::count(n)?;
         Ok(&mut self.wcs[..n])
     }
 
@@ -297,20 +302,40 @@ impl<const B: usize> CqPoller<B> {
         // SAFETY: the CQ is live (new's contract) and `wcs` has room for B entries;
         // Completion is repr(transparent) over ibv_wc.
         let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
-        if n < 0 {
-            return Err(PollError { rc: n });
+        Self::count(n)
+    }
+
+    /// `ibv_poll_cq`'s return code as a count of completions in `wcs`.
+    #[inline(always)]
+    fn count(n: i32) -> Result<usize, PollError> {
+        // One unsigned compare for both rare cases, an error (negative) and more than B
+        // (the provider returns at most B; clamped, so the compiler drops the bounds check).
+        if n as u32 > B as u32 {
+            return Self::poll_rc(n);
         }
-        // The provider returns at most B; min() lets the compiler drop the bounds check.
-        Ok((n as usize).min(B))
+        Ok(n as u32 as usize)
+    }
+
+    /// [`count`](Self::count) of a return code outside `0..=B`: the error, or `B`.
+    #[cold]
+    fn poll_rc(n: i32) -> Result<usize, PollError> {
+        if n < 0 {
+            Err(PollError { rc: n })
+        } else {
+            Ok(B)
+        }
     }
 
     /// The completions a panicking [`drain`](Self::drain) closure was not handed, now
-    /// handed out (out of line: only after a panic).
+    /// handed out (out of line: only after a panic; not `#[inline(never)]`, which would let
+    /// a downstream crate link an upstream copy whose unwinding it cannot see).
     #[cold]
-    #[inline(never)]
-    fn take_rest(&mut self) -> &mut [Completion] {
+    fn take_rest(&mut self) -> i32 {
         let Rest { lo, hi } = core::mem::take(&mut self.rest);
-        &mut self.wcs[lo..hi]
+        // To the front of `wcs`, counted as a poll's return code: `poll` hands them out as
+        // it does a fresh batch.
+        self.wcs[..hi].rotate_left(lo);
+        (hi - lo) as i32
     }
 
     /// One `ibv_poll_cq(cq, out.len(), out)` into a caller-owned array (e.g. one that
@@ -338,7 +363,8 @@ impl<const B: usize> CqPoller<B> {
     #[inline]
     pub fn poll_spin(&mut self, max_polls: u64) -> Result<&mut [Completion], PollError> {
         if self.rest.hi != 0 {
-            return Ok(self.take_rest());
+            let n = Self::count(self.take_rest())?;
+            return Ok(&mut self.wcs[..n]);
         }
         let mut polls = 0u64;
         loop {

@@ -433,21 +433,54 @@ impl<const N: usize> RecvRing<N> {
     /// of them are waiting.
     ///
     /// # Errors
-    /// [`ReleaseError::Foreign`] for a [`Received`] of another ring: nothing happens and
-    /// it comes back, to be released on the ring that made it (its slot is never lost);
-    /// [`ReleaseError::Post`] if the re-post failed (the slot was released; the slots not
+    /// [`RecvError::Foreign`] for a [`Received`] of another ring: nothing happens here, and
+    /// `m` is dropped, so its slot stays held on the ring that made it; where a `Received`
+    /// may be another ring's, use [`try_release`](Self::try_release), which hands it back.
+    /// [`RecvError::Post`] if the re-post failed (the slot was released; the slots not
     /// posted stay pending).
+    #[inline(always)]
+    pub fn release(&mut self, m: Received) -> Result<(), RecvError> {
+        // Always inlined, the repost out of line: the hot path is a check, two stores and
+        // a compare. (Handing a foreign `Received` back would make the `Result` carry a
+        // whole `Received`: 30 instructions more per round trip in `cargo xtask insn`'s
+        // ping-pong, so that is `try_release`'s job.)
+        if !self.owns(&m) {
+            return Err(RecvError::Foreign { slot: m.slot });
+        }
+        self.release_owned(m.slot).map_err(RecvError::Post)
+    }
+
+    /// [`release`](Self::release) that hands a [`Received`] of another ring back
+    /// ([`ReleaseError::Foreign`]), untouched, to be released on the ring that made it: for
+    /// code that routes `Received`s between rings.
+    ///
+    /// # Errors
+    /// [`ReleaseError::Foreign`] (nothing happens here), [`ReleaseError::Post`] as
+    /// `release`'s `RecvError::Post`.
     #[inline]
-    pub fn release(&mut self, m: Received) -> Result<(), ReleaseError> {
+    pub fn try_release(&mut self, m: Received) -> Result<(), ReleaseError> {
         if !self.owns(&m) {
             return Err(ReleaseError::Foreign(m));
         }
+        self.release_owned(m.slot).map_err(ReleaseError::Post)
+    }
+
+    /// Releases `slot`, held by the caller (checked by `owns`), reposting once
+    /// `repost_batch` slots wait.
+    #[inline(always)]
+    fn release_owned(&mut self, slot: u32) -> Result<(), PostError> {
         self.held -= 1;
-        self.queue(m.slot);
+        self.queue(slot);
         if self.npending >= self.repost_batch {
-            self.repost().map_err(ReleaseError::Post)?;
+            return self.repost_released();
         }
         Ok(())
+    }
+
+    /// [`release`](Self::release)'s repost once `repost_batch` slots wait.
+    #[inline(never)]
+    fn repost_released(&mut self) -> Result<(), PostError> {
+        self.repost().map(|_| ())
     }
 
     /// Posts every released slot now as one chain. Returns how many were posted. On failure

@@ -210,9 +210,9 @@ fn received_of_another_ring_is_refused() {
     let own = small.on_completion(&mut poll_all(&mut p)[0]).unwrap();
     assert_eq!(own.slot(), 0);
     assert_eq!(small.data(&slot0), Err(RecvError::Foreign { slot: 0 }));
-    // Refused and handed back (issue 27: it used to be consumed, its slot on `big` then
-    // held for good): released on its own ring, its slot is posted again.
-    let Err(ReleaseError::Foreign(slot0)) = small.release(slot0) else {
+    // Refused and handed back by `try_release` (issue 27: `release` drops it, its slot on
+    // `big` then held for good): released on its own ring, its slot is posted again.
+    let Err(ReleaseError::Foreign(slot0)) = small.try_release(slot0) else {
         panic!("another ring's Received released");
     };
     assert_eq!(slot0.slot(), 0);
@@ -226,6 +226,10 @@ fn received_of_another_ring_is_refused() {
     small.release(own).unwrap();
     big.release(slot10).unwrap();
     assert_eq!(small.posted(), 2);
+    // `release` refuses the same way, and drops it (its slot then stays held on `big`).
+    let dropped = held.pop().expect("big holds more");
+    let slot = dropped.slot();
+    assert_eq!(small.release(dropped), Err(RecvError::Foreign { slot }));
     let held_before = big.held();
     big.release(slot0).unwrap();
     assert_eq!(

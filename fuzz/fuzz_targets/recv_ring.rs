@@ -832,7 +832,7 @@ impl Run<'_> {
             }
             Some(want) => {
                 assert!(repost, "re-posted before the batch was complete");
-                assert_eq!(got, want.map(|_| ()).map_err(ReleaseError::Post), "release");
+                assert_eq!(got, want.map(|_| ()).map_err(RecvError::Post), "release");
             }
         }
     }
@@ -1037,7 +1037,7 @@ impl Run<'_> {
         let mut stash = STASH.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = stash.take() {
             let slot = old.slot();
-            match self.ring.release(old) {
+            match self.ring.try_release(old) {
                 // Handed back untouched (its ring is gone: dropped here).
                 Err(ReleaseError::Foreign(back)) => assert_eq!(back.slot(), slot),
                 other => panic!("another ring's Received released: {other:?}"),

@@ -2180,12 +2180,12 @@ impl<'a> World<'a> {
         let got = e.held.swap_remove(usize::from(idx) % e.held.len());
         let what = what!("release on receive ring {i}");
         if let Some(t) = target {
-            // Another ring's Received: Foreign, nothing changes there, and it comes back
-            // (issue 27: it used to be consumed, its slot held in ring i for good).
+            // Another ring's Received: Foreign, nothing changes there, and `try_release`
+            // hands it back (`release` would drop it, its slot held in ring i for good).
             let slot = got.slot();
             let o = self.recvs[t].as_mut().expect("live");
             let before = (o.ring.posted(), o.ring.held(), o.ring.pending());
-            let back = match o.ring.release(got) {
+            let back = match o.ring.try_release(got) {
                 Err(ReleaseError::Foreign(m)) => m,
                 other => panic!("{what}: a Received given to receive ring {t}: {other:?}"),
             };
@@ -2203,7 +2203,7 @@ impl<'a> World<'a> {
         let delta = u64::from(e.ring.posted()) - u64::from(before);
         match res {
             Ok(()) => {}
-            Err(ReleaseError::Post(pe)) => {
+            Err(RecvError::Post(pe)) => {
                 if pe.first_rejected == PostError::UNKNOWN {
                     e.led.unknown_post = true;
                 }

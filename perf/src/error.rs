@@ -318,14 +318,6 @@ impl From<RecvError> for PerfError {
     }
 }
 
-/// The run stops on it, so a handed-back `Received` (never this engine's case: each ring
-/// releases only its own) needs no keeping.
-impl From<hotverbs::ReleaseError> for PerfError {
-    fn from(e: hotverbs::ReleaseError) -> Self {
-        PerfError::Recv(e.kind())
-    }
-}
-
 impl From<PollError> for PerfError {
     fn from(e: PollError) -> Self {
         PerfError::Poll(e)

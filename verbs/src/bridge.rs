@@ -820,11 +820,22 @@ macro_rules! forward_recv_ring {
         /// Gives a held slot back (reposted at the next `repost`/`fill`).
         ///
         /// # Errors
-        /// As the datapath ring's `release`: a `Received` of another ring comes back in
-        /// `ReleaseError::Foreign`, to be released on its own ring.
+        /// As the datapath ring's `release`: `RecvError::Foreign` for a `Received` of
+        /// another ring, which is dropped (its slot stays held on its own ring): where one
+        /// may be another ring's, use [`try_release`](Self::try_release).
         #[inline(always)]
-        pub fn release(&mut self, m: Received) -> std::result::Result<(), ReleaseError> {
+        pub fn release(&mut self, m: Received) -> std::result::Result<(), RecvError> {
             self.ring.release(m)
+        }
+
+        /// [`release`](Self::release) that hands a `Received` of another ring back
+        /// (`ReleaseError::Foreign`), untouched, to be released on its own ring.
+        ///
+        /// # Errors
+        /// As the datapath ring's `try_release`.
+        #[inline]
+        pub fn try_release(&mut self, m: Received) -> std::result::Result<(), ReleaseError> {
+            self.ring.try_release(m)
         }
 
         /// Reposts the released slots in one chain.

@@ -289,8 +289,7 @@ impl<const B: usize> CqPoller<B> {
         let n = if self.rest.hi != 0 {
             self.take_rest()
         } else {
-            // SAFETY: as in `poll_cq`.
-            unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) }
+            self.poll_raw()
         };
         let n = Self::count(n)?;
         Ok(&mut self.wcs[..n])
@@ -299,10 +298,15 @@ impl<const B: usize> CqPoller<B> {
     /// `ibv_poll_cq(cq, B, wcs)`: how many completions it wrote to `wcs`.
     #[inline(always)]
     fn poll_cq(&mut self) -> Result<usize, PollError> {
+        Self::count(self.poll_raw())
+    }
+
+    /// `ibv_poll_cq(cq, B, wcs)`'s return code.
+    #[inline(always)]
+    fn poll_raw(&mut self) -> i32 {
         // SAFETY: the CQ is live (new's contract) and `wcs` has room for B entries;
         // Completion is repr(transparent) over ibv_wc.
-        let n = unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) };
-        Self::count(n)
+        unsafe { ibv_poll_cq(self.cq, B as i32, self.wcs.as_mut_ptr().cast()) }
     }
 
     /// `ibv_poll_cq`'s return code as a count of completions in `wcs`.

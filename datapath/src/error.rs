@@ -524,7 +524,7 @@ impl fmt::Display for RecvError {
     }
 }
 
-/// [`RecvRing::release`](crate::RecvRing::release) refused or could not finish.
+/// [`RecvRing::try_release`](crate::RecvRing::try_release) refused or could not finish.
 #[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReleaseError {
@@ -536,22 +536,12 @@ pub enum ReleaseError {
     Post(PostError),
 }
 
-impl ReleaseError {
-    /// The [`RecvError`] it stands for (`RecvError::Foreign` names the slot).
-    pub fn kind(&self) -> RecvError {
-        match self {
-            Self::Foreign(m) => RecvError::Foreign { slot: m.slot() },
-            Self::Post(e) => RecvError::Post(*e),
-        }
-    }
-}
-
 impl fmt::Display for ReleaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Foreign(m) => write!(
                 f,
-                "RecvRing::release: the Received of slot {} belongs to another RecvRing (handed \
+                "RecvRing::try_release: the Received of slot {} belongs to another RecvRing (handed \
                  back: release it on the ring that produced it)",
                 m.slot()
             ),

@@ -309,7 +309,7 @@ impl SendRetirer {
         self.retired
     }
 
-    /// Ends split mode for the ring `key` names (`SendRing::unsplit`, `WrRing::unsplit`):
+    /// Ends split mode for the ring `key` names (the rings' `unsplit`):
     /// takes this retirer back (by value: its polling thread is done with it) and checks
     /// that it and `shared` are of that split.
     ///

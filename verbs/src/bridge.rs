@@ -354,6 +354,11 @@ impl RingReservation {
         }
     }
 
+    /// The CQ the claim is on.
+    pub(crate) fn cq(&self) -> &Cq {
+        &self.cq
+    }
+
     pub(crate) fn release(self) {
         if let Some(q) = self.clean_qpn {
             self.cq.inner.rings.defer_clean(q);
@@ -765,6 +770,25 @@ pub(crate) fn same_qp(verb: &'static str, a: &Qp, b: &Qp) -> Result<()> {
     Ok(())
 }
 
+/// The bytes a receive ring of `cfg` takes at `offset` of `region`: `EINVAL` (or the
+/// MR's errno), naming `verb`, when they are not inside it.
+fn recv_region(
+    verb: &'static str,
+    region: &Mr<'_>,
+    offset: usize,
+    cfg: &RecvConfig,
+) -> Result<usize> {
+    let len = usize::try_from(cfg.region_len()).unwrap_or(usize::MAX);
+    region.local(offset, len).map_err(|e| {
+        Error::new(verb, e.errno()).with_hint(format!(
+            "{} slots need {len} bytes at offset {offset}; the MR has {}",
+            cfg.count_of(),
+            region.len()
+        ))
+    })?;
+    Ok(len)
+}
+
 /// `Deref` to the datapath ring (its read-only methods: `data`, `posted`, `held`, ...)
 /// and `Debug`, for the receive-ring wrappers ([`RecvRing`], [`SrqRing`]).
 macro_rules! recv_ring_views {
@@ -967,13 +991,7 @@ impl Srq {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint(format!("{count} slots > the SRQ's max_wr {max_wr}")));
         }
-        let len = usize::try_from(cfg.region_len()).unwrap_or(usize::MAX);
-        region.local(offset, len).map_err(|e| {
-            Error::new(VERB, e.errno()).with_hint(format!(
-                "{count} slots need {len} bytes at offset {offset}; the MR has {}",
-                region.len()
-            ))
-        })?;
+        let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.
         cq.inner.rings.refuse_if_direct(VERB)?;
         let mut id = 0;
@@ -1325,7 +1343,14 @@ impl Cq {
 
 impl Qp {
     /// Takes the send queue for a ring and reserves its completions on the send CQ.
-    pub(crate) fn claim_send_queue(&self, verb: &'static str, depth: u32) -> Result<u8> {
+    /// `direct`: for a `DirectRing` (else a verbs-path ring, refused on a CQ of the direct
+    /// path).
+    pub(crate) fn claim_send_queue(
+        &self,
+        verb: &'static str,
+        depth: u32,
+        direct: bool,
+    ) -> Result<u8> {
         if self.sq_sig_all() {
             return Err(Error::new(verb, libc::EINVAL).with_hint(
                 "the QP was built with sq_sig_all: rings signal selectively (sq_sig_all(false))",
@@ -1338,7 +1363,7 @@ impl Qp {
                 cap.max_send_wr
             )));
         }
-        if verb != "DirectRing" {
+        if !direct {
             self.send_cq().inner.rings.refuse_if_direct(verb)?;
         }
         if self.sq_taken().swap(true, Ordering::AcqRel) {
@@ -1455,7 +1480,7 @@ impl Qp {
                 .with_hint("UD rings take their address handle: use Qp::send_ring_ud"));
         }
         self.check_inline(VERB, &cfg)?;
-        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        let id = self.claim_send_queue(VERB, cfg.depth_of(), false)?;
         let ring = self.finish_send_ring(VERB, id, cfg)?;
         self.set_sq_owner(Some(SqOwner::Send));
         Ok(SendRing { ring, qp: self })
@@ -1489,7 +1514,7 @@ impl Qp {
             remote_qpn,
             remote_qkey: qkey,
         });
-        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        let id = self.claim_send_queue(VERB, cfg.depth_of(), false)?;
         let ring = self.finish_send_ring(VERB, id, cfg)?;
         self.set_sq_owner(Some(SqOwner::Send));
         Ok(SendRing { ring, qp: self })
@@ -1614,7 +1639,7 @@ impl Qp {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("UD rings take their address handle: use Qp::wr_ring_ud"));
         }
-        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        let id = self.claim_send_queue(VERB, cfg.depth_of(), false)?;
         self.finish_wr_ring(VERB, qpx, id, cfg)
     }
 
@@ -1646,7 +1671,7 @@ impl Qp {
             remote_qpn,
             remote_qkey: qkey,
         });
-        let id = self.claim_send_queue(VERB, cfg.depth_of())?;
+        let id = self.claim_send_queue(VERB, cfg.depth_of(), false)?;
         self.finish_wr_ring(VERB, qpx, id, cfg)
     }
 
@@ -1683,14 +1708,8 @@ impl Qp {
                 self.cap().max_recv_wr
             )));
         }
-        let len = usize::try_from(cfg.region_len()).unwrap_or(usize::MAX);
-        // Check the region before taking anything (lease_recv checks it again and leases).
-        region.local(offset, len).map_err(|e| {
-            Error::new(VERB, e.errno()).with_hint(format!(
-                "{count} slots need {len} bytes at offset {offset}; the MR has {}",
-                region.len()
-            ))
-        })?;
+        // Checked before taking anything (lease_recv checks it again and leases).
+        let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.
         self.recv_cq().inner.rings.refuse_if_direct(VERB)?;
         if self.rq_taken().swap(true, Ordering::AcqRel) {

@@ -578,7 +578,7 @@ impl Qp {
         }
         let probe = self.mlx5_sq(std::ptr::null_mut())?;
         let depth = cfg.depth_of();
-        let id = self.claim_send_queue(verb, depth)?;
+        let id = self.claim_send_queue(verb, depth, true)?;
         let cq = self.send_cq();
         let wrid = cq.inner.rings.wrid_table(probe.wqe_cnt as usize);
         let sq = DirectSq { wrid, ..probe };

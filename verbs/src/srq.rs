@@ -32,9 +32,9 @@ pub(crate) struct SrqInner {
 struct SrqCqs {
     /// One entry per live attached QP: its receive CQ.
     attached: Vec<*mut ibv_cq>,
-    /// The ring's CQ and its claim there (kept until the SRQ is destroyed: the ring's
-    /// receives stay posted). One ring per SRQ, for the SRQ's life.
-    ring: Option<(*mut ibv_cq, RingReservation)>,
+    /// The ring's claim on its CQ (kept until the SRQ is destroyed: the ring's receives
+    /// stay posted). One ring per SRQ, for the SRQ's life.
+    ring: Option<RingReservation>,
 }
 
 // SAFETY: SRQ verbs are thread-safe; the struct is an identifier.
@@ -69,7 +69,7 @@ impl SrqInner {
             l.release();
         }
         let cqs = self.cqs.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, r)) = cqs.ring.take() {
+        if let Some(r) = cqs.ring.take() {
             r.release();
         }
         Ok(())
@@ -211,8 +211,8 @@ impl Srq {
     /// `verb`) when the SRQ's ring completes on another CQ. Undone by [`detach`](Self::detach).
     pub(crate) fn attach(&self, verb: &'static str, cq: *mut ibv_cq) -> Result<()> {
         let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((ring_cq, _)) = &c.ring {
-            if *ring_cq != cq {
+        if let Some(r) = &c.ring {
+            if r.cq().as_raw() != cq {
                 return Err(Error::new(verb, libc::EINVAL).with_hint(
                     "this SRQ has a ring (Srq::recv_ring), which reserved room for its \
                      completions on another CQ: give the QP that CQ as its receive CQ",
@@ -254,7 +254,7 @@ impl Srq {
                  reserves room on one CQ, so every attached QP must use the ring's CQ",
             ));
         }
-        c.ring = Some((cq, reserve()?));
+        c.ring = Some(reserve()?);
         Ok(())
     }
 
@@ -262,7 +262,7 @@ impl Srq {
     /// (nothing was posted).
     pub(crate) fn untake_ring(&self) {
         let mut c = self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, r)) = c.ring.take() {
+        if let Some(r) = c.ring.take() {
             r.release();
         }
     }

@@ -1001,6 +1001,44 @@ fn recv_ring_refuses_another_receive_rings_completion_and_keeps_stale_for_its_ow
 
 // ---- issue 27, suspected: a panic inside `CqPoller::drain`'s closure ------------------------
 
+/// The rest a panicking `drain` left moves with its poller: swapped with another poller
+/// (of another CQ), `poll` (the one path that merges the rest into a poll's return code,
+/// rotating it to the front of the batch) hands it out exactly once, from the poller that
+/// holds it, and the other poller polls its own CQ. (`mem::forget` of a datapath poller is
+/// a drop: it has no `Drop`, and owns nothing but its array.)
+#[test]
+fn a_drain_rest_moves_with_its_poller_through_swap() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let (dev, other) = (CountingDevice::new(64), CountingDevice::new(64));
+    let mut ring: SendRing<16> = send_ring(&dev, SendConfig::new(1, 16, 64).signal_every(1));
+    for _ in 0..5 {
+        ring.send_now(Msg::send(Local::Empty)).unwrap();
+    }
+    let mut a: CqPoller<8> = poller(&dev);
+    let mut b: CqPoller<8> = poller(&other);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        a.drain(|c| {
+            assert_eq!(ring.on_completion(c), Ok(1));
+            if c.seq() == 1 {
+                std::panic::resume_unwind(Box::new(1u64));
+            }
+        })
+    }));
+    assert!(r.is_err());
+    std::mem::swap(&mut a, &mut b);
+    let polls = other.polls();
+    assert!(a.poll().unwrap().is_empty(), "a now polls the other CQ");
+    assert_eq!(other.polls(), polls + 1);
+    let rest: Vec<u64> = b.poll().unwrap().iter().map(|c| c.seq()).collect();
+    assert_eq!(
+        rest,
+        [2, 3, 4],
+        "the rest, from the poller that holds it, once"
+    );
+    assert!(b.poll().unwrap().is_empty());
+    assert!(a.poll().unwrap().is_empty());
+}
+
 /// `drain` polls a batch off the CQ and hands it to `f` one completion at a time. A panic
 /// in `f` used to unwind out of `drain` with the rest of the batch, already consumed from
 /// the CQ, gone: those WRs never retired (before the fix the second `drain` below found

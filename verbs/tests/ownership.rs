@@ -862,3 +862,106 @@ fn a_split_ring_recovers_once_its_retirer_is_back() {
     assert_eq!(target.read_u64(64).unwrap(), u64::from_le_bytes([9; 8]));
     assert_eq!(ring.retired_total(), ring.posted_total());
 }
+
+/// `SrqRing` against `mem::swap` and a panic: swapped rings keep their own SRQs (the
+/// wrapper moves whole); a panic while a `Received` is held loses only that slot's hold
+/// (the ring goes on); a dropped (or forgotten: the same, it has no `Drop`) ring leaves
+/// its SRQ taken and its region leased until the SRQ is destroyed.
+#[test]
+fn srq_rings_against_swap_and_a_panic() {
+    let ctx = softnic();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let (s1, s2) = (pd.create_srq(8, 1).unwrap(), pd.create_srq(8, 1).unwrap());
+    let mut m1 = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut m2 = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+    let rx = |srq| {
+        QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .srq(srq)
+            .build()
+            .unwrap()
+    };
+    let tx = || {
+        QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .max_send_wr(16)
+            .max_inline_data(64)
+            .build()
+            .unwrap()
+    };
+    let (r1, r2, t1, t2) = (rx(&s1), rx(&s2), tx(), tx());
+    let port = ctx.port_info(None, None).unwrap();
+    Qp::connect_pair(&t1, &r1, &port, &ConnectOptions::default()).unwrap();
+    Qp::connect_pair(&t2, &r2, &port, &ConnectOptions::default()).unwrap();
+    {
+        let mut g1 = s1
+            .recv_ring::<8>(&cq, &mut m1, 0, RecvConfig::new(0, 64, 8))
+            .unwrap();
+        let mut g2 = s2
+            .recv_ring::<8>(&cq, &mut m2, 0, RecvConfig::new(0, 64, 8))
+            .unwrap();
+        std::mem::swap(&mut g1, &mut g2);
+        assert_eq!(g1.srq().as_raw(), s2.as_raw(), "the wrapper moved whole");
+        g1.fill().unwrap();
+        g2.fill().unwrap();
+        let mut w1 = t1.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+        let mut w2 = t2.send_ring::<16>(SendConfig::new(0, 16, 64)).unwrap();
+        w1.signal_next();
+        w1.send_now(Msg::send(Local::Inline(b"to s1"))).unwrap();
+        w2.signal_next();
+        w2.send_now(Msg::send(Local::Inline(b"to s2"))).unwrap();
+        let mut p = cq.poller::<16>().unwrap();
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            for c in p.poll().unwrap() {
+                if c.is_recv() {
+                    // g1 is s2's ring now; the other's completion is Misrouted there.
+                    let (ring, other) = if c.qp_num() == r2.qp_num() {
+                        (&mut g1, &mut g2)
+                    } else {
+                        (&mut g2, &mut g1)
+                    };
+                    assert!(other.on_completion(&mut *c).is_err());
+                    let m = ring.on_completion(c).unwrap();
+                    got.push(ring.data(&m).unwrap().to_vec());
+                    // A panic while the Received is held: only that hold is lost.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                        let _held = m;
+                        std::panic::resume_unwind(Box::new(()));
+                    }));
+                    assert!(r.is_err());
+                } else {
+                    let _ = w1.on_completion(c).or_else(|_| w2.on_completion(c));
+                }
+            }
+            if got.len() == 2 {
+                break;
+            }
+        }
+        got.sort();
+        assert_eq!(got, [b"to s1".to_vec(), b"to s2".to_vec()]);
+        assert_eq!(
+            (g1.held(), g2.held()),
+            (1, 1),
+            "each dropped hold stays held"
+        );
+        assert_eq!(g1.fill().unwrap(), 0, "a held slot is not reposted");
+    }
+    // Both rings are gone (`mem::forget` of one is a drop: `SrqRing` has no `Drop`, its
+    // receives and lease outlive it by design): both SRQs stay taken, both regions
+    // leased; destroying an SRQ (after its QPs) ends its lease.
+    assert_eq!(
+        s2.recv_ring::<8>(
+            &cq,
+            &mut pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap(),
+            0,
+            RecvConfig::new(0, 64, 8)
+        )
+        .unwrap_err()
+        .errno(),
+        libc::EBUSY
+    );
+    assert_eq!(m2.as_slice().unwrap_err().errno(), libc::EBUSY);
+    drop((t2, r2));
+    s2.destroy().unwrap();
+    assert!(m2.as_slice().is_ok());
+}

@@ -107,7 +107,10 @@ const MIRI_TESTS: &[MiriTest] = &[
     MiriTest {
         package: "hotverbs-datapath",
         target: "regressions",
-        tests: &["completions_after_a_panicking_drain_closure_come_back_on_the_next_poll"],
+        tests: &[
+            "completions_after_a_panicking_drain_closure_come_back_on_the_next_poll",
+            "a_drain_rest_moves_with_its_poller_through_swap",
+        ],
         models: Models::Stacked,
         why: "issue 27 (suspected, settled): CqPoller::drain keeps what a panicking closure \
               was not handed (unwinding through the drain guard)",
@@ -225,6 +228,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "wr_and_direct_rings_follow_a_new_remote",
             "an_srq_ring_owns_the_srq_and_its_cq",
             "a_split_ring_recovers_once_its_retirer_is_back",
+            "srq_rings_against_swap_and_a_panic",
         ],
         models: Models::Stacked,
         why: "issue 27 items 7-9, forget, thread domains, set_remote, the SRQ ring, split \

@@ -415,8 +415,16 @@ impl From<PostError> for SendError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// `depth` is 0 or larger than the ring's `N` slots.
+    /// `depth` is larger than the ring's `N` slots.
     Depth,
+    /// `depth` or `max_inline` was not said ([`SendConfig::DERIVED`](crate::SendConfig::DERIVED)
+    /// leaves them to the setup layer, which derives them from the QP).
+    Unresolved,
+    /// The ring type's `N` is not a power of two (slots are indexed by masking).
+    RingSize {
+        /// The `N` asked for.
+        n: usize,
+    },
     /// `signal_every` is 0 or larger than `depth / 2`.
     SignalPeriod,
     /// `batch` is 0 or larger than `depth`.
@@ -444,11 +452,25 @@ pub enum ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Self::Direct(e) = self {
-            return fmt::Display::fmt(e, f);
+        match self {
+            Self::Direct(e) => return fmt::Display::fmt(e, f),
+            Self::RingSize { n } => {
+                return write!(
+                    f,
+                    "the ring's N = {n} is not a power of two (its slots are indexed by \
+                     masking): use {}",
+                    n.checked_next_power_of_two().unwrap_or(1 << 16)
+                )
+            }
+            _ => {}
         }
         f.write_str(match self {
             Self::Depth => "depth must be in 1..=N and not above the QP's max_send_wr/max_recv_wr",
+            Self::Unresolved => {
+                "depth and max_inline are not set: say them (SendConfig::depth / max_inline, \
+                 or SendConfig::new) on a raw ring; hotverbs' Qp::send_ring derives both \
+                 from the QP"
+            }
             Self::SignalPeriod => {
                 "signal_every must be in 1..=depth/2 so a signaled WR is always in flight"
             }
@@ -471,7 +493,7 @@ impl fmt::Display for ConfigError {
                 "a requested completion field is not in the extended CQ's wc_flags: \
                  add it to ibv_create_cq_ex's wc_flags or do not ask for it"
             }
-            Self::Direct(_) => unreachable!("formatted above"),
+            Self::Direct(_) | Self::RingSize { .. } => unreachable!("formatted above"),
         })
     }
 }

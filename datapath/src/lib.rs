@@ -118,6 +118,7 @@ pub mod credits;
 pub mod desc;
 pub mod error;
 pub mod mlx5;
+pub mod path;
 pub mod progress;
 pub mod recv;
 pub mod send;
@@ -134,6 +135,7 @@ pub use error::{
     ConfigError, Misrouted, PollError, PostError, RecvError, ReleaseError, SendError, WcError,
 };
 pub use mlx5::{DirectBatch, DirectPoller, DirectRing};
+pub use path::{PollCq, PostBatch, PostRing};
 pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};
 pub use send::{Batch, Local, Msg, Opcode, SendConfig, SendRing};

@@ -195,8 +195,8 @@ impl<const N: usize> core::fmt::Debug for RecvRing<N> {
 
 impl<const N: usize> RecvRing<N> {
     const MASK: usize = {
-        assert!(N.is_power_of_two(), "RecvRing<N>: N must be a power of two");
-        N - 1
+        // Checked by the constructor (a named ConfigError, see SendRing's MASK).
+        N.wrapping_sub(1)
     };
 
     /// A ring whose slots cut `region` into `cfg.count` pieces of `cfg.slot_len` bytes.
@@ -255,6 +255,10 @@ impl<const N: usize> RecvRing<N> {
         cfg: RecvConfig,
     ) -> Result<&mut Self, ConfigError> {
         let _ = Self::MASK;
+        // N is a constant: this folds away for every power of two.
+        if !N.is_power_of_two() {
+            return Err(ConfigError::RingSize { n: N });
+        }
         let null = match target {
             RecvTarget::Qp(q) => q.is_null(),
             RecvTarget::Srq(s) => s.is_null(),

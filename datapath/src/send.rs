@@ -216,33 +216,101 @@ pub struct SendConfig {
     pub(crate) inline_bufs: bool,
 }
 
+impl Default for SendConfig {
+    /// [`SendConfig::DERIVED`].
+    fn default() -> Self {
+        Self::DERIVED
+    }
+}
+
 impl SendConfig {
-    /// `ring_id` goes into every `wr_id` (see [`crate::wr_id`]); `depth` is the number of
-    /// WRs that may be outstanding, at most the QP's `cap.max_send_wr` and the ring's `N`;
-    /// `max_inline` is the QP's `cap.max_inline_data` as `ibv_create_qp(3)` returned it.
+    /// Every setting at its default, with `depth` and `max_inline` left for the setup layer
+    /// to derive from the QP: `hotverbs`' `Qp::send_ring` / `wr_ring` / `direct_ring` set
+    /// depth to `min(N, cap.max_send_wr)` (a `WrRing` or `DirectRing`: `cap.max_send_wr`)
+    /// and max_inline to the QP's `cap.max_inline_data`, and assign the ring id. Raw
+    /// datapath constructors need both said: [`depth`](Self::depth),
+    /// [`max_inline`](Self::max_inline) (or [`new`](Self::new)).
+    pub const DERIVED: Self = Self {
+        ring_id: 0,
+        depth: 0,
+        max_inline: Self::UNSET,
+        signal_every: 0,
+        batch: 0,
+        remote: None,
+        ud: None,
+        inline_bufs: true,
+    };
+
+    /// `max_inline` not said (derived from the QP by the setup layer).
+    const UNSET: u32 = u32::MAX;
+
+    /// All three said, for rings built on raw handles: `ring_id` goes into every `wr_id`
+    /// (see [`crate::wr_id`]); `depth` is the number of WRs that may be outstanding, at most
+    /// the QP's `cap.max_send_wr` and the ring's `N`; `max_inline` is the QP's
+    /// `cap.max_inline_data` as `ibv_create_qp(3)` returned it. On the setup layer prefer
+    /// [`SendConfig::default()`](Self::DERIVED) and the named setters: it derives `depth`
+    /// and `max_inline` from the QP and assigns `ring_id` itself.
     /// Defaults: signal every `depth / 2` WRs, flush automatically every `depth / 2` staged
     /// WRs.
     pub const fn new(ring_id: u8, depth: u32, max_inline: u32) -> Self {
-        let half = if depth >= 2 { depth / 2 } else { 1 };
-        Self {
-            ring_id,
-            depth,
-            max_inline,
-            signal_every: half,
-            batch: half,
-            remote: None,
-            ud: None,
-            inline_bufs: true,
-        }
+        Self::DERIVED
+            .with_ring_id(ring_id)
+            .depth(depth)
+            .max_inline(max_inline)
     }
 
-    /// Signal every `k`-th WR (`1 <= k <= depth / 2`).
+    /// At most `d` WRs outstanding (at most the QP's `cap.max_send_wr` and the ring's `N`).
+    /// Unset, the setup layer derives it from the QP.
+    pub const fn depth(mut self, d: u32) -> Self {
+        self.depth = d;
+        self
+    }
+
+    /// Payloads of at most `m` bytes may go inline (at most the QP's
+    /// `cap.max_inline_data`). Unset, the setup layer takes the QP's.
+    pub const fn max_inline(mut self, m: u32) -> Self {
+        self.max_inline = m;
+        self
+    }
+
+    /// Whether `max_inline` was said (else the setup layer derives it).
+    pub const fn max_inline_is_set(&self) -> bool {
+        self.max_inline != Self::UNSET
+    }
+
+    /// The settings a ring is built from: the defaults of `signal_every` and `batch`
+    /// (half the depth) filled in, every range checked. One check for the three rings.
+    pub(crate) const fn checked(mut self) -> Result<Self, ConfigError> {
+        if self.depth == 0 || self.max_inline == Self::UNSET {
+            return Err(ConfigError::Unresolved);
+        }
+        let half = if self.depth >= 2 { self.depth / 2 } else { 1 };
+        if self.signal_every == 0 {
+            self.signal_every = half;
+        }
+        if self.batch == 0 {
+            self.batch = half;
+        }
+        if self.signal_every > half {
+            return Err(ConfigError::SignalPeriod);
+        }
+        if self.batch > self.depth {
+            return Err(ConfigError::Batch);
+        }
+        if self.remote.is_some() && self.ud.is_some() {
+            return Err(ConfigError::RemoteAndUd);
+        }
+        Ok(self)
+    }
+
+    /// Signal every `k`-th WR (`1 <= k <= depth / 2`; default, or 0: `depth / 2`).
     pub const fn signal_every(mut self, k: u32) -> Self {
         self.signal_every = k;
         self
     }
 
-    /// Flush automatically once `b` WRs are staged (`1 <= b <= depth`).
+    /// Flush automatically once `b` WRs are staged (`1 <= b <= depth`; default, or 0:
+    /// `depth / 2`).
     pub const fn batch(mut self, b: u32) -> Self {
         self.batch = b;
         self
@@ -469,7 +537,7 @@ const NO_SEQ: u64 = u64::MAX;
 /// Everything else (signals, the end of a batch, a full ring, errors, a slot formatted for
 /// another kind of message) is marked in the tags and handled out of line; the signal
 /// schedule and capacity are compared on 64-bit counters only there. `cargo xtask insn`
-/// measures it (the README's table).
+/// measures it (docs/benchmarks.md).
 ///
 /// # Placement
 /// The ring is big (`N * 129` bytes and change) and self-referential, but it checks its links at
@@ -520,7 +588,9 @@ impl<const N: usize> core::fmt::Debug for SendRing<N> {
 
 impl<const N: usize> SendRing<N> {
     const MASK: usize = {
-        assert!(N.is_power_of_two(), "SendRing<N>: N must be a power of two");
+        // A power of two is checked by the constructors (a named ConfigError at the
+        // user's call, not a post-monomorphization build error); a ring of another N is
+        // never built, so this mask is never used with one.
         // The SGE fits the WR's bind_mw / tso union (see `sge_of`).
         assert!(
             core::mem::offset_of!(ibv_send_wr, __bindgen_anon_2) % core::mem::align_of::<ibv_sge>()
@@ -528,7 +598,7 @@ impl<const N: usize> SendRing<N> {
                 && core::mem::size_of::<ibv_sge>()
                     <= core::mem::size_of::<ibv_send_wr__bindgen_ty_4>()
         );
-        N - 1
+        N.wrapping_sub(1)
     };
 
     /// A ring posting to `qp`, formatted from `cfg`.
@@ -580,21 +650,17 @@ impl<const N: usize> SendRing<N> {
         cfg: SendConfig,
     ) -> Result<&mut Self, ConfigError> {
         let _ = Self::MASK;
-        let depth = cfg.depth as u64;
+        // N is a constant: this folds away for every power of two.
+        if !N.is_power_of_two() {
+            return Err(ConfigError::RingSize { n: N });
+        }
         if qp.is_null() {
             return Err(ConfigError::Null);
         }
-        if depth == 0 || depth > N as u64 {
+        let cfg = cfg.checked()?;
+        let depth = cfg.depth as u64;
+        if depth > N as u64 {
             return Err(ConfigError::Depth);
-        }
-        if cfg.signal_every == 0 || cfg.signal_every as u64 > (depth / 2).max(1) {
-            return Err(ConfigError::SignalPeriod);
-        }
-        if cfg.batch == 0 || cfg.batch as u64 > depth {
-            return Err(ConfigError::Batch);
-        }
-        if cfg.remote.is_some() && cfg.ud.is_some() {
-            return Err(ConfigError::RemoteAndUd);
         }
         // SAFETY: a live QP (the caller's contract).
         if unsafe { (*qp).qp_type } == IBV_QPT_UD {

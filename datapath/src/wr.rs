@@ -325,19 +325,8 @@ impl WrRing {
         if qpx.is_null() {
             return Err(ConfigError::Null);
         }
+        let cfg = cfg.checked()?;
         let depth = cfg.depth as u64;
-        if depth == 0 {
-            return Err(ConfigError::Depth);
-        }
-        if cfg.signal_every == 0 || cfg.signal_every as u64 > (depth / 2).max(1) {
-            return Err(ConfigError::SignalPeriod);
-        }
-        if cfg.batch == 0 || cfg.batch as u64 > depth {
-            return Err(ConfigError::Batch);
-        }
-        if cfg.remote.is_some() && cfg.ud.is_some() {
-            return Err(ConfigError::RemoteAndUd);
-        }
         // SAFETY: a live extended QP (the caller's contract); plain reads of its table.
         let q = unsafe { &*qpx };
         if q.wr_start.is_none()

@@ -669,6 +669,13 @@ impl<const N: usize> Deref for SendRing<'_, N> {
     }
 }
 
+// The common surface of the three post paths (`hotverbs_datapath::path`): a generic engine
+// runs on the safe rings as on the raw ones.
+dp::forward_post_ring!([const N: usize] SendRing<'_, N>, dp::send::Batch<'r, 'd, N>, ring);
+dp::forward_post_ring!([] WrRing<'_>, dp::wr::WrBatch<'r, 'd>, ring);
+dp::forward_poll_cq!([const B: usize] CqPoller<'_, B>, PollError);
+dp::forward_poll_cq!([const B: usize] ExCqPoller<'_, B>, ExPollError);
+
 impl<'q, const N: usize> SendRing<'q, N> {
     forward_send_ring!(dp::send::Batch<'_, 'd, N>);
 
@@ -1423,15 +1430,53 @@ impl Qp {
         }
     }
 
-    fn check_inline(&self, verb: &'static str, cfg: &SendConfig) -> Result<()> {
-        let max = self.cap().max_inline_data;
-        if cfg.max_inline_of() > max {
-            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
-                "ring max_inline {} > the QP's max_inline_data {max} (QpBuilder::max_inline_data)",
-                cfg.max_inline_of()
-            )));
+    /// Said once: the settings `cfg` leaves unset come from the QP (`depth`:
+    /// `min(N, cap.max_send_wr)`, `max_inline`: `cap.max_inline_data`), and what is said is
+    /// checked against the QP and the ring's `N` here, naming the setting, instead of as a
+    /// bare datapath `ConfigError` (or, for a non-power-of-two `N`, a build error inside the
+    /// datapath).
+    pub(crate) fn resolve_send(
+        &self,
+        verb: &'static str,
+        cfg: SendConfig,
+        n: Option<usize>,
+    ) -> Result<SendConfig> {
+        let cap = self.cap();
+        if let Some(n) = n {
+            if !n.is_power_of_two() {
+                return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                    "{verb}::<{n}>: N must be a power of two (the ring indexes its slots by \
+                     masking): use {}",
+                    n.checked_next_power_of_two().unwrap_or(1 << 16)
+                )));
+            }
         }
-        Ok(())
+        let depth = match cfg.depth_of() {
+            0 => n.map_or(cap.max_send_wr, |n| cap.max_send_wr.min(n as u32)),
+            d => {
+                if let Some(n) = n.filter(|&n| d as usize > n) {
+                    return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                        "SendConfig::depth({d}) > the ring's N = {n} slots: raise N or lower \
+                         the depth (left unset it is min(N, the QP's max_send_wr))"
+                    )));
+                }
+                d
+            }
+        };
+        let max = cap.max_inline_data;
+        let max_inline = if cfg.max_inline_is_set() {
+            if cfg.max_inline_of() > max {
+                return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                    "SendConfig::max_inline({}) > the QP's max_inline_data {max} (raise it with \
+                     QpBuilder::max_inline_data, or leave max_inline unset: it is the QP's)",
+                    cfg.max_inline_of()
+                )));
+            }
+            cfg.max_inline_of()
+        } else {
+            max
+        };
+        Ok(cfg.depth(depth).max_inline(max_inline))
     }
 
     /// A send ring on this QP's send queue (RC/UC), borrowing the QP. The QP's send queue is
@@ -1479,7 +1524,7 @@ impl Qp {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("UD rings take their address handle: use Qp::send_ring_ud"));
         }
-        self.check_inline(VERB, &cfg)?;
+        let cfg = self.resolve_send(VERB, cfg, Some(N))?;
         let id = self.claim_send_queue(VERB, cfg.depth_of(), false)?;
         let ring = self.finish_send_ring(VERB, id, cfg)?;
         self.set_sq_owner(Some(SqOwner::Send));
@@ -1508,8 +1553,7 @@ impl Qp {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("the address handle belongs to another PD than the QP"));
         }
-        self.check_inline(VERB, &cfg)?;
-        let cfg = cfg.ud(UdDest {
+        let cfg = self.resolve_send(VERB, cfg, Some(N))?.ud(UdDest {
             ah: ah.as_raw(),
             remote_qpn,
             remote_qkey: qkey,
@@ -1523,8 +1567,8 @@ impl Qp {
     fn check_ex(
         &self,
         verb: &'static str,
-        cfg: &SendConfig,
-    ) -> Result<*mut hotverbs_ffi::ibv_qp_ex> {
+        cfg: SendConfig,
+    ) -> Result<(*mut hotverbs_ffi::ibv_qp_ex, SendConfig)> {
         let Some(qpx) = self.as_qp_ex() else {
             return Err(Error::new(verb, libc::EINVAL)
                 .with_hint("not an extended QP: build it with QpBuilder::send_ops"));
@@ -1544,8 +1588,7 @@ impl Qp {
                  SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, atomics)"
             )));
         }
-        self.check_inline(verb, cfg)?;
-        Ok(qpx)
+        Ok((qpx, self.resolve_send(verb, cfg, None)?))
     }
 
     fn finish_wr_ring(
@@ -1634,7 +1677,7 @@ impl Qp {
     /// take the ring's completions.
     pub fn wr_ring(&self, cfg: SendConfig) -> Result<WrRing<'_>> {
         const VERB: &str = "WrRing";
-        let qpx = self.check_ex(VERB, &cfg)?;
+        let (qpx, cfg) = self.check_ex(VERB, cfg)?;
         if self.qp_type() == QpType::Ud || cfg.ud_dest().is_some() {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("UD rings take their address handle: use Qp::wr_ring_ud"));
@@ -1657,7 +1700,7 @@ impl Qp {
         cfg: SendConfig,
     ) -> Result<WrRing<'q>> {
         const VERB: &str = "WrRing";
-        let qpx = self.check_ex(VERB, &cfg)?;
+        let (qpx, cfg) = self.check_ex(VERB, cfg)?;
         if self.qp_type() != QpType::Ud {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("wr_ring_ud is for UD QPs: use Qp::wr_ring"));

@@ -223,6 +223,9 @@ impl Deref for DirectRing<'_> {
     }
 }
 
+dp::forward_post_ring!([] DirectRing<'_>, dp::DirectBatch<'r, 'd>, ring);
+dp::forward_poll_cq!([const B: usize] DirectPoller<'_, B>, dp::mlx5::DirectError);
+
 impl<'q> DirectRing<'q> {
     forward_send_ring!(dp::DirectBatch<'_, 'd>);
 
@@ -566,13 +569,7 @@ impl Qp {
                  with send_cq().direct_poller()",
             ));
         }
-        if cfg.max_inline_of() > self.cap().max_inline_data {
-            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
-                "ring max_inline {} > the QP's max_inline_data {}",
-                cfg.max_inline_of(),
-                self.cap().max_inline_data
-            )));
-        }
+        let cfg = self.resolve_send(verb, cfg, None)?;
         if !self.pd().context().is_mlx5() {
             return Err(not_mlx5(verb, self.pd().context()));
         }

@@ -127,7 +127,7 @@ pub use exchange::{Endpoint, ExchangeError};
 pub use hotverbs_datapath as datapath;
 pub use hotverbs_datapath::{
     Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Misrouted, Msg, Opcode,
-    PollError, PostError, Progress, Received, RecvConfig, RecvError, ReleaseError, RemoteBuf,
+    PollCq, PollError, PostBatch, PostError, PostRing, Progress, Received, RecvConfig, RecvError, ReleaseError, RemoteBuf,
     SendConfig, SendError, UdDest, WcError,
 };
 pub use hotverbs_ffi;

@@ -104,7 +104,7 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
             "loom" => crate::verify::loom(&[]),
             "miri" => crate::miri::run_miri(&[]),
             "fuzz" => crate::verify::fuzz(&[]),
-            // One run per perf row: CI proves each works beside perftest; the README's
+            // One run per perf row: CI proves each works beside perftest; docs/perf.md's
             // medians come from `cargo xtask rxe` (3 runs each).
             "rxe" => crate::rxe::run(&["--repeats".to_string(), "1".to_string()]),
             _ => unreachable!("step list and match agree"),

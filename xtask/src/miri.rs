@@ -28,7 +28,7 @@ enum Models {
 }
 
 /// One selected test: package, test target, exact test names, models, and what it keeps
-/// closed (soundness review items, see the README's soundness section).
+/// closed (soundness review items, see docs/verification.md#soundness).
 struct MiriTest {
     package: &'static str,
     target: &'static str,

@@ -664,16 +664,8 @@ impl<D: Doorbell> DirectRing<D> {
         ud: Option<DirectUd>,
         db: D,
     ) -> Result<Self, ConfigError> {
+        let cfg = cfg.checked()?;
         let depth = cfg.depth as u64;
-        if depth == 0 {
-            return Err(ConfigError::Depth);
-        }
-        if cfg.signal_every == 0 || cfg.signal_every as u64 > (depth / 2).max(1) {
-            return Err(ConfigError::SignalPeriod);
-        }
-        if cfg.batch == 0 || cfg.batch as u64 > depth {
-            return Err(ConfigError::Batch);
-        }
         if cfg.remote.is_some() && sq.ud {
             return Err(ConfigError::RemoteAndUd);
         }

@@ -123,7 +123,7 @@ file or a failed compile fails before the VM boots.
   --timeout SECS  wall-clock limit for the VM (default: boot allowance + step timeouts)
   --bless-faults  do not compare: write this run's normalised rxe_faults output to
                   xtask/rxe/rxe_faults.truth (when the probe exited 0)
-  --repeats N     runs of each perf row beside perftest (default 3, the README's medians;
+  --repeats N     runs of each perf row beside perftest (default 3, docs/perf.md's medians;
                   `cargo xtask ci` runs 1: the rows are measurements, not gates, and one
                   run each still proves every row works against perftest)";
 

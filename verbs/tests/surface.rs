@@ -1,0 +1,227 @@
+//! Issue 28: one surface over the three post paths ([`PostRing`] / [`PostBatch`] /
+//! [`PollCq`]), and configuration said once ([`SendConfig::default`] derives depth and
+//! inline limit from the QP; what is said is checked where the user says it, by name).
+
+use std::time::{Duration, Instant};
+
+use hotverbs::*;
+
+fn softnic(name: &str, mlx5: bool) -> Context {
+    Context::open_softnic_with(SoftnicConfig {
+        name: name.into(),
+        mlx5,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The engine, written once: `n` WRITEs of `i`'s bytes to offset `8 * (i % 64)`, half
+/// alone and half in batches of 4, retiring through any poller; then it drains. Returns the
+/// number of WRs retired.
+fn engine<R: PostRing, P: PollCq>(ring: &mut R, poller: &mut P, n: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut retired = 0;
+    let mut poll = |ring: &mut R| {
+        for c in poller.poll().unwrap() {
+            retired += ring.on_completion(c).unwrap();
+        }
+        assert!(Instant::now() < deadline, "stalled");
+    };
+    // A batch borrows its payloads until it is finished: they outlive it here.
+    let payloads: Vec<[u8; 8]> = (0..n).map(u64::to_le_bytes).collect();
+    let msg = |i: u64| Msg::write(Local::Inline(&payloads[i as usize]), 8 * (i % 64));
+    let mut i = 0u64;
+    while i < n {
+        // Messages posted (or staged, then posted by finish) this round.
+        let r = if i % 2 == 0 {
+            ring.send_now(msg(i)).map(|_| 1)
+        } else {
+            let mut b = ring.batch();
+            let mut pushed = 0;
+            let mut r = Ok(0);
+            while pushed < 4 && i + pushed < n {
+                match b.push(msg(i + pushed)) {
+                    Ok(_) => pushed += 1,
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+            }
+            b.finish().unwrap();
+            if pushed > 0 {
+                Ok(pushed)
+            } else {
+                r
+            }
+        };
+        match r {
+            Ok(k) => i += k,
+            Err(SendError::WouldBlock) => poll(ring),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    ring.signal_next();
+    let s = ring
+        .send_now(Msg::write(Local::Inline(&[]), 0))
+        .or_else(|_| {
+            poll(ring);
+            ring.signal_next();
+            ring.send_now(Msg::write(Local::Inline(&[]), 0))
+        })
+        .unwrap();
+    while !ring.is_retired(s) {
+        poll(ring);
+    }
+    assert_eq!(ring.outstanding(), 0);
+    assert_eq!(ring.posted_total(), ring.retired_total());
+    assert!(ring.error().is_none());
+    let _ = poll;
+    retired
+}
+
+fn rc_pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq, ops: Option<SendOps>) -> (Qp, Qp) {
+    let mut a = QpBuilder::new(pd, cq_a, cq_a, QpType::Rc)
+        .max_send_wr(32)
+        .max_inline_data(64);
+    if let Some(ops) = ops {
+        a = a.send_ops(ops);
+    }
+    let a = a.build().unwrap();
+    let b = QpBuilder::new(pd, cq_b, cq_b, QpType::Rc).build().unwrap();
+    Qp::connect_pair(
+        &a,
+        &b,
+        &ctx.port_info(None, None).unwrap(),
+        &ConnectOptions::default(),
+    )
+    .unwrap();
+    (a, b)
+}
+
+/// The same generic engine drives `SendRing`, `WrRing` and `DirectRing` (the last on the
+/// simulated ConnectX), each with its own poller type, through the traits alone; every WR
+/// is retired, and the last WRITE of each landed.
+#[test]
+fn one_engine_runs_on_every_post_path() {
+    const N: u64 = 1000;
+    let last = (N - 1).to_le_bytes();
+    let landed = |dst: &Mr<'_>| {
+        let mut got = [0u8; 8];
+        dst.read_into(8 * ((N - 1) % 64) as usize, &mut got).unwrap();
+        got == last
+    };
+    for path in ["legacy", "wr", "direct"] {
+        let ctx = softnic(&format!("surface_{path}"), path == "direct");
+        let pd = ctx.alloc_pd().unwrap();
+        let (cq_a, cq_b) = (
+            ctx.create_cq(64, None).unwrap(),
+            ctx.create_cq(64, None).unwrap(),
+        );
+        let ops = (path == "wr").then_some(SendOps::RDMA_WRITE);
+        let (a, _b) = rc_pair(&ctx, &pd, &cq_a, &cq_b, ops);
+        let dst = pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        // Depth and inline limit derived from the QP: said once, on the QpBuilder.
+        let cfg = SendConfig::default()
+            .signal_every(4)
+            .batch(4)
+            .remote(dst.remote().into());
+        let retired = match path {
+            "legacy" => {
+                let mut p = cq_a.poller::<16>().unwrap();
+                let mut r = a.send_ring::<64>(cfg).unwrap();
+                engine(&mut r, &mut p, N)
+            }
+            "wr" => {
+                let mut p = cq_a.poller::<16>().unwrap();
+                let mut r = a.wr_ring(cfg).unwrap();
+                engine(&mut r, &mut p, N)
+            }
+            _ => {
+                let mut p = cq_a.direct_poller::<16>().unwrap();
+                let mut r = a.direct_ring(&mut p, cfg).unwrap();
+                engine(&mut r, &mut p, N)
+            }
+        };
+        assert_eq!(retired, N + 1, "{path}: every WR retired once");
+        assert!(landed(&dst), "{path}: the last WRITE landed");
+    }
+}
+
+/// `SendConfig::default()` takes depth `min(N, max_send_wr)` and the QP's inline limit; a
+/// said depth or inline limit is kept.
+#[test]
+fn unset_settings_come_from_the_qp() {
+    let ctx = softnic("surface_derive", false);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    for (n_is_smaller, qp_wr) in [(true, 64), (false, 8)] {
+        let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .max_send_wr(qp_wr)
+            .max_inline_data(48)
+            .build()
+            .unwrap();
+        let want_inline = qp.cap().max_inline_data;
+        let want_depth = if n_is_smaller { 16 } else { qp.cap().max_send_wr };
+        let ring = qp.send_ring::<16>(SendConfig::default()).unwrap();
+        assert_eq!(ring.depth(), want_depth as u64);
+        assert_eq!(ring.signal_every(), want_depth as u64 / 2);
+        drop(ring);
+        let qp2 = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .max_send_wr(qp_wr)
+            .max_inline_data(48)
+            .build()
+            .unwrap();
+        let ring = qp2
+            .send_ring::<16>(SendConfig::default().depth(4).max_inline(8))
+            .unwrap();
+        assert_eq!((ring.depth(), ring.signal_every()), (4, 2));
+        // The limit said (8), not the QP's (>= 48): 9 inline bytes are refused by name.
+        assert!(want_inline >= 48);
+        let mut ring = ring;
+        assert!(matches!(
+            ring.send_now(Msg::send(Local::Inline(&[0; 9]))),
+            Err(SendError::InlineTooLong { len: 9, max: 8 })
+        ));
+        drop(ring);
+    }
+}
+
+/// What the user says wrong is refused where they say it, naming the setting: a ring size
+/// that is not a power of two (formerly a build error deep inside the datapath), a depth
+/// above `N`, an inline limit above the QP's, a raw datapath ring left unresolved.
+#[test]
+fn a_wrong_setting_is_named_at_the_users_call() {
+    let ctx = softnic("surface_refuse", false);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+        .max_send_wr(64)
+        .max_inline_data(32)
+        .build()
+        .unwrap();
+    let e = qp.send_ring::<100>(SendConfig::default()).unwrap_err();
+    let s = e.to_string();
+    assert!(
+        s.contains("SendRing::<100>") && s.contains("power of two") && s.contains("128"),
+        "{s}"
+    );
+    let e = qp
+        .send_ring::<16>(SendConfig::default().depth(32))
+        .unwrap_err();
+    assert!(e.to_string().contains("SendConfig::depth(32) > the ring's N = 16"), "{e}");
+    let e = qp
+        .send_ring::<16>(SendConfig::default().max_inline(4096))
+        .unwrap_err();
+    assert!(e.to_string().contains("SendConfig::max_inline(4096)"), "{e}");
+    // The refusals left the send queue free: a good ring still builds.
+    let ring = qp.send_ring::<64>(SendConfig::default()).unwrap();
+    assert_eq!(ring.depth(), 64);
+    // The datapath says what is missing when a raw ring is given the derived defaults.
+    let e = datapath::ConfigError::Unresolved.to_string();
+    assert!(e.contains("SendConfig::depth"), "{e}");
+    let e = datapath::ConfigError::RingSize { n: 100 }.to_string();
+    assert!(e.contains("N = 100") && e.contains("use 128"), "{e}");
+}

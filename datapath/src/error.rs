@@ -334,7 +334,7 @@ impl fmt::Display for PostError {
             self.first_rejected_seq,
             match self.errno {
                 libc_errno::ENOMEM => "the work queue is full: the QP's depth is smaller than the ring's",
-                libc_errno::EINVAL => "a WR field is invalid for this QP (opcode, num_sge, inline size) or the QP state does not allow posting",
+                libc_errno::EINVAL => "a WR field is invalid for this QP (opcode, num_sge, inline size), or the QP state does not allow posting (sends need RTS, receives INIT or later: the setup layer's rings say which with explain)",
                 _ => "check the QP state and capabilities",
             }
         )
@@ -393,11 +393,11 @@ impl fmt::Display for SendError {
         match self {
             Self::WouldBlock => write!(f, "send ring full: poll the CQ to retire completions, then retry"),
             Self::QpError(e) => write!(f, "QP in error after {e}; move the QP to RESET, call SendRing::reset, then INIT -> RTR -> RTS"),
-            Self::InlineTooLong { len, max } => write!(f, "inline payload of {len} bytes exceeds max_inline_data {max}: use a registered buffer"),
+            Self::InlineTooLong { len, max } => write!(f, "inline payload of {len} bytes exceeds max_inline {max}: raise the QP's max_inline_data (and the ring's max_inline), or send it zero-copy with the unsafe stage and Local::Buf (the NIC reads that buffer until the completion, which no borrow can promise)"),
             Self::RemoteOutOfRange { offset, len } => write!(f, "remote range {offset}+{len} outside the ring's remote buffer"),
             Self::AtomicMisaligned => write!(f, "atomics need an 8-byte aligned remote offset and an 8-byte local buffer"),
             Self::NoRemote => write!(f, "RDMA/atomic operation on a ring without a remote buffer (configure SendConfig::remote)"),
-            Self::NotInline => write!(f, "zero-copy payload given to a safe method: use the unsafe SendRing::stage"),
+            Self::NotInline => write!(f, "zero-copy payload (Local::Buf) given to a safe method: the NIC reads the buffer until the WR's completion, which no borrow can promise; copy it inline (Local::Inline, up to max_inline bytes) or use the unsafe stage"),
             Self::Post(e) => e.fmt(f),
             Self::Config(e) => e.fmt(f),
             Self::OpNotEnabled(op) => write!(f, "the extended QP has no ibv_wr_* builder for {op:?}: create it with that opcode in send_ops_flags (ibv_create_qp_ex)"),

@@ -131,7 +131,7 @@ pub trait PostBatch<'d> {
 /// What every completion poller does: one poll, a burst of [`Completion`]s.
 pub trait PollCq {
     /// The poller's error.
-    type Error: core::fmt::Debug + core::fmt::Display;
+    type Error: core::error::Error + 'static;
     /// Polls once: the completions found (possibly none).
     ///
     /// # Errors

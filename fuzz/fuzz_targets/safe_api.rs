@@ -2153,7 +2153,11 @@ impl<'a> World<'a> {
             if fill { "fill" } else { "repost" }
         );
         let before = e.ring.posted();
-        let res = if fill { e.ring.fill() } else { e.ring.repost() };
+        let res = if fill {
+            e.ring.fill().map_err(PostError::from)
+        } else {
+            e.ring.repost()
+        };
         let delta = u64::from(e.ring.posted()) - u64::from(before);
         match res {
             Ok(n) => assert_eq!(n as u64, delta, "{what}: returned {n}, posted {delta}"),

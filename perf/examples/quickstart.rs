@@ -26,7 +26,7 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let remote = target.remote(); // (addr, len, rkey): what a peer gets over the exchange
 
     // --- hot path: a preformatted ring, every 32nd WR signaled, batches of 32 -------------
-    let cfg = SendConfig::new(0, 128, 64)
+    let cfg = SendConfig::default() // depth and inline limit: the QP's
         .signal_every(32)
         .batch(32)
         .remote(remote.into());

@@ -87,7 +87,7 @@ use hotverbs_datapath::{
 
 use crate::ah::Ah;
 use crate::cq::Cq;
-use crate::error::{Error, Result};
+use crate::error::{Error, RecvPostError, Result};
 use crate::mr::{Mr, RemoteMr, Sge};
 use crate::qp::{Qp, QpType, SendOps, SqOwner};
 use crate::srq::Srq;
@@ -381,7 +381,19 @@ fn config_error(verb: &'static str, e: dp::ConfigError) -> Error {
 /// swapped, and the read-only accessors (`outstanding`, `free`, `ring_id`, `error`, ...)
 /// come through it.
 macro_rules! forward_send_ring {
-    ($batch:ty) => {
+    ($name:literal, $batch:ty) => {
+        /// `e`, an error of this ring (`send_now`, `flush`, a batch's `finish`, ...), as an
+        /// [`Error`] saying what to do, with the QP's state (queried now) where it is the
+        /// cause (`ibv_post_send: EINVAL — QP is in RESET: connect it first ...`, where the
+        /// datapath can only say "the QP state does not allow posting"). The ring's methods
+        /// return the datapath's `SendError` as it is (their success path stays as the
+        /// instruction gate measured it); call this on the error path:
+        /// `ring.send_now(msg).map_err(|e| ring.explain(&e))`.
+        #[cold]
+        pub fn explain(&self, e: &SendError) -> Error {
+            self.qp.explain_send($name, e)
+        }
+
         /// Posts `msg` alone now (inline payloads only; see the datapath ring's
         /// `send_now`). Returns its sequence number.
         ///
@@ -613,7 +625,10 @@ macro_rules! verbs_ring_recovery {
         /// ring: every staged or outstanding WR is accounted as never completed (returned),
         /// the error state left; completions of them still in the CQ are ignored as stale
         /// (for a `WrRing`, an open `ibv_wr_*` region is aborted). Then [`Qp::connect`]
-        /// again, to the same peer or a new one, and post.
+        /// again, to the same peer or a new one, and post. With a [`RecvRing`] on the QP
+        /// ([`reset_qp_with`](Self::reset_qp_with)): [`Qp::init`], the receive ring's
+        /// `fill`, then `connect` (which keeps the QP's INIT and its receives), so they are
+        /// posted before the peer sends; a `fill` in RESET is refused.
         ///
         /// # Errors
         #[doc = concat!("`", $name, "::reset_qp: EBUSY` when a [`RecvRing`] owns the QP's")]
@@ -677,7 +692,7 @@ dp::forward_poll_cq!([const B: usize] CqPoller<'_, B>, PollError);
 dp::forward_poll_cq!([const B: usize] ExCqPoller<'_, B>, ExPollError);
 
 impl<'q, const N: usize> SendRing<'q, N> {
-    forward_send_ring!(dp::send::Batch<'_, 'd, N>);
+    forward_send_ring!("SendRing", dp::send::Batch<'_, 'd, N>);
 
     /// The QP whose send queue this ring owns.
     pub fn qp(&self) -> &'q Qp {
@@ -820,18 +835,10 @@ macro_rules! recv_ring_views {
     };
 }
 
-/// Forwards the receive-ring methods ([`RecvRing`] and [`SrqRing`] share them).
+/// Forwards the receive-ring methods ([`RecvRing`] and [`SrqRing`] share them; each has
+/// its own `fill`: a `RecvRing`'s error carries its QP's state).
 macro_rules! forward_recv_ring {
     () => {
-        /// Posts every free slot (one chained post). Returns how many were posted.
-        ///
-        /// # Errors
-        /// As the datapath ring's `fill`.
-        #[inline(always)]
-        pub fn fill(&mut self) -> std::result::Result<usize, PostError> {
-            self.ring.fill()
-        }
-
         /// Takes a receive completion of this ring: the slot is held (read it with `data`)
         /// until [`release`](Self::release).
         ///
@@ -907,11 +914,41 @@ impl<'q, const N: usize> RecvRing<'q, N> {
         unsafe { self.ring.reset() }
     }
 
+    /// Posts every free slot (one chained post). Returns how many were posted. Receives
+    /// can be posted from INIT on: fill after [`Qp::init`] and before [`Qp::connect`] (which
+    /// keeps them), so the first message finds them.
+    ///
+    /// # Errors
+    /// As the datapath ring's `fill`, with the QP's state (queried on the error path) in
+    /// the message when it is the cause: in RESET, `ibv_post_recv failed with EINVAL ...:
+    /// QP is in RESET: receives can be posted from INIT on — call Qp::init() (or connect)
+    /// first`. The [`RecvPostError`] derefs to the datapath's `PostError` and converts into
+    /// an [`Error`]. When the provider did not name the rejected receive (rxe in RESET),
+    /// the ring counts the chain as posted until [`reset_qp`](Self::reset_qp).
+    #[inline(always)]
+    pub fn fill(&mut self) -> std::result::Result<usize, RecvPostError> {
+        match self.ring.fill() {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.qp.explain_recv_post(e)),
+        }
+    }
+
+    /// `e`, a `PostError` of this ring's [`repost`](Self::repost) (which returns the
+    /// datapath's error as it is: mapping it there would keep the ring's QP live across
+    /// the post, a register saved and restored on every successful repost of a caller
+    /// that does not need the ring afterwards), with the QP's state as
+    /// [`fill`](Self::fill) gives it: `ring.repost().map_err(|e| ring.explain(e))`.
+    #[cold]
+    pub fn explain(&self, e: PostError) -> RecvPostError {
+        self.qp.explain_recv_post(e)
+    }
+
     forward_recv_ring!();
 
     /// Recovery of a QP with no send ring: moves it to RESET (its receives discarded) and
     /// requeues every posted slot for the next [`fill`](Self::fill); held slots stay held.
-    /// The region stays leased. Returns how many slots were requeued.
+    /// The region stays leased. Returns how many slots were requeued. Receives are posted
+    /// again from INIT on: [`Qp::init`], `fill`, then [`Qp::connect`].
     ///
     /// # Errors
     /// `RecvRing::reset_qp: EBUSY` when a send ring owns the QP's send queue (reset
@@ -960,6 +997,15 @@ impl<'q, const N: usize> SrqRing<'q, N> {
     /// The SRQ this ring posts to.
     pub fn srq(&self) -> &'q Srq {
         self.srq
+    }
+
+    /// Posts every free slot (one chained post). Returns how many were posted.
+    ///
+    /// # Errors
+    /// As the datapath ring's `fill`.
+    #[inline(always)]
+    pub fn fill(&mut self) -> std::result::Result<usize, PostError> {
+        self.ring.fill()
     }
 
     forward_recv_ring!();
@@ -1049,6 +1095,14 @@ impl Srq {
 
 /// A [`hotverbs_datapath::CqPoller`] on a [`Cq`], borrowing it; made by [`Cq::poller`].
 /// While it exists it is the CQ's only poller. Its methods forward to the datapath poller.
+///
+/// **Replying from inside the poll loop.** The batch [`poll`](Self::poll) returns borrows
+/// the poller, not the rings: walk it and send replies as you go. Where sends and
+/// receives share the CQ, retire the batch's send completions first (`c.ring() ==
+/// ring.ring_id()`), so a reply finds every slot the batch frees; a reply that still meets
+/// `SendError::WouldBlock` cannot be waited for inside the batch (only the next poll frees
+/// slots): keep it in a bounded queue and send it first on the next poll.
+/// `examples/order_gateway.rs` (the exchange's `serve`) is the pattern in full.
 pub struct CqPoller<'c, const B: usize> {
     poller: dp::CqPoller<B>,
     cq: &'c Cq,
@@ -1149,7 +1203,7 @@ impl Deref for WrRing<'_> {
 }
 
 impl<'q> WrRing<'q> {
-    forward_send_ring!(dp::wr::WrBatch<'_, 'd>);
+    forward_send_ring!("WrRing", dp::wr::WrBatch<'_, 'd>);
 
     /// The QP whose send queue this ring owns.
     pub fn qp(&self) -> &'q Qp {
@@ -1491,7 +1545,7 @@ impl Qp {
     /// let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build()?;
     /// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
     /// Qp::connect_pair(&a, &b, &ctx.port_info(None, None)?, &ConnectOptions::default())?;
-    /// let mut ring = a.send_ring::<16>(SendConfig::new(0, 16, 64).signal_every(1))?;
+    /// let mut ring = a.send_ring::<16>(SendConfig::default().signal_every(1))?;
     /// let mut poller = cq.poller::<8>()?;
     /// let mut region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;
     /// let mut rb = b.recv_ring::<4>(&mut region, 0, hotverbs::RecvConfig::new(0, 64, 4))?;
@@ -1646,7 +1700,7 @@ impl Qp {
     ///     .build()?;
     /// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
     /// Qp::connect_pair(&a, &b, &ctx.port_info(None, None)?, &ConnectOptions::default())?;
-    /// let mut ring = a.wr_ring(SendConfig::new(0, 16, 64).signal_every(1))?;
+    /// let mut ring = a.wr_ring(SendConfig::default().signal_every(1))?;
     /// // Rings check each completion's qp_num: read it (and byte_len for receives).
     /// let mut poller = cq.ex_poller::<8>(ExFields::BYTE_LEN | ExFields::QP_NUM)?;
     /// let mut region = pd.alloc_mr(256, hotverbs::AccessFlags::LOCAL_WRITE)?;

@@ -227,7 +227,7 @@ dp::forward_post_ring!([] DirectRing<'_>, dp::DirectBatch<'r, 'd>, ring);
 dp::forward_poll_cq!([const B: usize] DirectPoller<'_, B>, dp::mlx5::DirectError);
 
 impl<'q> DirectRing<'q> {
-    forward_send_ring!(dp::DirectBatch<'_, 'd>);
+    forward_send_ring!("DirectRing", dp::DirectBatch<'_, 'd>);
 
     /// The QP whose send queue this ring owns.
     pub fn qp(&self) -> &'q Qp {

@@ -1,4 +1,6 @@
-//! The one error type of the crate: which verb failed, with which errno, and what to try.
+//! The error type of the crate: which verb failed, with which errno, and what to try; and
+//! [`RecvPostError`], a receive ring's refused post with the QP's state (it converts into
+//! an [`Error`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -244,6 +246,105 @@ impl From<Error> for std::io::Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A [`RecvRing`](crate::RecvRing)'s refused post ([`fill`](crate::RecvRing::fill), or
+/// [`explain`](crate::RecvRing::explain) of a `repost` error): the datapath's
+/// [`PostError`](hotverbs_datapath::PostError) (its fields through `Deref`:
+/// `e.verb`, `e.errno`, `e.first_rejected`, ...) and the QP's state when it was refused,
+/// which the message names when it is the cause.
+///
+/// Converts into an [`Error`] of the post verb with the same hint.
+///
+/// # Example
+/// ```
+/// use hotverbs::*;
+/// let ctx = Context::open("softnic")?;
+/// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
+/// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+/// let mut region = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE)?;
+/// let mut rx = qp.recv_ring::<4>(&mut region, 0, RecvConfig::new(0, 64, 4))?;
+/// let e = rx.fill().unwrap_err(); // still in RESET
+/// assert_eq!((e.verb, e.errno, e.state()), ("ibv_post_recv", libc::EINVAL, QpState::Reset));
+/// assert!(e.to_string().contains("call Qp::init() (or connect) first"), "{e}");
+/// rx.reset_qp()?; // requeues what the provider may have taken (rxe counts it posted)
+/// qp.init(&ctx.port_info(None, None)?, &ConnectOptions::default())?;
+/// assert_eq!(rx.fill()?, 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvPostError {
+    post: hotverbs_datapath::PostError,
+    state: crate::QpState,
+}
+
+impl RecvPostError {
+    pub(crate) fn new(post: hotverbs_datapath::PostError, state: crate::QpState) -> Self {
+        RecvPostError { post, state }
+    }
+
+    /// The datapath's error.
+    pub fn post(&self) -> &hotverbs_datapath::PostError {
+        &self.post
+    }
+
+    /// The QP's state when the post was refused (`ibv_query_qp`, else the tracked state).
+    pub fn state(&self) -> crate::QpState {
+        self.state
+    }
+
+    /// What to do (the hint the [`Error`] conversion carries).
+    pub fn hint(&self) -> String {
+        crate::qp::post_hint(self.state, &self.post, false, "RecvRing")
+    }
+}
+
+impl std::ops::Deref for RecvPostError {
+    type Target = hotverbs_datapath::PostError;
+    fn deref(&self) -> &hotverbs_datapath::PostError {
+        &self.post
+    }
+}
+
+impl fmt::Display for RecvPostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.post;
+        write!(
+            f,
+            "{} failed with {} ({}) ",
+            p.verb,
+            hotverbs_ffi::errno_name(p.errno),
+            p.errno
+        )?;
+        if p.first_rejected == hotverbs_datapath::PostError::UNKNOWN {
+            write!(
+                f,
+                "without naming the rejected WR (chain from slot {})",
+                p.first_rejected_seq
+            )?;
+        } else {
+            write!(
+                f,
+                "at WR {} of the chain (slot {})",
+                p.first_rejected, p.first_rejected_seq
+            )?;
+        }
+        write!(f, ": {}", self.hint())
+    }
+}
+
+impl std::error::Error for RecvPostError {}
+
+impl From<RecvPostError> for hotverbs_datapath::PostError {
+    fn from(e: RecvPostError) -> Self {
+        e.post
+    }
+}
+
+impl From<RecvPostError> for Error {
+    fn from(e: RecvPostError) -> Self {
+        Error::new(e.post.verb, e.post.errno).with_hint(e.hint())
+    }
+}
 
 static DROP_ERRORS: Mutex<Vec<Error>> = Mutex::new(Vec::new());
 

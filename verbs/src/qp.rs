@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
+use hotverbs_datapath::{PostError, SendError};
 use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
 use hotverbs_ffi::{
     ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge,
@@ -18,7 +19,7 @@ use hotverbs_ffi::{
 use crate::ah::{Ah, AhAttr};
 use crate::cq::Cq;
 use crate::device::{Gid, LinkLayer, Mtu, PortInfo};
-use crate::error::{record_drop_error, Error, Result};
+use crate::error::{record_drop_error, Error, RecvPostError, Result};
 use crate::exchange::Endpoint;
 use crate::mr::{AccessFlags, Lease, Mr, RemoteMr, Sge};
 use crate::pd::Pd;
@@ -110,7 +111,105 @@ impl QpState {
     pub fn name(self) -> &'static str {
         ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"][self as usize]
     }
+
+    /// Why a post refused in this state was refused and what to do, or `None` when the
+    /// state allows the post (the refusal has another cause). `send`: a send post (RTS,
+    /// and SQD), else a receive post (INIT on). ERR accepts posts (they flush) but is
+    /// named all the same: nothing posted there runs until the QP is reset and connected.
+    #[cold]
+    pub(crate) fn post_hint(self, send: bool) -> Option<&'static str> {
+        Some(match (self, send) {
+            (QpState::Reset, true) => {
+                "QP is in RESET: connect it first (Qp::connect, or to_init, to_rtr and to_rts): \
+                 sends need RTS"
+            }
+            (QpState::Reset, false) => {
+                "QP is in RESET: receives can be posted from INIT on — call Qp::init() (or \
+                 connect) first"
+            }
+            (QpState::Init, true) => {
+                "QP is in INIT: sends need RTS: finish connecting it (Qp::connect keeps the \
+                 INIT attributes and receives posted; or to_rtr then to_rts)"
+            }
+            (QpState::Rtr, true) => {
+                "QP is in RTR: sends need RTS: move it on with Qp::to_rts (or Qp::connect)"
+            }
+            (QpState::Sqe, true) => {
+                "QP is in SQE (a send failed on a UC/UD QP): reset_qp() on its ring (Qp::reset \
+                 without one), then connect again"
+            }
+            (QpState::Err, _) => {
+                "QP is in ERR: reset_qp() on its ring (Qp::reset without one), or reconnect \
+                 (Qp::connect resets it first)"
+            }
+            _ => return None,
+        })
+    }
 }
+
+/// What to do about the refused post `p` (made by `ring`, e.g. `"SendRing"`) on a QP in
+/// `state`: the state when it explains the refusal, else the errno's usual cause; and, when
+/// the provider did not name the rejected WR, the recovery the ring needs.
+#[cold]
+pub(crate) fn post_hint(state: QpState, p: &PostError, send: bool, ring: &str) -> String {
+    let cause = match state.post_hint(send) {
+        Some(h) => h,
+        None => match (p.errno, send) {
+            (libc::ENOMEM, true) => {
+                "the send queue is full: the QP's max_send_wr is below the ring's depth, or raw \
+                 posts share the queue"
+            }
+            (libc::ENOMEM, false) => {
+                "the receive queue is full: the QP's max_recv_wr is below the ring's slots, or \
+                 raw posts share the queue"
+            }
+            (libc::EINVAL, _) => {
+                "a WR field is invalid for this QP (opcode, num_sge, inline size against the \
+                 QP's caps: Qp::cap)"
+            }
+            _ => "check the QP's state and capabilities (Qp::query)",
+        },
+    };
+    if p.first_rejected != PostError::UNKNOWN {
+        return cause.to_string();
+    }
+    if send {
+        format!(
+            "{cause}; the provider did not name the rejected WR (rxe queues a chain posted \
+             before RTS anyway, to run in RTS), so the ring counts the chain from seq {} as \
+             posted and refuses new WRs until {ring}::reset_qp() (reset_qp_with when a RecvRing \
+             owns the receive queue)",
+            p.first_rejected_seq
+        )
+    } else {
+        format!(
+            "{cause}; the provider did not name the rejected WR, so the ring counts the chain \
+             from slot {} as posted until {ring}::reset_qp() requeues it (the move to RESET \
+             discards whatever the provider queued)",
+            p.first_rejected_seq
+        )
+    }
+}
+
+/// The hint for an inline payload of `len` bytes over the limit `max`.
+#[cold]
+fn inline_too_long_hint(len: u64, max: u32) -> String {
+    format!(
+        "inline payload of {len} bytes > max_inline_data {max}: raise the limit \
+         (QpBuilder::max_inline_data, SendConfig::max_inline) or split the message, or send \
+         it from a registered buffer with the unsafe stage (Msg with Local::Buf). No safe call \
+         sends from a registered buffer: the NIC reads it after the post returns, until the \
+         WR's completion, and a borrow cannot be held that long; stage's contract is that the \
+         buffer stays registered and unwritten until is_retired(seq)"
+    )
+}
+
+/// The hint for [`SendError::NotInline`].
+const NOT_INLINE_HINT: &str = "a zero-copy payload (Local::Buf) given to a safe method: the \
+     NIC reads the buffer after the post returns, until the WR's completion, which a borrow \
+     cannot promise, so only the unsafe stage takes one (its contract: the buffer stays \
+     registered and unwritten, for READ and atomics untouched, until is_retired(seq)); or \
+     send the bytes as Local::Inline (at most max_inline)";
 
 static TRANSITIONS: [[&str; 7]; 7] = [
     [
@@ -482,6 +581,8 @@ impl<'a> QpBuilder<'a> {
             rq_taken: AtomicBool::new(false),
             sq_owner: AtomicU8::new(0),
             rq_owner: AtomicBool::new(false),
+            sq_unnamed: AtomicBool::new(false),
+            post_lock: Mutex::new(()),
             qp_type: self.qp_type,
             cap: init.cap,
             pd: self.pd.clone(),
@@ -679,6 +780,16 @@ fn refused_ops_hint(refused: SendOps, device: &str, qp_type: &str) -> String {
         if many { "are" } else { "is" },
         if many { "them" } else { "it" },
     )
+}
+
+/// The RESET->INIT attributes of [`Qp::connect`] and [`Qp::init`].
+fn connect_init_attr(local: &PortInfo, opts: &ConnectOptions) -> InitAttr {
+    InitAttr {
+        port: local.port,
+        pkey_index: opts.pkey_index,
+        access: opts.access,
+        qkey: opts.qkey,
+    }
 }
 
 /// A PSN from the process's random hasher keys (no extra dependency): 24 bits.
@@ -1061,7 +1172,8 @@ impl fmt::Debug for QpAttr {
 /// Holds its PD, CQs and SRQ alive. Move it through the states with
 /// [`to_init`](Self::to_init), [`to_rtr`](Self::to_rtr), [`to_rts`](Self::to_rts),
 /// [`to_error`](Self::to_error), [`reset`](Self::reset) — or all at once with
-/// [`connect`](Self::connect). Hand [`as_raw`](Self::as_raw) to the datapath.
+/// [`connect`](Self::connect), after [`init`](Self::init) when receives are to be posted
+/// before the peer can send. Hand [`as_raw`](Self::as_raw) to the datapath.
 ///
 /// # Example: a connected RC pair in one process
 /// ```
@@ -1100,6 +1212,14 @@ pub struct Qp {
     sq_owner: AtomicU8,
     /// A `RecvRing` owns the receive queue now.
     rq_owner: AtomicBool,
+    /// A send post through this `Qp` failed without the provider naming the WR (rxe before
+    /// RTS queues it anyway, to run once the QP is in RTS): [`connect`](Qp::connect) from
+    /// INIT then goes through RESET, which discards it, instead of keeping the QP's INIT.
+    /// Cleared by every move to RESET.
+    sq_unnamed: AtomicBool,
+    /// Serialises [`Qp::post_send_inline`] on a QP of a thread domain (whose provider may
+    /// not lock the send queue); unused otherwise.
+    post_lock: Mutex<()>,
     qp_type: QpType,
     cap: hotverbs_ffi::ibv_qp_cap,
     pd: Pd,
@@ -1210,6 +1330,73 @@ impl Qp {
     /// [`query`](Self::query) is authoritative).
     pub fn tracked_state(&self) -> QpState {
         QpState::from_raw(self.state.load(Ordering::Relaxed))
+    }
+
+    /// The state the device reports now (`ibv_query_qp(3)`, read for the state alone).
+    ///
+    /// # Example
+    /// ```
+    /// # use hotverbs::*;
+    /// # let ctx = Context::open("softnic")?;
+    /// # let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
+    /// let qp = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// assert_eq!(qp.state()?, QpState::Reset);
+    /// qp.init(&ctx.port_info(None, None)?, &ConnectOptions::default())?;
+    /// assert_eq!(qp.state()?, QpState::Init);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `ibv_query_qp` with the provider's errno.
+    pub fn state(&self) -> Result<QpState> {
+        self.query().map(|a| a.state())
+    }
+
+    /// The state for an error message: the device's answer, else the tracked state.
+    #[cold]
+    fn state_for_hint(&self) -> QpState {
+        self.state().unwrap_or_else(|_| self.tracked_state())
+    }
+
+    /// `e`, an error of the ring `ring` (`"SendRing"`, `"WrRing"`) on this QP's send queue,
+    /// as an [`Error`] saying what to do, with the QP's state (queried now) where it
+    /// explains the refusal. Cold: only error paths call it.
+    #[cold]
+    pub(crate) fn explain_send(&self, ring: &'static str, e: &SendError) -> Error {
+        match *e {
+            SendError::Post(p) => Error::new(p.verb, p.errno).with_hint(post_hint(
+                self.state_for_hint(),
+                &p,
+                true,
+                ring,
+            )),
+            SendError::QpError(wc) => {
+                // Only ERR/SQE say it all: in another state the ring still needs its reset.
+                let what = match self.state_for_hint() {
+                    st @ (QpState::Err | QpState::Sqe) => st.post_hint(true),
+                    _ => None,
+                }
+                .unwrap_or(
+                    "reset the QP through the ring (reset_qp(), or reset_qp_with(&mut \
+                     recv_ring) when a RecvRing owns the receive queue) and connect again",
+                );
+                Error::new(ring, libc::EIO).with_hint(format!(
+                    "the ring failed at a completion ({wc}) and refuses new WRs: {what}"
+                ))
+            }
+            SendError::WouldBlock => Error::new(ring, libc::EAGAIN).with_hint(e.to_string()),
+            SendError::InlineTooLong { len, max } => {
+                Error::new(ring, libc::EINVAL).with_hint(inline_too_long_hint(len as u64, max))
+            }
+            SendError::NotInline => Error::new(ring, libc::EINVAL).with_hint(NOT_INLINE_HINT),
+            _ => Error::new(ring, libc::EINVAL).with_hint(e.to_string()),
+        }
+    }
+
+    /// A receive ring's refused post `e` on this QP, with the QP's state (queried now).
+    #[cold]
+    pub(crate) fn explain_recv_post(&self, e: PostError) -> RecvPostError {
+        RecvPostError::new(e, self.state_for_hint())
     }
 
     /// Our endpoint for the peer: LID, QPN, PSN and GID of `local`, no MR.
@@ -1359,6 +1546,10 @@ impl Qp {
         if ret == 0 {
             if mask.contains(QpAttrMask::STATE) {
                 self.state.store(attr.qp_state, Ordering::Relaxed);
+                if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET {
+                    // RESET discarded whatever a refused post left queued.
+                    self.sq_unnamed.store(false, Ordering::Relaxed);
+                }
                 if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET && !self.rq_owned() {
                     // RESET removes the receive queue's WRs without completions; a live
                     // RecvRing keeps its lease (it posts into the region again).
@@ -1566,28 +1757,85 @@ impl Qp {
         self.modify_to(&mut attr, QpAttrMask::STATE, |_, _| None)
     }
 
+    /// RESET->INIT with the attributes [`connect`](Self::connect) uses: `local`'s port,
+    /// `opts.pkey_index`, and `opts.access` (RC/UC) or `opts.qkey` (UD). Receives can be
+    /// posted from INIT on, so a receive ring filled now is ready before the peer can send:
+    /// `init`, fill, then `connect`, which keeps a QP in INIT as it is (its attributes and
+    /// its posted receives), and the first message never meets RNR. On a QP already in
+    /// INIT it is an INIT->INIT move with these attributes (posted receives stay).
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::*;
+    /// let ctx = Context::open("softnic")?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(64, None)?);
+    /// let a = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).max_inline_data(64).build()?;
+    /// let b = QpBuilder::new(&pd, &cq, &cq, QpType::Rc).build()?;
+    /// let (port, opts) = (ctx.port_info(None, None)?, ConnectOptions::default());
+    /// b.init(&port, &opts)?;
+    /// let mut region = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE)?;
+    /// let mut rx = b.recv_ring::<4>(&mut region, 0, RecvConfig::new(0, 64, 4))?;
+    /// assert_eq!(rx.fill()?, 4); // before the peer exists
+    /// Qp::connect_pair(&a, &b, &port, &opts)?;
+    /// assert_eq!(rx.posted(), 4, "connect kept them");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`to_init`](Self::to_init): `ibv_modify_qp(RTS->INIT): EINVAL` and the like from
+    /// another state (the hint names it: reset the QP first, through its ring if one owns
+    /// a queue), or a port / P_Key index the device does not have.
+    ///
+    /// # References
+    /// `ibv_modify_qp(3)`
+    pub fn init(&self, local: &PortInfo, opts: &ConnectOptions) -> Result<()> {
+        self.to_init(&connect_init_attr(local, opts))
+    }
+
     /// RESET->INIT->RTR->RTS in one call, towards `remote`, from `local` (see
     /// [`Context::port_info`](crate::Context::port_info)), sending from
-    /// [`local_psn`](Self::local_psn). A QP not in RESET is reset first. For UD the remote
-    /// is ignored (addresses go in each WR).
+    /// [`local_psn`](Self::local_psn). For UD the remote is ignored (addresses go in each
+    /// WR).
+    ///
+    /// A QP in INIT ([`init`](Self::init), [`to_init`](Self::to_init)) stays as it is —
+    /// its INIT attributes and the receives posted to it are kept — and goes on to RTR and
+    /// RTS: so receives filled before `connect` are there for the first message. A QP in
+    /// any other state is reset first (refused while a ring owns one of its queues: reset
+    /// through the ring), then moved to INIT with `local.port` and `opts`; so is a QP in
+    /// INIT that a send was refused on without the provider naming the WR (rxe queues such
+    /// a WR anyway, to run in RTS: the reset discards it).
     ///
     /// The address uses a GRH when `local.gid_index` is set (always on RoCE) or the remote
     /// has no LID; the MTU is the local active MTU capped by `opts.mtu`.
+    ///
+    /// # Errors
+    /// `Qp::connect: EINVAL` for a QP in INIT on another port than `local.port` (init it
+    /// with the same [`PortInfo`]); the transitions' errors, each naming its move.
     pub fn connect(
         &self,
         local: &PortInfo,
         remote: &Endpoint,
         opts: &ConnectOptions,
     ) -> Result<()> {
-        if self.query().map(|a| a.state()).unwrap_or(QpState::Err) != QpState::Reset {
-            self.reset()?;
+        match self.query() {
+            Ok(a) if a.state() == QpState::Init && !self.sq_unnamed.load(Ordering::Relaxed) => {
+                if a.port() != 0 && a.port() != local.port {
+                    return Err(Error::new("Qp::connect", libc::EINVAL).with_hint(format!(
+                        "the QP is in INIT on port {} but connect's local port is {}: init it \
+                         with the PortInfo connect gets (Qp::init), or reset it",
+                        a.port(),
+                        local.port
+                    )));
+                }
+            }
+            Ok(a) if a.state() == QpState::Reset => {
+                self.to_init(&connect_init_attr(local, opts))?
+            }
+            _ => {
+                self.reset()?;
+                self.to_init(&connect_init_attr(local, opts))?;
+            }
         }
-        self.to_init(&InitAttr {
-            port: local.port,
-            pkey_index: opts.pkey_index,
-            access: opts.access,
-            qkey: opts.qkey,
-        })?;
         let mtu = match opts.mtu {
             Some(m) => m.min(local.active_mtu),
             None => local.active_mtu,
@@ -1690,7 +1938,9 @@ impl Qp {
     }
 
     /// `ibv_post_send(3)` of one work request (setup-side posting for tests, examples
-    /// and warm-up; the hot path is the datapath crate).
+    /// and warm-up; the hot path is the datapath crate). WRs whose payload is all inline
+    /// ([`SendWr::send_inline`] and its kin) have a safe post:
+    /// [`post_send_inline`](Self::post_send_inline).
     ///
     /// Checked before the provider sees the WR (each `EINVAL` with a hint): `INLINE` only on
     /// SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM (providers ignore it on
@@ -1707,7 +1957,10 @@ impl Qp {
     /// remote window on the peer's side. The AH of a UD WR is only read during the call.
     /// On a QP of a [`ParentDomain`](crate::ParentDomain) with a thread domain, the
     /// provider may not lock the send queue: no other post to this QP (this call, a ring,
-    /// `ibv_wr_*` on [`as_qp_ex`](Self::as_qp_ex)) may run at the same time.
+    /// `ibv_wr_*` on [`as_qp_ex`](Self::as_qp_ex), [`post_send_inline`](Self::post_send_inline))
+    /// may run at the same time. A post refused with the WR unnamed (rxe before RTS, the
+    /// hint says so) may still run once the QP is in RTS: its memory stays in use until
+    /// the QP is reset ([`connect`](Self::connect) from INIT then resets it first).
     ///
     /// # CQ capacity
     /// Completions of raw posts are not reserved on the CQ the way rings reserve theirs: keep
@@ -1715,8 +1968,113 @@ impl Qp {
     /// [`reserved_by_rings`](Cq::reserved_by_rings). An overflow on rxe silently drops
     /// completions, possibly a ring's (fault-truth S15).
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        self.check_send_wr(wr)?;
-        let mut sges: Vec<ibv_sge> = wr.sges.iter().map(|&s| s.into()).collect();
+        self.check_send_wr("ibv_post_send", wr)?;
+        // SAFETY: the memory of the WR's payload and remote window is the caller's contract.
+        unsafe { self.post_send_wr(wr) }
+    }
+
+    /// `ibv_post_send(3)` of a WR whose payload is all inline ([`SendWr::send_inline`],
+    /// [`SendWr::write_inline`], [`SendWr::ud_inline`], with `imm`, `signaled` and flags
+    /// as for any WR), safe: the provider copies the bytes during the call
+    /// (`IBV_SEND_INLINE`), so nothing is read after it returns, and an RDMA WRITE lands
+    /// in the peer's memory, which the peer exposed with its remote access (an MR with
+    /// `REMOTE_WRITE` is not handed out as a slice on either side).
+    ///
+    /// Setup-side posting, like [`post_send`](Self::post_send): the send queue must not be
+    /// a ring's (a post beside a ring would take its slots, and a completion whose `wr_id`
+    /// looks like the ring's would be taken for its own); a signaled WR's completion goes
+    /// to the send CQ unreserved (see "CQ capacity" at [`post_send`](Self::post_send)),
+    /// and an unsignaled one's slot is released only by a later signaled completion.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::*;
+    /// let ctx = Context::open("softnic")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let (cqa, cqb) = (ctx.create_cq(16, None)?, ctx.create_cq(16, None)?);
+    /// let a = QpBuilder::new(&pd, &cqa, &cqa, QpType::Rc).max_inline_data(64).build()?;
+    /// let b = QpBuilder::new(&pd, &cqb, &cqb, QpType::Rc).build()?;
+    /// let (port, opts) = (ctx.port_info(None, None)?, ConnectOptions::default());
+    /// b.init(&port, &opts)?;
+    /// let mut region = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE)?;
+    /// let mut rx = b.recv_ring::<4>(&mut region, 0, RecvConfig::new(0, 64, 4))?;
+    /// rx.fill()?;
+    /// Qp::connect_pair(&a, &b, &port, &opts)?;
+    /// a.post_send_inline(&SendWr::send_inline(7, b"hello").signaled())?;
+    /// assert_eq!(cqa.wait_one(std::time::Duration::from_secs(5))?.wr_id(), 7);
+    /// let e = a.post_send_inline(&SendWr::send_inline(8, &[0; 65])).unwrap_err();
+    /// assert!(e.to_string().contains("max_inline_data"), "{e}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `Qp::post_send_inline: EINVAL` for a WR with an SGE payload (post it with the unsafe
+    /// `post_send`), more bytes than the QP's `max_inline_data`, or what `post_send`
+    /// refuses before the provider (a UD WR on an RC QP, ...); `EBUSY` when the QP's send
+    /// queue was handed to a ring (for the QP's life); `ibv_post_send` with the provider's
+    /// errno and a hint naming the QP's state when it is the cause (`QP is in RESET:
+    /// connect it first`).
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    pub fn post_send_inline(&self, wr: &SendWr<'_>) -> Result<()> {
+        const VERB: &str = "Qp::post_send_inline";
+        let Payload::Inline(bytes) = wr.payload else {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "the WR gathers from registered memory (an Sge payload), which the NIC reads \
+                 after the call returns: build it with SendWr::send_inline / write_inline / \
+                 ud_inline, or post it with the unsafe Qp::post_send",
+            ));
+        };
+        let max = self.cap.max_inline_data;
+        if bytes.len() > max as usize {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(
+                "{} inline bytes > the QP's max_inline_data {max}: build the QP with a larger \
+                 QpBuilder::max_inline_data, or send from a registered buffer with the unsafe \
+                 Qp::post_send (no safe call can: the NIC reads the buffer after the post \
+                 returns, until the completion)",
+                bytes.len()
+            )));
+        }
+        if self.sq_taken().load(Ordering::Acquire) {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
+                "this QP's send queue was handed to a ring (for the QP's life): post through \
+                 the ring (send_now), whose completions and slots it accounts",
+            ));
+        }
+        self.check_send_wr(VERB, wr)?;
+        // Providers lock the send queue themselves, except in a thread domain.
+        let _serial = self
+            .thread_domain()
+            .map(|_| self.post_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        // SAFETY: the payload is inline bytes only (Payload::Inline, made by the inline
+        // constructors together with IBV_SEND_INLINE, which no setter clears) on a SEND or
+        // RDMA WRITE (the only opcodes those constructors and `imm` make): the provider
+        // copies them during the call and reads no local memory after it; a remote WRITE
+        // target is the peer's exposed memory, never a live slice (MRs with remote access
+        // are not handed out as slices); a UD WR's AH (of this PD, checked) is read during
+        // the call only; the send queue is no ring's (checked), and in a thread domain the
+        // lock keeps this post from racing another (the unsafe post_send's callers promise
+        // not to post concurrently).
+        unsafe { self.post_send_wr(wr) }
+    }
+
+    /// Builds `wr`'s `ibv_send_wr` and posts it; on a refusal, the error names the QP's
+    /// state when it is the cause.
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send) for the memory the WR's payload and remote window
+    /// describe.
+    unsafe fn post_send_wr(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut sges: Vec<ibv_sge> = match wr.payload {
+            Payload::Sges(s) => s.iter().map(|&s| s.into()).collect(),
+            Payload::Inline([]) => Vec::new(),
+            Payload::Inline(b) => vec![ibv_sge {
+                addr: b.as_ptr() as u64,
+                length: b.len() as u32,
+                lkey: 0,
+            }],
+        };
         // SAFETY: plain C data.
         let mut raw: ibv_send_wr = unsafe { zeroed() };
         raw.wr_id = wr.wr_id;
@@ -1750,45 +2108,64 @@ impl Qp {
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP; raw and sges are valid for the call; memory validity is the
-        // caller's contract.
+        // SAFETY: live QP; raw and sges are valid for the call; the memory they describe is
+        // the caller's contract.
         let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(self.qp, &mut raw, &mut bad) };
         if ret != 0 {
-            let st = self.tracked_state();
-            let cap = self.cap;
-            let inline = wr.flags.contains(SendFlags::INLINE);
-            let len: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
-            return Err(Error::from_ret("ibv_post_send", ret).or_hint(|| {
-                if !matches!(st, QpState::Rts | QpState::Sqd) {
-                    Some(format!("QP is in {}: sends need RTS", st.name()))
-                } else if inline && len > u64::from(cap.max_inline_data) {
-                    Some(format!(
-                        "{len} inline bytes > max_inline_data {}",
-                        cap.max_inline_data
-                    ))
-                } else if wr.sges.len() > cap.max_send_sge as usize {
-                    Some(format!(
-                        "{} SGEs > max_send_sge {}",
-                        wr.sges.len(),
-                        cap.max_send_sge
-                    ))
-                } else {
-                    Some(format!(
-                        "send queue full? (max_send_wr {}; poll completions)",
-                        cap.max_send_wr
-                    ))
-                }
-            }));
+            let unnamed = bad.is_null();
+            if unnamed {
+                self.sq_unnamed.store(true, Ordering::Relaxed);
+            }
+            return Err(self.post_send_error(wr, ret, unnamed));
         }
         Ok(())
     }
 
-    fn check_send_wr(&self, wr: &SendWr<'_>) -> Result<()> {
+    /// The error of a refused `ibv_post_send` of `wr`: the QP's state (queried now) when it
+    /// explains the refusal, else the cap the WR exceeds, else a full queue.
+    #[cold]
+    fn post_send_error(&self, wr: &SendWr<'_>, ret: i32, unnamed: bool) -> Error {
+        let cap = self.cap;
+        let (len, n_sge) = match wr.payload {
+            Payload::Sges(s) => (s.iter().map(|s| u64::from(s.length)).sum(), s.len()),
+            Payload::Inline(b) => (b.len() as u64, usize::from(!b.is_empty())),
+        };
+        let hint = match self.state_for_hint().post_hint(true) {
+            Some(h) => h.to_string(),
+            None if wr.flags.contains(SendFlags::INLINE)
+                && len > u64::from(cap.max_inline_data) =>
+            {
+                format!(
+                    "{len} inline bytes > max_inline_data {}",
+                    cap.max_inline_data
+                )
+            }
+            None if n_sge > cap.max_send_sge as usize => {
+                format!("{n_sge} SGEs > max_send_sge {}", cap.max_send_sge)
+            }
+            None => format!(
+                "send queue full? (max_send_wr {}; poll completions: unsignaled WRs are \
+                 released by a later signaled one)",
+                cap.max_send_wr
+            ),
+        };
+        let hint = if unnamed {
+            format!(
+                "{hint}; the provider did not name the WR (rxe queues a WR posted before RTS \
+                 anyway): it may still run once the QP is in RTS, so its memory stays in use \
+                 until the QP is reset (Qp::reset; connect resets first)"
+            )
+        } else {
+            hint
+        };
+        Error::from_ret("ibv_post_send", ret).with_hint(hint)
+    }
+
+    fn check_send_wr(&self, verb: &'static str, wr: &SendWr<'_>) -> Result<()> {
         use hotverbs_ffi::{
             IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
         };
-        let bad =
-            |hint: &'static str| Err(Error::new("ibv_post_send", libc::EINVAL).with_hint(hint));
+        let bad = |hint: &'static str| Err(Error::new(verb, libc::EINVAL).with_hint(hint));
         let carries_data = matches!(
             wr.opcode,
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
@@ -1807,7 +2184,9 @@ impl Qp {
             }
             (WrKind::Ud { .. }, QpType::Ud) => {}
             (WrKind::Ud { .. }, _) => return bad("an address handle is for UD QPs only"),
-            (_, QpType::Ud) => return bad("a UD QP needs SendWr::ud (address handle, QPN, Q_Key)"),
+            (_, QpType::Ud) => {
+                return bad("a UD QP needs SendWr::ud / ud_inline (address handle, QPN, Q_Key)")
+            }
             _ => {}
         }
         Ok(())
@@ -1834,23 +2213,27 @@ impl Qp {
             })
         };
         if ret != 0 {
-            let srq = self.srq.is_some();
-            let cap = self.cap;
-            let st = self.tracked_state();
-            return Err(Error::from_ret("ibv_post_recv", ret).or_hint(|| {
-                Some(if srq {
-                    "this QP uses an SRQ: post receives to the SRQ".into()
-                } else if st == QpState::Reset {
-                    "QP is in RESET: receives can be posted from INIT on".into()
-                } else {
-                    format!(
-                        "receive queue full (max_recv_wr {}) or too many SGEs (max {})",
-                        cap.max_recv_wr, cap.max_recv_sge
-                    )
-                })
-            }));
+            return Err(self.post_recv_error(ret));
         }
         Ok(())
+    }
+
+    /// The error of a refused `ibv_post_recv`: an SRQ, the QP's state (queried now) when it
+    /// explains the refusal, else a full queue or too many SGEs.
+    #[cold]
+    fn post_recv_error(&self, ret: i32) -> Error {
+        let cap = self.cap;
+        let hint = if self.srq.is_some() {
+            "this QP uses an SRQ: post receives to the SRQ".into()
+        } else if let Some(h) = self.state_for_hint().post_hint(false) {
+            h.to_string()
+        } else {
+            format!(
+                "receive queue full (max_recv_wr {}) or too many SGEs (max {})",
+                cap.max_recv_wr, cap.max_recv_sge
+            )
+        };
+        Error::from_ret("ibv_post_recv", ret).with_hint(hint)
     }
 
     fn destroy_inner(&mut self) -> Result<()> {
@@ -2032,7 +2415,17 @@ enum WrKind<'a> {
     },
 }
 
-/// A send work request for [`Qp::post_send`]: `new`-style constructors per opcode, then
+/// The local side of a [`SendWr`].
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    /// Registered memory the NIC reads (or, for READ/atomics, writes) after the post.
+    Sges(&'a [Sge]),
+    /// Bytes copied during the post (`IBV_SEND_INLINE`).
+    Inline(&'a [u8]),
+}
+
+/// A send work request for [`Qp::post_send`] (and, when its payload is inline bytes,
+/// the safe [`Qp::post_send_inline`]): `new`-style constructors per opcode, then
 /// chainable flags.
 ///
 /// # Example
@@ -2043,12 +2436,14 @@ enum WrKind<'a> {
 /// let sges = [sge];
 /// let wr = SendWr::write(1, &sges, remote).imm(42).signaled();
 /// assert_eq!(wr.wr_id(), 1);
+/// assert!(!wr.is_inline());
+/// assert!(SendWr::send_inline(2, b"hi").is_inline());
 /// ```
 #[derive(Clone)]
 pub struct SendWr<'a> {
     wr_id: u64,
     opcode: u32,
-    sges: &'a [Sge],
+    payload: Payload<'a>,
     flags: SendFlags,
     imm: Option<u32>,
     kind: WrKind<'a>,
@@ -2056,11 +2451,13 @@ pub struct SendWr<'a> {
 
 impl fmt::Debug for SendWr<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendWr")
-            .field("wr_id", &self.wr_id)
-            .field("opcode", &self.opcode)
-            .field("sges", &self.sges)
-            .field("flags", &self.flags)
+        let mut d = f.debug_struct("SendWr");
+        d.field("wr_id", &self.wr_id).field("opcode", &self.opcode);
+        match self.payload {
+            Payload::Sges(s) => d.field("sges", &s),
+            Payload::Inline(b) => d.field("inline_len", &b.len()),
+        };
+        d.field("flags", &self.flags)
             .field("imm", &self.imm)
             .finish_non_exhaustive()
     }
@@ -2071,11 +2468,53 @@ impl<'a> SendWr<'a> {
         SendWr {
             wr_id,
             opcode,
-            sges,
+            payload: Payload::Sges(sges),
             flags: SendFlags::empty(),
             imm: None,
             kind,
         }
+    }
+    /// A WR of `bytes` sent inline (`IBV_SEND_INLINE`, set for good).
+    fn new_inline(wr_id: u64, opcode: u32, bytes: &'a [u8], kind: WrKind<'a>) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            payload: Payload::Inline(bytes),
+            flags: SendFlags::INLINE,
+            imm: None,
+            kind,
+        }
+    }
+    /// `IBV_WR_SEND` of `bytes` inline (with `imm`, `IBV_WR_SEND_WITH_IMM`): the provider
+    /// copies them during the post, so they need no registration and are free when the
+    /// call returns; postable safely with [`Qp::post_send_inline`] (at most the QP's
+    /// `max_inline_data` bytes).
+    pub fn send_inline(wr_id: u64, bytes: &'a [u8]) -> Self {
+        Self::new_inline(wr_id, hotverbs_ffi::IBV_WR_SEND, bytes, WrKind::Plain)
+    }
+    /// `IBV_WR_RDMA_WRITE` of `bytes` inline into `remote` (with `imm`,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`); as [`send_inline`](Self::send_inline).
+    pub fn write_inline(wr_id: u64, bytes: &'a [u8], remote: RemoteMr) -> Self {
+        Self::new_inline(
+            wr_id,
+            hotverbs_ffi::IBV_WR_RDMA_WRITE,
+            bytes,
+            WrKind::Rdma(remote),
+        )
+    }
+    /// A UD send of `bytes` inline to `qpn` (Q_Key `qkey`) through `ah`; as
+    /// [`send_inline`](Self::send_inline).
+    pub fn ud_inline(wr_id: u64, bytes: &'a [u8], ah: &'a Ah, qpn: u32, qkey: u32) -> Self {
+        Self::new_inline(
+            wr_id,
+            hotverbs_ffi::IBV_WR_SEND,
+            bytes,
+            WrKind::Ud { ah, qpn, qkey },
+        )
+    }
+    /// Is the payload inline bytes ([`send_inline`](Self::send_inline) and its kin)?
+    pub fn is_inline(&self) -> bool {
+        matches!(self.payload, Payload::Inline(_))
     }
     /// `IBV_WR_SEND` (with `imm`, `IBV_WR_SEND_WITH_IMM`).
     pub fn send(wr_id: u64, sges: &'a [Sge]) -> Self {
@@ -2157,7 +2596,10 @@ impl<'a> SendWr<'a> {
         self.flags |= SendFlags::SIGNALED;
         self
     }
-    /// `IBV_SEND_INLINE`: copy the data at post time.
+    /// `IBV_SEND_INLINE` on a WR of SGEs: the provider copies the data they describe at
+    /// post time (still posted with the unsafe [`Qp::post_send`]: the SGEs are raw
+    /// addresses; for bytes, [`send_inline`](Self::send_inline) and the safe
+    /// [`Qp::post_send_inline`]).
     pub fn inline(mut self) -> Self {
         self.flags |= SendFlags::INLINE;
         self

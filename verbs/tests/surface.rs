@@ -108,7 +108,8 @@ fn one_engine_runs_on_every_post_path() {
     let last = (N - 1).to_le_bytes();
     let landed = |dst: &Mr<'_>| {
         let mut got = [0u8; 8];
-        dst.read_into(8 * ((N - 1) % 64) as usize, &mut got).unwrap();
+        dst.read_into(8 * ((N - 1) % 64) as usize, &mut got)
+            .unwrap();
         got == last
     };
     for path in ["legacy", "wr", "direct"] {
@@ -164,7 +165,11 @@ fn unset_settings_come_from_the_qp() {
             .build()
             .unwrap();
         let want_inline = qp.cap().max_inline_data;
-        let want_depth = if n_is_smaller { 16 } else { qp.cap().max_send_wr };
+        let want_depth = if n_is_smaller {
+            16
+        } else {
+            qp.cap().max_send_wr
+        };
         let ring = qp.send_ring::<16>(SendConfig::default()).unwrap();
         assert_eq!(ring.depth(), want_depth as u64);
         assert_eq!(ring.signal_every(), want_depth as u64 / 2);
@@ -211,11 +216,18 @@ fn a_wrong_setting_is_named_at_the_users_call() {
     let e = qp
         .send_ring::<16>(SendConfig::default().depth(32))
         .unwrap_err();
-    assert!(e.to_string().contains("SendConfig::depth(32) > the ring's N = 16"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("SendConfig::depth(32) > the ring's N = 16"),
+        "{e}"
+    );
     let e = qp
         .send_ring::<16>(SendConfig::default().max_inline(4096))
         .unwrap_err();
-    assert!(e.to_string().contains("SendConfig::max_inline(4096)"), "{e}");
+    assert!(
+        e.to_string().contains("SendConfig::max_inline(4096)"),
+        "{e}"
+    );
     // The refusals left the send queue free: a good ring still builds.
     let ring = qp.send_ring::<64>(SendConfig::default()).unwrap();
     assert_eq!(ring.depth(), 64);

@@ -48,7 +48,9 @@ fn order_gateway_example_survives_its_exchange_dying() {
             assert_eq!(r.retired + r.dropped, r.posted, "{at}");
             assert_eq!(r.errors.first(), Some(&hotverbs::WcError::RetryExc), "{at}");
             assert!(
-                r.errors[1..].iter().all(|e| *e == hotverbs::WcError::WrFlush),
+                r.errors[1..]
+                    .iter()
+                    .all(|e| *e == hotverbs::WcError::WrFlush),
                 "{at}"
             );
             assert!(r.rtt_ns[0] > 0 && r.rtt_ns[0] <= r.rtt_ns[3], "{at}");

@@ -104,7 +104,9 @@ fn rc_pair(ctx: &Context, pd: &Pd, cq_a: &Cq, cq_b: &Cq, ops: Option<SendOps>) -
 /// is retired, and the last WRITE of each landed.
 #[test]
 fn one_engine_runs_on_every_post_path() {
-    const N: u64 = 1000;
+    // Under miri (`cargo xtask miri`) a shorter run, and no simulated ConnectX: its device
+    // thread is not what this test checks.
+    const N: u64 = if cfg!(miri) { 96 } else { 1000 };
     let last = (N - 1).to_le_bytes();
     let landed = |dst: &Mr<'_>| {
         let mut got = [0u8; 8];
@@ -112,7 +114,12 @@ fn one_engine_runs_on_every_post_path() {
             .unwrap();
         got == last
     };
-    for path in ["legacy", "wr", "direct"] {
+    let paths: &[&str] = if cfg!(miri) {
+        &["legacy", "wr"]
+    } else {
+        &["legacy", "wr", "direct"]
+    };
+    for &path in paths {
         let ctx = softnic(&format!("surface_{path}"), path == "direct");
         let pd = ctx.alloc_pd().unwrap();
         let (cq_a, cq_b) = (

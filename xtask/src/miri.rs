@@ -263,6 +263,25 @@ const MIRI_TESTS: &[MiriTest] = &[
         why: "issue 27: a dead peer, the ring's safe recovery, a new peer (both profiles); an \
               SRQ ring serving on while one of its QPs is recovered",
     },
+    MiriTest {
+        package: "hotverbs",
+        target: "surface",
+        tests: &["one_engine_runs_on_every_post_path"],
+        models: Models::Stacked,
+        why: "issue 28: the common ring surface (PostRing's forwarded unsafe stage, batches) \
+              driving the safe SendRing and WrRing",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "post_states",
+        tests: &[
+            "post_send_inline_delivers_sends_and_writes",
+            "receives_filled_in_init_meet_the_first_message",
+        ],
+        models: Models::Stacked,
+        why: "issue 28: the safe inline post (Qp::post_send_inline's WR built from borrowed \
+              bytes) and receives posted in INIT",
+    },
 ];
 
 /// `cargo xtask miri [--list]`.

@@ -417,8 +417,9 @@ impl From<PostError> for SendError {
 pub enum ConfigError {
     /// `depth` is larger than the ring's `N` slots.
     Depth,
-    /// `depth` or `max_inline` was not said ([`SendConfig::DERIVED`](crate::SendConfig::DERIVED)
-    /// leaves them to the setup layer, which derives them from the QP).
+    /// `depth` or `max_inline` ([`SendConfig::DERIVED`](crate::SendConfig::DERIVED)), or a
+    /// receive ring's `count` ([`RecvConfig::slots`](crate::RecvConfig::slots)), was not said:
+    /// those leave it to the setup layer, which derives it from the QP.
     Unresolved,
     /// The ring type's `N` is not a power of two (slots are indexed by masking).
     RingSize {
@@ -467,9 +468,9 @@ impl fmt::Display for ConfigError {
         f.write_str(match self {
             Self::Depth => "depth must be in 1..=N and not above the QP's max_send_wr/max_recv_wr",
             Self::Unresolved => {
-                "depth and max_inline are not set: say them (SendConfig::depth / max_inline, \
-                 or SendConfig::new) on a raw ring; hotverbs' Qp::send_ring derives both \
-                 from the QP"
+                "a setting left for the setup layer is not set: say it on a raw ring \
+                 (SendConfig::depth and max_inline, or SendConfig::new; RecvConfig::count, or \
+                 RecvConfig::new); hotverbs' Qp::send_ring / recv_ring derive them from the QP"
             }
             Self::SignalPeriod => {
                 "signal_every must be in 1..=depth/2 so a signaled WR is always in flight"

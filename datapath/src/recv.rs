@@ -61,17 +61,48 @@ pub struct RecvConfig {
 
 impl RecvConfig {
     /// `count` slots (at most the RQ/SRQ's `max_wr` and the ring's `N`) of `slot_len` bytes
-    /// each; released slots are re-posted in chains of 16 (or `count`, if smaller).
+    /// each; released slots are re-posted in chains of 16 (or `count`, if smaller). On the
+    /// setup layer prefer [`slots`](Self::slots): it assigns the ring id and can derive the
+    /// count.
     pub const fn new(ring_id: u8, slot_len: u32, count: u32) -> Self {
+        Self::slots(slot_len).with_ring_id(ring_id).count(count)
+    }
+
+    /// Slots of `slot_len` bytes, as many as the setup layer finds room for: `hotverbs`'
+    /// `Qp::recv_ring::<N>` / `Srq::recv_ring::<N>` take `min(N, the queue's max_wr, the
+    /// slots the region holds after the offset)` and assign the ring id. A raw datapath
+    /// ring needs the count said ([`count`](Self::count)).
+    pub const fn slots(slot_len: u32) -> Self {
         Self {
-            ring_id,
+            ring_id: 0,
             slot_len,
-            count,
-            repost_batch: if count < 16 { count } else { 16 },
+            count: 0,
+            repost_batch: 0,
         }
     }
 
-    /// Re-post once `b` slots are released (`1..=count`; 1 re-posts each release).
+    /// `c` slots (at most the queue's `max_wr` and the ring's `N`).
+    pub const fn count(mut self, c: u32) -> Self {
+        self.count = c;
+        self
+    }
+
+    /// The settings a ring is built from: the re-post chain's default (16, or the count if
+    /// smaller) filled in.
+    pub(crate) const fn resolved(mut self) -> Self {
+        if self.repost_batch == 0 {
+            self.repost_batch = if self.count < 16 { self.count } else { 16 };
+        }
+        self
+    }
+
+    /// The slot size.
+    pub const fn slot_len_of(&self) -> u32 {
+        self.slot_len
+    }
+
+    /// Re-post once `b` slots are released (`1..=count`; 1 re-posts each release; default,
+    /// or 0: 16, or the count if smaller).
     pub const fn repost_batch(mut self, b: u32) -> Self {
         self.repost_batch = b;
         self
@@ -266,8 +297,11 @@ impl<const N: usize> RecvRing<N> {
         if null {
             return Err(ConfigError::Null);
         }
+        if cfg.count == 0 {
+            return Err(ConfigError::Unresolved);
+        }
+        let cfg = cfg.resolved();
         if cfg.slot_len == 0
-            || cfg.count == 0
             || cfg.count as usize > N
             || cfg.count as u64 * cfg.slot_len as u64 > region.len as u64
         {

@@ -383,7 +383,8 @@ pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Repo
         retry_cnt: 2,
         ..ConnectOptions::default()
     };
-    let recv_cfg = RecvConfig::new(0, SLOT_LEN, SLOTS);
+    // As many slots as the QP and the region hold (64): the count said once, by the QP.
+    let recv_cfg = RecvConfig::slots(SLOT_LEN);
     // The exchange answers from a small ring (8 acks outstanding): a window of orders can
     // fill it inside one poll, and the deferral path runs.
     let exchange_cfg = SendConfig::default().depth(8);

@@ -794,6 +794,53 @@ pub(crate) fn same_qp(verb: &'static str, a: &Qp, b: &Qp) -> Result<()> {
 
 /// The bytes a receive ring of `cfg` takes at `offset` of `region`: `EINVAL` (or the
 /// MR's errno), naming `verb`, when they are not inside it.
+/// Said once, for a receive ring: a count `cfg` leaves unset is `min(N, max_wr, the slots
+/// the region holds after offset)`; a ring size that is not a power of two, or a count above
+/// `N` or the queue's `max_wr`, is refused naming the setting.
+fn resolve_recv(
+    verb: &'static str,
+    cfg: RecvConfig,
+    n: usize,
+    (max_wr, queue): (u32, &str),
+    region: &Mr<'_>,
+    offset: usize,
+) -> Result<RecvConfig> {
+    if !n.is_power_of_two() {
+        return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+            "{verb}::<{n}>: N must be a power of two (the ring indexes its slots by masking): \
+             use {}",
+            n.checked_next_power_of_two().unwrap_or(1 << 16)
+        )));
+    }
+    let count = match cfg.count_of() {
+        0 => {
+            let slot = cfg.slot_len_of().max(1) as usize;
+            let room = region.len().saturating_sub(offset) / slot;
+            let c = (n as u32).min(max_wr).min(room.min(u32::MAX as usize) as u32);
+            if c == 0 {
+                return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                    "no slot of {slot} bytes fits the region after offset {offset} (the MR has \
+                     {} bytes)",
+                    region.len()
+                )));
+            }
+            c
+        }
+        c if c as usize > n => {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+                "RecvConfig count {c} > the ring's N = {n} slots: raise N or lower the count \
+                 (RecvConfig::slots leaves it to min(N, {queue}, the region))"
+            )))
+        }
+        c if c > max_wr => {
+            return Err(Error::new(verb, libc::EINVAL)
+                .with_hint(format!("{c} slots > the {queue} {max_wr}")))
+        }
+        c => c,
+    };
+    Ok(cfg.count(count))
+}
+
 fn recv_region(
     verb: &'static str,
     region: &Mr<'_>,
@@ -1038,12 +1085,9 @@ impl Srq {
             return Err(Error::new(VERB, libc::EINVAL)
                 .with_hint("the CQ belongs to another device context than the SRQ"));
         }
-        let count = cfg.count_of();
         let max_wr = self.query()?.max_wr;
-        if count > max_wr {
-            return Err(Error::new(VERB, libc::EINVAL)
-                .with_hint(format!("{count} slots > the SRQ's max_wr {max_wr}")));
-        }
+        let cfg = resolve_recv(VERB, cfg, N, (max_wr, "SRQ's max_wr"), region, offset)?;
+        let count = cfg.count_of();
         let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.
         cq.inner.rings.refuse_if_direct(VERB)?;
@@ -1798,13 +1842,9 @@ impl Qp {
                 "this QP receives through an SRQ: make the ring on the SRQ (Srq::recv_ring)",
             ));
         }
+        let max_wr = self.cap().max_recv_wr;
+        let cfg = resolve_recv(VERB, cfg, N, (max_wr, "QP's max_recv_wr"), region, offset)?;
         let count = cfg.count_of();
-        if count > self.cap().max_recv_wr {
-            return Err(Error::new(VERB, libc::EINVAL).with_hint(format!(
-                "{count} slots > the QP's max_recv_wr {}",
-                self.cap().max_recv_wr
-            )));
-        }
         // Checked before taking anything (lease_recv checks it again and leases).
         let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.

@@ -244,3 +244,67 @@ fn a_wrong_setting_is_named_at_the_users_call() {
     let e = datapath::ConfigError::RingSize { n: 100 }.to_string();
     assert!(e.contains("N = 100") && e.contains("use 128"), "{e}");
 }
+
+/// A receive ring's count, said once: `RecvConfig::slots(len)` takes
+/// `min(N, max_recv_wr, the slots the region holds after the offset)`; what is said wrong is
+/// named at the call.
+#[test]
+fn a_receive_ring_derives_its_count() {
+    let ctx = softnic("surface_recv", false);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let qp = |wr: u32| {
+        QpBuilder::new(&pd, &cq, &cq, QpType::Rc)
+            .max_recv_wr(wr)
+            .build()
+            .unwrap()
+    };
+    // Limited by the region: 1024 bytes from offset 64 hold 15 slots of 64.
+    let (q, mut mem) = (qp(64), pd.alloc_mr(1024, AccessFlags::LOCAL_WRITE).unwrap());
+    let r = q
+        .recv_ring::<64>(&mut mem, 64, RecvConfig::slots(64))
+        .unwrap();
+    assert_eq!(r.count(), 15);
+    drop(r);
+    // Limited by N, then by the QP's max_recv_wr.
+    let (q, mut mem) = (
+        qp(64),
+        pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap(),
+    );
+    let r = q
+        .recv_ring::<32>(&mut mem, 0, RecvConfig::slots(64))
+        .unwrap();
+    assert_eq!(r.count(), 32);
+    drop(r);
+    let q = qp(8);
+    let want = q.cap().max_recv_wr;
+    let r = q
+        .recv_ring::<64>(&mut mem, 0, RecvConfig::slots(64))
+        .unwrap();
+    assert_eq!(r.count(), want);
+    drop(r);
+    // Refused by name: N, a count above N, a region with no room.
+    let q = qp(64);
+    let e = q
+        .recv_ring::<48>(&mut mem, 0, RecvConfig::slots(64))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("RecvRing::<48>") && e.to_string().contains("use 64"),
+        "{e}"
+    );
+    let e = q
+        .recv_ring::<16>(&mut mem, 0, RecvConfig::slots(64).count(32))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("count 32 > the ring's N = 16"),
+        "{e}"
+    );
+    let e = q
+        .recv_ring::<16>(&mut mem, (1 << 16) - 8, RecvConfig::slots(64))
+        .unwrap_err();
+    assert!(e.to_string().contains("no slot of 64 bytes fits"), "{e}");
+    // Still free: a good ring builds.
+    assert!(q
+        .recv_ring::<16>(&mut mem, 0, RecvConfig::slots(64))
+        .is_ok());
+}

@@ -10,6 +10,14 @@
 //!   CQE per poll. On the counting device (SENDs; isolates our code from any provider) and
 //!   on softnic (RDMA WRITEs into the peer, so the receiver's work, the same for both, stays
 //!   out of the measurement).
+//! - **many rings on one CQ** on softnic: K = 1, 16 or 256 connected RC QP pairs, the K
+//!   senders' send completions on ONE shared CQ. hotverbs: a [`SendRing`] per QP (depth 64,
+//!   signal every 32, ring ids 0..K), [`SendRing::send_now`] round-robin over the rings (one
+//!   message per ring in turn), one [`CqPoller`] (32 per poll) whose completions go to
+//!   their ring by [`Completion::ring`](hotverbs_datapath::Completion::ring). Naive
+//!   ([`naive::NaiveFan`]): the same K QPs and CQ, a fresh WR per message, every WR
+//!   signaled, one post per WR, one CQE per poll, counted against its QP by `wr_id`. RDMA
+//!   WRITEs of 32 bytes inline, as the softnic streams.
 //! - **poll**: drain N completions: [`CqPoller`] 32 per call vs one per call.
 //! - **extended verbs** on the counting device: the same streams through [`WrRing`]
 //!   (`ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`) and [`ExCqPoller`] (`ibv_start_poll` /
@@ -46,7 +54,7 @@ use hotverbs_ffi::{
 };
 use hotverbs_softnic::counting::CountingDevice;
 
-use crate::naive::{NaiveError, NaivePoster};
+use crate::naive::{NaiveError, NaiveFan, NaivePoster};
 
 /// The message of every workload (an order-sized payload, sent inline).
 pub const MSG: [u8; 32] = [0x5a; 32];
@@ -65,6 +73,15 @@ const SEND_ID: u8 = 1;
 const RECV_ID: u8 = 2;
 /// Receive slots per side in the ping-pong.
 pub const RX: u32 = 32;
+/// Send queue depth (and window) of each ring in the many-rings workloads.
+pub const FAN_DEPTH: u32 = 64;
+/// Their signal period (the streams' [`SIGNAL_EVERY`]): at most `FAN_DEPTH / FAN_SIGNAL`
+/// signaled WRs in flight per ring.
+pub const FAN_SIGNAL: u32 = SIGNAL_EVERY;
+/// Their ring capacity (= [`FAN_DEPTH`]).
+pub const FAN_N: usize = 64;
+/// The ring counts of the many-rings workloads.
+pub const FAN_KS: [usize; 3] = [1, 16, 256];
 
 fn s(e: impl std::fmt::Display) -> String {
     e.to_string()
@@ -105,19 +122,11 @@ impl SoftnicPair {
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let mr_a = pd.alloc_mr(64 << 10, access).map_err(s)?;
         let mr_b = pd.alloc_mr(64 << 10, access).map_err(s)?;
-        let qp = |cq: &Cq| {
-            QpBuilder::new(&pd, cq, cq, QpType::Rc)
-                .max_send_wr(DEPTH)
-                .max_recv_wr(RX * 2)
-                .max_inline_data(64)
-                .build()
-                .map_err(s)
-        };
-        let (a, b) = (qp(&cq_a)?, qp(&cq_b)?);
-        let port = ctx.port_info(None, None).map_err(s)?;
-        let opts = hotverbs::ConnectOptions::default();
-        a.connect(&port, &b.endpoint(&port), &opts).map_err(s)?;
-        b.connect(&port, &a.endpoint(&port), &opts).map_err(s)?;
+        let (a, b) = (
+            rc_qp(&pd, &cq_a, DEPTH, RX * 2)?,
+            rc_qp(&pd, &cq_b, DEPTH, RX * 2)?,
+        );
+        connect_rc(&ctx, &a, &b)?;
         Ok(SoftnicPair {
             a,
             b,
@@ -134,6 +143,26 @@ impl SoftnicPair {
     pub fn b_window(&self) -> RemoteBuf {
         RemoteBuf::new(self.mr_b.addr(), self.mr_b.len() as u64, self.mr_b.rkey())
     }
+}
+
+/// An RC QP on softnic completing on `cq` (sends and receives), 64 bytes of inline data,
+/// `sq_sig_all = 0`.
+fn rc_qp(pd: &Pd, cq: &Cq, max_send_wr: u32, max_recv_wr: u32) -> Result<Qp, String> {
+    QpBuilder::new(pd, cq, cq, QpType::Rc)
+        .max_send_wr(max_send_wr)
+        .max_recv_wr(max_recv_wr)
+        .max_inline_data(64)
+        .build()
+        .map_err(s)
+}
+
+/// Connects `a` and `b` (loopback, port 1 of `ctx`).
+fn connect_rc(ctx: &Context, a: &Qp, b: &Qp) -> Result<(), String> {
+    let port = ctx.port_info(None, None).map_err(s)?;
+    let opts = hotverbs::ConnectOptions::default();
+    a.connect(&port, &b.endpoint(&port), &opts).map_err(s)?;
+    b.connect(&port, &a.endpoint(&port), &opts).map_err(s)?;
+    Ok(())
 }
 
 /// Where a streaming workload runs.
@@ -658,6 +687,203 @@ impl PingSide {
     }
 }
 
+/// K connected RC QP pairs on one softnic context: every sender's send completions go to
+/// one shared CQ; the receivers (targets of RDMA WRITEs, so they see no completions) share
+/// another. Field order is drop order (QPs before CQs and the MR).
+pub struct SoftnicFan {
+    /// The K posting QPs (depth [`FAN_DEPTH`], 64 B inline).
+    pub senders: Vec<Qp>,
+    /// Their peers.
+    pub receivers: Vec<Qp>,
+    /// The senders' shared CQ: `K * FAN_DEPTH` entries, enough for the naive poster's
+    /// every-WR-signaled window on every QP (hotverbs needs `K * FAN_DEPTH / FAN_SIGNAL`).
+    pub cq: Cq,
+    /// The receivers' CQ (stays empty).
+    pub cq_rx: Cq,
+    /// The WRITE target, registered in the receivers' PD (one for all pairs).
+    pub mr_rx: Mr<'static>,
+    _pd: Pd,
+    _ctx: Context,
+}
+
+impl SoftnicFan {
+    /// Opens softnic and connects `k` pairs (`1 <= k <= 256`: one ring id each on the CQ).
+    pub fn new(k: usize) -> Result<SoftnicFan, String> {
+        if !(1..=256).contains(&k) {
+            return Err(format!(
+                "{k} rings on one CQ: 1..=256 (a ring id is a u8, unique per CQ)"
+            ));
+        }
+        let ctx = Context::open(SOFTNIC).map_err(s)?;
+        let pd = ctx.alloc_pd().map_err(s)?;
+        let cq = ctx.create_cq(k as u32 * FAN_DEPTH, None).map_err(s)?;
+        let cq_rx = ctx.create_cq(64, None).map_err(s)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr_rx = pd.alloc_mr(64 << 10, access).map_err(s)?;
+        let mut senders = Vec::with_capacity(k);
+        let mut receivers = Vec::with_capacity(k);
+        for _ in 0..k {
+            let a = rc_qp(&pd, &cq, FAN_DEPTH, 1)?;
+            let b = rc_qp(&pd, &cq_rx, 1, 1)?;
+            connect_rc(&ctx, &a, &b)?;
+            senders.push(a);
+            receivers.push(b);
+        }
+        Ok(SoftnicFan {
+            senders,
+            receivers,
+            cq,
+            cq_rx,
+            mr_rx,
+            _pd: pd,
+            _ctx: ctx,
+        })
+    }
+
+    /// The WRITE target of every sender.
+    pub fn remote(&self) -> RemoteBuf {
+        RemoteBuf::new(
+            self.mr_rx.addr(),
+            self.mr_rx.len() as u64,
+            self.mr_rx.rkey(),
+        )
+    }
+
+    /// The naive poster over all K senders.
+    pub fn naive(&self) -> NaiveFan {
+        let qps: Vec<*mut ibv_qp> = self.senders.iter().map(|q| q.as_raw()).collect();
+        let r = self.remote();
+        // SAFETY: the QPs and CQ belong to self, which outlives the poster in every workload;
+        // each QP holds FAN_DEPTH WRs and the CQ K * FAN_DEPTH completions.
+        unsafe { NaiveFan::new(&qps, self.cq.as_raw(), FAN_DEPTH) }.writes_to(r.addr, r.rkey)
+    }
+
+    /// hotverbs' side: a ring per sender (ring id = its index), one poller on the CQ.
+    pub fn rings(&self) -> Result<FanStream, String> {
+        let mut rings = Vec::with_capacity(self.senders.len());
+        for (id, qp) in self.senders.iter().enumerate() {
+            let cfg = SendConfig::new(id as u8, FAN_DEPTH, 64)
+                .signal_every(FAN_SIGNAL)
+                .remote(self.remote());
+            let mut slot: Box<MaybeUninit<SendRing<FAN_N>>> = Box::new_uninit();
+            // SAFETY: the QP (sq_sig_all = 0, FAN_DEPTH WRs, 64 B inline) and the CQ outlive
+            // the rings (every workload drops them first) and nothing else posts to the QP
+            // or polls the CQ meanwhile; the ring id is unique on the CQ (k <= 256).
+            unsafe { SendRing::init_in(&mut slot, qp.as_raw(), cfg) }.map_err(s)?;
+            // SAFETY: init_in succeeded, so the ring is initialised.
+            rings.push(unsafe { slot.assume_init() });
+        }
+        Ok(FanStream {
+            rings,
+            // SAFETY: as above: the CQ is polled only by this poller.
+            poller: unsafe { CqPoller::new(self.cq.as_raw()) },
+        })
+    }
+}
+
+/// hotverbs' many-rings side: ring `i` posts on sender `i` with ring id `i`; one poller
+/// drains the shared CQ.
+pub struct FanStream {
+    rings: Vec<Box<SendRing<FAN_N>>>,
+    poller: CqPoller<BURST>,
+}
+
+/// Polls one burst from the shared CQ and hands each completion to its ring, found by its
+/// ring id (an index: ring ids are 0..K). Returns how many it polled.
+#[inline(always)]
+fn fan_poll(
+    rings: &mut [Box<SendRing<FAN_N>>],
+    poller: &mut CqPoller<BURST>,
+) -> Result<usize, String> {
+    let batch = poller.poll().map_err(s)?;
+    let got = batch.len();
+    for c in batch {
+        let Some(ring) = rings.get_mut(c.ring() as usize) else {
+            return Err(format!(
+                "a completion of ring {}, which is not ours",
+                c.ring()
+            ));
+        };
+        ring.on_completion(c).map_err(s)?;
+    }
+    Ok(got)
+}
+
+/// Posts `m` on ring `i` with [`SendRing::send_now`]; while the ring is full, polls and
+/// routes bursts.
+#[inline(always)]
+fn fan_send(
+    rings: &mut [Box<SendRing<FAN_N>>],
+    poller: &mut CqPoller<BURST>,
+    i: usize,
+    m: Msg<'_>,
+) -> Result<(), String> {
+    loop {
+        match rings[i].send_now(m) {
+            Ok(_) => return Ok(()),
+            Err(SendError::WouldBlock) => {
+                fan_poll(rings, poller)?;
+            }
+            Err(e) => return Err(s(e)),
+        }
+    }
+}
+
+/// Many rings on one CQ, hotverbs: `n` messages (any count), [`SendRing::send_now`]
+/// round-robin over the rings starting with ring 0; when the next ring is full, one burst is
+/// polled and routed. Each ring's last message of the call is signaled
+/// ([`SendRing::signal_next`]), so the final drain retires everything whatever `n` is (a
+/// per-call constant of K extra signals, which `cargo xtask insn`'s difference cancels).
+#[inline(never)]
+pub fn hv_measured_fan_ring(f: &mut FanStream, msg: &[u8], n: u64) -> Result<u64, String> {
+    let m = Msg::write(Local::Inline(msg), 0);
+    let FanStream { rings, poller } = f;
+    let k = rings.len();
+    // The last `tail` messages of the call are each their ring's last.
+    let tail = n.min(k as u64);
+    let mut i = 0;
+    for _ in 0..n - tail {
+        fan_send(rings, poller, i, m)?;
+        i += 1;
+        if i == k {
+            i = 0;
+        }
+    }
+    for _ in 0..tail {
+        rings[i].signal_next();
+        fan_send(rings, poller, i, m)?;
+        i += 1;
+        if i == k {
+            i = 0;
+        }
+    }
+    // softnic completes a WR as it is posted, so a run of empty polls with WRs
+    // outstanding means an unsignaled tail: an error, not a hang.
+    let mut empty = 0u32;
+    for i in 0..k {
+        while rings[i].outstanding() > 0 {
+            if fan_poll(rings, poller)? > 0 {
+                empty = 0;
+            } else if empty == 1 << 20 {
+                return Err(format!(
+                    "ring {i}: {} WRs outstanding and no completion comes (unsignaled tail?)",
+                    rings[i].outstanding()
+                ));
+            } else {
+                empty += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Many rings on one CQ, naive: `n` messages round-robin over the QPs, every completion
+/// reaped.
+#[inline(never)]
+pub fn hv_measured_fan_naive(p: &mut NaiveFan, msg: &[u8], n: u64) -> Result<u64, String> {
+    Ok(p.stream(msg, n)?)
+}
+
 /// Both sides of the hotverbs ping-pong on a [`SoftnicPair`].
 pub struct RingPingPong {
     a: PingSide,
@@ -846,6 +1072,30 @@ pub const WORKLOADS: &[(&str, &str)] = &[
         "DirectRing post list 32, simulated mlx5 queues",
     ),
     ("poll-direct-sim", "DirectPoller, 32 CQEs per poll"),
+    (
+        "fan1-naive-softnic",
+        "naive poster, 1 QP on one CQ, every WR signaled, softnic",
+    ),
+    (
+        "fan1-ring-softnic",
+        "SendRing::send_now, 1 ring on one CqPoller, routed by Completion::ring, softnic",
+    ),
+    (
+        "fan16-naive-softnic",
+        "naive poster round-robin over 16 QPs on one CQ (one CQE per poll, routed by wr_id), softnic",
+    ),
+    (
+        "fan16-ring-softnic",
+        "SendRing::send_now round-robin over 16 rings on one CqPoller, routed by Completion::ring, softnic",
+    ),
+    (
+        "fan256-naive-softnic",
+        "naive poster round-robin over 256 QPs on one CQ (one CQE per poll, routed by wr_id), softnic",
+    ),
+    (
+        "fan256-ring-softnic",
+        "SendRing::send_now round-robin over 256 rings (ring ids 0..=255) on one CqPoller, routed by Completion::ring, softnic",
+    ),
     (
         "pingpong-naive-softnic",
         "naive ping-pong round trip, softnic",
@@ -1049,6 +1299,31 @@ pub const ROWS: &[Row] = &[
         None,
         "completion",
     ),
+    // Issue 28: K rings completing on one CQ, measured, not gated.
+    row(
+        "stream per message, 1 ring on one CQ",
+        "fan1-naive-softnic",
+        "fan1-ring-softnic",
+        None,
+        None,
+        "msg",
+    ),
+    row(
+        "stream per message, 16 rings on one CQ",
+        "fan16-naive-softnic",
+        "fan16-ring-softnic",
+        None,
+        None,
+        "msg",
+    ),
+    row(
+        "stream per message, 256 rings on one CQ",
+        "fan256-naive-softnic",
+        "fan256-ring-softnic",
+        None,
+        None,
+        "msg",
+    ),
     row(
         "ping-pong round trip, softnic",
         "pingpong-naive-softnic",
@@ -1153,6 +1428,28 @@ pub fn run_workload(name: &str, n: u64) -> Result<u64, String> {
             direct::hv_measured_stream_direct(&mut r, &MSG, n)
         }
         "poll-direct-sim" => direct::poll_direct(n),
+        "fan1-naive-softnic"
+        | "fan1-ring-softnic"
+        | "fan16-naive-softnic"
+        | "fan16-ring-softnic"
+        | "fan256-naive-softnic"
+        | "fan256-ring-softnic" => {
+            let (k, kind) = name
+                .strip_prefix("fan")
+                .and_then(|r| r.strip_suffix("-softnic"))
+                .and_then(|r| r.split_once('-'))
+                .ok_or("bad fan workload name")?;
+            let fan = SoftnicFan::new(k.parse().map_err(s)?)?;
+            if kind == "naive" {
+                let mut p = fan.naive();
+                hv_measured_fan_naive(&mut p, &MSG, warm)?;
+                hv_measured_fan_naive(&mut p, &MSG, n)
+            } else {
+                let mut r = fan.rings()?;
+                hv_measured_fan_ring(&mut r, &MSG, warm)?;
+                hv_measured_fan_ring(&mut r, &MSG, n)
+            }
+        }
         "pingpong-naive-softnic" => {
             let pair = SoftnicPair::new()?;
             let mut pp = NaivePingPong::new(&pair)?;
@@ -1261,6 +1558,48 @@ mod tests {
         ] {
             assert_eq!(run_workload(w, 256).unwrap(), 256, "{w}");
         }
+    }
+
+    #[test]
+    fn fan_workloads_run() {
+        for w in [
+            "fan1-naive-softnic",
+            "fan1-ring-softnic",
+            "fan16-naive-softnic",
+            "fan16-ring-softnic",
+            "fan256-naive-softnic",
+            "fan256-ring-softnic",
+        ] {
+            assert_eq!(run_workload(w, 600).unwrap(), 600, "{w}");
+        }
+    }
+
+    #[test]
+    fn fan_rings_share_one_cq_and_retire_everything() {
+        for k in FAN_KS {
+            let fan = SoftnicFan::new(k).unwrap();
+            let mut r = fan.rings().unwrap();
+            // Fewer messages than rings, then enough to fill every ring several times, then
+            // a count no signal period divides: each call leaves nothing outstanding.
+            for n in [k as u64 / 2, k as u64 * FAN_DEPTH as u64 * 3 + 7, 5] {
+                assert_eq!(hv_measured_fan_ring(&mut r, &MSG, n).unwrap(), n, "k {k}");
+                for (i, ring) in r.rings.iter().enumerate() {
+                    assert_eq!(ring.ring_id() as usize, i);
+                    assert_eq!(ring.outstanding(), 0, "k {k}, ring {i}, n {n}");
+                }
+            }
+            let total: u64 = r.rings.iter().map(|g| g.posted_total()).sum();
+            assert_eq!(
+                total,
+                k as u64 / 2 + k as u64 * FAN_DEPTH as u64 * 3 + 7 + 5
+            );
+            assert!(r.poller.poll().unwrap().is_empty(), "k {k}: CQ drained");
+            let mut p = fan.naive();
+            hv_measured_fan_naive(&mut p, &MSG, k as u64 * FAN_DEPTH as u64 * 2 + 3).unwrap();
+            assert_eq!(p.outstanding(), 0);
+        }
+        assert!(SoftnicFan::new(0).is_err());
+        assert!(SoftnicFan::new(257).is_err());
     }
 
     #[test]

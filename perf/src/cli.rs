@@ -1,5 +1,5 @@
 //! Command line, in perftest's spirit: the same letters where perftest has one
-//! (`-d -i -x -s -a -n -D -I -Q -l -t -r -p -A`), a test name instead of one binary per test,
+//! (`-d -i -x -s -a -n -D -I -Q -l -t -r -q -p -A`), a test name instead of one binary per test,
 //! and the peer's host as the optional positional argument (no host = server).
 
 use std::fmt;
@@ -197,6 +197,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rx_depth: u32,
 
+    /// QPs per side (perftest's `-q`), bandwidth tests only: they share the side's CQ, the
+    /// stream posts round-robin to the ones with room, and the report is the aggregate
+    /// (`-n` counts messages over all QPs) with each QP's share and their fairness.
+    #[arg(short = 'q', long = "qp", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=crate::engine::MAX_QPS as i64))]
+    pub qps: u32,
+
     /// TCP port of the endpoint exchange (server listens, client connects). Server: 0 picks
     /// a free port and prints "hotverbs-perf: listening on TCP port N" on stderr.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
@@ -341,6 +348,13 @@ pub struct Params {
     /// The QPs' transport (`-c`).
     #[serde(default)]
     pub connection: Connection,
+    /// QPs per side (`-q`).
+    #[serde(default = "one_qp")]
+    pub qps: u32,
+}
+
+fn one_qp() -> u32 {
+    1
 }
 
 impl Args {
@@ -414,6 +428,32 @@ impl Args {
                  behind it: drop -e or --direct / --compare_direct"
                     .into(),
             ));
+        }
+        if self.qps > 1 && test.is_latency() {
+            return Err(PerfError::Usage(format!(
+                "-q {}: {test} is a latency test, one operation in flight on one QP; several \
+                 QPs sharing a CQ measure aggregate bandwidth and message rate: drop -q, or \
+                 run send_bw, write_bw or read_bw -q {}",
+                self.qps, self.qps
+            )));
+        }
+        if self.qps > crate::engine::DIRECT_MAX_QPS && (self.direct || self.compare_direct) {
+            return Err(PerfError::Usage(format!(
+                "-q {}: --direct reads the send CQ of at most {} QPs (one DirectPoller); \
+                 lower -q to {} or drop --direct",
+                self.qps,
+                crate::engine::DIRECT_MAX_QPS,
+                crate::engine::DIRECT_MAX_QPS
+            )));
+        }
+        if let (Some(n), true) = (self.iters, self.qps > 1) {
+            if n < self.qps as u64 {
+                return Err(PerfError::Usage(format!(
+                    "-n {n} counts messages over all QPs, and each of the -q {} QPs ends the \
+                     stream with one of its own: use -n {} or more",
+                    self.qps, self.qps
+                )));
+            }
         }
         if self.direct && (self.timestamps || self.use_old_post_send) {
             return Err(PerfError::Usage(
@@ -507,6 +547,7 @@ impl Args {
             rx_depth: self.rx_depth,
             atomic: self.atomic,
             connection: self.connection,
+            qps: self.qps,
         })
     }
 }

@@ -6,9 +6,10 @@
 //! The client connects and sends [`Msg::Hello`] with its parameters; the server checks they
 //! name the same test and adopts them (like perftest, the client's sizes and iteration counts
 //! rule) or answers [`Msg::Reject`]. The QP endpoints (with the landing-zone MR window) then
-//! go through [`Session::exchange`] in hotverbs' binary format; after that the sides meet at
-//! a barrier before every size, and the client reports each finished size. Control messages
-//! are JSON frames (4-byte big-endian length, then the text).
+//! go through [`Session::exchange`] in hotverbs' binary format, one exchange per QP (`-q`);
+//! after that the sides meet at a barrier before every size, and the client reports each
+//! finished size. Control messages are JSON frames (4-byte big-endian length, then the
+//! text).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpListener;
@@ -21,8 +22,9 @@ use crate::cli::Params;
 use crate::error::PerfError;
 use crate::report::SizeResult;
 
-/// Version of this protocol; both sides must speak the same.
-pub const PROTOCOL: u32 = 1;
+/// Version of this protocol; both sides must speak the same. 2: `-q` (the parameters carry
+/// the number of QPs, and that many endpoints are exchanged).
+pub const PROTOCOL: u32 = 2;
 /// Largest control frame accepted.
 const MAX_FRAME: usize = 1 << 20;
 
@@ -277,6 +279,12 @@ impl Control {
             .map_err(|e| PerfError::exchange(format!("endpoint exchange with {}", self.peer), e))
     }
 
+    /// Exchanges every QP's endpoint, in order (both sides have the same number: the
+    /// parameters agreed on say how many).
+    pub fn exchange_all(&mut self, ours: &[Endpoint]) -> Result<Vec<Endpoint>, PerfError> {
+        ours.iter().map(|e| self.exchange(e)).collect()
+    }
+
     /// Barrier before size `i`.
     pub fn barrier(&mut self, i: usize) -> Result<(), PerfError> {
         self.send(&Msg::Ready(i))?;
@@ -306,6 +314,7 @@ mod tests {
             rx_depth: 8,
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
+            qps: 1,
         }
     }
 
@@ -341,6 +350,8 @@ mod tests {
         let srv = std::thread::spawn(move || {
             let got = s.welcome(&params(TestKind::SendLat)).unwrap();
             let peer = s.exchange(&ep(2)).unwrap();
+            let more = s.exchange_all(&[ep(4), ep(6), ep(8)]).unwrap();
+            assert_eq!(more, [ep(3), ep(5), ep(7)]);
             s.barrier(0).unwrap();
             s.barrier(1).unwrap();
             (got, peer)
@@ -348,6 +359,8 @@ mod tests {
         c.hello(&p).unwrap();
         let theirs = c.exchange(&ep(1)).unwrap();
         assert_eq!(theirs, ep(2));
+        let more = c.exchange_all(&[ep(3), ep(5), ep(7)]).unwrap();
+        assert_eq!(more, [ep(4), ep(6), ep(8)], "in order");
         c.barrier(0).unwrap();
         c.barrier(1).unwrap();
         let (got, peer) = srv.join().unwrap();

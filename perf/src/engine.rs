@@ -1,39 +1,79 @@
-//! The measured loops, on hotverbs' datapath: a [`SendRing`] posts (preformatted WRs,
-//! batching, selective signaling), a [`CqPoller`] drains completions in bursts, and a
-//! [`RecvRing`] keeps receives posted. Setup (device, PD, MR, CQ, QP, connection) is done
-//! elsewhere and arrives here as raw handles in a [`Side`].
+//! The measured loops, on hotverbs' datapath: a send ring posts (batching, selective
+//! signaling), a reaper drains completions in bursts, and a [`RecvRing`] keeps receives
+//! posted. Setup (device, PD, MR, CQ, QPs, connection) is done elsewhere and arrives here as
+//! raw handles in a [`Side`].
+//!
+//! # One engine, every post path
+//! The loops are written once, in `impl<R: PostPath, C: Reap> Hot<R, C>`:
+//! - `R` is the send ring, any of the datapath's [`PostRing`]s: `SendRing`
+//!   (`ibv_post_send` of preformatted WRs, `--use_old_post_send`), `WrRing` (`ibv_wr_*`, the
+//!   default) or `DirectRing` (mlx5 WQEs, `--direct`). [`PostPath`] adds what the datapath's
+//!   trait leaves to the caller: the path's name and how a QP's ring is built.
+//! - `C` is how the side reaps completions ([`Reap`]): one CQ through `ibv_poll_cq`
+//!   (`CqPoller`), the extended CQ with each completion's timestamp (`--timestamps`,
+//!   [`Stamped`](path::Stamped)), or `--direct`'s two CQs (the send CQ read directly, the
+//!   receives through `ibv_poll_cq`, [`DirectCqs`](path::DirectCqs)). A perf-local trait rather than the datapath's
+//!   [`PollCq`](hotverbs_datapath::PollCq) alone: `PollCq::poll` carries no timestamps and
+//!   polls one CQ; the one-CQ reapers go through `PollCq::poll`, the other two wrap what
+//!   `PollCq` cannot say.
+//!
+//! Everything that names a post path (the ring constructors, the reapers, the dispatch)
+//! is in the `path` submodule; this file is the engine, written once.
+//!
+//! [`build`] is the one place the run's post path is looked at: a five-arm `match` picks
+//! `R` and `C` and boxes the engine as a [`dyn Engine`](Engine). Each `Hot<R, C>` is
+//! compiled for its path (no branch on the path in any loop: the datapath's traits are
+//! `#[inline(always)]` forwarding), and the caller crosses one vtable per call of
+//! [`Engine::active`] / [`Engine::passive`], that is once per size, never per message.
+//!
+//! # Several QPs (`-q`)
+//! A side has `-q` QPs (bandwidth tests; latency tests run one), each a [`Lane`]: its own
+//! send ring and, for `send_bw`, its own receive ring, all sharing the side's CQ(s) (with
+//! `--direct`, one send CQ whose poller serves every QP's SQ). Ring ids are distinct per
+//! CQ: QP q's send ring is [`SEND_RING`]` + q` (1..=64), its receive ring
+//! [`RECV_RING`]` | q` (128..=191): bit 7 tells the two kinds apart, the rest is the QP's
+//! index, so routing a completion ([`Completion::ring`]) is a test and an index.
+//!
+//! The stream posts round-robin and work-conserving: the next QP with room takes the next
+//! message (a full one is skipped, not waited for), so the per-QP counts show which QPs the
+//! device kept busy. `-n` counts messages over all QPs. The last `-q` messages of a phase
+//! (the final round) go one to each QP in turn, waiting for room if need be, each signaled
+//! (so every ring drains to empty) and, for `send_bw`, each carrying [`LAST`]: the
+//! receiver stops once it has seen one on every QP (QPs are not ordered with respect to
+//! each other). Each QP's completed messages (its retired count) are reported per size, with
+//! their fairness ([`crate::stats::Fairness`]).
 //!
 //! # Memory layout of a side's registered buffer
 //! ```text
-//! 0 .. S           source of SENDs/WRITEs, destination of READs and atomics
-//! S .. 2S          landing zone: the peer WRITEs/READs/atomics here (advertised to it)
-//! 2S .. 2S + R*S   receive slots (R = receive ring count), for SEND tests
+//! 0 .. S               source of SENDs/WRITEs, destination of READs and atomics
+//! S .. 2S              landing zone: the peer WRITEs/READs/atomics here (advertised to it)
+//! 2S .. 2S + Q*R*S     receive slots (R per QP, QP q's from 2S + q*R*S), for SEND tests
 //! ```
-//! where S is the largest message size rounded up to 64 bytes.
+//! where S is the largest message size rounded up to 64 bytes and Q the number of QPs. The
+//! QPs of a side share the source and the landing zone (nobody reads what a bandwidth test
+//! lands).
 //!
 //! # Who stops
 //! The active side (client, or the main thread in loopback) decides when a size is over
 //! (iterations or time). A passive side that takes part (the ping-pong partner, the receiver
-//! of `send_bw`) learns it in band: the last SEND carries immediate data [`LAST`], the last
-//! WRITE of `write_lat` carries [`LAST`] in its final byte. Every wait is bounded by the
-//! stall timeout, so a dead peer is an error, not a hang.
+//! of `send_bw`) learns it in band: the last SEND (of each QP) carries immediate data
+//! [`LAST`], the last WRITE of `write_lat` carries [`LAST`] in its final byte. Every wait is
+//! bounded by the stall timeout, so a dead peer is an error, not a hang.
 //!
 //! # Safety (module)
 //! The raw handles of a [`Side`] must be live objects of one open device for the side's
 //! lifetime; `mr` must lie in a registered MR with local write access; `remote` must be the
-//! peer's landing zone. [`Hot::new`] is `unsafe` with that contract; all other unsafe
-//! blocks in this module rely on it.
+//! peer's landing zone. [`build`] (and `Hot::new`) is `unsafe` with that contract; all
+//! other unsafe blocks in this module rely on it.
 
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hotverbs::TimestampClock;
 use hotverbs_datapath::mlx5::{DirectCq, DirectSq};
 use hotverbs_datapath::{
-    Completion, CqPoller, DirectPoller, DirectRing, ExCqPoller, ExFields, Local, LocalBuf, Msg,
-    RecvConfig, RecvRing, RecvTarget, RemoteBuf, SendConfig, SendError, SendRing, UdDest, WcError,
-    WrRing,
+    Completion, ExFields, Local, LocalBuf, Msg, PostRing, RecvConfig, RecvRing, RecvTarget,
+    RemoteBuf, SendConfig, SendError, UdDest,
 };
 use hotverbs_ffi::{ibv_cq, ibv_cq_ex, ibv_qp, ibv_qp_ex};
 
@@ -43,18 +83,39 @@ use crate::error::PerfError;
 use crate::progress::Counter;
 use crate::stats::Latency;
 
-/// Ring id of the send ring in `wr_id`s.
+mod path;
+pub use path::{build, PostPath, Reap};
+
+/// Ring id of the send ring of QP 0 in `wr_id`s; QP q's is `SEND_RING + q`.
 pub const SEND_RING: u8 = 1;
-/// Ring id of the receive ring.
-pub const RECV_RING: u8 = 2;
+/// Ring id of the receive ring of QP 0; QP q's is `RECV_RING | q` (bit 7: a receive ring).
+pub const RECV_RING: u8 = 0x80;
+/// Most QPs per side (`-q`): ring ids 1..=64 and 128..=191.
+pub const MAX_QPS: u32 = 64;
+/// Most QPs per side with `--direct`: the send queues one
+/// [`DirectPoller`](hotverbs_datapath::DirectPoller) serves.
+pub const DIRECT_MAX_QPS: u32 = 8;
 /// Capacity of the rings (the largest `-t` / `-r`).
 pub const RING_N: usize = 4096;
 /// Completions per `ibv_poll_cq`.
 pub const POLL_BURST: usize = 32;
 /// Immediate data / final byte that marks a size's last message.
 pub const LAST: u8 = 0xff;
-/// Receive slots are capped so that `-a` (8 MiB messages) stays within this many bytes.
+/// Receive slots are capped so that `-a` (8 MiB messages) stays within this many bytes
+/// (over all QPs of a side).
 pub const RECV_BUDGET: u64 = 256 << 20;
+
+/// The send ring id of QP `q` (`q < MAX_QPS`).
+pub fn send_ring_id(q: usize) -> u8 {
+    debug_assert!(q < MAX_QPS as usize);
+    SEND_RING + q as u8
+}
+
+/// The receive ring id of QP `q` (`q < MAX_QPS`).
+pub fn recv_ring_id(q: usize) -> u8 {
+    debug_assert!(q < MAX_QPS as usize);
+    RECV_RING | q as u8
+}
 
 /// Rounds a message size up to the slot granularity.
 pub fn slot_size(max_size: u32) -> u32 {
@@ -74,20 +135,21 @@ pub fn run_slot(p: &Params) -> u32 {
     })
 }
 
-/// Receive slots for a run: `rx_depth`, capped by [`RECV_BUDGET`] and [`RING_N`], at least 2.
+/// Receive slots per QP for a run: `rx_depth`, capped by [`RING_N`] and by [`RECV_BUDGET`]
+/// shared among the QPs, at least 2.
 pub fn recv_count(p: &Params) -> u32 {
     if !p.test.uses_recv() {
         return 0;
     }
     let s = run_slot(p) as u64;
-    let by_budget = (RECV_BUDGET / s).max(2);
+    let by_budget = (RECV_BUDGET / (s * p.qps.max(1) as u64)).max(2);
     (p.rx_depth as u64).min(by_budget).min(RING_N as u64) as u32
 }
 
 /// Bytes of registered memory a side needs.
 pub fn buffer_len(p: &Params) -> u64 {
     let s = run_slot(p) as u64;
-    2 * s + recv_count(p) as u64 * s
+    2 * s + p.qps.max(1) as u64 * recv_count(p) as u64 * s
 }
 
 /// Released receive slots are re-posted in chains of this many (a quarter of the slots, at
@@ -96,9 +158,9 @@ pub fn recv_repost_batch(rx: u32) -> u32 {
     (rx / 4).clamp(1, 16)
 }
 
-/// Send queue depth the QP must grant (and the streaming window). For `send_bw` the window
-/// is also kept below the receiver's slot count less one re-post chain, so a receiver that
-/// re-posts in chains never runs dry (no RNR).
+/// Send queue depth each QP must grant (and its streaming window). For `send_bw` the
+/// window is also kept below the receiver's slot count less one re-post chain, so a
+/// receiver that re-posts in chains never runs dry (no RNR).
 pub fn send_depth(p: &Params) -> u32 {
     let d = p.tx_depth.clamp(2, RING_N as u32);
     if p.test == TestKind::SendBw {
@@ -110,32 +172,44 @@ pub fn send_depth(p: &Params) -> u32 {
 }
 
 /// Raw handles of one side, produced by the setup layer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Side {
-    /// The RC QP, in RTS.
-    pub qp: *mut ibv_qp,
-    /// The CQ of its send and receive completions.
+    /// The QPs (`-q`; one for latency tests), in RTS, in the order the peer's are.
+    pub qps: Vec<QpSide>,
+    /// The CQ of every QP's send and receive completions (receives only with `--direct`).
     pub cq: *mut ibv_cq,
     /// The whole registered buffer ([`buffer_len`] bytes).
     pub mr: LocalBuf,
     /// The peer's landing zone.
     pub remote: RemoteBuf,
-    /// The QP's `max_inline_data`.
+    /// The QPs' `max_inline_data`.
     pub max_inline: u32,
-    /// The extended QP (`ibv_qp_ex`) to post through with `ibv_wr_*`; `None`: the legacy
-    /// `ibv_post_send` ring (`--use_old_post_send`).
-    pub qpx: Option<*mut ibv_qp_ex>,
     /// Completion timestamps (`--timestamps`): the extended CQ (created with
     /// [`TS_FIELDS`]), the clock that turns its cycles into time, and whether the provider
     /// may be drained with `ibv_next_poll` (false on rxe; see
     /// `hotverbs::Context::ex_cq_batch_poll_safe`).
     pub timestamps: Option<(*mut ibv_cq_ex, TimestampClock, bool)>,
-    /// `--direct`: the mlx5 send queue (with its `wrid` table) and the send CQ the direct
-    /// ring and poller use; `cq` then holds the receives only.
-    pub direct: Option<(DirectSq, DirectCq)>,
+    /// `--direct`: the send CQ of every QP, read by the direct poller.
+    pub direct_cq: Option<DirectCq>,
+}
+
+/// Raw handles of one QP of a [`Side`].
+#[derive(Clone, Copy, Debug)]
+pub struct QpSide {
+    /// The QP (RC, or UC / UD with `-c`), in RTS.
+    pub qp: *mut ibv_qp,
+    /// The extended QP (`ibv_qp_ex`) to post through with `ibv_wr_*`; `None`: the legacy
+    /// `ibv_post_send` ring (`--use_old_post_send`).
+    pub qpx: Option<*mut ibv_qp_ex>,
+    /// `--direct`: the mlx5 send queue, with its `wrid` table.
+    pub sq: Option<DirectSq>,
     /// `-c UD`: the peer's address (an AH the setup layer keeps) every SEND carries.
     pub ud: Option<UdDest>,
 }
+
+// SAFETY: the handles are plain pointers to device objects, which verbs allow to be used
+// from any thread; a Side is used by one thread at a time (it is moved, not shared).
+unsafe impl Send for Side {}
 
 /// The completion fields a `--timestamps` run reads from its extended CQ: what the rings
 /// need (`byte_len`, immediate, QP number) and the timestamp.
@@ -143,115 +217,6 @@ pub const TS_FIELDS: ExFields = ExFields::BYTE_LEN
     .with(ExFields::IMM)
     .with(ExFields::QP_NUM)
     .with(ExFields::COMPLETION_TS);
-
-/// The send ring of a side: the post path is chosen when the side is built (perftest's
-/// `--use_old_post_send`). An enum rather than a generic `Hot<R>`: every measured loop stays
-/// one copy of the code, and the `match` on a value that never changes is one predicted
-/// branch per call, well below what either path costs per WR.
-enum Poster {
-    /// `ibv_post_send` of preformatted WR chains.
-    Legacy(Box<SendRing<RING_N>>),
-    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete` on an extended QP.
-    Wr(Box<WrRing>),
-    /// mlx5 WQEs written into the send queue (`--direct`).
-    Direct(Box<DirectRing>),
-}
-
-impl Poster {
-    #[inline(always)]
-    fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
-        match self {
-            Poster::Legacy(r) => r.send_now(msg),
-            Poster::Wr(r) => r.send_now(msg),
-            Poster::Direct(r) => r.send_now(msg),
-        }
-    }
-    /// # Safety
-    /// As [`SendRing::stage`].
-    #[inline(always)]
-    unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
-        // SAFETY: forwarded contract (WrRing::stage has the same one).
-        unsafe {
-            match self {
-                Poster::Legacy(r) => r.stage(msg),
-                Poster::Wr(r) => r.stage(msg),
-                Poster::Direct(r) => r.stage(msg),
-            }
-        }
-    }
-    #[inline(always)]
-    fn flush(&mut self) -> Result<(), SendError> {
-        match self {
-            Poster::Legacy(r) => r.flush(),
-            Poster::Wr(r) => r.flush(),
-            Poster::Direct(r) => r.flush(),
-        }
-    }
-    #[inline(always)]
-    fn free(&self) -> u64 {
-        match self {
-            Poster::Legacy(r) => r.free(),
-            Poster::Wr(r) => r.free(),
-            Poster::Direct(r) => r.free(),
-        }
-    }
-    #[inline(always)]
-    fn signal_next(&mut self) {
-        match self {
-            Poster::Legacy(r) => r.signal_next(),
-            Poster::Wr(r) => r.signal_next(),
-            Poster::Direct(r) => r.signal_next(),
-        }
-    }
-    #[inline(always)]
-    fn outstanding(&self) -> u64 {
-        match self {
-            Poster::Legacy(r) => r.outstanding(),
-            Poster::Wr(r) => r.outstanding(),
-            Poster::Direct(r) => r.outstanding(),
-        }
-    }
-    #[inline(always)]
-    fn is_retired(&self, seq: u64) -> bool {
-        match self {
-            Poster::Legacy(r) => r.is_retired(seq),
-            Poster::Wr(r) => r.is_retired(seq),
-            Poster::Direct(r) => r.is_retired(seq),
-        }
-    }
-    #[inline(always)]
-    fn retired_total(&self) -> u64 {
-        match self {
-            Poster::Legacy(r) => r.retired_total(),
-            Poster::Wr(r) => r.retired_total(),
-            Poster::Direct(r) => r.retired_total(),
-        }
-    }
-    #[inline(always)]
-    fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        match self {
-            Poster::Legacy(r) => r.on_completion(c),
-            Poster::Wr(r) => r.on_completion(c),
-            Poster::Direct(r) => r.on_completion(c),
-        }
-    }
-}
-
-/// The completion poller of a side: `ibv_poll_cq`, or with `--timestamps` the extended CQ's
-/// `ibv_start_poll` family, which also hands back each completion's raw timestamp.
-// Both variants are about as large (1.5 and 1.9 KiB of completion arrays), held once per
-// side: boxing one would add a pointer chase to every poll for nothing.
-#[allow(clippy::large_enum_variant)]
-enum Poller {
-    Legacy(CqPoller<POLL_BURST>),
-    Ex(ExCqPoller<POLL_BURST>, TimestampClock),
-    /// `--direct`: the send CQ read directly, the receive CQ through `ibv_poll_cq`.
-    Direct(Box<DirectPoller<POLL_BURST>>, CqPoller<POLL_BURST>),
-}
-
-// SAFETY: the handles are plain pointers to device objects, which verbs allow to be used
-// from any thread; a Side is used by one thread at a time (it is moved, not shared).
-unsafe impl Send for Side {}
 
 /// Aborts a wait when the peer makes no progress (or when another thread says so).
 struct Watchdog<'a> {
@@ -314,33 +279,13 @@ pub struct Measured {
     /// (from one iteration's final completion to the next one's, so each sample is one
     /// iteration as the NIC saw it: the round trip plus the host's turnaround).
     pub nic_latency: Option<Latency>,
-    /// Measured iterations (messages).
+    /// Measured iterations (messages, over all QPs).
     pub iterations: u64,
+    /// Bandwidth tests: the measured messages each QP completed (retired by a completion),
+    /// in QP order; they add up to `iterations`. Empty for latency tests.
+    pub per_qp: Vec<u64>,
     /// Measured time.
     pub elapsed: Duration,
-}
-
-/// A side's datapath objects, kept across sizes.
-pub struct Hot {
-    side: Side,
-    send: Poster,
-    poller: Poller,
-    /// `--timestamps`: the raw timestamp of the last completion of the kind a latency
-    /// iteration ends with (a receive for `send_lat`, a send completion otherwise).
-    last_ts: Option<u64>,
-    recv: Option<Box<RecvRing<RING_N>>>,
-    payload: Vec<u8>,
-    slot: u32,
-    signal_every: u32,
-    timeout: Duration,
-    /// Receives consumed since creation (ping-pong and send_bw bookkeeping).
-    received: u64,
-    last_imm: Option<u32>,
-    clock: &'static Clock,
-    /// `--events`: sleep on the CQ's completion channel instead of spinning.
-    events: Option<Events>,
-    /// `--events`: waits on the channel so far (each after an arm and an empty poll).
-    sleeps: u64,
 }
 
 /// `--events` (perftest's `-e`): the completion channel of a side's CQ and the CQ, armed
@@ -352,18 +297,96 @@ pub struct Events {
     pub cq: hotverbs::Cq,
 }
 
+/// A side's engine, whatever its post path: what the runner calls, once per size or once
+/// per run. Built by [`build`]; implemented by every `Hot<R, C>`.
+pub trait Engine: Send {
+    /// Runs one size as the active side.
+    fn active(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        abort: &AtomicBool,
+    ) -> Result<Measured, PerfError>;
+    /// Runs one size as the passive side: answers pings, or consumes SENDs until the last
+    /// one of every QP. Tests in which the passive side does nothing return at once.
+    /// Returns the messages it handled.
+    fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, PerfError>;
+    /// Reaps what the last size left in the CQ (send completions of the unsignaled tail are
+    /// retired by later signaled ones; receives are re-posted).
+    fn settle(&mut self) -> Result<(), PerfError>;
+    /// Zeroes the landing zone (before a size, while the peer is not writing to it).
+    fn clear_landing(&mut self);
+    /// Whether this side sleeps on completion events (`--events`).
+    fn sleeps_on_events(&self) -> bool;
+    /// The signal period the send rings use.
+    fn signal_every(&self) -> u32;
+    /// The clock of the latency samples.
+    fn clock(&self) -> &'static Clock;
+    /// The inline threshold in force.
+    fn max_inline(&self) -> u32;
+    /// The device clock of a `--timestamps` run.
+    fn timestamp_clock(&self) -> Option<TimestampClock>;
+    /// Which post path the send rings take.
+    fn post_path(&self) -> &'static str;
+    /// WRs posted and not yet retired, over all QPs.
+    #[cfg(test)]
+    fn outstanding(&self) -> u64;
+}
+
+/// One QP of a side: its send ring and (SEND tests) its receive ring.
+struct Lane<R> {
+    send: Box<R>,
+    recv: Option<Box<RecvRing<RING_N>>>,
+}
+
+/// What the receive side of the completions has seen.
+#[derive(Default)]
+struct Tally {
+    /// Receives consumed since creation (ping-pong and send_bw bookkeeping).
+    received: u64,
+    /// The immediate of the last receive that carried one.
+    last_imm: Option<u32>,
+    /// Receives that carried [`LAST`] (one per QP ends a `send_bw` size).
+    lasts: u64,
+    /// `--timestamps`: the raw timestamp of the last completion of the kind a latency
+    /// iteration ends with (a receive for `send_lat`, a send completion otherwise).
+    last_ts: Option<u64>,
+}
+
+/// A side's datapath objects, kept across sizes: the engine on post path `R`, reaping
+/// with `C`.
+pub struct Hot<R: PostPath, C: Reap> {
+    side: Side,
+    lanes: Vec<Lane<R>>,
+    reaper: C,
+    tally: Tally,
+    payload: Vec<u8>,
+    slot: u32,
+    signal_every: u32,
+    timeout: Duration,
+    clock: &'static Clock,
+    /// `--events`: sleep on the CQ's completion channel instead of spinning.
+    events: Option<Events>,
+    /// `--events`: waits on the channel so far (each after an arm and an empty poll).
+    sleeps: u64,
+}
+
 // SAFETY: every raw pointer inside (the Side's handles, the rings' links) refers to objects
 // that may be used from any thread; Hot is moved between threads, never shared.
-unsafe impl Send for Hot {}
+unsafe impl<R: PostPath, C: Reap> Send for Hot<R, C> {}
 
-impl Hot {
-    /// Builds the rings for `p` on `side`, and posts the receives.
+impl<R: PostPath, C: Reap> Hot<R, C> {
+    /// Builds the rings for `p` on every QP of `side`, and posts the receives.
     ///
     /// # Safety
-    /// See the module's safety section; the QP was created with `sq_sig_all = 0`, at least
-    /// [`send_depth`] send WRs, [`recv_count`] receive WRs, and its completions go to
-    /// `side.cq`, which nothing else polls.
-    pub unsafe fn new(side: Side, p: &Params, timeout: Duration) -> Result<Hot, PerfError> {
+    /// As [`build`]'s; `R` and `C` are the side's post path and CQ layout.
+    unsafe fn new(
+        side: Side,
+        p: &Params,
+        timeout: Duration,
+        events: Option<Events>,
+    ) -> Result<Self, PerfError> {
         let max_size = p.sizes.iter().copied().max().unwrap_or(1);
         let slot = run_slot(p);
         if (side.mr.len as u64) < buffer_len(p) {
@@ -371,6 +394,13 @@ impl Hot {
                 "registered buffer of {} bytes is smaller than the {} the run needs",
                 side.mr.len,
                 buffer_len(p)
+            )));
+        }
+        if side.qps.len() != p.qps as usize || side.qps.len() > MAX_QPS as usize {
+            return Err(PerfError::Internal(format!(
+                "{} QPs built for -q {}",
+                side.qps.len(),
+                p.qps
             )));
         }
         let depth = send_depth(p);
@@ -388,133 +418,74 @@ impl Hot {
         } else {
             p.post_list.min(depth)
         };
-        let cfg = SendConfig::new(SEND_RING, depth, side.max_inline)
-            .signal_every(signal_every)
-            .batch(batch);
-        let cfg = match side.ud {
-            Some(dest) => cfg.ud(dest),
-            None => cfg.remote(side.remote),
-        };
-        let ring_err = |e| PerfError::Ring {
-            what: format!("send ring (depth {depth}, signal every {signal_every}, batch {batch})"),
-            source: e,
-        };
-        let send = match (side.direct, side.qpx) {
-            (Some((sq, _)), _) => Poster::Direct(Box::new(
-                // SAFETY: forwarded from this function's contract: libmlx5's description of
-                // the side's live QP (built without sq_sig_all, with the depth's send WRs and
-                // the inline size), used by this ring only; its wrid table lives in the
-                // SideRes as long as the QP; completions come from the direct poller below.
-                unsafe { DirectRing::new(sq, cfg, None) }.map_err(ring_err)?,
-            )),
-            (None, qpx) => match qpx {
-                // SAFETY: forwarded from this function's contract (live extended QP with enough
-                // send WRs, the ops the tests use and sq_sig_all = 0; its completions reach
-                // on_completion through `poller`).
-                Some(qpx) => Poster::Wr(Box::new(
-                    unsafe { WrRing::new(qpx, cfg) }.map_err(ring_err)?,
-                )),
-                None => {
-                    let mut boxed: Box<MaybeUninit<SendRing<RING_N>>> = Box::new_uninit();
-                    // SAFETY: forwarded from this function's contract (live QP with enough send
-                    // WRs and sq_sig_all = 0; its completions reach on_completion through
-                    // `poller`).
-                    unsafe { SendRing::init_in(&mut boxed, side.qp, cfg) }.map_err(ring_err)?;
-                    // SAFETY: init_in returned Ok, so the ring is fully initialised.
-                    Poster::Legacy(unsafe { boxed.assume_init() })
-                }
-            },
-        };
-        let direct_err = |e| PerfError::Ring {
-            what: "mlx5 direct poller".into(),
-            source: hotverbs_datapath::ConfigError::Direct(e),
-        };
-        let poller = match (side.direct, side.timestamps) {
-            (Some((sq, cq)), _) => {
-                // SAFETY: libmlx5's description of the side's send CQ, polled only by this
-                // Hot (contract); the attached wrid table is the ring's.
-                let mut d = Box::new(unsafe { DirectPoller::new(cq) }.map_err(direct_err)?);
-                // SAFETY: as above.
-                unsafe { d.attach(&sq) }.map_err(direct_err)?;
-                // SAFETY: the receive CQ is live and polled only by this Hot (contract).
-                Poller::Direct(d, unsafe { CqPoller::new(side.cq) })
-            }
-            (None, ts) => match ts {
-                Some((cq, clock, batch_safe)) => {
-                    // SAFETY: the extended CQ is live, was created with TS_FIELDS' readers
-                    // (setup), and is polled only by this Hot (contract).
-                    let p = unsafe { ExCqPoller::new(cq, TS_FIELDS, TS_FIELDS.wc_flags()) }
-                        .map_err(|e| PerfError::Ring {
-                            what: "extended CQ poller (completion timestamps)".into(),
-                            source: e,
-                        })?
-                        .one_per_poll(!batch_safe);
-                    Poller::Ex(p, clock)
-                }
-                // SAFETY: the CQ is live and polled only by this Hot (contract).
-                None => Poller::Legacy(unsafe { CqPoller::new(side.cq) }),
-            },
-        };
         let rx = recv_count(p);
-        let recv = if rx > 0 {
-            let region = side.mr.slice(2 * slot, rx * slot).ok_or_else(|| {
-                PerfError::Internal("receive slots do not fit the registered buffer".into())
-            })?;
-            // SAFETY: the QP is live and only this ring posts its receives; the region is
-            // registered with local write, lives as long as the side, and only the ring
-            // touches it.
-            let mut r = unsafe {
-                RecvRing::new(
-                    RecvTarget::Qp(side.qp),
-                    region,
-                    RecvConfig::new(RECV_RING, slot, rx).repost_batch(recv_repost_batch(rx)),
-                )
-            }
-            .map_err(|e| PerfError::Ring {
-                what: format!("receive ring ({rx} slots of {slot} B)"),
-                source: e,
-            })?;
-            r.fill().map_err(|e| PerfError::Post {
-                what: "post the receive ring",
-                source: e,
-            })?;
-            Some(Box::new(r))
-        } else {
-            None
-        };
+        let mut lanes = Vec::with_capacity(side.qps.len());
+        for (q, h) in side.qps.iter().enumerate() {
+            let cfg = SendConfig::new(send_ring_id(q), depth, side.max_inline)
+                .signal_every(signal_every)
+                .batch(batch);
+            let cfg = match h.ud {
+                Some(dest) => cfg.ud(dest),
+                None => cfg.remote(side.remote),
+            };
+            let what = format!(
+                "send ring of QP {q} (depth {depth}, signal every {signal_every}, batch {batch})"
+            );
+            // SAFETY: forwarded from this function's contract.
+            let send = unsafe { R::build(h, cfg, &what) }?;
+            let recv = if rx > 0 {
+                let region = side
+                    .mr
+                    .slice(2 * slot + q as u32 * rx * slot, rx * slot)
+                    .ok_or_else(|| {
+                        PerfError::Internal("receive slots do not fit the registered buffer".into())
+                    })?;
+                // SAFETY: the QP is live and only this ring posts its receives; the region
+                // is registered with local write, lives as long as the side, and only this
+                // ring touches it (each QP's slots are its own).
+                let mut r = unsafe {
+                    RecvRing::new(
+                        RecvTarget::Qp(h.qp),
+                        region,
+                        RecvConfig::new(recv_ring_id(q), slot, rx)
+                            .repost_batch(recv_repost_batch(rx)),
+                    )
+                }
+                .map_err(|e| PerfError::Ring {
+                    what: format!("receive ring of QP {q} ({rx} slots of {slot} B)"),
+                    source: e,
+                })?;
+                r.fill().map_err(|e| PerfError::Post {
+                    what: "post the receive ring",
+                    source: e,
+                })?;
+                Some(Box::new(r))
+            } else {
+                None
+            };
+            lanes.push(Lane { send, recv });
+        }
+        // SAFETY: forwarded from this function's contract (the CQs are polled by this
+        // engine only; the wrid tables are the rings' just built).
+        let reaper = unsafe { C::build(&side) }?;
         let mut payload = vec![0u8; slot as usize];
         for (i, b) in payload.iter_mut().enumerate() {
             *b = i as u8;
         }
         Ok(Hot {
             side,
-            send,
-            poller,
-            last_ts: None,
-            recv,
+            lanes,
+            reaper,
+            tally: Tally::default(),
             payload,
             slot,
             signal_every,
             timeout,
-            received: 0,
-            last_imm: None,
             // Calibrated here, before anything is timed.
             clock: clock(),
-            events: None,
+            events,
             sleeps: 0,
         })
-    }
-
-    /// Sleeps on `events` (the side's CQ and its channel) instead of spinning when a poll
-    /// finds nothing (`--events`).
-    pub fn with_events(mut self, events: Option<Events>) -> Hot {
-        self.events = events;
-        self
-    }
-
-    /// Whether this side sleeps on completion events (`--events`).
-    pub fn sleeps_on_events(&self) -> bool {
-        self.events.is_some()
     }
 
     /// After an empty poll: spin on (the watchdog counts), or with `--events` arm the CQ and
@@ -561,34 +532,12 @@ impl Hot {
         }
     }
 
-    /// The signal period the send ring uses.
-    pub fn signal_every(&self) -> u32 {
-        self.signal_every
-    }
-
-    /// The clock of the latency samples.
-    pub fn clock(&self) -> &'static Clock {
-        self.clock
-    }
-
-    /// The inline threshold in force.
-    pub fn max_inline(&self) -> u32 {
-        self.side.max_inline
-    }
-
     fn local(&self, len: u32) -> LocalBuf {
         LocalBuf::new(self.side.mr.addr, len, self.side.mr.lkey)
     }
 
     fn landing(&self) -> *mut u8 {
         (self.side.mr.addr + self.slot as u64) as *mut u8
-    }
-
-    /// Zeroes the landing zone (before a size, while the peer is not writing to it).
-    pub fn clear_landing(&mut self) {
-        // SAFETY: the landing zone is slot bytes inside the registered buffer (checked in
-        // new); the peer writes it only after the barrier that follows this call.
-        unsafe { std::ptr::write_bytes(self.landing(), 0, self.slot as usize) };
     }
 
     #[inline(always)]
@@ -598,98 +547,36 @@ impl Hot {
         unsafe { std::ptr::read_volatile(self.landing().add(size as usize - 1)) }
     }
 
-    /// Polls once and dispatches: send completions retire the ring, receive completions
+    /// Polls once and routes: send completions retire their QP's ring, receive completions
     /// release their slot at once (the payload is not inspected) and count. Returns the
     /// number of completions.
     #[inline(always)]
     fn poll(&mut self) -> Result<usize, PerfError> {
-        match &mut self.poller {
-            Poller::Legacy(p) => {
-                let batch = p.poll()?;
-                let n = batch.len();
-                for c in batch {
-                    dispatch(
-                        &mut self.send,
-                        &mut self.recv,
-                        &mut self.received,
-                        &mut self.last_imm,
-                        c,
-                    )?;
+        let (lanes, tally) = (&mut self.lanes, &mut self.tally);
+        self.reaper.reap(|c, ts| {
+            if let Some(t) = ts {
+                // A ping-pong iteration ends with a receive; a READ / atomic one with its
+                // own send completion.
+                if c.ring() & RECV_RING != 0 || lanes.first().is_some_and(|l| l.recv.is_none()) {
+                    tally.last_ts = Some(t);
                 }
-                Ok(n)
             }
-            Poller::Direct(d, r) => {
-                let mut n = 0;
-                for p in [0, 1] {
-                    let batch = if p == 0 {
-                        d.poll().map_err(|e| {
-                            PerfError::Internal(format!("polling the send CQ directly: {e}"))
-                        })?
-                    } else {
-                        r.poll()?
-                    };
-                    n += batch.len();
-                    for c in batch {
-                        dispatch(
-                            &mut self.send,
-                            &mut self.recv,
-                            &mut self.received,
-                            &mut self.last_imm,
-                            c,
-                        )?;
-                    }
-                }
-                Ok(n)
-            }
-            Poller::Ex(p, _) => {
-                let (batch, ts) = p
-                    .poll_ts()
-                    .map_err(|e| PerfError::Internal(format!("polling the extended CQ: {e}")))?;
-                let n = batch.len();
-                for (c, &t) in batch.iter_mut().zip(ts) {
-                    // A ping-pong iteration ends with a receive; a READ / atomic one with
-                    // its own send completion.
-                    if c.ring() == RECV_RING || self.recv.is_none() {
-                        self.last_ts = Some(t);
-                    }
-                    dispatch(
-                        &mut self.send,
-                        &mut self.recv,
-                        &mut self.received,
-                        &mut self.last_imm,
-                        c,
-                    )?;
-                }
-                Ok(n)
-            }
-        }
-    }
-
-    /// The device clock of a `--timestamps` run.
-    pub fn timestamp_clock(&self) -> Option<TimestampClock> {
-        match &self.poller {
-            Poller::Ex(_, c) => Some(*c),
-            Poller::Legacy(_) | Poller::Direct(..) => None,
-        }
-    }
-
-    /// Which post path the send ring takes.
-    pub fn post_path(&self) -> &'static str {
-        match self.send {
-            Poster::Legacy(_) => "ibv_post_send",
-            Poster::Wr(_) => "ibv_wr_*",
-            Poster::Direct(_) => "mlx5 direct WQEs",
-        }
+            route(lanes, tally, c)
+        })
     }
 
     fn progress_mark(&self) -> u64 {
-        self.send.retired_total() + self.received
+        self.lanes
+            .iter()
+            .map(|l| l.send.retired_total())
+            .sum::<u64>()
+            + self.tally.received
     }
 
     /// Waits until `received` reaches `target`.
     #[inline(always)]
     fn wait_recv(&mut self, target: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
-        while self.received < target {
+        while self.tally.received < target {
             if self.poll()? == 0 {
                 self.idle(wd, "a message from the peer")?;
             }
@@ -697,10 +584,10 @@ impl Hot {
         Ok(())
     }
 
-    /// Waits until the send with sequence `seq` is retired.
+    /// Waits until the send with sequence `seq` of QP 0 is retired.
     #[inline(always)]
     fn wait_retired(&mut self, seq: u64, wd: &mut Watchdog<'_>) -> Result<(), PerfError> {
-        while !self.send.is_retired(seq) {
+        while !self.lanes[0].send.is_retired(seq) {
             if self.poll()? == 0 {
                 self.idle(wd, "a send completion")?;
             }
@@ -708,13 +595,14 @@ impl Hot {
         Ok(())
     }
 
-    /// Posts one SEND of `size` bytes now (inline when it fits); `last` marks the final one.
+    /// Posts one SEND of `size` bytes on QP 0 now (inline when it fits); `last` marks the
+    /// final one.
     #[inline(always)]
     fn send_one(&mut self, size: u32, last: bool, wd: &mut Watchdog<'_>) -> Result<u64, PerfError> {
         self.post_retrying(wd, "a send completion", |h| {
             if size <= h.side.max_inline {
                 let local = Local::Inline(&h.payload[..size as usize]);
-                h.send.send_now(if last {
+                h.lanes[0].send.send_now(if last {
                     Msg::send_imm(local, LAST as u32)
                 } else {
                     Msg::send(local)
@@ -733,8 +621,8 @@ impl Hot {
         })
     }
 
-    /// Posts one WRITE of `size` bytes whose final byte is `mark`; waits for the previous
-    /// zero-copy WRITE to retire before rewriting the source.
+    /// Posts one WRITE of `size` bytes on QP 0 whose final byte is `mark`; waits for the
+    /// previous zero-copy WRITE to retire before rewriting the source.
     #[inline(always)]
     fn write_one(
         &mut self,
@@ -756,7 +644,8 @@ impl Hot {
         }
         self.post_retrying(wd, "a send completion", |h| {
             if inline {
-                h.send
+                h.lanes[0]
+                    .send
                     .send_now(Msg::write(Local::Inline(&h.payload[..size as usize]), 0))
             } else {
                 let msg = Msg::write(Local::Buf(h.local(size)), 0);
@@ -767,7 +656,7 @@ impl Hot {
         })
     }
 
-    /// Posts one READ or atomic and returns its sequence.
+    /// Posts one READ or atomic on QP 0 and returns its sequence.
     #[inline(always)]
     fn remote_op(
         &mut self,
@@ -792,16 +681,17 @@ impl Hot {
         })
     }
 
-    /// Stages `msg` zero-copy and posts it at once.
+    /// Stages `msg` zero-copy on QP 0 and posts it at once.
     ///
     /// # Safety
-    /// As [`SendRing::stage`]: the local buffer stays valid and is not written (for a send
+    /// As [`PostRing::stage`]: the local buffer stays valid and is not written (for a send
     /// or WRITE) or read (for a READ/atomic) until the WR retires.
     #[inline(always)]
     unsafe fn stage_and_flush(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        let ring = &mut self.lanes[0].send;
         // SAFETY: forwarded contract.
-        let seq = unsafe { self.send.stage(msg) }?;
-        self.send.flush().map(|()| seq)
+        let seq = unsafe { ring.stage(msg) }?;
+        ring.flush().map(|()| seq)
     }
 
     /// Retries `post` while the ring is full (`WouldBlock`), reaping completions in between;
@@ -826,30 +716,6 @@ impl Hot {
         }
     }
 
-    /// Runs one size as the active side.
-    pub fn active(
-        &mut self,
-        p: &Params,
-        size: u32,
-        counter: &Counter,
-        abort: &AtomicBool,
-    ) -> Result<Measured, PerfError> {
-        if size > self.slot {
-            return Err(PerfError::Internal(format!(
-                "size {size} exceeds the buffer slot {}",
-                self.slot
-            )));
-        }
-        let mut wd = Watchdog::new(self.timeout, abort);
-        match p.test {
-            TestKind::SendLat | TestKind::WriteLat => self.ping(p, size, counter, &mut wd),
-            TestKind::ReadLat | TestKind::AtomicLat => self.one_by_one(p, size, counter, &mut wd),
-            TestKind::SendBw | TestKind::WriteBw | TestKind::ReadBw => {
-                self.stream(p, size, counter, &mut wd)
-            }
-        }
-    }
-
     fn ping(
         &mut self,
         p: &Params,
@@ -860,7 +726,7 @@ impl Hot {
         let mut prev = None;
         self.measure_latency(p, counter, true, |h, i, last| {
             if p.test == TestKind::SendLat {
-                let want = h.received + 1;
+                let want = h.tally.received + 1;
                 h.send_one(size, last, wd)?;
                 h.wait_recv(want, wd)
             } else {
@@ -905,7 +771,7 @@ impl Hot {
         mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), PerfError>,
     ) -> Result<Measured, PerfError> {
         let mut lat = Latency::new(half);
-        let ts_clock = self.timestamp_clock();
+        let ts_clock = self.reaper.timestamp_clock();
         let mut nic = ts_clock.map(|_| Latency::new(half));
         let mut prev_ts: Option<u64> = None;
         let plan = Plan::new(p.amount, p.warmup);
@@ -919,7 +785,7 @@ impl Hot {
             let t0 = self.clock.now();
             op(self, i, last)?;
             let t = self.clock.between(t0, self.clock.now());
-            if let (Some(clock), Some(ts)) = (ts_clock, self.last_ts) {
+            if let (Some(clock), Some(ts)) = (ts_clock, self.tally.last_ts) {
                 if let (Some(nic), Some(prev), true) = (nic.as_mut(), prev_ts, i >= p.warmup) {
                     nic.record(Duration::from_nanos(clock.delta_ns(prev, ts)));
                 }
@@ -939,14 +805,17 @@ impl Hot {
             iterations: lat.count(),
             latency: Some(lat),
             nic_latency: nic,
+            per_qp: Vec::new(),
             elapsed,
         })
     }
 
-    /// Streams `n` messages keeping the window full (with `until` instead: until that time,
-    /// plus one); the final message is signaled whatever the schedule says
-    /// ([`SendRing::signal_next`]), so the ring drains to empty, and with `mark_last` the
-    /// final SEND carries [`LAST`]. Returns the number of messages.
+    /// Streams `n` messages over the QPs keeping every window full (with `until` instead:
+    /// until that time, plus one final round). The next QP with room takes the next
+    /// message; the final round, the last message of each QP, goes one to each in turn,
+    /// signaled whatever the schedule says ([`PostRing::signal_next`]), so every ring drains
+    /// to empty, and with `mark_last` each final SEND carries [`LAST`]. Returns the number
+    /// of messages.
     #[allow(clippy::too_many_arguments)]
     fn stream_phase(
         &mut self,
@@ -960,22 +829,39 @@ impl Hot {
     ) -> Result<u64, PerfError> {
         let buf = self.local(size);
         let inline_send = test == TestKind::SendBw && size <= self.side.max_inline;
+        let qps = self.lanes.len();
         let mut posted = 0u64;
         let mut end = n;
+        // The QP that takes the next message.
+        let mut k = 0usize;
         loop {
             if end.is_none() {
                 if let Some(t) = until {
                     if Instant::now() >= t {
-                        // One more message: the final one, signaled and marked.
-                        end = Some(posted + 1);
+                        // One more round: the final one, signaled and marked.
+                        end = Some(posted + qps as u64);
                     }
                 }
             }
             let target = end.unwrap_or(u64::MAX);
-            while posted < target && self.send.free() > 0 {
-                let fin = posted + 1 == target;
+            let final_round = target.saturating_sub(qps as u64);
+            // QPs found full in a row: all of them, and the windows wait for completions.
+            let mut full = 0usize;
+            while posted < target {
+                let fin = posted >= final_round;
+                let lane = &mut self.lanes[k];
+                if lane.send.free() == 0 {
+                    full += 1;
+                    // In the final round each QP takes its own turn: wait for room on it.
+                    if fin || full == qps {
+                        break;
+                    }
+                    k = if k + 1 == qps { 0 } else { k + 1 };
+                    continue;
+                }
+                full = 0;
                 if fin {
-                    self.send.signal_next();
+                    lane.send.signal_next();
                 }
                 let last = mark_last && fin;
                 let msg = match test {
@@ -997,23 +883,26 @@ impl Hot {
                 // SAFETY: sources (the payload Vec, the first slot of the registered buffer)
                 // are never written while streaming and outlive the ring's use of them (this
                 // phase drains every WR before returning); READ destinations are never read.
-                unsafe { self.send.stage(msg) }?;
+                unsafe { lane.send.stage(msg) }?;
                 posted += 1;
+                k = if k + 1 == qps { 0 } else { k + 1 };
             }
-            // The ring posts every `post_list` staged WRs itself; this posts the remainder.
-            self.send.flush()?;
+            // The rings post every `post_list` staged WRs themselves; this posts the rest.
+            for lane in &mut self.lanes {
+                lane.send.flush()?;
+            }
             if let Some(c) = counter {
                 c.set(posted);
             }
             if posted == target {
                 break;
             }
-            // Window full: wait for a signaled completion to open it.
+            // Windows full: wait for a signaled completion to open one.
             if self.poll()? == 0 {
                 self.idle(wd, "send completions")?;
             }
         }
-        while self.send.outstanding() > 0 {
+        while self.outstanding_wrs() > 0 {
             if self.poll()? == 0 {
                 self.idle(wd, "the last send completions")?;
             }
@@ -1031,6 +920,7 @@ impl Hot {
         if p.warmup > 0 {
             self.stream_phase(p.test, size, Some(p.warmup), None, false, None, wd)?;
         }
+        let before: Vec<u64> = self.lanes.iter().map(|l| l.send.retired_total()).collect();
         let t0 = Instant::now();
         let n = match p.amount {
             Amount::Iters(n) => {
@@ -1046,25 +936,62 @@ impl Hot {
                 wd,
             )?,
         };
+        let elapsed = t0.elapsed();
+        // Each QP's messages of this phase, as its completions retired them (the phase
+        // drained every ring).
+        let per_qp = self
+            .lanes
+            .iter()
+            .zip(before)
+            .map(|(l, b)| l.send.retired_total() - b)
+            .collect();
         Ok(Measured {
             latency: None,
             nic_latency: None,
             iterations: n,
-            elapsed: t0.elapsed(),
+            per_qp,
+            elapsed,
         })
     }
 
-    /// Runs one size as the passive side: answers pings, or consumes SENDs until the last
-    /// one. Tests in which the passive side does nothing return at once.
-    pub fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, PerfError> {
+    fn outstanding_wrs(&self) -> u64 {
+        self.lanes.iter().map(|l| l.send.outstanding()).sum()
+    }
+}
+
+impl<R: PostPath, C: Reap> Engine for Hot<R, C> {
+    fn active(
+        &mut self,
+        p: &Params,
+        size: u32,
+        counter: &Counter,
+        abort: &AtomicBool,
+    ) -> Result<Measured, PerfError> {
+        if size > self.slot {
+            return Err(PerfError::Internal(format!(
+                "size {size} exceeds the buffer slot {}",
+                self.slot
+            )));
+        }
+        let mut wd = Watchdog::new(self.timeout, abort);
+        match p.test {
+            TestKind::SendLat | TestKind::WriteLat => self.ping(p, size, counter, &mut wd),
+            TestKind::ReadLat | TestKind::AtomicLat => self.one_by_one(p, size, counter, &mut wd),
+            TestKind::SendBw | TestKind::WriteBw | TestKind::ReadBw => {
+                self.stream(p, size, counter, &mut wd)
+            }
+        }
+    }
+
+    fn passive(&mut self, p: &Params, size: u32, abort: &AtomicBool) -> Result<u64, PerfError> {
         let mut wd = Watchdog::new(self.timeout, abort);
         let mut n = 0u64;
         match p.test {
             TestKind::SendLat => loop {
-                let want = self.received + 1;
-                self.last_imm = None;
+                let want = self.tally.received + 1;
+                self.tally.last_imm = None;
                 self.wait_recv(want, &mut wd)?;
-                let last = self.last_imm == Some(LAST as u32);
+                let last = self.tally.last_imm == Some(LAST as u32);
                 self.send_one(size, false, &mut wd)?;
                 n += 1;
                 if last {
@@ -1091,31 +1018,67 @@ impl Hot {
                 }
             }
             TestKind::SendBw => {
-                // One poll may bring many messages: count receives, not polls.
-                let start = self.received;
-                self.last_imm = None;
-                while self.last_imm != Some(LAST as u32) {
-                    let want = self.received + 1;
+                // One poll may bring many messages: count receives, not polls. Every QP's
+                // last SEND carries LAST, and QPs are not ordered with each other: the size
+                // is over once each has delivered its own.
+                let start = self.tally.received;
+                let qps = self.lanes.len() as u64;
+                self.tally.lasts = 0;
+                while self.tally.lasts < qps {
+                    let want = self.tally.received + 1;
                     self.wait_recv(want, &mut wd)?;
                 }
-                n = self.received - start;
+                n = self.tally.received - start;
             }
             TestKind::ReadLat | TestKind::AtomicLat | TestKind::WriteBw | TestKind::ReadBw => {}
         }
         Ok(n)
     }
 
-    /// Reaps what the last size left in the CQ (send completions of the unsignaled tail are
-    /// retired by later signaled ones; receives are re-posted).
-    pub fn settle(&mut self) -> Result<(), PerfError> {
+    fn settle(&mut self) -> Result<(), PerfError> {
         while self.poll()? > 0 {}
-        if let Some(r) = self.recv.as_mut() {
+        for r in self.lanes.iter_mut().filter_map(|l| l.recv.as_mut()) {
             r.repost().map_err(|e| PerfError::Post {
                 what: "re-post released receives",
                 source: e,
             })?;
         }
         Ok(())
+    }
+
+    fn clear_landing(&mut self) {
+        // SAFETY: the landing zone is slot bytes inside the registered buffer (checked in
+        // new); the peer writes it only after the barrier that follows this call.
+        unsafe { std::ptr::write_bytes(self.landing(), 0, self.slot as usize) };
+    }
+
+    fn sleeps_on_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    fn signal_every(&self) -> u32 {
+        self.signal_every
+    }
+
+    fn clock(&self) -> &'static Clock {
+        self.clock
+    }
+
+    fn max_inline(&self) -> u32 {
+        self.side.max_inline
+    }
+
+    fn timestamp_clock(&self) -> Option<TimestampClock> {
+        self.reaper.timestamp_clock()
+    }
+
+    fn post_path(&self) -> &'static str {
+        R::NAME
+    }
+
+    #[cfg(test)]
+    fn outstanding(&self) -> u64 {
+        self.outstanding_wrs()
     }
 }
 
@@ -1149,45 +1112,53 @@ impl Plan {
     }
 }
 
-/// Routes one completion to its ring.
+/// Routes one completion to its QP's ring by its ring id: bit 7 clear, a send ring
+/// ([`SEND_RING`]` + q`); set, a receive ring ([`RECV_RING`]` | q`).
 #[inline(always)]
-fn dispatch(
-    send: &mut Poster,
-    recv: &mut Option<Box<RecvRing<RING_N>>>,
-    received: &mut u64,
-    last_imm: &mut Option<u32>,
+fn route<R: PostRing>(
+    lanes: &mut [Lane<R>],
+    tally: &mut Tally,
     c: &mut Completion,
 ) -> Result<(), PerfError> {
-    if c.ring() == SEND_RING {
-        send.on_completion(c)
-            .map_err(|error| PerfError::Completion {
-                queue: "send queue",
-                error,
-            })?;
+    let id = c.ring();
+    if id & RECV_RING == 0 {
+        if let Some(lane) = lanes.get_mut(id.wrapping_sub(SEND_RING) as usize) {
+            lane.send
+                .on_completion(c)
+                .map_err(|error| PerfError::Completion {
+                    queue: "send queue",
+                    error,
+                })?;
+            return Ok(());
+        }
+    } else if let Some(r) = lanes
+        .get_mut((id & !RECV_RING) as usize)
+        .and_then(|l| l.recv.as_mut())
+    {
+        let m = r.on_completion(c)?;
+        if let Some(imm) = m.imm() {
+            tally.last_imm = Some(imm);
+            if imm == LAST as u32 {
+                tally.lasts += 1;
+            }
+        }
+        r.release(m)?;
+        tally.received += 1;
         return Ok(());
     }
-    match recv.as_mut() {
-        Some(r) if c.ring() == RECV_RING => {
-            let m = r.on_completion(c)?;
-            if let Some(imm) = m.imm() {
-                *last_imm = Some(imm);
-            }
-            r.release(m)?;
-            *received += 1;
-            Ok(())
-        }
-        _ => Err(PerfError::Internal(format!(
-            "completion for unknown ring {} (wr_id {:#x})",
-            c.ring(),
-            c.wr_id()
-        ))),
-    }
+    Err(PerfError::Internal(format!(
+        "completion for unknown ring {} (wr_id {:#x})",
+        c.ring(),
+        c.wr_id()
+    )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cli::AtomicKind;
+    use crate::setup::{Device, SideRes};
+    use hotverbs_datapath::{CqPoller, WrRing};
 
     fn params(test: TestKind, sizes: Vec<u32>, rx: u32) -> Params {
         Params {
@@ -1202,6 +1173,7 @@ mod tests {
             rx_depth: rx,
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
+            qps: 1,
         }
     }
 
@@ -1218,6 +1190,28 @@ mod tests {
         assert_eq!(recv_count(&p), (RECV_BUDGET / (8 << 20)) as u32);
         // READ tests post no receives.
         assert_eq!(recv_count(&params(TestKind::ReadBw, vec![64], 512)), 0);
+        // -q: slots per QP, the budget shared among the QPs.
+        let mut p = params(TestKind::SendBw, vec![65536], 512);
+        p.qps = 8;
+        assert_eq!(recv_count(&p), (RECV_BUDGET / 65536 / 8) as u32);
+        assert_eq!(buffer_len(&p), 2 * 65536 + RECV_BUDGET);
+        p.qps = 64;
+        assert_eq!(recv_count(&p), 64);
+        assert!(buffer_len(&p) <= 2 * 65536 + RECV_BUDGET);
+    }
+
+    /// Every QP's send and receive ring ids are distinct (ids are unique per CQ), and
+    /// route back to the QP.
+    #[test]
+    fn ring_ids_of_every_qp_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for q in 0..MAX_QPS as usize {
+            let (s, r) = (send_ring_id(q), recv_ring_id(q));
+            assert!(seen.insert(s) && seen.insert(r), "QP {q}: {s} {r}");
+            assert_eq!((s & RECV_RING, s.wrapping_sub(SEND_RING)), (0, q as u8));
+            assert_eq!((r & RECV_RING, r & !RECV_RING), (RECV_RING, q as u8));
+        }
+        assert_eq!(seen.len(), 2 * MAX_QPS as usize);
     }
 
     #[test]
@@ -1236,55 +1230,66 @@ mod tests {
         assert_eq!(lasts, vec![7]);
     }
 
-    /// Two connected softnic sides for `p`, with their objects (kept alive by the caller),
-    /// on the default (extended) post path.
-    fn softnic_pair(
-        p: &Params,
-        timeout: Duration,
-    ) -> (
-        crate::setup::Device,
-        crate::setup::SideRes,
-        crate::setup::SideRes,
-        Hot,
-        Hot,
-    ) {
-        softnic_pair_with(p, timeout, false, false, false)
-    }
-
-    /// [`softnic_pair`] with the post path (`old`: `--use_old_post_send`), completion
-    /// timestamps and completion events (`--events`) chosen.
-    fn softnic_pair_with(
-        p: &Params,
-        timeout: Duration,
-        old: bool,
-        timestamps: bool,
-        events: bool,
-    ) -> (
-        crate::setup::Device,
-        crate::setup::SideRes,
-        crate::setup::SideRes,
-        Hot,
-        Hot,
-    ) {
-        use crate::setup::{Device, SideRes};
+    /// Two connected softnic sides for `p` (its `-q` QPs each), with their objects.
+    fn sides(p: &Params, old: bool, timestamps: bool, events: bool) -> (Device, SideRes, SideRes) {
         let dev = Device::open("softnic", 1, None)
             .unwrap()
             .with_paths(old, timestamps)
             .with_events(events);
         let mut a = SideRes::new(&dev, p).unwrap();
         let mut b = SideRes::new(&dev, p).unwrap();
-        let (ea, eb) = (a.endpoint(&dev, p), b.endpoint(&dev, p));
+        let (ea, eb) = (a.endpoints(&dev, p), b.endpoints(&dev, p));
         a.connect(&dev, &eb).unwrap();
         b.connect(&dev, &ea).unwrap();
-        // SAFETY: the SideRes outlive the Hots in every test (returned together and the
-        // Hots are dropped first: they are declared after them in the callers' patterns).
-        let ha = unsafe { Hot::new(a.side(&eb).unwrap(), p, timeout) }
-            .unwrap()
-            .with_events(a.events());
+        (dev, a, b)
+    }
+
+    /// Two connected softnic sides for `p`, with their objects (kept alive by the caller),
+    /// on the default (extended) post path.
+    fn softnic_pair(
+        p: &Params,
+        timeout: Duration,
+    ) -> (Device, SideRes, SideRes, Box<dyn Engine>, Box<dyn Engine>) {
+        softnic_pair_with(p, timeout, false, false, false)
+    }
+
+    /// [`softnic_pair`] with the post path (`old`: `--use_old_post_send`), completion
+    /// timestamps and completion events (`--events`) chosen, built as the tool builds
+    /// them ([`build`]).
+    fn softnic_pair_with(
+        p: &Params,
+        timeout: Duration,
+        old: bool,
+        timestamps: bool,
+        events: bool,
+    ) -> (Device, SideRes, SideRes, Box<dyn Engine>, Box<dyn Engine>) {
+        let (dev, mut a, mut b) = sides(p, old, timestamps, events);
+        let (ea, eb) = (a.endpoints(&dev, p), b.endpoints(&dev, p));
+        // SAFETY: the SideRes outlive the engines in every test (returned together and the
+        // engines are dropped first: they are declared after them in the callers'
+        // patterns).
+        let ha = unsafe { build(a.side(&eb).unwrap(), p, timeout, a.events()) }.unwrap();
         // SAFETY: as above.
-        let hb = unsafe { Hot::new(b.side(&ea).unwrap(), p, timeout) }
-            .unwrap()
-            .with_events(b.events());
+        let hb = unsafe { build(b.side(&ea).unwrap(), p, timeout, b.events()) }.unwrap();
+        (dev, a, b, ha, hb)
+    }
+
+    /// The default path's engine as its type (`ibv_wr_*`, one CQ), for tests that look
+    /// inside.
+    type WrHot = Hot<WrRing, CqPoller<POLL_BURST>>;
+
+    /// [`softnic_pair`] as [`WrHot`]s.
+    fn wr_pair(
+        p: &Params,
+        timeout: Duration,
+        events: bool,
+    ) -> (Device, SideRes, SideRes, WrHot, WrHot) {
+        let (dev, mut a, mut b) = sides(p, false, false, events);
+        let (ea, eb) = (a.endpoints(&dev, p), b.endpoints(&dev, p));
+        // SAFETY: as in softnic_pair_with.
+        let ha = unsafe { WrHot::new(a.side(&eb).unwrap(), p, timeout, a.events()) }.unwrap();
+        // SAFETY: as above.
+        let hb = unsafe { WrHot::new(b.side(&ea).unwrap(), p, timeout, b.events()) }.unwrap();
         (dev, a, b, ha, hb)
     }
 
@@ -1300,10 +1305,9 @@ mod tests {
         ] {
             let mut p = params(TestKind::SendLat, vec![100], 64);
             p.connection = c;
-            let (_dev, a, b, mut ha, mut hb) =
-                softnic_pair_with(&p, Duration::from_secs(10), false, false, false);
-            assert_eq!((a.qp.qp_type(), b.qp.qp_type()), (t, t));
-            assert_eq!(a.ah.is_some(), c == Connection::Ud, "{c:?}");
+            let (_dev, a, b, mut ha, mut hb) = wr_pair(&p, Duration::from_secs(10), false);
+            assert_eq!((a.qps[0].qp_type(), b.qps[0].qp_type()), (t, t));
+            assert_eq!(a.ahs.len(), usize::from(c == Connection::Ud), "{c:?}");
             assert_eq!(ha.slot, if c == Connection::Ud { 192 } else { 128 });
             let abort = AtomicBool::new(false);
             let mut wd = Watchdog::new(Duration::from_secs(10), &abort);
@@ -1311,7 +1315,7 @@ mod tests {
             ha.wait_recv(1, &mut wd).unwrap();
             ha.send_one(100, true, &mut wd).unwrap();
             hb.wait_recv(1, &mut wd).unwrap();
-            assert_eq!(hb.last_imm, Some(LAST as u32), "{c:?}");
+            assert_eq!(hb.tally.last_imm, Some(LAST as u32), "{c:?}");
         }
     }
 
@@ -1323,8 +1327,7 @@ mod tests {
     fn events_mode_sleeps_until_a_completion_and_runs_every_cq_test() {
         let mut p = params(TestKind::SendLat, vec![8], 64);
         p.warmup = 0;
-        let (_dev, _a, _b, mut ha, mut hb) =
-            softnic_pair_with(&p, Duration::from_millis(300), false, false, true);
+        let (_dev, _a, _b, mut ha, mut hb) = wr_pair(&p, Duration::from_millis(300), true);
         assert!(ha.sleeps_on_events() && hb.sleeps_on_events());
         let abort = AtomicBool::new(false);
         let mut wd = Watchdog::new(Duration::from_millis(300), &abort);
@@ -1350,7 +1353,7 @@ mod tests {
             hb.send_one(8, false, &mut wd).unwrap();
             h.join().unwrap().unwrap();
         });
-        assert_eq!(ha.received, 1);
+        assert_eq!(ha.tally.received, 1);
 
         for test in [
             TestKind::SendLat,
@@ -1414,17 +1417,66 @@ mod tests {
                 if test == TestKind::SendBw {
                     // Exactly -n measured, plus the warm-up, all received; the ring drained.
                     assert_eq!(m.iterations, 50, "{test} {size}");
+                    assert_eq!(m.per_qp, [50], "{test} {size}");
                     assert_eq!(n, 53, "{test} {size}");
-                    assert_eq!(ha.send.outstanding(), 0, "{test} {size}");
+                    assert_eq!(ha.outstanding(), 0, "{test} {size}");
                 } else {
                     assert_eq!(m.iterations, 50, "{test} {size}");
                     assert_eq!(n, 53, "{test} {size}: every ping answered");
                     assert_eq!(m.latency.as_ref().unwrap().count(), 50);
+                    assert!(m.per_qp.is_empty(), "{test} {size}");
                 }
-                assert!(
-                    ha.send.outstanding() < ha.signal_every() as u64,
-                    "{test} {size}"
-                );
+                assert!(ha.outstanding() < ha.signal_every() as u64, "{test} {size}");
+            }
+        }
+    }
+
+    /// `-q`: every QP streams (round-robin over the QPs with room), each completion goes
+    /// back to its own QP's ring, every ring drains, the per-QP counts add up to the total,
+    /// and the receiver of `send_bw` stops after the last SEND of every QP (it counts them
+    /// all: warm-up and measured). On each post path, by count and by time.
+    #[test]
+    fn several_qps_share_the_cq_and_each_completes_its_share() {
+        for (test, old) in [TestKind::SendBw, TestKind::WriteBw, TestKind::ReadBw]
+            .into_iter()
+            .flat_map(|t| [(t, false), (t, true)])
+        {
+            let mut p = params(test, vec![64, 4096], 64);
+            p.qps = 4;
+            p.warmup = 2; // fewer than the QPs: a final round of two
+            p.amount = Amount::Iters(203);
+            p.tx_depth = 16;
+            p.cq_mod = 4;
+            p.post_list = 2;
+            let (_dev, a, _b, mut ha, mut hb) =
+                softnic_pair_with(&p, Duration::from_secs(20), old, false, false);
+            assert_eq!(a.qps.len(), 4);
+            for (i, amount) in [Amount::Iters(203), Amount::Seconds(0.05)]
+                .into_iter()
+                .enumerate()
+            {
+                p.amount = amount;
+                let size = p.sizes[i];
+                let abort = AtomicBool::new(false);
+                let (m, n) = std::thread::scope(|s| {
+                    let h = crate::run::passive_works(test)
+                        .then(|| s.spawn(|| hb.passive(&p, size, &abort)));
+                    let m = ha.active(&p, size, &Counter::default(), &abort).unwrap();
+                    (m, h.map(|h| h.join().unwrap().unwrap()))
+                });
+                ha.settle().unwrap();
+                hb.settle().unwrap();
+                let what = format!("{test} old={old} {amount:?}");
+                if let Amount::Iters(k) = amount {
+                    assert_eq!(m.iterations, k, "{what}");
+                }
+                assert_eq!(m.per_qp.len(), 4, "{what}");
+                assert!(m.per_qp.iter().all(|&c| c > 0), "{what}: {:?}", m.per_qp);
+                assert_eq!(m.per_qp.iter().sum::<u64>(), m.iterations, "{what}");
+                assert_eq!(ha.outstanding(), 0, "{what}: every ring drained");
+                if test == TestKind::SendBw {
+                    assert_eq!(n, Some(m.iterations + 2), "{what}: all received");
+                }
             }
         }
     }
@@ -1467,7 +1519,7 @@ mod tests {
                 .active(&p, 8, &Counter::default(), &AtomicBool::new(false))
                 .unwrap();
             assert!(m.iterations >= 64, "{test}");
-            assert_eq!(ha.send.outstanding(), 0, "{test}: every WR retired");
+            assert_eq!(ha.outstanding(), 0, "{test}: every WR retired");
         }
     }
 
@@ -1476,7 +1528,6 @@ mod tests {
     /// profile, as rxe) the side is refused at setup, naming the feature and the device.
     #[test]
     fn timestamps_time_every_iteration_or_are_refused_by_name() {
-        use crate::setup::{Device, SideRes};
         let rxe = hotverbs_softnic::Profile::from_env() == hotverbs_softnic::Profile::Rxe;
         for test in [TestKind::SendLat, TestKind::ReadLat, TestKind::AtomicLat] {
             let mut p = params(test, vec![8], 16);

@@ -9,12 +9,13 @@
 //!
 //! # Tour
 //! - `cli`: the options (perftest's letters) and their validation into `Params`.
-//! - `setup`: device choice (the softnic fallback), CQ/QP/MR creation, connection — all
+//! - `setup`: device choice (the softnic fallback), CQ/QPs/MR creation, connection — all
 //!   through `hotverbs`.
 //! - `control`: client/server handshake, endpoint exchange and barriers over TCP with
 //!   timeouts (`hotverbs::exchange`).
-//! - `engine`: the measured loops on `hotverbs-datapath` (`SendRing`, `CqPoller`,
-//!   `RecvRing`).
+//! - `engine`: the measured loops on `hotverbs-datapath`, written once over its
+//!   `PostRing` surface and compiled per post path (`SendRing`, `WrRing`, `DirectRing`),
+//!   on one QP or `-q` of them sharing the CQ.
 //! - `clock`: the TSC (calibrated) or the monotonic clock for latency samples.
 //! - `stats`, `report`, `svg`, `progress`: percentiles, the table and `--json`, the
 //!   `--histogram` SVG, the progress line.

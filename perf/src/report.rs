@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::cli::{Amount, Params, TestKind};
-use crate::stats::{LatencySummary, Throughput};
+use crate::stats::{Fairness, LatencySummary, Throughput};
 
 const RULE: &str =
     "---------------------------------------------------------------------------------------";
@@ -77,6 +77,9 @@ pub struct SizeResult {
     pub nic_latency: Option<LatencySummary>,
     /// Rates over the measured interval.
     pub throughput: Throughput,
+    /// Bandwidth tests: the measured messages each QP completed (`-q`), in QP order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_qp: Vec<u64>,
 }
 
 fn kv(a: &str, b: &str, c: &str, d: &str) -> String {
@@ -96,7 +99,12 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
         "Connection type",
         p.connection.name(),
     ));
-    s.push_str(&kv("Number of qps", "1", "Port", &info.ib_port.to_string()));
+    s.push_str(&kv(
+        "Number of qps",
+        &p.qps.to_string(),
+        "Port",
+        &info.ib_port.to_string(),
+    ));
     let gid = info.gid_index.map_or("-".to_string(), |g| g.to_string());
     s.push_str(&kv("Mtu", &format!("{}[B]", info.mtu), "GID index", &gid));
     s.push_str(&kv(
@@ -199,12 +207,29 @@ pub fn nic_row(r: &SizeResult) -> Option<String> {
     ))
 }
 
+/// The `-q` row under a bandwidth row (several QPs only): how the messages were shared,
+/// the least and the most any QP completed, and their fairness.
+pub fn qp_row(r: &SizeResult) -> Option<String> {
+    let f = Fairness::of(&r.per_qp).filter(|_| r.per_qp.len() > 1)?;
+    let (min, max) = (r.per_qp.iter().min()?, r.per_qp.iter().max()?);
+    Some(format!(
+        " {:<8} {:<12} per QP: min {min} max {max} messages, min/max {:.3}, Jain's index {:.4}\n",
+        "",
+        format!("({} QPs)", r.per_qp.len()),
+        f.min_max,
+        f.jain
+    ))
+}
+
 /// The closing rule.
 pub fn footer() -> String {
     format!("{RULE}\n")
 }
 
-/// The `--json` document. Field names are stable: the rxe harness reads them.
+/// The `--json` document. Field names are stable: the rxe harness reads them. A bandwidth
+/// result also has `per_qp_iterations` (the measured messages each QP completed, in QP
+/// order; they add up to `iterations`) and `qp_fairness`: `jain_index` (Jain's fairness
+/// index of those counts, 1 = even, 1/N = one QP did everything) and `min_over_max`.
 pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
     let rows: Vec<Value> = results
         .iter()
@@ -227,6 +252,14 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
                 o.insert("t_max_us".into(), json!(l.max));
                 o.insert("t_avg_us".into(), json!(l.avg));
                 o.insert("t_stdev_us".into(), json!(l.stdev));
+            }
+            if let Some(f) = Fairness::of(&r.per_qp) {
+                let o = v.as_object_mut().expect("json! object");
+                o.insert("per_qp_iterations".into(), json!(r.per_qp));
+                o.insert(
+                    "qp_fairness".into(),
+                    json!({ "jain_index": f.jain, "min_over_max": f.min_max }),
+                );
             }
             if let Some(l) = &r.nic_latency {
                 let o = v.as_object_mut().expect("json! object");
@@ -262,6 +295,7 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
             "post_list": p.post_list,
             "tx_depth": p.tx_depth,
             "rx_depth": p.rx_depth,
+            "qps": p.qps,
             "warmup": p.warmup,
             "amount": p.amount,
         },
@@ -291,6 +325,7 @@ mod tests {
             rx_depth: 512,
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
+            qps: 1,
         }
     }
 
@@ -333,6 +368,7 @@ mod tests {
                 gbps: 0.005,
                 mpps: 0.31,
             },
+            per_qp: Vec::new(),
         }
     }
 
@@ -395,6 +431,7 @@ mod tests {
                 gbps: 2.62,
                 mpps: 0.005,
             },
+            per_qp: vec![5000],
         };
         assert!(header(&params(TestKind::WriteBw), &info()).contains("BW average[MiB/sec]"));
         let f: Vec<String> = row(TestKind::WriteBw, &r)
@@ -402,6 +439,48 @@ mod tests {
             .map(String::from)
             .collect();
         assert_eq!(f, ["65536", "5000", "312.50", "2.620", "0.005000"]);
+        assert!(qp_row(&r).is_none(), "one QP: no per-QP row");
+        let v = json(
+            &params(TestKind::WriteBw),
+            &info(),
+            std::slice::from_ref(&r),
+        );
+        assert_eq!(v["results"][0]["per_qp_iterations"], json!([5000]));
+        assert_eq!(v["results"][0]["qp_fairness"]["jain_index"], 1.0);
+    }
+
+    /// `-q`: the header counts the QPs, a row under each size shows how they shared it, and
+    /// `--json` has each QP's count and the fairness figures.
+    #[test]
+    fn several_qps_show_their_shares() {
+        let mut p = params(TestKind::SendBw);
+        p.qps = 4;
+        assert!(header(&p, &info()).contains(" Number of qps  : 4 "));
+        let r = SizeResult {
+            bytes: 64,
+            iterations: 1000,
+            latency: None,
+            nic_latency: None,
+            throughput: Throughput::new(64, 1000, std::time::Duration::from_millis(1)),
+            per_qp: vec![200, 300, 250, 250],
+        };
+        let row = qp_row(&r).expect("a per-QP row");
+        assert!(row.contains("(4 QPs)"), "{row}");
+        assert!(row.contains("min 200 max 300 messages"), "{row}");
+        assert!(row.contains("min/max 0.667"), "{row}");
+        // (1000^2) / (4 * 255000) = 0.98039...
+        assert!(row.contains("Jain's index 0.9804"), "{row}");
+        let v = json(&p, &info(), &[r]);
+        assert_eq!(v["params"]["qps"], 4);
+        let got = &v["results"][0];
+        assert_eq!(got["per_qp_iterations"], json!([200, 300, 250, 250]));
+        let jain = got["qp_fairness"]["jain_index"].as_f64().unwrap();
+        assert!((jain - 1e6 / 1.02e6).abs() < 1e-12, "{got}");
+        assert_eq!(got["qp_fairness"]["min_over_max"], 200.0 / 300.0);
+        // Latency results carry none of it.
+        let v = json(&params(TestKind::SendLat), &info(), &[lat_result()]);
+        assert!(v["results"][0].get("per_qp_iterations").is_none(), "{v}");
+        assert!(v["results"][0].get("qp_fairness").is_none(), "{v}");
     }
 
     #[test]

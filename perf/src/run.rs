@@ -9,7 +9,7 @@ use hotverbs::{LinkLayer, SOFTNIC};
 
 use crate::cli::{Amount, Args, Params, TestKind};
 use crate::control::{Control, Msg};
-use crate::engine::{Hot, Measured};
+use crate::engine::{self, Engine, Measured};
 use crate::error::PerfError;
 use crate::progress::{Counter, Goal, Progress};
 use crate::report::{self, Role, RunInfo, SizeResult};
@@ -73,6 +73,9 @@ impl<'a> Output<'a> {
             print!("{}", report::row(p.test, &r));
             if let Some(n) = report::nic_row(&r) {
                 print!("{n}");
+            }
+            if let Some(q) = report::qp_row(&r) {
+                print!("{q}");
             }
             let _ = std::io::stdout().flush();
         }
@@ -145,6 +148,7 @@ fn result_of(size: u32, m: &Measured) -> (SizeResult, Option<Vec<(f64, u64)>>) {
         latency,
         nic_latency: m.nic_latency.as_ref().and_then(|l| l.summary()),
         throughput: Throughput::new(size as u64, m.iterations, m.elapsed),
+        per_qp: m.per_qp.clone(),
     };
     (r, m.latency.as_ref().map(|l| l.points()))
 }
@@ -313,7 +317,7 @@ fn open_device(args: &Args, name: &str) -> Result<Device, PerfError> {
         .with_events(args.events))
 }
 
-fn info(args: &Args, dev: &Device, role: Role, hot: &Hot, note: Option<&str>) -> RunInfo {
+fn info(args: &Args, dev: &Device, role: Role, hot: &dyn Engine, note: Option<&str>) -> RunInfo {
     RunInfo {
         device: dev.name().to_string(),
         ib_port: dev.port.port,
@@ -350,15 +354,15 @@ fn loopback(
 ) -> Result<Vec<SizeResult>, PerfError> {
     let mut a = SideRes::new(dev, p)?;
     let mut b = SideRes::new(dev, p)?;
-    let (ea, eb) = (a.endpoint(dev, p), b.endpoint(dev, p));
+    let (ea, eb) = (a.endpoints(dev, p), b.endpoints(dev, p));
     a.connect(dev, &eb)?;
     b.connect(dev, &ea)?;
-    // SAFETY: a and b (QP, CQ, MR) outlive the Hots (dropped at the end of this function,
-    // after them); each CQ is polled by its Hot only; QPs were built by SideRes::new with
-    // sq_sig_all = 0 and the depths Hot needs, and are in RTS.
-    let mut ha = unsafe { Hot::new(a.side(&eb)?, p, timeout)? }.with_events(a.events());
+    // SAFETY: a and b (QPs, CQs, MR) outlive the engines (dropped at the end of this
+    // function, after them); each CQ is polled by its engine only; QPs were built by
+    // SideRes::new with sq_sig_all = 0 and the depths the engine needs, and are in RTS.
+    let mut ha = unsafe { engine::build(a.side(&eb)?, p, timeout, a.events())? };
     // SAFETY: as above, for side b.
-    let mut hb = unsafe { Hot::new(b.side(&ea)?, p, timeout)? }.with_events(b.events());
+    let mut hb = unsafe { engine::build(b.side(&ea)?, p, timeout, b.events())? };
     let mut note = if dev.events {
         LOOPBACK_EVENTS_NOTE
     } else {
@@ -368,7 +372,7 @@ fn loopback(
     if dev.name() == hotverbs::SOFTNIC_MLX5 {
         note = format!("{note}; {SIM_NOTE}");
     }
-    let info = info(args, dev, Role::Loopback, &ha, Some(&note));
+    let info = info(args, dev, Role::Loopback, &*ha, Some(&note));
     let mut out = Output::new(args);
     out.header(p, &info);
     for &size in &p.sizes {
@@ -475,12 +479,12 @@ fn serve(
 ) -> Result<Vec<SizeResult>, PerfError> {
     let p = ctl.welcome(ours)?;
     let mut res = SideRes::new(dev, &p)?;
-    let theirs = ctl.exchange(&res.endpoint(dev, &p))?;
+    let theirs = ctl.exchange_all(&res.endpoints(dev, &p))?;
     res.connect(dev, &theirs)?;
     // SAFETY: res outlives hot (declared before it, dropped after); the CQ is polled by
-    // hot only; the QP was built for these parameters and is in RTS.
-    let mut hot = unsafe { Hot::new(res.side(&theirs)?, &p, timeout)? }.with_events(res.events());
-    let info = info(args, dev, Role::Server, &hot, None);
+    // hot only; the QPs were built for these parameters and are in RTS.
+    let mut hot = unsafe { engine::build(res.side(&theirs)?, &p, timeout, res.events())? };
+    let info = info(args, dev, Role::Server, &*hot, None);
     let mut out = Output::new(args);
     out.header(&p, &info);
     let abort = AtomicBool::new(false);
@@ -509,11 +513,11 @@ fn measure(
 ) -> Result<Vec<SizeResult>, PerfError> {
     ctl.hello(p)?;
     let mut res = SideRes::new(dev, p)?;
-    let theirs = ctl.exchange(&res.endpoint(dev, p))?;
+    let theirs = ctl.exchange_all(&res.endpoints(dev, p))?;
     res.connect(dev, &theirs)?;
     // SAFETY: as in serve().
-    let mut hot = unsafe { Hot::new(res.side(&theirs)?, p, timeout)? }.with_events(res.events());
-    let info = info(args, dev, Role::Client, &hot, None);
+    let mut hot = unsafe { engine::build(res.side(&theirs)?, p, timeout, res.events())? };
+    let info = info(args, dev, Role::Client, &*hot, None);
     let mut out = Output::new(args);
     out.header(p, &info);
     let abort = AtomicBool::new(false);
@@ -569,6 +573,7 @@ mod tests {
                 gbps: 0.0,
                 mpps,
             },
+            per_qp: Vec::new(),
         }
     }
 
@@ -643,6 +648,49 @@ mod tests {
                 "{test}: the server reports the client's results"
             );
             assert!(client.iter().all(|r| r.iterations >= 64), "{test}");
+        }
+    }
+
+    /// `-q` between two processes: the client's QP count rules, every QP's endpoint goes
+    /// through the exchange, and both roles report the same per-QP counts.
+    #[test]
+    fn server_and_client_run_several_qps() {
+        for test in ["send_bw", "write_bw", "read_bw"] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port().to_string();
+            let t = Duration::from_secs(10);
+            let srv = std::thread::spawn(move || {
+                // The server's own -q is the default (1): the client's parameters rule.
+                let sa = args(&[test, "-d", "softnic", "--json", "--no-progress"]);
+                let dev = Device::open(SOFTNIC, 1, None)?;
+                let mut ctl = Control::accept_on(&l, t, t)?;
+                serve(&sa, &sa.params()?, &dev, t, &mut ctl)
+            });
+            let ca = args(&[
+                test,
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-d",
+                "softnic",
+                "-q",
+                "3",
+                "-n",
+                "300",
+                "-s",
+                "1024",
+                "--json",
+                "--no-progress",
+            ]);
+            let dev = Device::open(SOFTNIC, 1, None).unwrap();
+            let mut ctl = Control::connect("127.0.0.1", ca.port, t).unwrap();
+            let client = measure(&ca, &ca.params().unwrap(), &dev, t, &mut ctl).unwrap();
+            let server = srv.join().unwrap().unwrap();
+            assert_eq!(server, client, "{test}");
+            let per_qp = &client[0].per_qp;
+            assert_eq!(per_qp.len(), 3, "{test}");
+            assert!(per_qp.iter().all(|&c| c > 0), "{test}: {per_qp:?}");
+            assert_eq!(per_qp.iter().sum::<u64>(), 300, "{test}: {per_qp:?}");
         }
     }
 

@@ -1,6 +1,6 @@
-//! Setup on hotverbs' setup layer: pick and open the device, build one side's CQ, QP and
-//! registered buffer, describe it to the peer, connect it, and hand the raw handles to the
-//! datapath ([`engine::Side`]).
+//! Setup on hotverbs' setup layer: pick and open the device, build one side's CQ, its `-q`
+//! QPs and registered buffer, describe them to the peer, connect them, and hand the raw
+//! handles to the datapath ([`engine::Side`]).
 
 use hotverbs::exchange::Endpoint;
 use hotverbs::{
@@ -11,7 +11,7 @@ use hotverbs::{
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
 use crate::cli::{Connection, Params};
-use crate::engine::{self, Side};
+use crate::engine::{self, QpSide, Side};
 use crate::error::PerfError;
 
 /// Inline threshold of latency tests when `-I` is not given (perftest's order of size).
@@ -70,6 +70,8 @@ pub struct Device {
     pub port: PortInfo,
     /// Reads/atomics in flight per QP, within the device's limits.
     pub rd_atomic: u8,
+    /// The device's `max_cqe`: the CQ every QP of a side shares must fit.
+    pub max_cqe: u32,
     /// Post through the legacy `ibv_post_send` (`--use_old_post_send`) instead of the
     /// extended `ibv_wr_*` API on an extended QP (the default, as perftest's).
     pub old_post_send: bool,
@@ -104,11 +106,13 @@ impl Device {
             .max_qp_rd_atom()
             .min(attr.max_qp_init_rd_atom())
             .clamp(1, 16) as u8;
+        let max_cqe = attr.max_cqe().max(0) as u32;
         Ok(Device {
             ctx,
             pd,
             port,
             rd_atomic,
+            max_cqe,
             old_post_send: false,
             timestamps: false,
             direct: false,
@@ -147,16 +151,16 @@ impl Device {
     }
 }
 
-/// One side's objects. Field order is drop order: the QP before its CQ and the MR.
+/// One side's objects. Field order is drop order: the QPs before their CQ and the MR.
 pub struct SideRes {
-    /// The QP (RC, or UC / UD with `-c`).
-    pub qp: Qp,
-    /// `-c UD`: the address handle of the peer, made at `connect`.
-    pub ah: Option<Ah>,
-    /// Its CQ (send and receive; receive only with `--direct`).
+    /// The QPs (`-q`; RC, or UC / UD with `-c`), all on `cq`.
+    pub qps: Vec<Qp>,
+    /// `-c UD`: the address handle of each QP's peer, made at `connect`.
+    pub ahs: Vec<Ah>,
+    /// Their CQ (send and receive; receive only with `--direct`).
     pub cq: Cq,
-    /// `--direct`: the send CQ the direct poller reads, and the ring's `wrid` table.
-    pub direct: Option<(Cq, Box<[u64]>)>,
+    /// `--direct`: the send CQ the direct poller reads, and each QP's ring's `wrid` table.
+    pub direct: Option<(Cq, Vec<Box<[u64]>>)>,
     /// `--timestamps`: the device clock of the CQ's completion timestamps, and whether the
     /// provider's extended CQ may be drained with `ibv_next_poll`.
     pub ts: Option<(TimestampClock, bool)>,
@@ -169,10 +173,11 @@ pub struct SideRes {
 }
 
 impl SideRes {
-    /// Creates the CQ, the QP and the buffer for `p`.
+    /// Creates the CQ, the `-q` QPs and the buffer for `p`.
     pub fn new(dev: &Device, p: &Params) -> Result<SideRes, PerfError> {
         let depth = engine::send_depth(p);
         let rx = engine::recv_count(p);
+        let qps = p.qps.max(1);
         let qp_type = match p.connection {
             Connection::Rc => QpType::Rc,
             Connection::Uc => QpType::Uc,
@@ -189,7 +194,6 @@ impl SideRes {
                 dev.mtu()
             )));
         }
-        let cqe = depth + rx + 16;
         if dev.direct && !dev.ctx.is_mlx5() {
             return Err(PerfError::Usage(format!(
                 "--direct writes mlx5 (ConnectX) WQEs and {} is not an mlx5 device: drop \
@@ -198,8 +202,20 @@ impl SideRes {
                 dev.name()
             )));
         }
+        // Every QP's completions share the CQ: room for all of their WRs at once (with
+        // --direct the sends go to their own CQ, of `send_cqe` + 16).
+        let send_cqe = qps * depth;
+        let cqe = send_cqe + qps * rx + 16;
+        if cqe > dev.max_cqe {
+            return Err(PerfError::Usage(format!(
+                "-q {qps} QPs of {depth} send and {rx} receive WRs share one CQ of {cqe} \
+                 entries, and {} allows {}: lower -q, -t or -r",
+                dev.name(),
+                dev.max_cqe
+            )));
+        }
         let scq = if dev.direct {
-            Some(dev.ctx.create_cq(depth + 16, None)?)
+            Some(dev.ctx.create_cq(send_cqe + 16, None)?)
         } else {
             None
         };
@@ -236,23 +252,7 @@ impl SideRes {
                     | AccessFlags::REMOTE_ATOMIC,
             )
             .map_err(|e| PerfError::verbs(e, format!("registering {len} bytes")))?;
-        let wanted = p.inline_size.unwrap_or(if p.test.is_latency() {
-            DEFAULT_INLINE_LAT
-        } else {
-            DEFAULT_INLINE_BW
-        });
-        // With -I the user's value must work; by default, step down until the device
-        // accepts (rxe and mlx5 grant different maxima).
-        let tries: Vec<u32> = if p.inline_size.is_some() {
-            vec![wanted]
-        } else {
-            [wanted, 128, 64, 0]
-                .into_iter()
-                .filter(|&v| v <= wanted)
-                .collect()
-        };
-        let mut last = None;
-        for inline in tries {
+        let build = |inline: u32| {
             let b = QpBuilder::new(&dev.pd, scq.as_ref().unwrap_or(&cq), &cq, qp_type)
                 .max_send_wr(depth)
                 .max_recv_wr(rx.max(1))
@@ -265,44 +265,83 @@ impl SideRes {
             } else {
                 b.send_ops(send_ops(p))
             };
-            let r = b.build();
-            match r {
+            b.build()
+        };
+        let no_extended =
+            |e: &hotverbs::Error| !dev.old_post_send && e.errno_name() == "EOPNOTSUPP";
+        let explain = |e: hotverbs::Error, inline: u32| {
+            if no_extended(&e) {
+                PerfError::verbs(
+                    e,
+                    format!(
+                        "device {} has no extended QPs for these operations: run with \
+                         --use_old_post_send",
+                        dev.name()
+                    ),
+                )
+            } else {
+                PerfError::verbs(e, format!("max_inline_data {inline}"))
+            }
+        };
+        let wanted = p.inline_size.unwrap_or(if p.test.is_latency() {
+            DEFAULT_INLINE_LAT
+        } else {
+            DEFAULT_INLINE_BW
+        });
+        // With -I the user's value must work; by default, step down until the device
+        // accepts (rxe and mlx5 grant different maxima). The other QPs are built with what
+        // the first one was given.
+        let tries: Vec<u32> = if p.inline_size.is_some() {
+            vec![wanted]
+        } else {
+            [wanted, 128, 64, 0]
+                .into_iter()
+                .filter(|&v| v <= wanted)
+                .collect()
+        };
+        let mut last = None;
+        let mut first = None;
+        for inline in tries {
+            match build(inline) {
                 Ok(qp) => {
-                    let granted = qp.cap().max_inline_data;
-                    let direct = match &scq {
-                        Some(_) => {
-                            let n = qp.mlx5_sq(std::ptr::null_mut())?.wqe_cnt as usize;
-                            Some(vec![0u64; n].into_boxed_slice())
-                        }
-                        None => None,
-                    };
-                    return Ok(SideRes {
-                        inline: inline.min(granted),
-                        qp,
-                        ah: None,
-                        cq,
-                        direct: direct.map(|w| (scq.expect("direct has its send CQ"), w)),
-                        ts,
-                        mr,
-                        channel,
-                    });
+                    first = Some((qp, inline));
+                    break;
                 }
-                Err(e) if !dev.old_post_send && e.errno_name() == "EOPNOTSUPP" => {
-                    return Err(PerfError::verbs(
-                        e,
-                        format!(
-                            "device {} has no extended QPs for these operations: run with \
-                             --use_old_post_send",
-                            dev.name()
-                        ),
-                    ));
-                }
-                Err(e) => last = Some(PerfError::verbs(e, format!("max_inline_data {inline}"))),
+                Err(e) if no_extended(&e) => return Err(explain(e, inline)),
+                Err(e) => last = Some(explain(e, inline)),
             }
         }
-        Err(last.unwrap_or_else(|| {
-            PerfError::Internal("ibv_create_qp was not tried: no inline size to try".into())
-        }))
+        let Some((qp, inline)) = first else {
+            return Err(last.unwrap_or_else(|| {
+                PerfError::Internal("ibv_create_qp was not tried: no inline size to try".into())
+            }));
+        };
+        let inline = inline.min(qp.cap().max_inline_data);
+        let mut all = vec![qp];
+        for _ in 1..qps {
+            all.push(build(inline).map_err(|e| explain(e, inline))?);
+        }
+        let direct = match scq {
+            Some(scq) => {
+                let mut wrids = Vec::with_capacity(all.len());
+                for qp in &all {
+                    let n = qp.mlx5_sq(std::ptr::null_mut())?.wqe_cnt as usize;
+                    wrids.push(vec![0u64; n].into_boxed_slice());
+                }
+                Some((scq, wrids))
+            }
+            None => None,
+        };
+        Ok(SideRes {
+            inline,
+            qps: all,
+            ahs: Vec::new(),
+            cq,
+            direct,
+            ts,
+            mr,
+            channel,
+        })
     }
 
     /// The landing zone offered to the peer.
@@ -315,13 +354,24 @@ impl SideRes {
         }
     }
 
-    /// Our endpoint, with the landing zone.
-    pub fn endpoint(&self, dev: &Device, p: &Params) -> Endpoint {
-        self.qp.endpoint(&dev.port).with_mr(self.landing(p))
+    /// Our endpoints, one per QP in order, each with the (shared) landing zone.
+    pub fn endpoints(&self, dev: &Device, p: &Params) -> Vec<Endpoint> {
+        self.qps
+            .iter()
+            .map(|qp| qp.endpoint(&dev.port).with_mr(self.landing(p)))
+            .collect()
     }
 
-    /// RESET -> INIT -> RTR -> RTS towards `remote`; over UD, the address handle to it.
-    pub fn connect(&mut self, dev: &Device, remote: &Endpoint) -> Result<(), PerfError> {
+    /// RESET -> INIT -> RTR -> RTS, QP i towards `remotes[i]`; over UD, the address handles
+    /// to them.
+    pub fn connect(&mut self, dev: &Device, remotes: &[Endpoint]) -> Result<(), PerfError> {
+        if remotes.len() != self.qps.len() {
+            return Err(PerfError::Protocol(format!(
+                "the peer has {} QPs and this side {}: both sides need the same -q",
+                remotes.len(),
+                self.qps.len()
+            )));
+        }
         let opts = ConnectOptions {
             max_rd_atomic: dev.rd_atomic,
             max_dest_rd_atomic: dev.rd_atomic,
@@ -329,13 +379,16 @@ impl SideRes {
             rnr_retry: 7,
             ..ConnectOptions::default()
         };
-        self.qp.connect(&dev.port, remote, &opts)?;
-        if self.qp.qp_type() == QpType::Ud {
-            self.ah = Some(
-                dev.pd
-                    .create_ah(&AhAttr::to_endpoint(&dev.port, remote))
-                    .map_err(|e| PerfError::verbs(e, "the address handle to the peer"))?,
-            );
+        self.ahs.clear();
+        for (qp, remote) in self.qps.iter_mut().zip(remotes) {
+            qp.connect(&dev.port, remote, &opts)?;
+            if qp.qp_type() == QpType::Ud {
+                self.ahs.push(
+                    dev.pd
+                        .create_ah(&AhAttr::to_endpoint(&dev.port, remote))
+                        .map_err(|e| PerfError::verbs(e, "the address handle to the peer"))?,
+                );
+            }
         }
         Ok(())
     }
@@ -348,13 +401,36 @@ impl SideRes {
         })
     }
 
-    /// The raw handles for the datapath, aimed at `remote`'s landing zone.
-    pub fn side(&mut self, remote: &Endpoint) -> Result<Side, PerfError> {
-        let r = remote.mr.ok_or_else(|| {
+    /// The raw handles for the datapath, QP i aimed at `remotes[i]` (all at the peer's
+    /// landing zone).
+    pub fn side(&mut self, remotes: &[Endpoint]) -> Result<Side, PerfError> {
+        let r = remotes.first().and_then(|e| e.mr).ok_or_else(|| {
             PerfError::Protocol("the peer offered no memory window: is it hotverbs-perf?".into())
         })?;
+        if remotes.len() != self.qps.len() {
+            return Err(PerfError::Protocol(format!(
+                "the peer has {} QPs and this side {}: both sides need the same -q",
+                remotes.len(),
+                self.qps.len()
+            )));
+        }
+        let mut qps = Vec::with_capacity(self.qps.len());
+        for (i, (qp, remote)) in self.qps.iter().zip(remotes).enumerate() {
+            qps.push(QpSide {
+                qp: qp.as_raw(),
+                qpx: qp.as_qp_ex(),
+                sq: match &mut self.direct {
+                    Some((_, wrids)) => Some(qp.mlx5_sq(wrids[i].as_mut_ptr())?),
+                    None => None,
+                },
+                ud: self
+                    .ahs
+                    .get(i)
+                    .map(|ah| ah.ud_dest(remote.qpn, DEFAULT_QKEY)),
+            });
+        }
         Ok(Side {
-            qp: self.qp.as_raw(),
+            qps,
             cq: self.cq.as_raw(),
             mr: LocalBuf::new(
                 self.mr.addr(),
@@ -368,19 +444,14 @@ impl SideRes {
             ),
             remote: RemoteBuf::new(r.addr, r.len, r.rkey),
             max_inline: self.inline,
-            qpx: self.qp.as_qp_ex(),
             timestamps: match (self.ts, self.cq.as_cq_ex()) {
                 (Some((clock, batch_safe)), Some(cq)) => Some((cq, clock, batch_safe)),
                 _ => None,
             },
-            direct: match &mut self.direct {
-                Some((scq, wrid)) => Some((self.qp.mlx5_sq(wrid.as_mut_ptr())?, scq.mlx5_cq()?)),
+            direct_cq: match &self.direct {
+                Some((scq, _)) => Some(scq.mlx5_cq()?),
                 None => None,
             },
-            ud: self
-                .ah
-                .as_ref()
-                .map(|ah| ah.ud_dest(remote.qpn, DEFAULT_QKEY)),
         })
     }
 }

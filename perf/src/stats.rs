@@ -1,5 +1,6 @@
 //! Measurements: latency samples in an HDR histogram (percentiles without keeping every
-//! sample) and bandwidth from bytes, messages and elapsed time.
+//! sample), bandwidth from bytes, messages and elapsed time, and how evenly `-q` QPs shared
+//! it.
 
 use std::time::Duration;
 
@@ -130,6 +131,35 @@ impl Throughput {
     }
 }
 
+/// How evenly the QPs of a `-q` run shared a bandwidth test, from each QP's completed
+/// messages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fairness {
+    /// Jain's fairness index, (sum x)^2 / (n * sum x^2): 1 when every QP completed as many
+    /// messages, 1/n when one QP completed them all.
+    pub jain: f64,
+    /// The least busy QP's count over the busiest's: 1 when even, 0 when a QP completed
+    /// nothing.
+    pub min_max: f64,
+}
+
+impl Fairness {
+    /// The fairness of `counts` (one per QP); `None` when there is nothing to share (no QP,
+    /// or no message).
+    pub fn of(counts: &[u64]) -> Option<Fairness> {
+        let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+        let squares: f64 = counts.iter().map(|&c| c as f64 * c as f64).sum();
+        let (min, max) = (counts.iter().min()?, counts.iter().max()?);
+        if *max == 0 {
+            return None;
+        }
+        Some(Fairness {
+            jain: sum * sum / (counts.len() as f64 * squares),
+            min_max: *min as f64 / *max as f64,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +217,26 @@ mod tests {
         assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 11);
         assert!((p[0].0 - 1.0).abs() < 0.01, "{p:?}");
         assert!((p.last().unwrap().0 - 100.0).abs() < 0.1, "{p:?}");
+    }
+
+    #[test]
+    fn fairness_of_even_skewed_and_empty_shares() {
+        assert_eq!(
+            Fairness::of(&[250, 250, 250, 250]),
+            Some(Fairness {
+                jain: 1.0,
+                min_max: 1.0
+            })
+        );
+        // One QP did everything: 1/n, and the idle one makes min/max 0.
+        let f = Fairness::of(&[100, 0, 0, 0]).unwrap();
+        assert!((f.jain - 0.25).abs() < 1e-12 && f.min_max == 0.0, "{f:?}");
+        // 1 and 3: (4^2) / (2 * 10) = 0.8; 1/3.
+        let f = Fairness::of(&[1, 3]).unwrap();
+        assert!((f.jain - 0.8).abs() < 1e-12, "{f:?}");
+        assert!((f.min_max - 1.0 / 3.0).abs() < 1e-12, "{f:?}");
+        assert_eq!(Fairness::of(&[]), None);
+        assert_eq!(Fairness::of(&[0, 0]), None);
     }
 
     #[test]

@@ -466,3 +466,119 @@ fn direct_is_refused_by_name_off_connectx_and_with_other_paths() {
         assert!(err.contains(extra), "{extra}: {err}");
     }
 }
+
+/// `-q N` (perftest's): N QPs per side share the CQ, on every bandwidth test and post path;
+/// each QP completes a share of the messages (every count above zero, their sum the
+/// total), `--json` has the counts and the fairness figures, the table a row for them.
+#[test]
+fn several_qps_share_a_bandwidth_test() {
+    for test in ["write_bw", "send_bw", "read_bw"] {
+        for extra in [&[][..], &["--use_old_post_send"]] {
+            let mut args = vec![test, "-d", "softnic", "-q", "4", "-n", "400", "-s", "256"];
+            args.extend(extra);
+            let v = json(&args);
+            assert_eq!(v["params"]["qps"], 4, "{args:?}: {v}");
+            let r = &v["results"][0];
+            assert_eq!(r["iterations"], 400, "{args:?}: {v}");
+            let per_qp: Vec<u64> = r["per_qp_iterations"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{args:?}: no per_qp_iterations: {v}"))
+                .iter()
+                .map(|c| c.as_u64().unwrap())
+                .collect();
+            assert_eq!(per_qp.len(), 4, "{args:?}: {v}");
+            assert!(per_qp.iter().all(|&c| c > 0), "{args:?}: {per_qp:?}");
+            assert_eq!(per_qp.iter().sum::<u64>(), 400, "{args:?}: {per_qp:?}");
+            let f = &r["qp_fairness"];
+            let jain = f["jain_index"].as_f64().unwrap();
+            let min_max = f["min_over_max"].as_f64().unwrap();
+            assert!((0.25..=1.0).contains(&jain), "{args:?}: {f}");
+            assert!(min_max > 0.0 && min_max <= 1.0, "{args:?}: {f}");
+            let (min, max) = (per_qp.iter().min().unwrap(), per_qp.iter().max().unwrap());
+            assert_eq!(min_max, *min as f64 / *max as f64, "{args:?}: {f}");
+            assert!(r["mib_per_s"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+        }
+    }
+    let o = perf(&["write_bw", "-d", "softnic", "-q", "4", "-n", "400"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains(" Number of qps  : 4 "), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.contains("(4 QPs)"))
+        .unwrap_or_else(|| panic!("no per-QP row: {out}"));
+    assert!(
+        row.contains("per QP: min") && row.contains("Jain's index"),
+        "{row}"
+    );
+    // One QP: the table as before, no per-QP row.
+    let o = perf(&["write_bw", "-d", "softnic", "-n", "400"]);
+    let (out, _) = text(&o);
+    assert!(out.contains(" Number of qps  : 1 "), "{out}");
+    assert!(!out.contains("per QP"), "{out}");
+}
+
+/// `-q` with `--direct`: the one direct poller serves the send queues of every QP (up to
+/// its limit, 8).
+#[test]
+fn several_qps_on_the_direct_path() {
+    for test in ["write_bw", "send_bw"] {
+        let v = json(&[
+            test,
+            "-d",
+            "softnic_mlx5",
+            "--direct",
+            "-q",
+            "8",
+            "-n",
+            "400",
+            "-s",
+            "64",
+        ]);
+        assert_eq!(v["post_path"], "mlx5 direct WQEs", "{test}: {v}");
+        let per_qp = v["results"][0]["per_qp_iterations"].as_array().unwrap();
+        assert_eq!(per_qp.len(), 8, "{test}: {v}");
+        assert!(
+            per_qp.iter().all(|c| c.as_u64().unwrap() > 0),
+            "{test}: {v}"
+        );
+    }
+}
+
+/// `-q` where it cannot work is refused by name: a latency test (one operation in flight,
+/// as perftest), more QPs than the direct poller serves, fewer messages than QPs, more
+/// completions than one CQ holds, more QPs than there are ring ids for.
+#[test]
+fn qps_are_refused_by_name_where_they_cannot_work() {
+    for test in ["send_lat", "write_lat", "read_lat", "atomic_lat"] {
+        let o = perf(&[test, "-d", "softnic", "-q", "2"]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{test}: {err}");
+        assert!(
+            err.contains(&format!("-q 2: {test} is a latency test")),
+            "{test}: {err}"
+        );
+    }
+    let o = perf(&["write_bw", "-d", "softnic_mlx5", "--direct", "-q", "9"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("at most 8 QPs"), "{err}");
+    let o = perf(&["write_bw", "-d", "softnic", "-q", "8", "-n", "4"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("use -n 8 or more"), "{err}");
+    // More completions than one CQ holds (softnic's max_cqe is 32767, as rxe's): named,
+    // with what to lower.
+    let o = perf(&[
+        "send_bw", "-d", "softnic", "-q", "64", "-r", "4096", "-s", "64",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("share one CQ of") && err.contains("lower -q, -t or -r"),
+        "{err}"
+    );
+    // Beyond the ring ids (64): clap's range check, a usage error.
+    let o = perf(&["write_bw", "-d", "softnic", "-q", "65"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+}

@@ -149,6 +149,61 @@ fn every_test_as_server_and_client_on_localhost() {
     }
 }
 
+/// `-q 4` between two processes on the device: every QP's endpoint through the exchange,
+/// every QP completing a share, and the server reporting the client's per-QP counts.
+#[test]
+fn several_qps_as_server_and_client_on_localhost() {
+    let Some(d) = device() else { return };
+    let bin = perf_bin();
+    for test in ["send_bw", "write_bw", "read_bw"] {
+        let common = |extra: &[&str]| {
+            let mut v: Vec<String> = vec![test.into()];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v.extend(dev_args(&d));
+            v.extend(
+                [
+                    "-q",
+                    "4",
+                    "-n",
+                    "400",
+                    "-s",
+                    "4096",
+                    "--json",
+                    "--timeout",
+                    "20",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+            v
+        };
+        let server = Server::start(&bin, &common(&["--server-wait", "60"]));
+        let client = Command::new(&bin)
+            .args(common(&["127.0.0.1", "-p", &server.port]))
+            .output()
+            .unwrap();
+        let (server_status, server_stdout, serr) = server.wait();
+        let cerr = String::from_utf8_lossy(&client.stderr);
+        assert!(
+            client.status.success() && server_status.success(),
+            "{test} client: {cerr}\nserver: {serr}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
+        let per_qp: Vec<u64> = v["results"][0]["per_qp_iterations"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{test}: no per_qp_iterations: {v}"))
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect();
+        assert_eq!(per_qp.len(), 4, "{test}: {v}");
+        assert!(per_qp.iter().all(|&c| c > 0), "{test}: {v}");
+        assert_eq!(per_qp.iter().sum::<u64>(), 400, "{test}: {v}");
+        let s: serde_json::Value = serde_json::from_slice(&server_stdout).unwrap();
+        assert_eq!(s["results"], v["results"], "{test}");
+        println!("{test} -q 4: {}", v["results"][0]);
+    }
+}
+
 #[test]
 fn loopback_on_the_device() {
     let Some(d) = device() else { return };

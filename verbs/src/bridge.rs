@@ -816,7 +816,9 @@ fn resolve_recv(
         0 => {
             let slot = cfg.slot_len_of().max(1) as usize;
             let room = region.len().saturating_sub(offset) / slot;
-            let c = (n as u32).min(max_wr).min(room.min(u32::MAX as usize) as u32);
+            let c = (n as u32)
+                .min(max_wr)
+                .min(room.min(u32::MAX as usize) as u32);
             if c == 0 {
                 return Err(Error::new(verb, libc::EINVAL).with_hint(format!(
                     "no slot of {slot} bytes fits the region after offset {offset} (the MR has \

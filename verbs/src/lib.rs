@@ -127,8 +127,8 @@ pub use exchange::{Endpoint, ExchangeError};
 pub use hotverbs_datapath as datapath;
 pub use hotverbs_datapath::{
     Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Misrouted, Msg, Opcode,
-    PollCq, PollError, PostBatch, PostError, PostRing, Progress, Received, RecvConfig, RecvError, ReleaseError, RemoteBuf,
-    SendConfig, SendError, UdDest, WcError,
+    PollCq, PollError, PostBatch, PostError, PostRing, Progress, Received, RecvConfig, RecvError,
+    ReleaseError, RemoteBuf, SendConfig, SendError, UdDest, WcError,
 };
 pub use hotverbs_ffi;
 pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};

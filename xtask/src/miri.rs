@@ -326,7 +326,10 @@ pub fn run_miri(args: &[String]) -> Result<(), String> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a miri lane panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a miri lane panicked".into()))
+            })
             .collect()
     });
     let mut runs = 0;

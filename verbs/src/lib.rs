@@ -99,6 +99,7 @@ mod error;
 pub mod exchange;
 mod mr;
 mod pd;
+mod post;
 mod qp;
 mod srq;
 mod td;
@@ -136,9 +137,10 @@ pub use hotverbs_ffi::flags::{QpAttrMask, SendFlags};
 pub use hotverbs_softnic::Config as SoftnicConfig;
 pub use mr::{AccessFlags, Mr, OwnedBuf, RemoteMr, Sge};
 pub use pd::Pd;
+pub use post::SendWr;
 pub use qp::{
     ConnectOptions, Grh, InitAttr, Qp, QpAttr, QpBuilder, QpCaps, QpState, QpType, RtrAttr,
-    RtsAttr, SendOps, SendWr, DEFAULT_QKEY,
+    RtsAttr, SendOps, DEFAULT_QKEY,
 };
 pub use srq::{Srq, SrqAttr};
 pub use td::{ParentDomain, ThreadDomain};

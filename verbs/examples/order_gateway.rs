@@ -368,6 +368,52 @@ fn receive_region(pd: &Pd) -> Result<Mr<'static>> {
     pd.alloc_mr((SLOTS * SLOT_LEN) as usize, AccessFlags::LOCAL_WRITE)
 }
 
+/// An exchange's own objects: its CQ, its QP (in INIT) and its receive region.
+struct Venue {
+    cq: Cq,
+    qp: Qp,
+    mem: Mr<'static>,
+}
+
+impl Venue {
+    fn open<P: Path>(
+        ctx: &Context,
+        pd: &Pd,
+        port: &PortInfo,
+        opts: &ConnectOptions,
+    ) -> Result<Venue> {
+        let cq = ctx.create_cq(256, None)?;
+        let qp = P::qp(pd, &cq)?;
+        qp.init(port, opts)?;
+        Ok(Venue {
+            qp,
+            cq,
+            mem: receive_region(pd)?,
+        })
+    }
+
+    /// Posts the exchange's receives (its QP is in INIT), connects it and the gateway's QP
+    /// `g` to each other, and returns the exchange and its poller.
+    fn connect<'v, P: Path>(
+        &'v mut self,
+        g: &Qp,
+        port: &PortInfo,
+        opts: &ConnectOptions,
+        last: u64,
+    ) -> Result<(Exchange<'v, P::Ring<'v>>, CqPoller<'v, 32>), BoxError> {
+        let Venue { cq, qp, mem } = self;
+        let (cq, qp): (&'v Cq, &'v Qp) = (cq, qp);
+        let mut recv = qp.recv_ring::<64>(mem, 0, RecvConfig::slots(SLOT_LEN))?;
+        recv.fill()?;
+        g.connect(port, &qp.endpoint(port), opts)?;
+        qp.connect(port, &g.endpoint(port), opts)?;
+        // The exchange answers from a small ring (8 acks outstanding): a window of orders
+        // can fill it inside one poll, and the deferral path runs.
+        let ring = P::ring(qp, SendConfig::default().depth(8))?;
+        Ok((Exchange::new(ring, recv, last), cq.poller::<32>()?))
+    }
+}
+
 /// `orders` round trips on path `P`, the exchange dying after half of them.
 pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Report, BoxError> {
     if orders < 2 * WINDOW as u64 || !(1..=WINDOW).contains(&window) {
@@ -383,11 +429,6 @@ pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Repo
         retry_cnt: 2,
         ..ConnectOptions::default()
     };
-    // As many slots as the QP and the region hold (64): the count said once, by the QP.
-    let recv_cfg = RecvConfig::slots(SLOT_LEN);
-    // The exchange answers from a small ring (8 acks outstanding): a window of orders can
-    // fill it inside one poll, and the deferral path runs.
-    let exchange_cfg = SendConfig::default().depth(8);
     let last = orders - 1;
     let half = orders / 2;
 
@@ -396,7 +437,8 @@ pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Repo
     let g = P::qp(&pd, &g_cq)?;
     g.init(&port, &opts)?;
     let mut g_mem = receive_region(&pd)?;
-    let mut recv = g.recv_ring::<64>(&mut g_mem, 0, recv_cfg)?;
+    // As many slots as the QP and the region hold (64): the count said once, by the QP.
+    let mut recv = g.recv_ring::<64>(&mut g_mem, 0, RecvConfig::slots(SLOT_LEN))?;
     recv.fill()?;
     let mut gw = Gateway {
         send: P::ring(&g, SendConfig::default())?,
@@ -413,16 +455,8 @@ pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Repo
 
     // The first exchange, for half the orders.
     {
-        let x_cq = ctx.create_cq(256, None)?;
-        let x = P::qp(&pd, &x_cq)?;
-        x.init(&port, &opts)?;
-        let mut x_mem = receive_region(&pd)?;
-        let mut x_recv = x.recv_ring::<64>(&mut x_mem, 0, recv_cfg)?;
-        x_recv.fill()?;
-        g.connect(&port, &x.endpoint(&port), &opts)?;
-        x.connect(&port, &g.endpoint(&port), &opts)?;
-        let mut ex = Exchange::new(P::ring(&x, exchange_cfg)?, x_recv, last);
-        let mut x_poll = x_cq.poller::<32>()?;
+        let mut venue = Venue::open::<P>(ctx, &pd, &port, &opts)?;
+        let (mut ex, mut x_poll) = venue.connect::<P>(&g, &port, &opts, last)?;
         trade(&mut gw, &mut g_poll, &mut ex, &mut x_poll, half, last)?;
         deferred_acks += ex.waited;
         // The exchange dies: its QP is gone (a crashed process, a pulled cable).
@@ -442,16 +476,8 @@ pub fn run_on<P: Path>(ctx: &Context, orders: u64, window: usize) -> Result<Repo
     let (dropped, _requeued) = P::recover(&mut gw.send, &mut gw.recv)?;
     g.init(&port, &opts)?;
     gw.recv.fill()?;
-    let x_cq = ctx.create_cq(256, None)?;
-    let x = P::qp(&pd, &x_cq)?;
-    x.init(&port, &opts)?;
-    let mut x_mem = receive_region(&pd)?;
-    let mut x_recv = x.recv_ring::<64>(&mut x_mem, 0, recv_cfg)?;
-    x_recv.fill()?;
-    g.connect(&port, &x.endpoint(&port), &opts)?;
-    x.connect(&port, &g.endpoint(&port), &opts)?;
-    let mut ex = Exchange::new(P::ring(&x, exchange_cfg)?, x_recv, last);
-    let mut x_poll = x_cq.poller::<32>()?;
+    let mut venue = Venue::open::<P>(ctx, &pd, &port, &opts)?;
+    let (mut ex, mut x_poll) = venue.connect::<P>(&g, &port, &opts, last)?;
 
     // What the dead exchange never acked goes again, in order, then the rest.
     let resent = gw.in_flight.len() as u64;

@@ -139,6 +139,39 @@ impl<'a> Probe<'a> {
     }
 }
 
+/// The devices a `real_device*` scenario runs on: the device under test inside `cargo xtask
+/// rxe` (or the one `HOTVERBS_DEVICE` names), probed as [`Probe::test`]`(test)` does;
+/// otherwise softnic in both behaviour profiles, `("softnic-spec", ..)` and
+/// `("softnic-rxe", ..)`, each a device of its own named `<label>-<tag>` (tests run in
+/// parallel). Empty after a skip line when a device was asked for and none opened.
+#[cfg(feature = "softnic")]
+pub fn device_or_softnic_profiles(test: &str, tag: &str) -> Vec<(String, Context)> {
+    let named = std::env::var("HOTVERBS_DEVICE").is_ok_and(|d| !d.is_empty() && d != SOFTNIC);
+    if rxe_required() || named {
+        return Probe::new()
+            .test(test)
+            .open()
+            .map(|ctx| (ctx.name().to_string(), ctx))
+            .into_iter()
+            .collect();
+    }
+    [
+        ("softnic-spec", hotverbs_softnic::Profile::Spec),
+        ("softnic-rxe", hotverbs_softnic::Profile::Rxe),
+    ]
+    .into_iter()
+    .map(|(label, profile)| {
+        let ctx = Context::open_softnic_with(crate::SoftnicConfig {
+            name: format!("{label}-{tag}"),
+            profile,
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("softnic {label}: {e}"));
+        (label.to_string(), ctx)
+    })
+    .collect()
+}
+
 /// An address on 127.0.0.1 that refuses connections for as long as the returned socket
 /// lives: the socket is bound but never listens, so a SYN to it is answered with RST
 /// (ECONNREFUSED), no other socket can bind the port meanwhile, and connect(2) never picks

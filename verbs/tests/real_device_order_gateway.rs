@@ -8,33 +8,12 @@
 #[path = "../examples/order_gateway.rs"]
 mod order_gateway;
 
-use hotverbs::testing::{rxe_required, Probe};
+use hotverbs::testing::device_or_softnic_profiles;
 use hotverbs::*;
 use order_gateway::{run_on, Legacy, Report, Wr, WINDOW};
 
 fn open() -> Vec<(String, Context)> {
-    let named = std::env::var("HOTVERBS_DEVICE").is_ok_and(|d| !d.is_empty() && d != SOFTNIC);
-    if rxe_required() || named {
-        return match Probe::new().test("real_device_order_gateway").open() {
-            Some(ctx) => vec![(ctx.name().to_string(), ctx)],
-            None => vec![],
-        };
-    }
-    [
-        ("softnic-spec", hotverbs_softnic::Profile::Spec),
-        ("softnic-rxe", hotverbs_softnic::Profile::Rxe),
-    ]
-    .into_iter()
-    .map(|(n, profile)| {
-        let ctx = Context::open_softnic_with(SoftnicConfig {
-            name: format!("{n}-gateway"),
-            profile,
-            ..Default::default()
-        })
-        .unwrap();
-        (n.to_string(), ctx)
-    })
-    .collect()
+    device_or_softnic_profiles("real_device_order_gateway", "gateway")
 }
 
 fn check(label: &str, orders: u64, window: usize, r: &Report) {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hotverbs::testing::{gid_index, rxe_required, Probe};
+use hotverbs::testing::{device_or_softnic_profiles, gid_index};
 use hotverbs::*;
 
 /// Receive slots per peer.
@@ -76,28 +76,7 @@ impl Stream<'_> {
 }
 
 fn open() -> Vec<(String, Context)> {
-    let named = std::env::var("HOTVERBS_DEVICE").is_ok_and(|d| !d.is_empty() && d != SOFTNIC);
-    if rxe_required() || named {
-        return match Probe::new().test("real_device_reconnect").open() {
-            Some(ctx) => vec![(ctx.name().to_string(), ctx)],
-            None => vec![],
-        };
-    }
-    [
-        ("softnic-spec", hotverbs_softnic::Profile::Spec),
-        ("softnic-rxe", hotverbs_softnic::Profile::Rxe),
-    ]
-    .into_iter()
-    .map(|(n, profile)| {
-        let ctx = Context::open_softnic_with(SoftnicConfig {
-            name: format!("{n}-reconnect"),
-            profile,
-            ..Default::default()
-        })
-        .unwrap();
-        (n.to_string(), ctx)
-    })
-    .collect()
+    device_or_softnic_profiles("real_device_reconnect", "reconnect")
 }
 
 #[test]

@@ -308,3 +308,109 @@ fn a_receive_ring_derives_its_count() {
         .recv_ring::<16>(&mut mem, 0, RecvConfig::slots(64))
         .is_ok());
 }
+
+/// Sends one zero-copy WRITE of `src` through the trait's `stage` and waits for it.
+///
+/// # Safety
+/// `src` stays registered and unwritten until the call returns (it waits for the WR).
+unsafe fn stage_and_wait<R: PostRing, P: PollCq>(ring: &mut R, poller: &mut P, src: LocalBuf) {
+    ring.signal_next();
+    // SAFETY: the caller keeps `src` registered and unwritten; this waits for the WR.
+    let seq = unsafe { ring.stage(Msg::write(Local::Buf(src), 0)) }.unwrap();
+    ring.flush().unwrap();
+    while !ring.is_retired(seq) {
+        for c in poller.poll().unwrap() {
+            ring.on_completion(c).unwrap();
+        }
+    }
+}
+
+/// Through the traits alone: `mem::swap` of two rings (each still posts to its own QP),
+/// a batch leaked with `mem::forget` (its WRs never posted, the ring goes on), a panic
+/// inside a generic engine's poll closure (the ring drains afterwards), and the trait's
+/// `stage` (zero-copy from a registered buffer). In `cargo xtask miri`.
+#[test]
+fn the_surface_under_swap_forget_and_a_panic() {
+    fn run<R: PostRing>(label: &str, r1: &mut R, r2: &mut R, p: &mut CqPoller<'_, 16>) {
+        std::mem::swap(r1, r2);
+        // r1 is now the ring of the second pair: its WRITE lands in the second target.
+        r1.signal_next();
+        let s1 = r1.send_now(Msg::write(Local::Inline(&[1; 8]), 0)).unwrap();
+        r2.signal_next();
+        let s2 = r2.send_now(Msg::write(Local::Inline(&[2; 8]), 0)).unwrap();
+        while !(r1.is_retired(s1) && r2.is_retired(s2)) {
+            for c in p.poll().unwrap() {
+                let ring: &mut R = if c.ring() == r1.ring_id() { r1 } else { r2 };
+                ring.on_completion(c).unwrap();
+            }
+        }
+        // A leaked batch: what it staged is never posted; the ring stays usable.
+        let posted = r1.posted_total();
+        let mut b = r1.batch();
+        b.push(Msg::write(Local::Inline(&[9; 8]), 8)).unwrap();
+        std::mem::forget(b);
+        assert_eq!(
+            r1.posted_total(),
+            posted,
+            "{label}: a leaked batch posts nothing"
+        );
+        r1.signal_next();
+        let s = r1.send_now(Msg::write(Local::Inline(&[3; 8]), 0)).unwrap();
+        // A panic in the middle of a generic engine's poll loop.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine(r1, p, 4);
+            panic!("the engine's caller panics");
+        }));
+        assert!(unwound.is_err());
+        while !r1.is_retired(s) || r1.outstanding() > 0 {
+            for c in p.poll().unwrap() {
+                let ring: &mut R = if c.ring() == r1.ring_id() { r1 } else { r2 };
+                ring.on_completion(c).unwrap();
+            }
+        }
+        assert!(r1.error().is_none() && r2.error().is_none(), "{label}");
+    }
+    let ctx = softnic("surface_swap", false);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(128, None).unwrap();
+    let peer_cq = ctx.create_cq(128, None).unwrap();
+    let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let read8 = |m: &Mr<'_>, at: usize| {
+        let mut b = [0u8; 8];
+        m.read_into(at, &mut b).unwrap();
+        b
+    };
+    for wr in [false, true] {
+        let ops = wr.then_some(SendOps::RDMA_WRITE);
+        let (a1, _b1) = rc_pair(&ctx, &pd, &cq, &peer_cq, ops);
+        let (a2, _b2) = rc_pair(&ctx, &pd, &cq, &peer_cq, ops);
+        let (t1, t2) = (
+            pd.alloc_mr(64, flags).unwrap(),
+            pd.alloc_mr(64, flags).unwrap(),
+        );
+        let mut src = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        src.as_mut_slice().unwrap()[..8].copy_from_slice(&[7; 8]);
+        let cfg = |t: &Mr<'_>| SendConfig::default().remote(t.remote().into());
+        let mut p = cq.poller::<16>().unwrap();
+        let sge = src.local(0, 8).unwrap();
+        if wr {
+            let (mut r1, mut r2) = (a1.wr_ring(cfg(&t1)).unwrap(), a2.wr_ring(cfg(&t2)).unwrap());
+            run("wr", &mut r1, &mut r2, &mut p);
+            // SAFETY: `src` is owned here and not written until the WR is retired.
+            unsafe { stage_and_wait(&mut r2, &mut p, sge.into()) };
+        } else {
+            let (mut r1, mut r2) = (
+                a1.send_ring::<32>(cfg(&t1)).unwrap(),
+                a2.send_ring::<32>(cfg(&t2)).unwrap(),
+            );
+            run("legacy", &mut r1, &mut r2, &mut p);
+            // SAFETY: as above.
+            unsafe { stage_and_wait(&mut r2, &mut p, sge.into()) };
+        }
+        // After the swap r1 is the second pair's ring: the engine it ran wrote 3u64 at
+        // offset 24 of t2; r2, the first pair's, staged [7] into t1.
+        assert_eq!(read8(&t2, 24), 3u64.to_le_bytes(), "wr {wr}");
+        assert_eq!(read8(&t1, 24), [0; 8], "wr {wr}");
+        assert_eq!(read8(&t1, 0), [7; 8], "wr {wr}");
+    }
+}

@@ -266,10 +266,14 @@ const MIRI_TESTS: &[MiriTest] = &[
     MiriTest {
         package: "hotverbs",
         target: "surface",
-        tests: &["one_engine_runs_on_every_post_path"],
+        tests: &[
+            "one_engine_runs_on_every_post_path",
+            "the_surface_under_swap_forget_and_a_panic",
+        ],
         models: Models::Stacked,
-        why: "issue 28: the common ring surface (PostRing's forwarded unsafe stage, batches) \
-              driving the safe SendRing and WrRing",
+        why: "issue 28: the common ring surface driving the safe SendRing and WrRing: \
+              batches, PostRing's forwarded unsafe stage, mem::swap of two rings, a leaked \
+              batch, a panic in a generic engine",
     },
     MiriTest {
         package: "hotverbs",

@@ -386,6 +386,9 @@ pub enum SendError {
     /// A [`WrRing`](crate::WrRing) message whose `ibv_wr_*` builder the extended QP does not
     /// have (its opcode was not in the `send_ops_flags` the QP was created with).
     OpNotEnabled(crate::send::Opcode),
+    /// An RDMA READ or atomic message on an mlx5 direct ring of a UC QP: the UC transport
+    /// carries SEND and RDMA WRITE (with or without immediate) only.
+    NotOnUc(crate::send::Opcode),
 }
 
 impl fmt::Display for SendError {
@@ -401,6 +404,7 @@ impl fmt::Display for SendError {
             Self::Post(e) => e.fmt(f),
             Self::Config(e) => e.fmt(f),
             Self::OpNotEnabled(op) => write!(f, "the extended QP has no ibv_wr_* builder for {op:?}: create it with that opcode in send_ops_flags (ibv_create_qp_ex)"),
+            Self::NotOnUc(op) => write!(f, "{op:?} on a UC QP: the UC transport carries SEND and RDMA WRITE (with or without immediate) only; use an RC QP for RDMA READ and atomics"),
         }
     }
 }
@@ -449,12 +453,16 @@ pub enum ConfigError {
     /// A [`DirectRing`](crate::DirectRing) or [`DirectPoller`](crate::DirectPoller) on a
     /// send queue or CQ the mlx5 direct path does not model.
     Direct(crate::mlx5::DirectError),
+    /// A [`DirectSession`](crate::mlx5::DirectSession) or
+    /// [`DirectWindow`](crate::mlx5::DirectWindow) the ring cannot give: what is missing.
+    Fixed(&'static str),
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Direct(e) => return fmt::Display::fmt(e, f),
+            Self::Fixed(what) => return write!(f, "mlx5 direct session / window: {what}"),
             Self::RingSize { n } => {
                 return write!(
                     f,
@@ -494,7 +502,9 @@ impl fmt::Display for ConfigError {
                 "a requested completion field is not in the extended CQ's wc_flags: \
                  add it to ibv_create_cq_ex's wc_flags or do not ask for it"
             }
-            Self::Direct(_) | Self::RingSize { .. } => unreachable!("formatted above"),
+            Self::Direct(_) | Self::Fixed(_) | Self::RingSize { .. } => {
+                unreachable!("formatted above")
+            }
         })
     }
 }

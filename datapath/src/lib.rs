@@ -134,7 +134,7 @@ pub use desc::{LocalBuf, RemoteBuf, UdDest};
 pub use error::{
     ConfigError, Misrouted, PollError, PostError, RecvError, ReleaseError, SendError, WcError,
 };
-pub use mlx5::{DirectBatch, DirectPoller, DirectRing};
+pub use mlx5::{DirectBatch, DirectPoller, DirectRing, DirectSession, DirectWindow};
 pub use path::{PollCq, PostBatch, PostRing};
 pub use progress::{Progress, StallWatch, Stalled};
 pub use recv::{Received, RecvConfig, RecvRing, RecvTarget};

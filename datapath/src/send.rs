@@ -121,7 +121,18 @@ pub struct Msg<'d> {
     pub(crate) imm: u32,
     pub(crate) compare_add: u64,
     pub(crate) swap: u64,
+    /// [`fence`](Self::fence) / [`solicited`](Self::solicited), as the bits of an mlx5
+    /// ctrl segment's `fm_ce_se` ([`MSG_FENCE`], [`MSG_SOLICITED`]): the direct ring ORs
+    /// them in as they are; the verbs rings translate them to `IBV_SEND_*` where they
+    /// write a format (out of line). 0 for a message built without them.
+    pub(crate) flags: u8,
 }
+
+/// [`Msg::flags`] bit of [`Msg::fence`]: `MLX5_WQE_CTRL_FENCE` (`IBV_SEND_FENCE`).
+pub(crate) const MSG_FENCE: u8 = 4 << 5;
+/// [`Msg::flags`] bit of [`Msg::solicited`]: `MLX5_WQE_CTRL_SOLICITED`
+/// (`IBV_SEND_SOLICITED`).
+pub(crate) const MSG_SOLICITED: u8 = 1 << 1;
 
 impl<'d> Msg<'d> {
     #[inline(always)]
@@ -133,7 +144,49 @@ impl<'d> Msg<'d> {
             imm: 0,
             compare_add: 0,
             swap: 0,
+            flags: 0,
         }
+    }
+
+    /// `IBV_SEND_FENCE`: the message waits until every RDMA READ and atomic posted before
+    /// it on the QP has completed (RC). On every ring: the verbs rings set the flag, the
+    /// mlx5 direct ring writes `MLX5_WQE_CTRL_FENCE` into the WQE, as libmlx5 does for it.
+    #[inline(always)]
+    pub const fn fence(mut self) -> Self {
+        self.flags |= MSG_FENCE;
+        self
+    }
+
+    /// `IBV_SEND_SOLICITED`: the receiver's completion is solicited (it wakes a CQ armed
+    /// for solicited completions only, `ibv_req_notify_cq(cq, 1)`). SEND / WRITE with
+    /// immediate.
+    #[inline(always)]
+    pub const fn solicited(mut self) -> Self {
+        self.flags |= MSG_SOLICITED;
+        self
+    }
+
+    /// Whether [`fence`](Self::fence) was set.
+    #[inline(always)]
+    pub const fn is_fenced(&self) -> bool {
+        self.flags & MSG_FENCE != 0
+    }
+
+    /// Whether [`solicited`](Self::solicited) was set.
+    #[inline(always)]
+    pub const fn is_solicited(&self) -> bool {
+        self.flags & MSG_SOLICITED != 0
+    }
+
+    /// The `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` bits of the message.
+    #[inline(always)]
+    pub(crate) const fn ibv_flags(&self) -> u32 {
+        (if self.is_fenced() { IBV_SEND_FENCE } else { 0 })
+            | if self.is_solicited() {
+                IBV_SEND_SOLICITED
+            } else {
+                0
+            }
     }
 
     /// `IBV_WR_SEND` of `local`.
@@ -436,12 +489,13 @@ struct State {
 }
 
 /// Slot tags (see [`SendRing`]'s "Per-message cost"): what the slot's WR is formatted for.
-/// Values below 0x80 are formats ([`fmt_of`]); the others never match a message.
+/// Values below 0x80 are formats ([`fmt_of`]); the others never match a message (their
+/// opcode bits are 7, which no [`Opcode`] has, so no format, poisoned or not, equals one).
 mod tag {
     /// Never formatted (a fresh ring).
-    pub const UNFORMATTED: u8 = 0xFE;
+    pub const UNFORMATTED: u8 = 0xEF;
     /// The slot's last WR was signaled: its `send_flags` must be rewritten.
-    pub const SIGNALED: u8 = 0xFD;
+    pub const SIGNALED: u8 = 0xF7;
     /// The next WR staged in this slot is an event: it is signaled, completes a batch, fills
     /// the ring, ends a 2^55 epoch of sequence numbers or meets the error state.
     pub const EVENT: u8 = 0xFF;
@@ -461,12 +515,36 @@ struct FastParams {
     remote_len: u64,
 }
 
-/// [`fmt_of`] an inline message too long for the QP: never a slot's tag.
-const FMT_TOO_LONG: u8 = 0x7F;
+/// [`fmt_of`] an inline message too long for the QP: never a slot's tag (opcode bits 7).
+const FMT_TOO_LONG: u8 = 0x07;
 
-/// OR-ed into any format (below 0x20, or [`FMT_TOO_LONG`]), it gives a value no tag has
-/// (tags are formats or 0xFD..=0xFF).
-const FMT_POISON: u8 = 0x40;
+/// OR-ed into any format (below 0x80, or [`FMT_TOO_LONG`]), it gives a value no tag has
+/// (tags are formats, below 0x80, or the [`tag`] values, whose opcode bits are 7).
+const FMT_POISON: u8 = 0x80;
+
+/// The local kind bits of a format.
+const KIND_MASK: u8 = 3 << 3;
+/// Format bits of [`Msg::fence`] and [`Msg::solicited`] (`IBV_SEND_FENCE`,
+/// `IBV_SEND_SOLICITED`): a flagged message has a format of its own, so its slot (or the
+/// lone WR) is rewritten with its flags, and the next unflagged one rewrites them back.
+const FMT_FENCE: u8 = 1 << 5;
+const FMT_SOLICITED: u8 = 1 << 6;
+
+/// The `send_flags` of a format besides `IBV_SEND_SIGNALED`.
+#[inline(always)]
+fn fmt_send_flags(fmt: u8) -> u32 {
+    let mut flags = match fmt & KIND_MASK {
+        KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
+        _ => 0,
+    };
+    if fmt & FMT_FENCE != 0 {
+        flags |= IBV_SEND_FENCE;
+    }
+    if fmt & FMT_SOLICITED != 0 {
+        flags |= IBV_SEND_SOLICITED;
+    }
+    flags
+}
 
 /// Local kinds of a format.
 const KIND_EMPTY: u8 = 0;
@@ -474,8 +552,8 @@ const KIND_INLINE: u8 = 1 << 3;
 const KIND_BUF_INLINE: u8 = 2 << 3;
 const KIND_BUF: u8 = 3 << 3;
 
-/// The format of a message: opcode and local kind (empty, inline, registered memory sent
-/// inline, registered memory). Two messages of one format differ only in the per-message
+/// The format of a message: opcode, local kind (empty, inline, registered memory sent
+/// inline, registered memory) and the fence and solicited flags. Two messages of one format differ only in the per-message
 /// fields: `wr_id`, the SGE's address and length (and lkey), remote address, immediate and
 /// atomic operands. Everything else (`opcode`, `num_sge`, `send_flags` of an unsignaled WR,
 /// `rkey`) is the format's.
@@ -502,8 +580,12 @@ fn fmt_of(msg: &Msg<'_>, max_inline: usize, buf_inline: usize) -> u8 {
             }
         }
     };
-    msg.op as u8 | kind
+    // The message's flags moved to the format's bits (constants fold for a message built in
+    // place: a message without flags pays nothing).
+    msg.op as u8 | kind | (msg.flags & MSG_FENCE) >> 2 | (msg.flags & MSG_SOLICITED) << 5
 }
+
+const _: () = assert!(MSG_FENCE >> 2 == FMT_FENCE && MSG_SOLICITED << 5 == FMT_SOLICITED);
 
 /// Error state, touched only when something went wrong.
 #[derive(Debug)]
@@ -1090,11 +1172,8 @@ impl<const N: usize> SendRing<N> {
         // The WR that fills the ring is always signaled and posted at once: a full ring
         // therefore always has a signaled WR in flight and drains by polling.
         let signaled = scheduled || full;
-        let kind = fmt & !7;
-        let mut flags = match kind {
-            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
-            _ => 0,
-        };
+        let kind = fmt & KIND_MASK;
+        let mut flags = fmt_send_flags(fmt);
         if signaled {
             flags |= IBV_SEND_SIGNALED;
         }
@@ -1487,11 +1566,8 @@ impl<const N: usize> SendRing<N> {
         if self.st.batch_open {
             return false;
         }
-        let kind = fmt & !7;
-        let flags = match kind {
-            KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
-            _ => 0,
-        };
+        let kind = fmt & KIND_MASK;
+        let flags = fmt_send_flags(fmt);
         // SAFETY: the lone WR by raw pointer; it holds no staged WR.
         unsafe { self.write_format(self.lone.get(), kind, op_sge, flags) };
         self.st.lone_fmt = fmt;
@@ -2105,12 +2181,17 @@ mod tests {
 
     #[test]
     fn poison_matches_no_tag() {
-        for fmt in (0..0x20).chain([FMT_TOO_LONG]) {
+        // Every format a message can have (opcodes 0..=6, four kinds, both flags).
+        let fmts = (0..0x80u8).filter(|f| f & 7 != 7).chain([FMT_TOO_LONG]);
+        for fmt in fmts {
+            let tags = [tag::EVENT, tag::SIGNALED, tag::UNFORMATTED];
+            assert!(!tags.contains(&fmt), "{fmt:#x} is a tag");
             let v = fmt | FMT_POISON;
-            assert!(
-                v >= 0x20 && v != tag::EVENT && v != tag::SIGNALED && v != tag::UNFORMATTED,
-                "{fmt:#x}"
-            );
+            assert!(v >= 0x80 && !tags.contains(&v), "{fmt:#x}");
+        }
+        // Tags are not formats: `lone_ready`'s `>= 0x80` test tells them apart.
+        for t in [tag::EVENT, tag::SIGNALED, tag::UNFORMATTED] {
+            assert!(t & 0x80 != 0 && t & 7 == 7, "{t:#x}");
         }
     }
 }

@@ -4,7 +4,8 @@
 //! The ring has no WR array: per message it sets `qpx->wr_id` (the same encoding as a
 //! [`SendRing`](crate::SendRing), so [`Completion`]s dispatch the same way) and
 //! `qpx->wr_flags` (`IBV_SEND_SIGNALED` on the schedule's turn, `IBV_SEND_INLINE` for inline
-//! payloads: rxe inlines only with it), calls the opcode's builder (`ibv_wr_send`,
+//! payloads: rxe inlines only with it; `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` of a
+//! [`Msg::fence`] / [`Msg::solicited`]), calls the opcode's builder (`ibv_wr_send`,
 //! `ibv_wr_send_imm`, `ibv_wr_rdma_write(_imm)`, `ibv_wr_rdma_read`,
 //! `ibv_wr_atomic_fetch_add`, `ibv_wr_atomic_cmp_swp`), then `ibv_wr_set_ud_addr` in UD mode
 //! and `ibv_wr_set_inline_data` or `ibv_wr_set_sge` (`ibv_wr_set_sge_list` with no entries for
@@ -201,7 +202,8 @@ impl Fast {
             };
             (*qp).wr_id = self.id_bits | (seq & wr_id::SEQ_MASK);
             (*qp).wr_flags = if inline { IBV_SEND_INLINE } else { 0 }
-                | if signaled { IBV_SEND_SIGNALED } else { 0 };
+                | if signaled { IBV_SEND_SIGNALED } else { 0 }
+                | msg.ibv_flags();
             let rkey = self.remote.rkey;
             match msg.op {
                 Opcode::Send => ibv_wr_send(qp),

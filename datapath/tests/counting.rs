@@ -844,3 +844,77 @@ fn big_rings_are_built_in_place_on_the_heap() {
     assert_eq!(send.send_now(Msg::send(Local::Empty)), Ok(0));
     assert_eq!(send.free(), BIG as u64 - 1);
 }
+
+/// `Msg::fence` / `Msg::solicited` reach the WR as `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED`,
+/// staged or in a batch, on every opcode; an unflagged message later staged in the same
+/// slot gets its flags back (the flags are part of a slot's format), and the signal flag
+/// still follows the schedule.
+#[test]
+fn fence_and_solicited_reach_send_flags_of_their_wr_only() {
+    let dev = CountingDevice::new(256);
+    let mut r: SendRing<8> = ring(
+        &dev,
+        SendConfig::new(1, 8, 64)
+            .signal_every(4)
+            .batch(8)
+            .remote(REMOTE),
+    );
+    let mut p: CqPoller<8> = poller(&dev);
+    let dest = LocalBuf::new(0x2000, 64, 0x55);
+    let data = [3u8; 16];
+    const FLAGS: u32 = IBV_SEND_FENCE | IBV_SEND_SOLICITED;
+    for round in 0..6u64 {
+        for (k, msg) in all_ops(dest, &data).into_iter().enumerate() {
+            // Fenced, solicited, both or neither, moving through the slots round by round.
+            let (fence, sol) = match (k as u64 + round) % 4 {
+                0 => (false, false),
+                1 => (true, false),
+                2 => (false, true),
+                _ => (true, true),
+            };
+            let m = if fence { msg.fence() } else { msg };
+            let m = if sol { m.solicited() } else { m };
+            let seq = if k % 2 == 0 {
+                // SAFETY: `dest` is never dereferenced by the counting device.
+                unsafe { r.stage(m) }.unwrap()
+            } else if m.is_borrow_free() {
+                let mut b = r.batch();
+                let s = b.push(m).unwrap();
+                b.finish().unwrap();
+                s
+            } else {
+                // SAFETY: as above.
+                unsafe { r.stage(m) }.unwrap()
+            };
+            let f = r.slot_wr(seq).send_flags;
+            let want =
+                if fence { IBV_SEND_FENCE } else { 0 } | if sol { IBV_SEND_SOLICITED } else { 0 };
+            assert_eq!(
+                f & FLAGS,
+                want,
+                "round {round}, {:?}, flags {f:#x}",
+                m.opcode()
+            );
+            assert_eq!(
+                f & IBV_SEND_SIGNALED != 0,
+                seq % 4 == 3,
+                "seq {seq}: the schedule's signal"
+            );
+            r.flush().unwrap();
+            for c in poll_all(&mut p) {
+                r.on_completion(&c).unwrap();
+            }
+        }
+    }
+    // The lone path (`send_now` with nothing staged) posts flagged messages too.
+    let seq = r
+        .send_now(Msg::send(Local::Inline(&data)).solicited())
+        .unwrap();
+    r.signal_next();
+    let last = r.send_now(Msg::send(Local::Inline(&data)).fence()).unwrap();
+    assert_eq!(last, seq + 1);
+    for c in poll_all(&mut p) {
+        r.on_completion(&c).unwrap();
+    }
+    assert!(r.is_retired(last));
+}

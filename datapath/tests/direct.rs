@@ -26,6 +26,7 @@ fn sq_of(sim: &mut Mlx5Sim, max_inline: u32) -> DirectSq {
         bf_offset: 0,
         qp_num: QPN,
         ud: false,
+        uc: false,
         max_inline,
         max_sge: 4,
         wrid: p.wrid,
@@ -373,10 +374,222 @@ fn a_too_small_sq_and_unmodelled_queues_are_refused_by_name() {
     let e = unsafe { DirectRing::new(sq2, SendConfig::new(1, 4, 0), None) }.unwrap_err();
     assert!(e.to_string().contains("stride"), "{e}");
     let mut cq = cq_of(&mut sim);
-    cq.cqe_size = 128;
+    cq.cqe_size = 256;
     // SAFETY: construction fails.
     let e = unsafe { DirectPoller::<4>::new(cq) }.unwrap_err();
-    assert!(e.to_string().contains("64 bytes"), "{e}");
+    assert!(e.to_string().contains("64 or 128 bytes"), "{e}");
+    let mut sq4 = sq_of(&mut sim, 0);
+    sq4.ud = true;
+    sq4.uc = true;
+    let av = [0u8; 48];
+    let ud = hotverbs_datapath::mlx5::DirectUd {
+        av: av.as_ptr(),
+        remote_qpn: 1,
+        remote_qkey: 2,
+    };
+    // SAFETY: construction fails.
+    let e = unsafe { DirectRing::new(sq4, SendConfig::new(1, 4, 0), Some(ud)) }.unwrap_err();
+    assert!(e.to_string().contains("both UD and UC"), "{e}");
+}
+
+/// `fm_ce_se` of every WQE: `MLX5_WQE_CTRL_FENCE` (0x80) for a fenced message,
+/// `MLX5_WQE_CTRL_SOLICITED` (0x02) for a solicited one, with `CQ_UPDATE` (0x08) when
+/// signaled, as libmlx5's `_mlx5_post_send` computes it (the golden test compares whole
+/// streams with libmlx5's bytes). Every way in: the lone `send_now`, a batch, `stage`,
+/// gather lists; the flags of one message never leak into the next.
+#[test]
+fn fence_and_solicited_are_the_ctrl_bits_of_their_message_only() {
+    let mut sim = Mlx5Sim::new(64, 64, QPN);
+    let remote = RemoteBuf::new(0x1000, 1 << 20, 7);
+    let mut r = ring(
+        &mut sim,
+        SendConfig::new(1, 16, 64).signal_every(8).remote(remote),
+    );
+    let data = payload();
+    let fm = |sim: &Mlx5Sim, cur: u32| sim.sq()[(cur as usize & 63) * 64 + 11];
+    let plain = Msg::send(Local::Inline(&data[..20]));
+    assert!(!plain.is_fenced() && !plain.is_solicited());
+    assert!(plain.fence().is_fenced() && plain.solicited().is_solicited());
+    // The lone path, then an unflagged lone post: its own bits only.
+    let cur = r.cur_post();
+    r.send_now(plain.fence()).unwrap();
+    assert_eq!(fm(&sim, cur), 0x80);
+    let cur = r.cur_post();
+    r.send_now(plain).unwrap();
+    assert_eq!(fm(&sim, cur), 0);
+    let cur = r.cur_post();
+    r.send_now(Msg::write_imm(Local::Inline(&data[..8]), 64, 5).solicited())
+        .unwrap();
+    assert_eq!(fm(&sim, cur), 0x02);
+    // A batch: fence + solicited, plain, solicited on a multi-block WQE.
+    let mut curs = Vec::new();
+    let mut b = r.batch();
+    curs.push(b.cur_post());
+    b.push(plain.fence().solicited()).unwrap();
+    curs.push(b.cur_post());
+    b.push(plain).unwrap();
+    curs.push(b.cur_post());
+    b.push(Msg::send(Local::Inline(&data)).solicited()).unwrap();
+    b.finish().unwrap();
+    let got: Vec<u8> = curs.iter().map(|&c| fm(&sim, c)).collect();
+    assert_eq!(got, [0x82, 0, 0x02]);
+    // The schedule's signal (sequence 7) on a fenced READ through `stage`, and a gather list.
+    // SAFETY: inline.
+    assert_eq!(unsafe { r.stage(plain) }, Ok(6));
+    let cur = r.cur_post();
+    // SAFETY: a READ destination nobody reads; the simulated device moves no data.
+    let seq = unsafe { r.stage(Msg::read(LocalBuf::new(0x8000, 64, 3), 0).fence()) }.unwrap();
+    assert_eq!(seq, 7);
+    assert_eq!(fm(&sim, cur), 0x80 | CTRL_CQ_UPDATE);
+    let cur = r.cur_post();
+    r.stage_inline_gather(
+        Msg::send(Local::Empty).solicited(),
+        &[&data[..3], &data[..5]],
+    )
+    .unwrap();
+    assert_eq!(fm(&sim, cur), 0x02);
+    r.flush().unwrap();
+    // The simulated device completes the signaled one; nothing else changed.
+    assert_eq!(sim.process(), 1);
+}
+
+/// A UC QP's ring: SEND and RDMA WRITE (with immediate too) post the RC WQEs, RDMA READ and
+/// atomics are refused by name, leaving the SQ, `cur_post` and the counters as they were.
+#[test]
+fn a_uc_ring_posts_send_and_write_and_refuses_read_and_atomics() {
+    let mut sim = Mlx5Sim::new(64, 64, QPN);
+    let remote = RemoteBuf::new(0x1000, 1 << 20, 7);
+    let sq = DirectSq {
+        uc: true,
+        ..sq_of(&mut sim, 64)
+    };
+    let cfg = SendConfig::new(1, 16, 64).signal_every(1).remote(remote);
+    // SAFETY: the simulator's memory outlives the ring; nothing else posts.
+    let mut r =
+        unsafe { DirectRing::with_doorbell(sq, cfg, None, RecordingDoorbell::new(sq.bf_reg)) }
+            .unwrap();
+    let mut p = poller(&mut sim);
+    let data = payload();
+    let dest = LocalBuf::new(0x8000, 8, 3);
+    let before = sim.sq().to_vec();
+    for m in [
+        Msg::read(dest, 0),
+        Msg::fetch_add(dest, 8, 1),
+        Msg::cmp_swap(dest, 16, 1, 2),
+    ] {
+        // SAFETY: refused before any byte is written.
+        let e = unsafe { r.stage(m) }.unwrap_err();
+        assert_eq!(e, SendError::NotOnUc(m.opcode()));
+        assert!(e.to_string().contains("UC"), "{e}");
+    }
+    assert_eq!(sim.sq(), &before[..], "a refused message writes nothing");
+    assert_eq!((r.cur_post(), r.staged()), (0, 0));
+    let msgs = [
+        Msg::send(Local::Inline(&data[..20])),
+        Msg::send_imm(Local::Inline(&data), 9),
+        Msg::write(Local::Inline(&data[..30]), 128),
+        Msg::write_imm(Local::Empty, 256, 4),
+    ];
+    for m in msgs {
+        let cur = r.cur_post() as usize & 63;
+        r.send_now(m).unwrap();
+        let w = &sim.sq()[cur * 64..cur * 64 + 32];
+        let raddr = matches!(
+            m.opcode(),
+            hotverbs_datapath::Opcode::Write | hotverbs_datapath::Opcode::WriteImm
+        );
+        if raddr {
+            // The remote-address segment, as for RC.
+            let addr = u64::from_be_bytes(w[16..24].try_into().unwrap());
+            let rkey = u32::from_be_bytes(w[24..28].try_into().unwrap());
+            assert_eq!((addr, rkey), (0x1000 + m_offset(&m), 7));
+        } else {
+            // A SEND's first segment is its inline data.
+            assert_eq!(w[16] & 0x80, 0x80, "inline segment");
+        }
+        assert_eq!(sim.process(), 1);
+        let c = p.poll().unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(r.on_completion(&c[0]), Ok(1));
+    }
+    assert_eq!(r.retired_total(), 4);
+}
+
+fn m_offset(m: &Msg<'_>) -> u64 {
+    match m.opcode() {
+        hotverbs_datapath::Opcode::Write => 128,
+        _ => 256,
+    }
+}
+
+/// CQEs of 128 bytes (`MLX5_CQE_SIZE=128`): the 64-byte CQE is each entry's second half.
+/// Ten thousand messages round trip over many passes of a small CQ, an error CQE is read
+/// with its syndrome, and a clean moves whole 128-byte entries. The simulator leaves each
+/// first half zero: read by mistake, it would be a requester CQE of owner 0 (caught by
+/// the counts).
+#[test]
+fn cqes_of_128_bytes_are_read_from_their_second_half() {
+    let mut sim = Mlx5Sim::with_cqe_size(256, 16, QPN, 128);
+    let mut r = ring(&mut sim, SendConfig::new(3, 32, 64).signal_every(4));
+    let sq = sq_of(&mut sim, 0);
+    let cq = DirectCq {
+        cqe_size: 128,
+        ..cq_of(&mut sim)
+    };
+    // SAFETY: the simulator's CQ and wrid table outlive the poller.
+    let mut p = unsafe { DirectPoller::<16>::new(cq) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.attach(&sq) }.unwrap();
+    let data = payload();
+    let mut cqes = 0u32;
+    while r.posted_total() < 10_000 {
+        match r.send_now(Msg::send(Local::Inline(
+            &data[..(r.posted_total() % 45) as usize],
+        ))) {
+            Ok(_) | Err(SendError::WouldBlock) => {}
+            Err(e) => panic!("{e}"),
+        }
+        sim.process();
+        for c in p.poll().unwrap().iter() {
+            assert_eq!(c.qp_num(), QPN);
+            r.on_completion(c).unwrap();
+            cqes += 1;
+        }
+    }
+    assert_eq!(cqes, p.cons_index());
+    assert_eq!(sim.cq_ci(), p.cons_index());
+    assert!(cqes >= 2_400, "{cqes}");
+    // An error CQE: its syndrome, from the second half.
+    sim.fail_next(0x13, 0x42);
+    r.signal_next();
+    r.send_now(Msg::send(Local::Empty)).unwrap();
+    sim.process();
+    let c = p.poll().unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].as_raw().status, hotverbs_ffi::IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(c[0].as_raw().vendor_err, 0x42);
+    // Clean: another QP's CQE between two of ours moves, whole, over the freed slot.
+    let at = p.cons_index();
+    sim.write_cqe(13, 0x0a, 1, 5, 0);
+    sim.write_cqe_of(0x555, 0, 0x0a, 2);
+    sim.write_cqe(13, 0x0a, 3, 5, 0);
+    let base = sim.ptrs().cq;
+    let slot = |i: u32| (i & 15) as usize * 128;
+    // Mark the other QP's first half: it must travel with the CQE.
+    // SAFETY: inside the simulator's 16 x 128-byte CQ.
+    unsafe { base.add(slot(at + 1)).write_bytes(0x5a, 64) };
+    assert_eq!(p.clean(QPN), 2);
+    assert_eq!(p.cons_index(), at + 2);
+    // SAFETY: as above.
+    let moved = unsafe { std::slice::from_raw_parts(base.add(slot(at + 2)), 128) };
+    assert!(
+        moved[..64].iter().all(|&b| b == 0x5a),
+        "the first half moved too"
+    );
+    assert_eq!(
+        u32::from_be_bytes(moved[120..124].try_into().unwrap()) & 0xff_ffff,
+        0x555
+    );
 }
 
 #[test]

@@ -294,6 +294,7 @@ fn one_million_messages_through_the_mlx5_direct_path_allocate_nothing() {
         bf_offset: 0,
         qp_num: 0x1234,
         ud: false,
+        uc: false,
         max_inline: 64,
         max_sge: 1,
         wrid: p.wrid,

@@ -902,6 +902,7 @@ fn direct_ring(
         bf_offset: 0,
         qp_num,
         ud: false,
+        uc: false,
         max_inline: 64,
         max_sge: 4,
         wrid: p.wrid,

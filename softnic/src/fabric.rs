@@ -396,6 +396,9 @@ pub(crate) struct Qp {
     /// The mlx5 personality's send queue, once `mlx5dv_init_obj` described the QP: its
     /// WQEs are what the device executes ([`dv`]).
     pub(crate) dv: Option<Box<dv::DvQp>>,
+    /// The device has the mlx5 personality (cached from its config): its posts ring the
+    /// QP's simulated register as libmlx5's would (`dv::reg`).
+    pub(crate) mlx5: bool,
 }
 
 impl Cq {
@@ -1075,12 +1078,34 @@ impl Fabric {
     // ------------------------------------------------------------------ posting
 
     /// `post_send`: validates each WR in chain order; the first invalid one is returned
-    /// through `bad` with its errno and nothing from it onward is posted.
+    /// through `bad` with its errno and nothing from it onward is posted. On the mlx5
+    /// personality, a post that took a WR rings the QP's register as libmlx5's
+    /// `post_send_db` would (`dv::reg`).
     ///
     /// # Safety
     /// `wr` is a valid chain of `ibv_send_wr` (as `ibv_post_send(3)` requires); `bad` is
     /// writable.
     pub(crate) unsafe fn post_send(
+        &mut self,
+        qi: usize,
+        wr: *mut ibv_send_wr,
+        bad: *mut *mut ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: forwarded contract.
+        let rc = unsafe { self.post_send_chain(qi, wr, bad) };
+        if self.qp(qi).mlx5 {
+            // SAFETY: forwarded contract (the chain is still valid, `bad` was written).
+            unsafe { self.dv_libmlx5_post(qi, wr, bad, rc) };
+        }
+        rc
+    }
+
+    /// [`post_send`](Self::post_send) without the register (the simulated device's own
+    /// execution of WQEs).
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send).
+    pub(crate) unsafe fn post_send_chain(
         &mut self,
         qi: usize,
         mut wr: *mut ibv_send_wr,
@@ -2313,6 +2338,7 @@ impl Fabric {
             },
             src_qp_mask: u32::MAX,
             dv: None,
+            mlx5: false,
         }
     }
 

@@ -446,6 +446,19 @@ pub struct Config {
     /// send queues ([`mlx5_step`]), so the mlx5 direct path runs without a ConnectX. Off
     /// by default.
     pub mlx5: bool,
+    /// Bytes per CQE of the mlx5 personality's CQs as `mlx5dv_init_obj(3)` describes them:
+    /// 64 (the default) or 128, what libmlx5 makes with `MLX5_CQE_SIZE=128` (the 64-byte
+    /// CQE's fields in the second half of each). A device setting rather than that
+    /// environment variable, so tests in one process choose it per device without racing.
+    /// Any other value: `mlx5dv_init_obj` of a CQ fails with `EINVAL`.
+    pub mlx5_cqe_size: u32,
+    /// The mlx5 personality behaves as libmlx5 with `MLX5_SHUT_UP_BF=1`: QPs outside a
+    /// thread domain get a register without BlueFlame (`bf.size` 0, libmlx5's non-cached
+    /// UAR), a thread domain's register keeps its BlueFlame buffers (libmlx5's
+    /// `mlx5_attach_dedicated_uar` ignores the variable) but libmlx5's own posts never
+    /// copy to them, and [`mlx5_shut_up_bf`] says so. A device setting rather than the
+    /// environment variable, so tests in one process choose it per device without racing.
+    pub mlx5_shut_up_bf: bool,
 }
 
 /// The behaviour profile of a softnic device: the man pages, or rxe as measured
@@ -519,6 +532,8 @@ impl Default for Config {
             ipv4: None,
             profile: Profile::from_env(),
             mlx5: false,
+            mlx5_cqe_size: 64,
+            mlx5_shut_up_bf: false,
         }
     }
 }
@@ -603,6 +618,19 @@ pub unsafe fn is_mlx5(ctx: *mut ibv_context) -> bool {
     // SAFETY: a live softnic context (caller).
     let ci = unsafe { verbs::ctx_idx(ctx) };
     f.dv_ctx(ci)
+}
+
+/// Whether `ctx`'s mlx5 personality stands for libmlx5 under `MLX5_SHUT_UP_BF`
+/// ([`Config::mlx5_shut_up_bf`]).
+///
+/// # Safety
+/// `ctx` is a live context opened through [`verbs_table`] or [`open_device`].
+pub unsafe fn mlx5_shut_up_bf(ctx: *mut ibv_context) -> bool {
+    let f = fabric::lock();
+    // SAFETY: a live softnic context (caller).
+    let ci = unsafe { verbs::ctx_idx(ctx) };
+    let c = f.cfg(ci);
+    c.mlx5 && c.mlx5_shut_up_bf
 }
 
 /// `mlx5dv_init_obj(3)` on a device with the mlx5 personality ([`Config::mlx5`]): fills

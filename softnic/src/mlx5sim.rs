@@ -57,6 +57,8 @@ pub struct Mlx5Sim {
     pub wqe_cnt: u32,
     /// CQEs in the CQ.
     pub cqe_cnt: u32,
+    /// Bytes per CQE: 64, or 128 ([`with_cqe_size`](Self::with_cqe_size)).
+    pub cqe_size: u32,
     /// QP number.
     pub qpn: u32,
     dev: SimDevice,
@@ -87,26 +89,36 @@ pub struct SimPtrs {
     pub bf_reg: *mut u8,
     /// `wrid` table (`wqe_cnt` entries).
     pub wrid: *mut u64,
-    /// CQ buffer (`cqe_cnt * 64` bytes).
+    /// CQ buffer (`cqe_cnt * cqe_size` bytes).
     pub cq: *mut u8,
     /// CQ doorbell record (big-endian consumer index at 0).
     pub cq_dbrec: *mut u32,
 }
 
 impl Mlx5Sim {
-    /// A simulated SQ of `wqe_cnt` basic blocks and CQ of `cqe_cnt` CQEs (powers of two).
+    /// A simulated SQ of `wqe_cnt` basic blocks and CQ of `cqe_cnt` 64-byte CQEs (powers of
+    /// two).
     pub fn new(wqe_cnt: u32, cqe_cnt: u32, qpn: u32) -> Mlx5Sim {
+        Self::with_cqe_size(wqe_cnt, cqe_cnt, qpn, 64)
+    }
+
+    /// [`new`](Self::new) with CQEs of `cqe_size` bytes: 64, or 128 (`MLX5_CQE_SIZE=128`:
+    /// the 64-byte CQE's fields in the second half of each, the first half zero).
+    pub fn with_cqe_size(wqe_cnt: u32, cqe_cnt: u32, qpn: u32, cqe_size: u32) -> Mlx5Sim {
         assert!(wqe_cnt.is_power_of_two() && cqe_cnt.is_power_of_two());
-        let cq = Region::new(cqe_cnt as usize * 64, 0);
+        assert!(cqe_size == 64 || cqe_size == 128, "CQE size {cqe_size}");
+        let sz = cqe_size as usize;
+        let cq = Region::new(cqe_cnt as usize * sz, 0);
         for i in 0..cqe_cnt as usize {
-            // SAFETY: inside the CQ region.
-            unsafe { cq.ptr.add(i * 64 + 63).write(0xf0) };
+            // SAFETY: inside the CQ region (the owner byte ends each CQE).
+            unsafe { cq.ptr.add(i * sz + sz - 1).write(0xf0) };
         }
         let sq = Region::new(wqe_cnt as usize * 64, POISON);
         let qp_db = Region::new(64, 0);
         // SAFETY: the regions live as long as the simulator, which owns the device.
         let dev =
-            unsafe { SimDevice::new(sq.ptr, wqe_cnt, qp_db.ptr.cast(), cq.ptr, cqe_cnt, qpn) };
+            unsafe { SimDevice::new(sq.ptr, wqe_cnt, qp_db.ptr.cast(), cq.ptr, cqe_cnt, qpn) }
+                .cqe_size(cqe_size);
         Mlx5Sim {
             sq,
             qp_db,
@@ -116,6 +128,7 @@ impl Mlx5Sim {
             cq_db: Region::new(64, 0),
             wqe_cnt,
             cqe_cnt,
+            cqe_size,
             qpn,
             dev,
         }
@@ -198,6 +211,8 @@ pub struct SimDevice {
     sq_dbrec: *const u32,
     cq: *mut u8,
     cqe_cnt: u32,
+    /// Bytes per CQE (64 or 128).
+    cqe_size: usize,
     qpn: u32,
     /// `cur_post` up to which the device has read WQEs.
     dev_cur: u32,
@@ -230,12 +245,22 @@ impl SimDevice {
             sq_dbrec,
             cq,
             cqe_cnt,
+            cqe_size: 64,
             qpn,
             dev_cur: 0,
             dev_pi: 0,
             fail: None,
             in_error: false,
         }
+    }
+
+    /// The same device over a CQ of `bytes`-byte CQEs (64 or 128: the 64-byte CQE in the
+    /// second half of each, as the hardware writes them with `MLX5_CQE_SIZE=128`); the CQ
+    /// memory must hold `cqe_cnt * bytes` bytes.
+    pub fn cqe_size(mut self, bytes: u32) -> SimDevice {
+        assert!(bytes == 64 || bytes == 128, "CQE size {bytes}");
+        self.cqe_size = bytes as usize;
+        self
     }
 
     /// The next WQE the device reads completes with `syndrome` (vendor syndrome `vendor`),
@@ -276,9 +301,10 @@ impl SimDevice {
             c[55] = syndrome;
         }
         c[63] = op << 4 | ((self.dev_pi & self.cqe_cnt) != 0) as u8;
-        // SAFETY: CQE i is inside the CQ (new's contract); the owner byte is written last.
+        // SAFETY: CQE i is inside the CQ (new's contract), its fields in its last 64 bytes;
+        // the owner byte is written last.
         unsafe {
-            let p = self.cq.add(i * 64);
+            let p = self.cq.add(i * self.cqe_size + self.cqe_size - 64);
             std::ptr::copy_nonoverlapping(c.as_ptr(), p, 63);
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
             p.add(63).write_volatile(c[63]);
@@ -324,4 +350,45 @@ impl SimDevice {
         }
         n
     }
+}
+
+/// One write to a doorbell register of softnic's mlx5 personality
+/// ([`Config::mlx5`](crate::Config::mlx5)), as the device saw it; see
+/// [`register_writes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterWrite {
+    /// The BlueFlame buffer written: 0 or 256 (`bf.size`) from `bf.reg`.
+    pub offset: u32,
+    /// The QP number the doorbell's ctrl segment names (for a libmlx5 post, its QP).
+    pub qp_num: u32,
+    /// The WQE counter the ctrl segment names (0 for a libmlx5 post, which softnic's
+    /// verbs make without a WQE).
+    pub wqe_counter: u16,
+    /// A BlueFlame copy (the WQE past its first 16 bytes), not the 8-byte doorbell alone.
+    pub blueflame: bool,
+    /// For a BlueFlame copy: its bytes equal the WQE in the QP's send queue.
+    pub copy_matches: bool,
+    /// The QP named is one that rings this register.
+    pub qp_of_register: bool,
+    /// Made by a post through softnic's verbs (standing for libmlx5's `post_send_db`),
+    /// not by a direct ring's stores.
+    pub by_libmlx5: bool,
+}
+
+/// The writes to `qp`'s doorbell register (shared with the other QPs of its context, or
+/// its thread domain's) since the last call, in order, after reading the register once
+/// more. Only writes the device saw are there: two writes to one buffer between two steps
+/// of the device ([`crate::mlx5_step`], every direct poll) show as the second alone.
+///
+/// # Safety
+/// `qp` is a live QP of a softnic context with the mlx5 personality.
+pub unsafe fn register_writes(qp: *mut hotverbs_ffi::ibv_qp) -> Vec<RegisterWrite> {
+    let f = crate::fabric::lock();
+    // SAFETY: a live softnic QP (caller): its handle is its index.
+    let qi = unsafe { (*qp).handle } as usize;
+    if !matches!(f.qps.get(qi), Some(Some(q)) if q.mlx5) {
+        return Vec::new();
+    }
+    f.dv_scan_regs();
+    f.dv_reg(qi).take_log()
 }

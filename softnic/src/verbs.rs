@@ -1075,6 +1075,7 @@ pub(crate) unsafe extern "C" fn create_qp(
     qp.prot = f.prot_of(pi);
     qp.inline_limit = c.max_inline_data.min(cap.max_inline_data);
     qp.atomics = c.atomics;
+    qp.mlx5 = c.mlx5;
     qp.set_profile(rxe);
     f.add_qp(qp);
     f.provision_scratch(cap.max_send_sge.max(cap.max_recv_sge));

@@ -1480,14 +1480,9 @@ impl Qp {
             ));
         }
         if let Some(td) = self.thread_domain() {
-            if !td.claim_send_ring() {
+            if let Err(e) = td.claim_ring_slot(verb, direct) {
                 self.sq_taken().store(false, Ordering::Release);
-                return Err(Error::new(verb, libc::EBUSY).with_hint(
-                    "another QP of this thread domain has a send ring: the QPs of a thread \
-                     domain share its doorbell register without a lock, and two rings could \
-                     ring it from two threads; give each QP with a ring its own thread domain \
-                     (ctx.alloc_td(), pd.alloc_parent_domain(Some(&td)))",
-                ));
+                return Err(e);
             }
         }
         let cq = self.send_cq();

@@ -48,6 +48,11 @@
 
 use std::ops::Deref;
 
+mod register;
+
+use register::{register_use, RegisterFacts};
+pub use register::{DoorbellOnly, RegisterUse};
+
 use hotverbs_datapath as dp;
 use hotverbs_datapath::mlx5::{DirectCq, DirectSq, DirectUd};
 use hotverbs_datapath::SendConfig;
@@ -214,6 +219,7 @@ impl<const B: usize> std::fmt::Debug for DirectPoller<'_, B> {
 pub struct DirectRing<'q> {
     ring: dp::DirectRing,
     qp: &'q Qp,
+    register: RegisterUse,
 }
 
 impl Deref for DirectRing<'_> {
@@ -232,6 +238,56 @@ impl<'q> DirectRing<'q> {
     /// The QP whose send queue this ring owns.
     pub fn qp(&self) -> &'q Qp {
         self.qp
+    }
+
+    /// How this ring rings its QP's doorbell register, decided when it was built: BlueFlame
+    /// only on a thread domain's register whose alternation is known and where libmlx5
+    /// would BlueFlame too, else the 8-byte doorbell alone, with the reason (see
+    /// [`RegisterUse`]).
+    pub fn register_use(&self) -> RegisterUse {
+        self.register
+    }
+
+    /// Does this ring copy lone inline WQEs into a BlueFlame buffer
+    /// ([`register_use`](Self::register_use) is [`RegisterUse::BlueFlame`])?
+    pub fn blueflame(&self) -> bool {
+        matches!(self.register, RegisterUse::BlueFlame { .. })
+    }
+
+    /// A held session of `LEN`-byte inline SENDs, one doorbell each, at the fewest
+    /// instructions (see [`dp::DirectSession`]); completions go through the session's
+    /// `on_completion` while it is open.
+    ///
+    /// # Errors
+    /// As [`dp::DirectRing::session`].
+    pub fn session<const LEN: usize>(
+        &mut self,
+    ) -> std::result::Result<dp::DirectSession<'_, dp::mlx5::Mmio, LEN>, SendError> {
+        self.ring.session::<LEN>()
+    }
+
+    /// A post list of up to `max` `LEN`-byte inline SENDs with one doorbell, pushed one
+    /// by one (see [`dp::DirectWindow`]).
+    ///
+    /// # Errors
+    /// As [`dp::DirectRing::window`].
+    pub fn window<const LEN: usize>(
+        &mut self,
+        max: usize,
+    ) -> std::result::Result<dp::DirectWindow<'_, dp::mlx5::Mmio, LEN>, SendError> {
+        self.ring.window::<LEN>(max)
+    }
+
+    /// Posts `msgs` (`LEN`-byte inline SENDs) with one doorbell, as many as there is room
+    /// for; returns how many (see [`dp::DirectRing::post_list`]).
+    ///
+    /// # Errors
+    /// As [`dp::DirectRing::post_list`].
+    pub fn post_list<const LEN: usize>(
+        &mut self,
+        msgs: &[[u8; LEN]],
+    ) -> std::result::Result<usize, SendError> {
+        self.ring.post_list(msgs)
     }
 
     /// Stages an inline SEND/WRITE whose payload is gathered from `parts` (see the
@@ -323,6 +379,15 @@ impl<'q> DirectRing<'q> {
 
 impl Drop for DirectRing<'_> {
     fn drop(&mut self) {
+        if let Some(td) = self.qp.thread_domain() {
+            // The register goes on from where this ring stopped (td.rs `Register`); a
+            // doorbell-only ring wrote one fixed buffer and leaves the alternation as it was.
+            let mut r = td.register();
+            r.direct = false;
+            if self.blueflame() {
+                r.next = Some(self.ring.bf_offset() != 0);
+            }
+        }
         self.qp.set_sq_owner(None);
     }
 }
@@ -331,6 +396,7 @@ impl std::fmt::Debug for DirectRing<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectRing")
             .field("ring", &self.ring)
+            .field("register", &self.register)
             .finish()
     }
 }
@@ -388,13 +454,13 @@ impl Cq {
     /// last one stopped, and [`Cq::req_notify`] arms the CQ from its consumer index. A
     /// refused `direct_poller` leaves the CQ to the verbs pollers: untouched when refused as
     /// not mlx5 or busy (checked before `mlx5dv_init_obj`); refused after it (a CQ it does
-    /// not model: 128-byte CQEs), the CQ is DV-owned in libmlx5, which then no longer
+    /// not model: a CQE size other than 64 or 128 bytes), the CQ is DV-owned in libmlx5, which then no longer
     /// removes a reset or destroyed QP's completions from it: poll them before resetting.
     ///
     /// # Errors
     /// `DirectPoller: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX (use
     /// [`poller`](Self::poller)); `EINVAL` for a CQ the direct path does not model (CQEs
-    /// of 128 bytes, named); `EBUSY` when the CQ already has a poller.
+    /// other than 64 or 128 bytes, named); `EBUSY` when the CQ already has a poller.
     pub fn direct_poller<const B: usize>(&self) -> Result<DirectPoller<'_, B>> {
         const VERB: &str = "DirectPoller";
         if !self.context().is_mlx5() {
@@ -460,6 +526,11 @@ impl Qp {
     /// `unsafe`; the safe way is [`direct_ring`](Self::direct_ring)). `wqe_cnt` is known
     /// from a first call with a NULL table.
     ///
+    /// The register is as mlx5dv reports it (`bf_size` its `bf.size`, `bf_offset` 0): such
+    /// a ring BlueFlames whenever `bf_size` is non-zero, which is sound only on a register
+    /// no one else rings, whose alternation starts at 0 (see [`RegisterUse`]); set
+    /// `bf_size` to 0 for doorbells only.
+    ///
     /// # Errors
     /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
     pub fn mlx5_sq(&self, wrid: *mut u64) -> Result<DirectSq> {
@@ -485,6 +556,7 @@ impl Qp {
             bf_offset: 0,
             qp_num: self.qp_num(),
             ud: self.qp_type() == QpType::Ud,
+            uc: self.qp_type() == QpType::Uc,
             max_inline: self.cap().max_inline_data,
             max_sge: self.cap().max_send_sge,
             wrid,
@@ -497,8 +569,14 @@ impl Qp {
     /// once, `depth` completions are reserved on the send CQ, the ring id is assigned by
     /// the CQ.
     ///
-    /// For a doorbell register no other thread rings, create the QP in a thread domain
-    /// ([`Pd::alloc_parent_domain`](crate::Pd::alloc_parent_domain)).
+    /// The doorbell register: the ring copies lone inline WQEs into BlueFlame only on a
+    /// register it alone rings, which means a QP created in a thread domain
+    /// ([`Pd::alloc_parent_domain`](crate::Pd::alloc_parent_domain)); on any other QP it
+    /// rings the 8-byte doorbell alone ([`DirectRing::register_use`] says which and why).
+    /// While the ring lives, posts through libmlx5 on the thread domain's other QPs
+    /// ([`post_send`](Self::post_send), [`post_send_inline`](Self::post_send_inline)) are
+    /// refused (`EBUSY`): libmlx5 rings that register without a lock. Raw `ibv_wr_*` or
+    /// `ibv_post_send` calls on such a QP through its raw handle must not be made then.
     ///
     /// # Errors
     /// `DirectRing: EOPNOTSUPP` "not an mlx5 device" elsewhere; `EINVAL` when `poller` is
@@ -578,8 +656,25 @@ impl Qp {
         let id = self.claim_send_queue(verb, depth, true)?;
         let cq = self.send_cq();
         let wrid = cq.inner.rings.wrid_table(probe.wqe_cnt as usize);
-        let sq = DirectSq { wrid, ..probe };
+        // After the claim: a thread domain's register is this ring's from here (td.rs).
+        let register = self.take_register(&probe);
+        let sq = match register {
+            RegisterUse::BlueFlame { first_offset } => DirectSq {
+                wrid,
+                bf_offset: first_offset,
+                ..probe
+            },
+            RegisterUse::DoorbellOnly(_) => DirectSq {
+                wrid,
+                bf_size: 0,
+                bf_offset: 0,
+                ..probe
+            },
+        };
         let undo = |e: Error| {
+            if let Some(td) = self.thread_domain() {
+                td.register().direct = false;
+            }
             cq.inner.rings.release_ring(id, depth);
             self.unclaim_send_queue();
             e
@@ -616,6 +711,45 @@ impl Qp {
         ));
         cq.inner.rings.register_direct(sq);
         self.set_sq_owner(Some(crate::qp::SqOwner::Direct));
-        Ok(DirectRing { ring, qp: self })
+        Ok(DirectRing {
+            ring,
+            qp: self,
+            register,
+        })
+    }
+
+    /// Decides how the ring to be built rings the register `sq` names
+    /// ([`register::register_use`]) and, for a QP of a thread domain, marks the register
+    /// the direct path's (libmlx5 posts on the thread domain's QPs are refused until the
+    /// ring is dropped). Called with the send queue claimed.
+    fn take_register(&self, sq: &DirectSq) -> RegisterUse {
+        let shut_up_bf = crate::td::shut_up_bf_env() || self.softnic_shut_up_bf();
+        let Some(td) = self.thread_domain() else {
+            return register_use(&RegisterFacts {
+                bf_size: sq.bf_size,
+                thread_domain: false,
+                shut_up_bf,
+                next: None,
+            });
+        };
+        let mut r = td.register();
+        r.direct = true;
+        register_use(&RegisterFacts {
+            bf_size: sq.bf_size,
+            thread_domain: true,
+            shut_up_bf: shut_up_bf || td.shut_up_bf(),
+            next: r.next,
+        })
+    }
+
+    /// softnic's mlx5 personality stands in for `MLX5_SHUT_UP_BF` with a device setting
+    /// (tests in one process must not race on the environment).
+    fn softnic_shut_up_bf(&self) -> bool {
+        #[cfg(feature = "softnic")]
+        if self.pd().context().kind() == crate::DeviceKind::Softnic {
+            // SAFETY: the live context of this QP.
+            return unsafe { hotverbs_softnic::mlx5_shut_up_bf(self.pd().context().as_raw()) };
+        }
+        false
     }
 }

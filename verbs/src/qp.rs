@@ -2046,10 +2046,20 @@ impl Qp {
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // libmlx5 rings a thread domain's register unlocked and toggles its BlueFlame offset:
+        // td.rs `Register`.
+        let td = self.thread_domain();
+        if let Some(td) = td {
+            td.before_libmlx5_post("ibv_post_send")?;
+        }
         // SAFETY: live QP; raw and sges are valid for the call; the memory they describe is
         // the caller's contract.
         let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(self.qp, &mut raw, &mut bad) };
-        if ret != 0 {
+        if ret == 0 {
+            if let Some(td) = td {
+                td.libmlx5_posted();
+            }
+        } else {
             let unnamed = bad.is_null();
             if unnamed {
                 self.sq_unnamed.store(true, Ordering::Relaxed);

@@ -35,6 +35,79 @@ pub(crate) struct TdInner {
     /// promise), and rings are `Send`: two rings on two of its QPs could ring it from two
     /// threads at once. So a thread domain has one send ring at a time.
     send_ring: std::sync::atomic::AtomicBool,
+    /// The BlueFlame alternation of the thread domain's register (see [`Register`]).
+    reg: std::sync::Mutex<Register>,
+    /// `MLX5_SHUT_UP_BF` was set when the thread domain was allocated.
+    shut_up_bf: bool,
+}
+
+/// What hotverbs knows of a thread domain's doorbell register (libmlx5 gives every thread
+/// domain a register of its own, `mlx5_alloc_td` -> `mlx5_attach_dedicated_uar`, shared by
+/// the thread domain's QPs without a lock).
+///
+/// libmlx5 keeps one `bf->offset` per register and toggles it (`offset ^= buf_size`) at
+/// every `post_send_db` that announces at least one WR (`mlx5_post_send`, and
+/// `mlx5_send_wr_complete` for `ibv_wr_*`), BlueFlame copy or plain doorbell alike
+/// (`providers/mlx5/qp.c`). mlx5dv does not expose it and nothing can set it, so:
+/// - `lib` mirrors it: 0 for a fresh register, toggled by each post hotverbs makes through
+///   libmlx5 on a QP of the thread domain ([`ThreadDomain::libmlx5_posted`]); unknown once
+///   a verbs ring (whose posts the datapath makes, uncounted) took a QP of it, or when the
+///   register may have been another thread domain's (libmlx5 recycles a freed thread
+///   domain's register, offset and all: `mlx5_detach_dedicated_uar`).
+/// - `next` is the buffer the register's next write must use to alternate with its last
+///   one: `lib` after a libmlx5 post, where a direct ring stopped after a direct ring.
+///
+/// A direct ring BlueFlames only when `next` is known, starting there; libmlx5 may post
+/// again only while `next == lib` (in step): a direct ring that rang an odd number of
+/// times leaves libmlx5 one buffer behind, which nothing can correct, so the register
+/// stays the direct path's until another direct ring evens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Register {
+    /// libmlx5's `bf->offset` is its second buffer (`Some(true)`), its first, or unknown.
+    pub(crate) lib: Option<bool>,
+    /// The buffer the next write must use: the second, the first, or unknown.
+    pub(crate) next: Option<bool>,
+    /// A direct ring rings the register now.
+    pub(crate) direct: bool,
+}
+
+impl Register {
+    /// A register libmlx5 has not rung since it mapped it (`known`), or one of unknown
+    /// alternation.
+    fn new(known: bool) -> Register {
+        let p = known.then_some(false);
+        Register {
+            lib: p,
+            next: p,
+            direct: false,
+        }
+    }
+
+    /// Known and out of step: libmlx5's next write would land on the buffer written last.
+    pub(crate) fn out_of_step(&self) -> bool {
+        matches!((self.lib, self.next), (Some(l), Some(n)) if l != n)
+    }
+}
+
+/// Contexts on which a thread domain was deallocated: a later thread domain there may get
+/// that register back from libmlx5 (`mlx5_detach_dedicated_uar` puts it back on the list
+/// `mlx5_alloc_td` takes from) with its `bf->offset` odd. Weak references: each keeps its
+/// context's allocation, so its address names no later context; dead ones are pruned.
+type Recycled = Vec<std::sync::Weak<crate::device::CtxInner>>;
+static RECYCLED: std::sync::Mutex<Recycled> = std::sync::Mutex::new(Vec::new());
+
+fn recycled_list() -> std::sync::MutexGuard<'static, Recycled> {
+    RECYCLED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn recycled(ctx: &Context) -> bool {
+    let me = Arc::as_ptr(&ctx.inner);
+    recycled_list().iter().any(|w| std::ptr::eq(w.as_ptr(), me))
+}
+
+/// libmlx5's `get_shut_up_bf()`: `MLX5_SHUT_UP_BF` set to anything but `"0"`.
+pub(crate) fn shut_up_bf_env() -> bool {
+    std::env::var_os("MLX5_SHUT_UP_BF").is_some_and(|v| v != "0")
 }
 
 // SAFETY: a TD is an identifier handed to verbs, all of which are thread-safe to call; the
@@ -54,6 +127,12 @@ impl TdInner {
         let ret = unsafe { hotverbs_ffi::inline::ibv_dealloc_td(td) };
         if ret != 0 {
             return Err(Error::from_ret("ibv_dealloc_td", ret));
+        }
+        let me = Arc::as_ptr(&self.ctx.inner);
+        let mut r = recycled_list();
+        r.retain(|w| w.strong_count() > 0);
+        if !r.iter().any(|w| std::ptr::eq(w.as_ptr(), me)) {
+            r.push(Arc::downgrade(&self.ctx.inner));
         }
         Ok(())
     }
@@ -114,7 +193,7 @@ impl fmt::Debug for ThreadDomain {
 
 impl ThreadDomain {
     /// Takes the thread domain's one send-ring slot; false if a send ring already has it.
-    pub(crate) fn claim_send_ring(&self) -> bool {
+    fn claim_send_ring(&self) -> bool {
         !self
             .inner
             .send_ring
@@ -127,6 +206,76 @@ impl ThreadDomain {
             .send_ring
             .store(false, std::sync::atomic::Ordering::Release);
     }
+
+    /// Takes the send-ring slot for a ring (`direct`: a `DirectRing`) on a QP of this
+    /// thread domain. A verbs ring posts through libmlx5 uncounted: refused while the
+    /// register is out of step (see [`Register`]), and the alternation is unknown after.
+    pub(crate) fn claim_ring_slot(&self, verb: &'static str, direct: bool) -> Result<()> {
+        if !self.claim_send_ring() {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "another QP of this thread domain has a send ring: the QPs of a thread \
+                 domain share its doorbell register without a lock, and two rings could \
+                 ring it from two threads; give each QP with a ring its own thread domain \
+                 (ctx.alloc_td(), pd.alloc_parent_domain(Some(&td)))",
+            ));
+        }
+        if !direct {
+            let mut r = self.register();
+            if r.out_of_step() {
+                drop(r);
+                self.release_send_ring();
+                return Err(out_of_step(verb));
+            }
+            // Its posts go through libmlx5 uncounted: the alternation is unknown from here
+            // on (a later direct ring on this thread domain rings the doorbell alone).
+            *r = Register::new(false);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn register(&self) -> std::sync::MutexGuard<'_, Register> {
+        self.inner.reg.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `MLX5_SHUT_UP_BF` was set when the thread domain was allocated.
+    pub(crate) fn shut_up_bf(&self) -> bool {
+        self.inner.shut_up_bf
+    }
+
+    /// Before hotverbs posts through libmlx5 on a QP of this thread domain
+    /// (`ibv_post_send`): refused while a direct ring rings the register (libmlx5 takes no
+    /// lock on a thread domain's register) or while its alternation is out of step.
+    pub(crate) fn before_libmlx5_post(&self, verb: &'static str) -> Result<()> {
+        let r = self.register();
+        if r.direct {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "a DirectRing on a QP of this thread domain rings its doorbell register, \
+                 which libmlx5 would write without a lock: post through that ring, drop it \
+                 first, or give this QP a thread domain of its own",
+            ));
+        }
+        if r.out_of_step() {
+            return Err(out_of_step(verb));
+        }
+        Ok(())
+    }
+
+    /// After a post through libmlx5 on a QP of this thread domain announced its WR
+    /// (`post_send_db` toggled the register's offset).
+    pub(crate) fn libmlx5_posted(&self) {
+        let mut r = self.register();
+        r.lib = r.lib.map(|l| !l);
+        r.next = r.lib;
+    }
+}
+
+fn out_of_step(verb: &'static str) -> Error {
+    Error::new(verb, libc::EBUSY).with_hint(
+        "a DirectRing on this thread domain rang its register an odd number of times, so \
+         libmlx5's BlueFlame alternation is one buffer behind and cannot be set: post on \
+         this thread domain's QPs through a DirectRing, or use a QP of another thread \
+         domain for libmlx5 posts",
+    )
 }
 
 impl Context {
@@ -161,6 +310,8 @@ impl Context {
                 ctx: self.clone(),
                 td,
                 send_ring: std::sync::atomic::AtomicBool::new(false),
+                reg: std::sync::Mutex::new(Register::new(!recycled(self))),
+                shut_up_bf: shut_up_bf_env(),
             }),
         })
     }

@@ -121,3 +121,51 @@ fn a_non_blocking_get_cq_event_runs_the_simulated_device_once() {
     dst.read_into(0, &mut got).unwrap();
     assert_eq!(&got, b"now");
 }
+
+#[test]
+fn direct_ring_on_uc_sends_and_writes() {
+    mlx5_cases::direct_ring_on_uc_sends_and_writes(&sim());
+}
+
+/// A softnic device whose mlx5 CQs have 128-byte CQEs (`SoftnicConfig::mlx5_cqe_size`,
+/// what libmlx5 makes with `MLX5_CQE_SIZE=128`): the direct poller reads them (the
+/// 64-byte CQE in each entry's second half) through writes and READs, errors and flushes,
+/// a reset with its clean, and a UC pair.
+#[test]
+fn the_direct_path_on_128_byte_cqes() {
+    let ctx = || {
+        Context::open_softnic_with(SoftnicConfig {
+            name: "softnic_mlx5_cqe128".into(),
+            mlx5: true,
+            mlx5_cqe_size: 128,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    {
+        let c = ctx();
+        let cq = c.create_cq(16, None).unwrap();
+        let d = cq.mlx5_cq().unwrap();
+        assert_eq!(d.cqe_size, 128, "the CQ's CQEs are 128 bytes: {d:?}");
+    }
+    mlx5_cases::direct_ring_writes_reads_and_polls(&ctx());
+    mlx5_cases::direct_path_error_completion_retires_everything(&ctx());
+    mlx5_cases::direct_ring_reset_qp_cleans_the_cq_and_recovers(&ctx());
+    mlx5_cases::destroying_a_qp_cleans_its_cqes_from_the_direct_cq(&ctx());
+    mlx5_cases::direct_ring_on_uc_sends_and_writes(&ctx());
+}
+
+/// A CQE size libmlx5 does not make is refused when the CQ is described, not guessed.
+#[test]
+fn an_unknown_cqe_size_is_refused() {
+    let ctx = Context::open_softnic_with(SoftnicConfig {
+        name: "softnic_mlx5_cqe96".into(),
+        mlx5: true,
+        mlx5_cqe_size: 96,
+        ..Default::default()
+    })
+    .unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let e = cq.mlx5_cq().unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+}

@@ -89,3 +89,10 @@ fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
         mlx5_cases::a_refused_direct_poller_leaves_the_verbs_poller_working(&ctx);
     }
 }
+
+#[test]
+fn direct_ring_on_uc_sends_and_writes() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_ring_on_uc_sends_and_writes(&ctx);
+    }
+}

@@ -148,6 +148,32 @@ const MIRI_TESTS: &[MiriTest] = &[
             "the mlx5 direct path: WQE stores, the BlueFlame copy and CQE reads on raw SQ/CQ memory",
     },
     MiriTest {
+        package: "hotverbs-datapath",
+        target: "direct_session",
+        tests: &[
+            "a_session_writes_what_send_now_writes_and_retires_everything_once",
+            "a_window_writes_what_a_batch_writes",
+            "a_leaked_session_is_caught_up_from_the_doorbell_record",
+            "a_completion_for_a_leaked_sessions_wr_is_not_lost",
+            "a_leaked_window_announces_nothing",
+            "a_post_list_writes_what_a_window_writes_across_the_sq_wrap",
+        ],
+        models: Models::Both,
+        why: "issue 29: the fixed-size session, window and post list write WQEs through raw \
+              SQ pointers and catch a leaked session up from the doorbell record",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
+        target: "mmio_doorbell",
+        tests: &[
+            "mmio_stores_what_the_recording_doorbell_records_for_every_copy_width",
+            "one_bf_block_lands_byte_for_byte",
+        ],
+        models: Models::Stacked,
+        why: "issue 29 item 6: the hardware doorbell's volatile stores (miri's fallback copy) \
+              on plain SQ and register memory, against the recording doorbell",
+    },
+    MiriTest {
         package: "hotverbs-softnic",
         target: "extended",
         tests: &["raw_memory_extended_path"],

@@ -16,10 +16,12 @@ fn main() -> ExitCode {
             let t = |v: Option<f64>| v.map_or("-".to_string(), |t| t.to_string());
             for r in ROWS {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}{}{}\t{}\t{}",
                     r.name,
                     r.baseline,
                     r.hotverbs,
+                    if r.ratio_goal { "~" } else { "" },
+                    if r.ratio_own { "o" } else { "" },
                     t(r.ratio),
                     if r.own_goal {
                         format!("~{}", t(r.own))

@@ -95,9 +95,15 @@ static void *zalloc_aligned(size_t sz, uint8_t fill)
 	return p;
 }
 
-struct hv_env *hv_env_new(int ud, unsigned wqe_cnt, unsigned max_gs, unsigned max_inline,
-			  unsigned qpn, unsigned ncqe, unsigned char poison)
+/* qpt: IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD; cqe_sz: 64 or 128 (MLX5_CQE_SIZE). */
+struct hv_env *hv_env_new(int qpt, unsigned wqe_cnt, unsigned max_gs, unsigned max_inline,
+			  unsigned qpn, unsigned ncqe, unsigned char poison, unsigned cqe_sz)
 {
+	int ud = qpt == IBV_QPT_UD;
+	if (qpt != IBV_QPT_RC && qpt != IBV_QPT_UC && qpt != IBV_QPT_UD)
+		abort();
+	if (cqe_sz != 64 && cqe_sz != 128)
+		abort();
 	struct hv_env *e = calloc(1, sizeof(*e));
 	if (!e)
 		abort();
@@ -128,10 +134,12 @@ struct hv_env *hv_env_new(int ud, unsigned wqe_cnt, unsigned max_gs, unsigned ma
 	struct mlx5_cq *cq = e->cq;
 	cq->verbs_cq.cq.context = &ctx->ibv_ctx.context;
 	cq->verbs_cq.cq.cqe = ncqe - 1;
-	cq->cqe_sz = 64;
-	e->cqbuf = zalloc_aligned((size_t)ncqe * 64, 0);
+	cq->cqe_sz = cqe_sz;
+	e->cqbuf = zalloc_aligned((size_t)ncqe * cqe_sz, 0);
+	/* As mlx5_alloc_cq_buf: the 64-byte CQE is the last 64 bytes of each entry. */
 	for (unsigned i = 0; i < ncqe; i++)
-		((struct mlx5_cqe64 *)(e->cqbuf + 64 * i))->op_own = MLX5_CQE_INVALID << 4;
+		((struct mlx5_cqe64 *)(e->cqbuf + cqe_sz * i + cqe_sz - 64))->op_own =
+			MLX5_CQE_INVALID << 4;
 	cq->buf_a.buf = e->cqbuf;
 	cq->active_buf = &cq->buf_a;
 	cq->dbrec = e->cqdb;
@@ -143,7 +151,7 @@ struct hv_env *hv_env_new(int ud, unsigned wqe_cnt, unsigned max_gs, unsigned ma
 	qp->rsc.rsn = qpn;
 	ibqp->context = &ctx->ibv_ctx.context;
 	ibqp->qp_num = qpn;
-	ibqp->qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC;
+	ibqp->qp_type = qpt;
 	ibqp->state = IBV_QPS_RTS;
 	ibqp->send_cq = ibqp->recv_cq = &cq->verbs_cq.cq;
 	qp->ibv_qp = ibqp;
@@ -170,10 +178,13 @@ struct hv_env *hv_env_new(int ud, unsigned wqe_cnt, unsigned max_gs, unsigned ma
 	ctx->ibv_ctx.context.ops.poll_cq = mlx5_poll_cq;
 
 	struct ibv_qp_init_attr_ex attr = {
-		.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC,
+		.qp_type = qpt,
 		.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.send_ops_flags = ud ? (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
-				     : (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
+				  : qpt == IBV_QPT_UC
+				  ? (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
+				  : (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
 					IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
 					IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
 					IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |

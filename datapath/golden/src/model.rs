@@ -74,13 +74,14 @@ struct Env {
 
 extern "C" {
     fn hv_env_new(
-        ud: i32,
+        qpt: i32,
         wqe_cnt: u32,
         max_gs: u32,
         max_inline: u32,
         qpn: u32,
         ncqe: u32,
         poison: u8,
+        cqe_sz: u32,
     ) -> *mut Env;
     fn hv_new_ah(e: *mut Env, av: *const u8) -> *mut ibv_ah;
     fn hv_qp(e: *mut Env) -> *mut ibv_qp;
@@ -115,6 +116,9 @@ extern "C" {
 pub struct ModelCfg {
     /// UD (datagram segment in every WQE) instead of RC.
     pub ud: bool,
+    /// UC instead of RC (libmlx5's `IBV_QPT_UC` case: an address segment for RDMA WRITE
+    /// only).
+    pub uc: bool,
     /// Basic blocks in the SQ (a power of two).
     pub wqe_cnt: u32,
     /// `max_send_sge`.
@@ -127,6 +131,8 @@ pub struct ModelCfg {
     pub cqe_cnt: u32,
     /// The byte the SQ starts filled with.
     pub poison: u8,
+    /// Bytes per CQE: 64 or 128 (`cq->cqe_sz`, libmlx5's `MLX5_CQE_SIZE`).
+    pub cqe_size: u32,
 }
 
 /// One fake mlx5 environment driven by libmlx5's own code. Leaked on drop (a test's few).
@@ -148,16 +154,26 @@ impl Model {
             "golden model not built: run `cargo xtask golden`"
         );
         assert!(cfg.wqe_cnt.is_power_of_two() && cfg.cqe_cnt.is_power_of_two());
+        assert!(!(cfg.ud && cfg.uc), "a QP both UD and UC");
+        assert!(cfg.cqe_size == 64 || cfg.cqe_size == 128);
+        let qpt = if cfg.ud {
+            hotverbs_ffi::IBV_QPT_UD
+        } else if cfg.uc {
+            hotverbs_ffi::IBV_QPT_UC
+        } else {
+            hotverbs_ffi::IBV_QPT_RC
+        };
         // SAFETY: plain values; the shim allocates everything.
         let e = unsafe {
             hv_env_new(
-                cfg.ud as i32,
+                qpt as i32,
                 cfg.wqe_cnt,
                 cfg.max_gs,
                 cfg.max_inline,
                 cfg.qpn,
                 cfg.cqe_cnt,
                 cfg.poison,
+                cfg.cqe_size,
             )
         };
         Model { e, cfg }
@@ -267,7 +283,7 @@ impl Model {
         mlx5_poll_cq
     }
 
-    /// The CQ buffer (`cqe_cnt * 64` bytes).
+    /// The CQ buffer (`cqe_cnt * cqe_size` bytes).
     pub fn cq_buf(&self) -> *mut u8 {
         // SAFETY: a live env.
         unsafe { hv_cq_buf(self.e) }

@@ -27,8 +27,15 @@
 //! `mlx5_arm_cq` for random consumer indices, arm sequence numbers, CQ numbers and both
 //! commands: the same arm word in the doorbell record, UAR stores and barriers.
 //!
-//! **Planted bugs.** The same comparison with one wrong byte in a segment, and with a
-//! missing BlueFlame copy, must report differences.
+//! **Flags, transports, CQE sizes.** One message in eight is fenced (`Msg::fence`,
+//! `IBV_SEND_FENCE`) and one in eight solicited, on every shape; one shape is a UC QP
+//! (libmlx5's `IBV_QPT_UC` case; SEND and RDMA WRITE only), and two shapes' send CQs have
+//! 128-byte CQEs (`cq->cqe_sz = 128`: the pollers, the CQE streams and the CQ clean run on
+//! both sizes).
+//!
+//! **Planted bugs.** The same comparison with one wrong byte in a segment, with a
+//! missing BlueFlame copy, and with the fence / solicited bits left out, must report
+//! differences.
 //!
 //! Ends with `golden: <N> WRs and <M> CQEs compared, <D> differences`.
 
@@ -62,6 +69,11 @@ mod real {
     /// WRs posted by each way (staged, `send_now` last, batch, staged), and lone `send_now`s.
     static HOW: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
     static CQES: AtomicU64 = AtomicU64::new(0);
+    /// WRs posted fenced, solicited, on a UC QP; completions read from 128-byte CQEs.
+    static FENCED: AtomicU64 = AtomicU64::new(0);
+    static SOLICITED: AtomicU64 = AtomicU64::new(0);
+    static UC_WRS: AtomicU64 = AtomicU64::new(0);
+    static CQE128: AtomicU64 = AtomicU64::new(0);
     static DIFFS: AtomicU64 = AtomicU64::new(0);
     /// Planted runs count their differences without printing them.
     static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -87,6 +99,8 @@ mod real {
         WrongByte,
         /// The BlueFlame copy replaced by the 8-byte doorbell.
         NoBlueFlame,
+        /// Our messages posted without their fence / solicited flags.
+        NoFlags,
     }
 
     /// A recording doorbell that can drop the BlueFlame copy (a planted bug).
@@ -133,25 +147,31 @@ mod real {
 
     struct Shape {
         ud: bool,
+        /// UC (RC's WQEs; no READ, no atomics).
+        uc: bool,
         wqe_cnt: u32,
         max_gs: u32,
         max_inline: u32,
+        /// Bytes per CQE of the send CQ (64 or 128).
+        cqe: u32,
     }
 
     fn model(s: &Shape) -> Model {
         Model::new(ModelCfg {
             ud: s.ud,
+            uc: s.uc,
             wqe_cnt: s.wqe_cnt,
             max_gs: s.max_gs,
             max_inline: s.max_inline,
             qpn: QPN,
             cqe_cnt: 256,
             poison: POISON,
+            cqe_size: s.cqe,
         })
     }
 
     fn ours(s: &Shape, remote: RemoteBuf, ud: Option<DirectUd>, plant: Plant) -> Ours {
-        let mut sim = Box::new(Mlx5Sim::new(s.wqe_cnt, 256, QPN));
+        let mut sim = Box::new(Mlx5Sim::with_cqe_size(s.wqe_cnt, 256, QPN, s.cqe));
         let p = sim.ptrs();
         let sq = DirectSq {
             buf: p.sq,
@@ -163,6 +183,7 @@ mod real {
             bf_offset: 0,
             qp_num: QPN,
             ud: s.ud,
+            uc: s.uc,
             max_inline: s.max_inline,
             max_sge: s.max_gs,
             wrid: p.wrid,
@@ -184,7 +205,7 @@ mod real {
             let mut poller = DirectPoller::new(DirectCq {
                 buf: p.cq,
                 cqe_cnt: 256,
-                cqe_size: 64,
+                cqe_size: s.cqe,
                 dbrec: p.cq_dbrec,
                 cqn: 1,
                 cons_index: 0,
@@ -203,6 +224,10 @@ mod real {
         compare_add: u64,
         swap: u64,
         kind: Payload,
+        /// `Msg::fence` / `IBV_SEND_FENCE`.
+        fence: bool,
+        /// `Msg::solicited` / `IBV_SEND_SOLICITED`.
+        solicited: bool,
     }
 
     enum Payload {
@@ -216,6 +241,13 @@ mod real {
     fn gen(r: &mut Rng, s: &Shape, mem: &[u8]) -> Gen {
         let ops: &[Opcode] = if s.ud {
             &[Opcode::Send, Opcode::SendImm]
+        } else if s.uc {
+            &[
+                Opcode::Send,
+                Opcode::SendImm,
+                Opcode::Write,
+                Opcode::WriteImm,
+            ]
         } else {
             &[
                 Opcode::Send,
@@ -330,6 +362,10 @@ mod real {
             compare_add: r.next(),
             swap: r.next(),
             kind,
+            // One in eight fenced, one in eight solicited (any opcode: libmlx5 writes the
+            // bits for any).
+            fence: r.below(8) == 0,
+            solicited: r.below(8) == 0,
         }
     }
 
@@ -339,6 +375,25 @@ mod real {
     }
 
     fn msg<'a>(g: &'a Gen) -> Msg<'a> {
+        let m = plain_msg(g);
+        let m = if g.fence { m.fence() } else { m };
+        if g.solicited {
+            m.solicited()
+        } else {
+            m
+        }
+    }
+
+    /// [`msg`], or the message without its flags for [`Plant::NoFlags`].
+    fn our_msg<'a>(g: &'a Gen, plant: Plant) -> Msg<'a> {
+        if plant == Plant::NoFlags {
+            plain_msg(g)
+        } else {
+            msg(g)
+        }
+    }
+
+    fn plain_msg<'a>(g: &'a Gen) -> Msg<'a> {
         let local = match &g.kind {
             Payload::Empty | Payload::InlineList(_) | Payload::Sges(_) => Local::Empty,
             Payload::Inline(d) => Local::Inline(d),
@@ -476,6 +531,7 @@ mod real {
                 256,
                 QPN,
             )
+            .cqe_size(s.cqe)
         };
         let mut wrs = 0u64;
         let mut chain_no = 0u64;
@@ -524,7 +580,7 @@ mod real {
                 for g in &gens {
                     curs.push(b.cur_post());
                     let seq = b
-                        .push(msg(g))
+                        .push(our_msg(g, plant))
                         .unwrap_or_else(|e| panic!("chain {chain_no}: {e} ({:?})", g.msg_op));
                     seqs.push(seq);
                 }
@@ -536,7 +592,7 @@ mod real {
             } else {
                 for (i, g) in gens.iter().enumerate() {
                     curs.push(us.ring.cur_post());
-                    let m = msg(g);
+                    let m = our_msg(g, plant);
                     // SAFETY: registered-memory payloads point into `mem` (inlined ones) or
                     // are never dereferenced (the simulated device reads no data).
                     let seq = unsafe {
@@ -618,7 +674,9 @@ mod real {
                     wr_id: wr_id::encode(RING_ID, seqs[i]),
                     opcode: ibv_opcode(g.msg_op),
                     send_flags: if inline { IBV_SEND_INLINE } else { 0 }
-                        | if signaled { IBV_SEND_SIGNALED } else { 0 },
+                        | if signaled { IBV_SEND_SIGNALED } else { 0 }
+                        | if g.fence { IBV_SEND_FENCE } else { 0 }
+                        | if g.solicited { IBV_SEND_SOLICITED } else { 0 },
                     imm_be: g.imm.to_be(),
                     rkey: remote.rkey,
                     remote_addr: remote.addr.wrapping_add(g.remote_off),
@@ -793,40 +851,68 @@ mod real {
             for (o, t) in got[..k.min(theirs.len())].iter().zip(&theirs) {
                 compare_wc(&format!("completion, chain {chain_no}"), o, t);
                 CQES.fetch_add(1, Ordering::Relaxed);
+                if s.cqe == 128 && plant == Plant::None {
+                    CQE128.fetch_add(1, Ordering::Relaxed);
+                }
             }
             for c in &got[..k] {
                 us.ring.on_completion(c).unwrap();
             }
             lib.drain();
             wrs += n as u64;
+            if plant == Plant::None {
+                let count = |f: fn(&Gen) -> bool| gens.iter().filter(|g| f(g)).count() as u64;
+                FENCED.fetch_add(count(|g| g.fence), Ordering::Relaxed);
+                SOLICITED.fetch_add(count(|g| g.solicited), Ordering::Relaxed);
+                if s.uc {
+                    UC_WRS.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
         }
         wrs
     }
 
-    const SHAPES: [Shape; 4] = [
+    /// RC, UC and UD queues; the send CQ has 128-byte CQEs in two of them.
+    const SHAPES: [Shape; 5] = [
         Shape {
             ud: false,
+            uc: false,
             wqe_cnt: 1024,
             max_gs: 4,
             max_inline: 188,
+            cqe: 64,
         },
         Shape {
             ud: false,
+            uc: false,
             wqe_cnt: 512,
             max_gs: 8,
             max_inline: 60,
+            cqe: 128,
         },
         Shape {
             ud: true,
+            uc: false,
             wqe_cnt: 1024,
             max_gs: 2,
             max_inline: 120,
+            cqe: 64,
         },
         Shape {
             ud: false,
+            uc: false,
             wqe_cnt: 2048,
             max_gs: 16,
             max_inline: 412,
+            cqe: 64,
+        },
+        Shape {
+            ud: false,
+            uc: true,
+            wqe_cnt: 1024,
+            max_gs: 4,
+            max_inline: 124,
+            cqe: 128,
         },
     ];
 
@@ -849,7 +935,8 @@ mod real {
             );
         }
         WRS.fetch_add(total, Ordering::Relaxed);
-        cqe_streams(200_000);
+        cqe_streams(100_000, 64);
+        cqe_streams(100_000, 128);
         println!(
             "golden: WRs staged then flushed {}, ending with send_now {} ({} of them lone), \
              in batches {}",
@@ -858,8 +945,20 @@ mod real {
             HOW[4].load(Ordering::Relaxed),
             HOW[2].load(Ordering::Relaxed)
         );
-        let (cleans, freed) = clean_streams(20_000);
-        println!("golden: {cleans} CQ cleans compared ({freed} CQEs removed)");
+        println!(
+            "golden: of them fenced {}, solicited {}, on a UC QP {}; completions from 128-byte \
+             CQEs {}",
+            FENCED.load(Ordering::Relaxed),
+            SOLICITED.load(Ordering::Relaxed),
+            UC_WRS.load(Ordering::Relaxed),
+            CQE128.load(Ordering::Relaxed)
+        );
+        let (cleans, freed) = clean_streams(10_000, 64);
+        let (cleans128, freed128) = clean_streams(10_000, 128);
+        println!(
+            "golden: {cleans} CQ cleans compared ({freed} CQEs removed), and {cleans128} of \
+             128-byte CQEs ({freed128} removed)"
+        );
         let arms = arm_streams(5_000);
         println!("golden: {arms} CQ arms compared");
         let (w, c, d) = (
@@ -875,17 +974,19 @@ mod real {
         );
     }
 
-    /// Random CQE streams into both CQs; both pollers must agree. Returns CQEs compared.
-    fn cqe_streams(target: u64) {
-        let mut r = Rng(0x5eed_cafe_f00d_0001);
+    /// Random CQE streams into both CQs (CQEs of `cqe` bytes); both pollers must agree.
+    fn cqe_streams(target: u64, cqe: u32) {
+        let mut r = Rng(0x5eed_cafe_f00d_0001 ^ cqe as u64);
         let s = Shape {
             ud: false,
+            uc: false,
             wqe_cnt: 256,
             max_gs: 4,
             max_inline: 64,
+            cqe,
         };
         let mut lib = model(&s);
-        let mut sim = Box::new(Mlx5Sim::new(256, 256, QPN));
+        let mut sim = Box::new(Mlx5Sim::with_cqe_size(256, 256, QPN, cqe));
         let p = sim.ptrs();
         for i in 0..256 {
             let v = r.next();
@@ -898,7 +999,7 @@ mod real {
             let mut q = DirectPoller::<64>::new(DirectCq {
                 buf: p.cq,
                 cqe_cnt: 256,
-                cqe_size: 64,
+                cqe_size: cqe,
                 dbrec: p.cq_dbrec,
                 cqn: 1,
                 cons_index: 0,
@@ -914,6 +1015,7 @@ mod real {
                 bf_offset: 0,
                 qp_num: QPN,
                 ud: false,
+                uc: false,
                 max_inline: 64,
                 max_sge: 4,
                 wrid: p.wrid,
@@ -931,6 +1033,7 @@ mod real {
                 256,
                 QPN,
             )
+            .cqe_size(cqe)
         };
         let syndromes = [
             0x01u8, 0x02, 0x04, 0x05, 0x06, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x22, 0x07,
@@ -994,6 +1097,9 @@ mod real {
             }
         }
         CQES.fetch_add(compared, Ordering::Relaxed);
+        if cqe == 128 {
+            CQE128.fetch_add(compared, Ordering::Relaxed);
+        }
     }
 
     /// libmlx5's `__mlx5_cq_clean` against [`DirectPoller::clean`] on identical CQs.
@@ -1003,17 +1109,21 @@ mod real {
     /// bits), ended by an unwritten entry or one of the previous pass, and cleans one of
     /// the QPs on both sides. Every 64th round first checks that libmlx5 leaves a CQ
     /// marked `MLX5_CQ_FLAGS_DV_OWNED` alone. Returns (cleans compared, CQEs removed).
-    fn clean_streams(rounds: u64) -> (u64, u64) {
+    fn clean_streams(rounds: u64, cqe: u32) -> (u64, u64) {
         const N: u32 = 256;
-        let mut r = Rng(0xc1ea_0000_5eed_0002);
+        // Bytes per CQE; the fields (owner byte, QP number) in the last 64 of each.
+        let sz = cqe as usize;
+        let mut r = Rng(0xc1ea_0000_5eed_0002 ^ cqe as u64);
         let mut lib = model(&Shape {
             ud: false,
+            uc: false,
             wqe_cnt: 256,
             max_gs: 4,
             max_inline: 64,
+            cqe,
         });
         let qpns = [QPN, QPN + 1, 0x00ab_cdef];
-        let mut ours_buf = vec![0u64; N as usize * 8];
+        let mut ours_buf = vec![0u64; N as usize * sz / 8];
         let mut ours_db = [0u32; 2];
         let mut freed_total = 0u64;
         for round in 0..rounds {
@@ -1021,7 +1131,7 @@ mod real {
             for (i, slot) in ours_buf.iter_mut().enumerate() {
                 let v = r.next();
                 *slot = v;
-                // SAFETY: the model's CQ buffer has N * 64 bytes.
+                // SAFETY: the model's CQ buffer has N * sz bytes.
                 unsafe { lib_buf.cast::<u64>().add(i).write_unaligned(v) };
             }
             let ours = ours_buf.as_mut_ptr().cast::<u8>();
@@ -1030,9 +1140,9 @@ mod real {
                 (r.next() as u32 & 0x3fff_ffff) ^ if r.below(2) == 0 { 0 } else { 0xc000_0000 };
             let run = r.below(N as u64) as u32;
             let put = |at: u32, op_own: u8, sop: u32| {
-                let off = ((at & (N - 1)) as usize) << 6;
+                let off = (at & (N - 1)) as usize * sz + sz - 64;
                 for b in [ours, lib_buf] {
-                    // SAFETY: inside both N * 64-byte buffers.
+                    // SAFETY: inside both N * sz-byte buffers.
                     unsafe {
                         b.add(off + 63).write(op_own);
                         b.add(off + 56).cast::<u32>().write_unaligned(sop.to_be());
@@ -1068,12 +1178,12 @@ mod real {
             unsafe { lib.cq_dbrec().write_volatile(db0) };
             let qpn = qpns[r.below(3) as usize];
             if round % 64 == 0 {
-                // SAFETY: reading the model's N * 64-byte buffer.
+                // SAFETY: reading the model's N * sz-byte buffer.
                 let before =
-                    unsafe { std::slice::from_raw_parts(lib_buf, N as usize * 64) }.to_vec();
+                    unsafe { std::slice::from_raw_parts(lib_buf, N as usize * sz) }.to_vec();
                 lib.cq_clean(qpn, cons, true);
                 // SAFETY: as above.
-                let after = unsafe { std::slice::from_raw_parts(lib_buf, N as usize * 64) };
+                let after = unsafe { std::slice::from_raw_parts(lib_buf, N as usize * sz) };
                 // SAFETY: the model's CQ doorbell record.
                 let db = unsafe { lib.cq_dbrec().read_volatile() };
                 if before != after || lib.cons_index() != cons || db != db0 {
@@ -1089,7 +1199,7 @@ mod real {
                 DirectPoller::<1>::new(DirectCq {
                     buf: ours,
                     cqe_cnt: N,
-                    cqe_size: 64,
+                    cqe_size: cqe,
                     dbrec: ours_db.as_mut_ptr(),
                     cqn: 1,
                     cons_index: cons,
@@ -1098,11 +1208,11 @@ mod real {
             .unwrap();
             let freed = p.clean(qpn);
             freed_total += freed as u64;
-            // SAFETY: both N * 64-byte buffers, no writer now.
+            // SAFETY: both N * sz-byte buffers, no writer now.
             let (a, b) = unsafe {
                 (
-                    std::slice::from_raw_parts(ours, N as usize * 64),
-                    std::slice::from_raw_parts(lib_buf, N as usize * 64),
+                    std::slice::from_raw_parts(ours, N as usize * sz),
+                    std::slice::from_raw_parts(lib_buf, N as usize * sz),
                 )
             };
             // SAFETY: the model's CQ doorbell record.
@@ -1196,9 +1306,17 @@ mod real {
         let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let wrong = planted(Plant::WrongByte);
         let no_bf = planted(Plant::NoBlueFlame);
-        println!("planted bugs: one wrong byte -> {wrong} differences, no BlueFlame -> {no_bf}");
+        let no_flags = planted(Plant::NoFlags);
+        println!(
+            "planted bugs: one wrong byte -> {wrong} differences, no BlueFlame -> {no_bf}, \
+             no fence / solicited bits -> {no_flags}"
+        );
         assert!(wrong > 0, "a wrong byte in a segment went unnoticed");
         assert!(no_bf > 0, "a missing BlueFlame copy went unnoticed");
+        assert!(
+            no_flags > 0,
+            "WQEs without their fence / solicited bits went unnoticed"
+        );
     }
 
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -15,12 +15,14 @@ mod real {
     fn model() -> Model {
         Model::new(ModelCfg {
             ud: false,
+            uc: false,
             wqe_cnt: 64,
             max_gs: 4,
             max_inline: 64,
             qpn: 0xabc,
             cqe_cnt: 8,
             poison: 0xcc,
+            cqe_size: 64,
         })
     }
 

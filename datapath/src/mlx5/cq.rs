@@ -4,6 +4,10 @@
 //! - `cons` is libmlx5's `cons_index`: the CQE at `cons & (cqe_cnt - 1)` is the next one,
 //!   and it belongs to software when its opcode is not `INVALID` and its owner bit equals
 //!   `cons & cqe_cnt != 0` (the device flips the bit on every pass).
+//! - CQEs are 64 or 128 bytes (`stride`). Every field parsed, the owner byte included, is
+//!   in the CQE's last 64 bytes (libmlx5: `cqe64 = cqe_sz == 64 ? cqe : cqe + 64`), so the
+//!   poll works on `buf64 = buf + stride - 64` with the stride as its step: the 64-byte
+//!   case is the same arithmetic with an offset of 0.
 //! - A CQE is consumed (`cons` advanced) only once it became a [`Completion`]; a CQE the
 //!   poller refuses stays in place and is reported again by the next poll.
 //! - After every poll the CQ's doorbell record holds `cons & 0xffffff` (what the device
@@ -40,6 +44,10 @@ const NO_QP: QpSlot = QpSlot {
 /// Responder, resize and signature CQEs, compressed CQEs, scatter-to-CQE entries, and
 /// CQEs of a QP no ring [`attach`](Self::attach)ed: [`DirectError`], with the CQE left in
 /// place.
+///
+/// CQEs of 64 or 128 bytes (`MLX5_CQE_SIZE=128`): a 128-byte CQE is read from its second
+/// half, where the device puts the 64-byte CQE's fields (the first half holds what a
+/// requester CQE does not use).
 pub struct DirectPoller<const B: usize> {
     cq: CqState,
     wcs: [Completion; B],
@@ -48,8 +56,16 @@ pub struct DirectPoller<const B: usize> {
 #[derive(Debug)]
 struct CqState {
     /// Written only by [`clean`](DirectPoller::clean) (as libmlx5's `__mlx5_cq_clean`
-    /// rewrites its own CQ); the poll path only reads.
-    buf: *mut u8,
+    /// rewrites its own CQ); the poll path only reads. The last 64 bytes of the first CQE
+    /// (`buf + stride - 64`): where the fields are (see the module invariants).
+    buf64: *mut u8,
+    /// Bytes per CQE: 64 or 128.
+    stride: usize,
+    /// `log2(stride)`.
+    shift: u32,
+    /// One past the last CQE's 64-byte half (`buf64 + cqe_cnt * stride`): where a walking
+    /// CQE pointer wraps.
+    end: *const u8,
     mask: u32,
     cqe_cnt: u32,
     dbrec: *mut u32,
@@ -68,6 +84,7 @@ impl<const B: usize> core::fmt::Debug for DirectPoller<B> {
         f.debug_struct("DirectPoller")
             .field("cqn", &self.cq.cqn)
             .field("cqe_cnt", &self.cq.cqe_cnt)
+            .field("cqe_size", &self.cq.stride)
             .field("cons_index", &self.cq.cons)
             .finish_non_exhaustive()
     }
@@ -82,8 +99,8 @@ impl<const B: usize> DirectPoller<B> {
     /// as send CQ only. Its buffer is writable ([`clean`](Self::clean) moves CQEs in it, as
     /// libmlx5 does).
     pub unsafe fn new(cq: DirectCq) -> Result<Self, DirectError> {
-        if cq.cqe_size != 64 {
-            return Err(DirectError::Cq("CQE size other than 64 bytes"));
+        if cq.cqe_size != 64 && cq.cqe_size != 128 {
+            return Err(DirectError::Cq("CQE size other than 64 or 128 bytes"));
         }
         if cq.buf.is_null() || cq.dbrec.is_null() {
             return Err(DirectError::Cq("a NULL buffer or doorbell record"));
@@ -91,9 +108,14 @@ impl<const B: usize> DirectPoller<B> {
         if !cq.cqe_cnt.is_power_of_two() || cq.cqe_cnt > 1 << 23 {
             return Err(DirectError::Cq("cqe_cnt not a power of two up to 2^23"));
         }
+        let stride = cq.cqe_size as usize;
+        let buf64 = cq.buf.wrapping_add(stride - 64);
         Ok(Self {
             cq: CqState {
-                buf: cq.buf,
+                buf64,
+                stride,
+                shift: stride.trailing_zeros(),
+                end: buf64.wrapping_add(cq.cqe_cnt as usize * stride),
                 mask: cq.cqe_cnt - 1,
                 cqe_cnt: cq.cqe_cnt,
                 dbrec: cq.dbrec,
@@ -266,12 +288,13 @@ fn wrap(buf: *const u8, owner: u8) -> (*const u8, u8) {
 }
 
 impl CqState {
-    /// The CQE at consumer index `cons` and the owner bit software owns it with on this
-    /// pass.
+    /// The CQE at consumer index `cons` (its 64-byte half with the fields) and the owner
+    /// bit software owns it with on this pass.
     #[inline(always)]
     fn cursor(&self, cons: u32) -> (*const u8, u8) {
         (
-            self.buf.wrapping_add(((cons & self.mask) as usize) << 6),
+            self.buf64
+                .wrapping_add(((cons & self.mask) as usize) << self.shift),
             ((cons & self.cqe_cnt) != 0) as u8,
         )
     }
@@ -303,14 +326,18 @@ impl CqState {
                 freed += 1;
             } else if freed != 0 {
                 let (d, _) = self.cursor(prod.wrapping_add(freed));
-                let (src, dst) = (c.cast::<u64>(), d.cast_mut().cast::<u64>());
-                // SAFETY: two distinct 64-byte CQEs of the buffer, 8-aligned (the buffer
-                // is page-aligned, CQEs 64 bytes), the buffer writable (new's contract);
-                // the slot `d` is one the device wrote and we did not consume, so the
-                // device does not write it now.
+                // The whole CQE moves (both halves of a 128-byte one, as libmlx5's
+                // `memcpy(dest, cqe, cqe_sz)`); the owner bit is the 64-byte half's.
+                let back = self.stride - 64;
+                let src = c.wrapping_sub(back).cast::<u64>();
+                let dst = d.cast_mut().wrapping_sub(back).cast::<u64>();
+                // SAFETY: two distinct CQEs of `stride` bytes in the buffer, 8-aligned (the
+                // buffer is page-aligned, CQEs 64 or 128 bytes), the buffer writable (new's
+                // contract); the slot `d` is one the device wrote and we did not consume, so
+                // the device does not write it now.
                 unsafe {
                     let owner = d.add(cqe::OFF_OP_OWN).read_volatile() & cqe::OWNER_MASK;
-                    for i in 0..8 {
+                    for i in 0..self.stride / 8 {
                         dst.add(i).write_volatile(src.add(i).read_volatile());
                     }
                     let op = d.cast_mut().add(cqe::OFF_OP_OWN);
@@ -321,7 +348,7 @@ impl CqState {
         if freed != 0 {
             self.cons = cons.wrapping_add(freed);
             // The moved CQEs before the consumer index that frees their old slots.
-            super::Doorbell::to_device_barrier(&mut super::Mmio);
+            super::to_device_barrier();
             // SAFETY: the CQ's doorbell record (new's contract).
             unsafe {
                 self.dbrec
@@ -342,10 +369,10 @@ impl CqState {
     /// the `wrid` table at `wqe_counter`, and five stores.
     #[inline(always)]
     fn poll_into(&mut self, out: &mut [Completion]) -> Result<usize, DirectError> {
-        let buf = self.buf.cast_const();
-        // `c` stays inside the buffer of `cqe_cnt` CQEs (new's contract), wrapping to
-        // `buf` at `end`.
-        let end = buf.wrapping_add((self.cqe_cnt as usize) << 6);
+        let buf = self.buf64.cast_const();
+        // `c` stays inside the buffer of `cqe_cnt` CQEs (new's contract), one CQE's 64-byte
+        // half at a time, wrapping to `buf` at `end`.
+        let (end, stride) = (self.end, self.stride);
         // `cons` is always `base + n`: the loop counts only `n`.
         let base = self.cons;
         let (mut c, mut owner) = self.cursor(base);
@@ -392,7 +419,7 @@ impl CqState {
                     // (repr(transparent) ibv_wc).
                     unsafe { store_words((*p).raw_mut(), wr_id, &words, (slot.qpn as u64) << 32) };
                     p = p.wrapping_add(1);
-                    c = c.wrapping_add(64);
+                    c = c.wrapping_add(stride);
                     if c == end {
                         (c, owner) = wrap(buf, owner);
                     }
@@ -443,8 +470,8 @@ impl CqState {
     #[inline(never)]
     fn slow_one(&mut self, out: &mut Completion) -> Result<bool, DirectError> {
         let cons = self.cons;
-        // SAFETY: `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
-        let c = unsafe { self.buf.add(((cons & self.mask) as usize) << 6) };
+        // `cons & mask` < cqe_cnt: the CQE is inside the buffer (new's contract).
+        let (c, _) = self.cursor(cons);
         // SAFETY: as above; the device writes op_own last, so read it first.
         let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
         let opcode = op_own >> 4;

@@ -1,5 +1,5 @@
-//! mlx5 direct path: WQEs written straight into a ConnectX send queue and 64-byte CQEs read
-//! straight from its CQ, without libmlx5's generic `mlx5_post_send` / `mlx5_poll_cq`.
+//! mlx5 direct path: WQEs written straight into a ConnectX send queue and CQEs (64 or 128
+//! bytes) read straight from its CQ, without libmlx5's generic `mlx5_post_send` / `mlx5_poll_cq`.
 //!
 //! - [`DirectRing`]: the [`Msg`](crate::Msg) API of [`SendRing`](crate::SendRing) and
 //!   [`WrRing`](crate::WrRing) (batching, signal schedule, back-pressure, split mode, exact
@@ -18,7 +18,14 @@
 //! - ctrl (16 B): `opmod_idx_opcode = be32(cur_post & 0xffff) << 8 | opcode)`,
 //!   `qpn_ds = be32(qpn << 8 | ds)`, bytes 8..11 zero then `fm_ce_se` (`CQ_UPDATE` when
 //!   signaled), `imm` (big-endian immediate for the `_WITH_IMM` opcodes, else 0);
-//! - RC READ / WRITE(_IMM): raddr segment (`be64 addr`, `be32 rkey`, 4 zero bytes);
+//!   `fm_ce_se` also carries a message's [`fence`](crate::Msg::fence)
+//!   (`MLX5_WQE_CTRL_FENCE`) and [`solicited`](crate::Msg::solicited)
+//!   (`MLX5_WQE_CTRL_SOLICITED`), as libmlx5's `_mlx5_post_send` sets them for
+//!   `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` (its other fence, the small initiator fence
+//!   after a memory-window bind or local invalidate, `fm_cache`, never arises: the ring
+//!   posts neither);
+//! - RC and UC READ / WRITE(_IMM): raddr segment (`be64 addr`, `be32 rkey`, 4 zero bytes;
+//!   UC has no READ: refused);
 //! - RC atomics: raddr, then atomic segment (`swap_add`, `compare`; FETCH_AND_ADD writes
 //!   only `swap_add`, as libmlx5: the device ignores `compare` there);
 //! - UD: the 48-byte address vector of the destination's AH with `dqp_dct =
@@ -35,15 +42,18 @@
 //! # Doorbell ([`Doorbell`], `post_send_db()` in libmlx5)
 //! After a batch of `n` WQEs, in this order:
 //! 1. `udma_to_device_barrier()`: the WQE stores before the doorbell record (x86: compiler
-//!    barrier; arm64: `dmb oshst`);
+//!    barrier; arm64: `dmb oshst`; riscv64: `fence ow,ow`);
 //! 2. the doorbell record: `dbrec[MLX5_SND_DBR] = be32(cur_post & 0xffff)`;
-//! 3. `mmio_wc_start()`: the record before the write-combining stores (x86: `sfence`);
+//! 3. `mmio_wc_start()`: the record before the write-combining stores (x86: `sfence`;
+//!    arm64: `dsb st`; riscv64: `fence ow,ow`);
 //! 4. BlueFlame, when `n == 1`, the WQE is inline, `1 < ds <= bf_size / 16` and the QP has
 //!    a BlueFlame register (`bf_size > 0`): the WQE's `align(ds * 16, 64)` bytes copied to
-//!    `bf_reg + offset` in ascending 8-byte stores (libmlx5's order; [`Mmio`] on x86-64
-//!    uses 16-byte stores, see [`Doorbell::bf_block`]), the source wrapping at the end of the SQ;
+//!    `bf_reg + offset` 64 bytes at a time in ascending order (libmlx5's
+//!    `mmio_memcpy_x64`; [`Mmio`] stores a block with one `st4` on arm64 as rdma-core
+//!    does, with four 16-byte stores on x86-64, see [`Doorbell::bf_block`]), the source
+//!    wrapping at the end of the SQ;
 //!    otherwise one 8-byte store of the last WQE's first ctrl qword to `bf_reg + offset`;
-//! 5. `mmio_flush_writes()`: flush the write-combining buffer (x86: `sfence`);
+//! 5. `mmio_flush_writes()`: flush the write-combining buffer (as step 3);
 //! 6. `offset ^= bf_size`: BlueFlame buffers alternate.
 //!
 //! This is libmlx5's policy with its defaults (`MLX5_SHUT_UP_BF` and
@@ -51,14 +61,14 @@
 //! created in a thread domain, or a low-latency UAR).
 //!
 //! # Not modelled, refused
-//! CQEs of 128 bytes, compressed CQEs and CQEs with scatter-to-CQE data ([`DirectError`]);
+//! Compressed CQEs and CQEs with scatter-to-CQE data ([`DirectError`]);
 //! responder CQEs (a direct poller serves send CQs); send queues whose stride is not 64.
 
 mod cq;
 mod ring;
 
 pub use cq::DirectPoller;
-pub use ring::{DirectBatch, DirectRing};
+pub use ring::{DirectBatch, DirectRing, DirectSession, DirectWindow};
 
 /// mlx5 send opcodes (`MLX5_OPCODE_*`, PRM "Send WQE opcodes").
 pub mod opcode {
@@ -259,6 +269,11 @@ pub struct DirectSq {
     pub qp_num: u32,
     /// True for a UD QP (datagram segment in every WQE), false for RC / UC.
     pub ud: bool,
+    /// True for a UC QP: the WQEs are RC's (a SEND has no address segment, an RDMA WRITE
+    /// the remote-address one), and RDMA READ and atomics, which UC does not carry, are
+    /// refused ([`SendError::NotOnUc`](crate::SendError::NotOnUc)) where libmlx5 would
+    /// post a WQE the device fails.
+    pub uc: bool,
     /// `cap.max_inline_data` the QP was created with.
     pub max_inline: u32,
     /// `cap.max_send_sge` the QP was created with.
@@ -275,7 +290,8 @@ pub struct DirectCq {
     pub buf: *mut u8,
     /// `cqe_cnt`: CQEs in the buffer (a power of two).
     pub cqe_cnt: u32,
-    /// `cqe_size`: must be 64.
+    /// `cqe_size`: 64 or 128 (`MLX5_CQE_SIZE`; a 128-byte CQE has the 64-byte CQE's
+    /// fields in its second half).
     pub cqe_size: u32,
     /// `dbrec`: the consumer index goes to element [`CQ_SET_CI`].
     pub dbrec: *mut u32,
@@ -310,7 +326,7 @@ pub enum DirectError {
         /// Basic blocks the SQ has.
         have: u32,
     },
-    /// CQE size other than 64 bytes (`cqe_size`), or a bad CQ descriptor.
+    /// CQE size other than 64 or 128 bytes (`cqe_size`), or a bad CQ descriptor.
     Cq(&'static str),
     /// A compressed or scatter-to-CQE entry (`op_own` format bits), at this CQ index.
     CqeFormat {
@@ -376,7 +392,8 @@ impl core::error::Error for DirectError {}
 ///
 /// # Safety
 /// An implementation performs the stores it is given (the device reads them) and its
-/// barriers order memory at least as the documented x86-64 / arm64 instructions do.
+/// barriers order memory at least as rdma-core's `util/udma_barrier.h` does on the target
+/// (the instructions are listed at [`Mmio`]).
 pub unsafe trait Doorbell {
     /// `udma_to_device_barrier()`: WQE stores before the doorbell record.
     fn to_device_barrier(&mut self);
@@ -395,9 +412,9 @@ pub unsafe trait Doorbell {
     /// `dst` is an 8-byte aligned address in the QP's doorbell / BlueFlame register.
     unsafe fn write64(&mut self, dst: *mut u64, val: u64);
     /// One 64-byte BlueFlame block: the eight words at `src`, in order, to `dst`. The
-    /// default is eight [`write64`](Self::write64)s, libmlx5's `mmio_memcpy_x64`; an
-    /// implementation may use wider stores that the CPU's write-combining buffer merges
-    /// into the same 64-byte write (what [`Mmio`] does on x86-64).
+    /// default is eight [`write64`](Self::write64)s, rdma-core's generic
+    /// `mmio_memcpy_x64`; an implementation may use wider stores that reach the device as
+    /// the same 64-byte write ([`Mmio`] does on x86-64 and arm64).
     ///
     /// # Safety
     /// `dst` is a 64-byte aligned block of the QP's BlueFlame register; `src` is 64
@@ -411,48 +428,72 @@ pub unsafe trait Doorbell {
     }
 }
 
-/// The hardware [`Doorbell`]: volatile stores and the CPU's barriers, as rdma-core's
-/// `util/udma_barrier.h` defines them for x86-64 and arm64.
+/// The hardware [`Doorbell`]: volatile stores and the CPU's barriers, as rdma-core v55
+/// issues them (`util/udma_barrier.h`, `util/mmio.h`, `providers/mlx5/qp.c`'s
+/// `post_send_db` and `mlx5_bf_copy`).
+///
+/// | target | to device | wc start, flush | 8-byte store | 64-byte BlueFlame block |
+/// |---|---|---|---|---|
+/// | x86-64 | compiler barrier | `sfence` | `mov` | four 16-byte SSE stores (libmlx5: eight `mov`) |
+/// | arm64 | `dmb oshst` | `dsb st` | `str` | one `ld4` + `st4` of four q registers |
+/// | riscv64 | `fence ow,ow` | `fence ow,ow` | `sd` | eight `sd` |
+///
+/// Each is one `asm!` (never elided, split or merged by the compiler); the poller's
+/// `udma_from_device_barrier()` is `lfence` / `dmb oshld` / `fence ir,ir`.
+///
+/// **Other targets have no hardware doorbell**: `Mmio` is an empty enum there (no value,
+/// so no `DirectRing::new`, which exists only on these three), and code that rings a
+/// ConnectX does not compile. rdma-core needs more than plain stores elsewhere (s390x
+/// stores to PCI memory with `pcistg` or a system call; a 32-bit CPU has no 64-bit store
+/// and takes a lock) or other barriers (POWER `sync` / `lwsync`, LoongArch `dbar`); none
+/// of these is written here. The rest of the mlx5 module still builds everywhere: a
+/// [`DirectRing`] with another [`Doorbell`] (`RecordingDoorbell`, a simulation's) and a
+/// [`DirectPoller`] on plain memory, whose barriers there are `fence(SeqCst)`.
+///
+/// Under miri the barriers are `fence(SeqCst)` and the BlueFlame block eight 8-byte
+/// stores (miri runs no `asm!`).
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mmio;
 
-// SAFETY: every store is a volatile store of exactly the given width to the given address;
-// the barriers are the instructions rdma-core uses on these targets (a compiler barrier is
-// an `asm!` without `nomem`, which the compiler must assume reads and writes memory).
+/// The hardware [`Doorbell`], which this target does not have: no value exists, and no
+/// `DirectRing::new`. It exists on x86-64, arm64 and riscv64 only (the documentation
+/// built for those targets lists the instructions it uses there).
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+#[derive(Clone, Copy, Debug)]
+pub enum Mmio {}
+
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+// SAFETY: every store is a volatile store of exactly the given width to the given address
+// (the BlueFlame block: four volatile 16-byte stores on x86-64, one `st4` of all 64 bytes
+// on arm64); the barriers are the instructions rdma-core uses on these targets (a compiler
+// barrier is an `asm!` without `nomem`, which the compiler must assume reads and writes
+// memory), `fence(SeqCst)` under miri.
 unsafe impl Doorbell for Mmio {
     #[inline(always)]
     fn to_device_barrier(&mut self) {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: an empty asm block: a compiler barrier, no instruction.
-        unsafe {
-            core::arch::asm!("", options(nostack, preserves_flags))
-        };
-        #[cfg(all(target_arch = "aarch64", not(miri)))]
-        // SAFETY: a store barrier, no other effect.
-        unsafe {
-            core::arch::asm!("dmb oshst", options(nostack, preserves_flags))
-        };
-        #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
-        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        to_device_barrier();
     }
     #[inline(always)]
     fn wc_start(&mut self) {
-        self.flush_writes();
+        // `mmio_wc_start()` is `mmio_flush_writes()` on every target.
+        flush_writes();
     }
     #[inline(always)]
     fn flush_writes(&mut self) {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: sfence orders stores, no other effect.
-        unsafe {
-            core::arch::asm!("sfence", options(nostack, preserves_flags))
-        };
-        #[cfg(all(target_arch = "aarch64", not(miri)))]
-        // SAFETY: a store barrier, no other effect.
-        unsafe {
-            core::arch::asm!("dsb st", options(nostack, preserves_flags))
-        };
-        #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
-        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        flush_writes();
     }
     #[inline(always)]
     unsafe fn write_dbr(&mut self, dst: *mut u32, val: u32) {
@@ -461,7 +502,7 @@ unsafe impl Doorbell for Mmio {
     }
     #[inline(always)]
     unsafe fn write64(&mut self, dst: *mut u64, val: u64) {
-        // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract (8-byte aligned; a 64-bit target, one store).
         unsafe { dst.write_volatile(val) }
     }
     /// x86-64: four 16-byte SSE stores instead of eight 8-byte ones (UCX copies its
@@ -481,10 +522,129 @@ unsafe impl Doorbell for Mmio {
             unsafe { d.add(i).write_volatile(s.add(i).read_unaligned()) };
         }
     }
+    /// arm64: the 64 bytes in one store instruction, as rdma-core's `mmio_memcpy_x64`
+    /// (`vst4q_u64(dest, vld4q_u64(src))`, since v39): eight 8-byte stores are eight
+    /// writes the CPU need not combine into the one 64-byte write BlueFlame wants.
+    ///
+    /// `ld4 {v0.2d-v3.2d}` de-interleaves the 64 bytes (word `i` goes to lane `i / 4` of
+    /// `v(i % 4)`), `st4` interleaves them back: the pair copies the bytes unchanged, in
+    /// one load and one store instruction. `st4` after an `ld1` would scramble them
+    /// (words 0, 2, 4, 6, 1, 3, 5, 7); `ld1` + `st1` of four registers would store the
+    /// same bytes too. The instructions are written out rather than taken from the
+    /// `vld4q_u64` / `vst4q_u64` intrinsics: an intrinsic store is not volatile, and
+    /// LLVM may rewrite `st4` into `zip` + `stp` pairs for CPUs where `st4` is slow
+    /// (its SIMD-instruction optimisation pass), which is two stores again.
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    #[inline(always)]
+    unsafe fn bf_block(&mut self, dst: *mut u64, src: *const u64) {
+        // SAFETY: the caller's contract: 64 readable bytes at `src` (8-aligned; `ld4` of
+        // 8-byte elements needs no more on normal memory), 64 writable bytes at the
+        // 64-byte aligned `dst`. The asm writes only v0-v3, declared clobbered, and no
+        // stack or flags; without `nomem` the compiler keeps it in order with the
+        // surrounding memory accesses.
+        unsafe {
+            core::arch::asm!(
+                "ld4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{src}]",
+                "st4 {{v0.2d, v1.2d, v2.2d, v3.2d}}, [{dst}]",
+                src = in(reg) src,
+                dst = in(reg) dst,
+                out("v0") _,
+                out("v1") _,
+                out("v2") _,
+                out("v3") _,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
 }
 
-/// `udma_from_device_barrier()`: the CQE's contents after its owner byte (x86: `lfence`;
-/// arm64: `dmb oshld`).
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+// SAFETY: `Mmio` has no value on this target, so none of these methods can be called.
+unsafe impl Doorbell for Mmio {
+    fn to_device_barrier(&mut self) {
+        match *self {}
+    }
+    fn wc_start(&mut self) {
+        match *self {}
+    }
+    fn flush_writes(&mut self) {
+        match *self {}
+    }
+    unsafe fn write_dbr(&mut self, _: *mut u32, _: u32) {
+        match *self {}
+    }
+    unsafe fn write64(&mut self, _: *mut u64, _: u64) {
+        match *self {}
+    }
+}
+
+/// `udma_to_device_barrier()`: memory stores before the doorbell record and MMIO stores
+/// that follow (x86-64: compiler barrier; arm64: `dmb oshst`; riscv64: `fence ow,ow`).
+#[inline(always)]
+fn to_device_barrier() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: an empty asm block: a compiler barrier, no instruction.
+    unsafe {
+        core::arch::asm!("", options(nostack, preserves_flags))
+    };
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    // SAFETY: a store barrier, no other effect.
+    unsafe {
+        core::arch::asm!("dmb oshst", options(nostack, preserves_flags))
+    };
+    #[cfg(all(target_arch = "riscv64", not(miri)))]
+    // SAFETY: a fence (device output and memory writes before those after), no other
+    // effect.
+    unsafe {
+        core::arch::asm!("fence ow, ow", options(nostack, preserves_flags))
+    };
+    #[cfg(any(
+        miri,
+        not(any(
+            target_arch = "x86_64",
+            target_arch = "aarch64",
+            target_arch = "riscv64"
+        ))
+    ))]
+    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+}
+
+/// `mmio_flush_writes()` (and `mmio_wc_start()`, the same): write-combining stores out,
+/// in order with the other stores (x86-64: `sfence`; arm64: `dsb st`; riscv64:
+/// `fence ow,ow`). Only [`Mmio`] uses it: no other target has one.
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+#[inline(always)]
+fn flush_writes() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: sfence orders stores, no other effect.
+    unsafe {
+        core::arch::asm!("sfence", options(nostack, preserves_flags))
+    };
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    // SAFETY: a store barrier, no other effect.
+    unsafe {
+        core::arch::asm!("dsb st", options(nostack, preserves_flags))
+    };
+    #[cfg(all(target_arch = "riscv64", not(miri)))]
+    // SAFETY: a fence (device output and memory writes before those after), no other
+    // effect.
+    unsafe {
+        core::arch::asm!("fence ow, ow", options(nostack, preserves_flags))
+    };
+    #[cfg(miri)]
+    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+}
+
+/// `udma_from_device_barrier()`: the CQE's contents after its owner byte (x86-64: `lfence`;
+/// arm64: `dmb oshld`; riscv64: `fence ir,ir`).
 #[inline(always)]
 fn from_device_barrier() {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -497,7 +657,20 @@ fn from_device_barrier() {
     unsafe {
         core::arch::asm!("dmb oshld", options(nostack, preserves_flags))
     };
-    #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    #[cfg(all(target_arch = "riscv64", not(miri)))]
+    // SAFETY: a fence (device input and memory reads before those after), no other
+    // effect.
+    unsafe {
+        core::arch::asm!("fence ir, ir", options(nostack, preserves_flags))
+    };
+    #[cfg(any(
+        miri,
+        not(any(
+            target_arch = "x86_64",
+            target_arch = "aarch64",
+            target_arch = "riscv64"
+        ))
+    ))]
     core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
 }
 
@@ -554,6 +727,20 @@ impl RecordingDoorbell {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Replays the recorded 8-byte stores, in order, into `reg`, a buffer standing for
+    /// the register at [`base`](Self::base): what the register holds after them
+    /// (`tests/mmio_doorbell.rs` compares it with what [`Mmio`] stored).
+    ///
+    /// # Panics
+    /// If a store falls outside `reg`.
+    pub fn replay(&self, reg: &mut [u8]) {
+        for e in &self.events {
+            if let MmioEvent::Store64 { offset, raw } = *e {
+                reg[offset..offset + 8].copy_from_slice(&raw.to_ne_bytes());
+            }
+        }
     }
 }
 

@@ -23,6 +23,10 @@ use crate::error::{ConfigError, SendError, WcError};
 use crate::send::{Local, Msg, Opcode, SendConfig};
 use crate::wr_id;
 
+#[path = "session.rs"]
+mod session;
+pub use session::{DirectSession, DirectWindow};
+
 /// The mlx5 opcode of each [`Opcode`] (`mlx5_ib_opcode[]` in libmlx5).
 const MLX5_OP: [u8; 7] = [
     super::opcode::SEND,
@@ -86,6 +90,8 @@ struct Fast {
     wrid: *mut u64,
     remote: RemoteBuf,
     has_remote: bool,
+    /// A UC QP: RDMA READ and atomics are refused ([`SendError::NotOnUc`]).
+    uc: bool,
     ud: Option<DirectUd>,
     /// The ctrl segment of the newest staged WQE (for the doorbell), with its `ds` in the
     /// low 6 bits (free: WQEs start on 64 bytes) if it is inline (a BlueFlame candidate),
@@ -102,6 +108,9 @@ struct State {
     /// `wr_id::encode(ring_id, 0)`.
     id_bits: u64,
     batch_open: bool,
+    /// A [`DirectSession`] is open (or was leaked): `batch_open` is set too, so that every
+    /// call after a leak takes the slow path, which catches up from the doorbell record.
+    session_open: bool,
     posted: u64,
     retired: u64,
     limit: u64,
@@ -197,6 +206,9 @@ impl Fast {
     fn check_remote(&self, msg: &Msg<'_>, len: u64) -> Result<u64, SendError> {
         if !self.has_remote {
             return Err(SendError::NoRemote);
+        }
+        if self.uc && matches!(msg.op, Opcode::Read | Opcode::FetchAdd | Opcode::CmpSwap) {
+            return Err(SendError::NotOnUc(msg.op));
         }
         let atomic = matches!(msg.op, Opcode::FetchAdd | Opcode::CmpSwap);
         if atomic && (msg.remote_offset & 7 != 0 || len != 8) {
@@ -355,7 +367,9 @@ impl Fast {
             } else {
                 0
             };
-            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 };
+            // The message's fence / solicited bits are already `fm_ce_se` bits (0 for a
+            // message without them: folded away where the message is built in place).
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.flags;
             let w0 = ctrl_word(self.cur, MLX5_OP[msg.op as usize], self.qpn8 | ds);
             ctrl.cast::<u64>().write(w0);
             ctrl.add(8)
@@ -480,7 +494,9 @@ impl Fast {
                     }
                 }
             }
-            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 };
+            // The message's fence / solicited bits are already `fm_ce_se` bits (0 for a
+            // message without them: folded away where the message is built in place).
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.flags;
             let w0 = ctrl_word(self.cur, MLX5_OP[msg.op as usize], self.qpn8 | ds);
             let w1 = (fm as u64) << 24 | (imm as u64) << 32;
             ctrl.cast::<u64>().write(w0);
@@ -625,6 +641,12 @@ impl<D: Doorbell> core::fmt::Debug for DirectRing<D> {
     }
 }
 
+// The hardware doorbell exists on these targets only (see `Mmio`).
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
 impl DirectRing<Mmio> {
     /// A ring on the send queue `sq` with the hardware doorbell; see
     /// [`with_doorbell`](Self::with_doorbell).
@@ -678,6 +700,9 @@ impl<D: Doorbell> DirectRing<D> {
         }
         if sq.stride != 64 {
             return bad("stride other than 64 bytes");
+        }
+        if sq.ud && sq.uc {
+            return bad("a QP both UD and UC");
         }
         if !sq.wqe_cnt.is_power_of_two() || sq.wqe_cnt > 0x8000 {
             return bad("wqe_cnt not a power of two up to 32768");
@@ -737,12 +762,14 @@ impl<D: Doorbell> DirectRing<D> {
                     wrid: sq.wrid,
                     remote: cfg.remote.unwrap_or_default(),
                     has_remote: cfg.remote.is_some(),
+                    uc: sq.uc,
                     ud,
                     last: sq.buf,
                     one_max: if sq.ud { 0 } else { cfg.max_inline.min(44) },
                 },
                 id_bits: wr_id::encode(cfg.ring_id, 0),
                 batch_open: false,
+                session_open: false,
                 posted: 0,
                 retired: 0,
                 limit: depth,
@@ -1170,7 +1197,14 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(never)]
     fn drop_leaked_batch(&mut self) {
         self.st.batch_open = false;
-        self.unstage_to_posted();
+        if self.st.session_open {
+            // A leaked session posted every message it wrote: count them, drop nothing.
+            self.catch_up_session();
+            self.st.session_open = false;
+            self.set_event(self.event_at());
+        } else {
+            self.unstage_to_posted();
+        }
     }
 
     /// Posts what is staged with one doorbell. Never fails: the device is told by plain
@@ -1221,6 +1255,32 @@ impl<D: Doorbell> DirectRing<D> {
         }
         let st = &mut self.st;
         let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
+            return self.stale_or_session(c);
+        };
+        let n = s + 1 - st.retired;
+        st.retired = s + 1;
+        match c.status() {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.enter_error(e);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`on_completion`](Self::on_completion) of a completion that is not outstanding as
+    /// the ring's counters say: stale (`Ok(0)`), unless a session (open or leaked) posted
+    /// it since it last wrote the counters back (an error's flush of an unsignaled WR):
+    /// then the ring catches up and retires it.
+    #[cold]
+    #[inline(never)]
+    fn stale_or_session(&mut self, c: &Completion) -> Result<u64, WcError> {
+        if self.session_delta() == 0 {
+            return Ok(0);
+        }
+        self.catch_up_session();
+        let st = &mut self.st;
+        let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
             return Ok(0);
         };
         let n = s + 1 - st.retired;
@@ -1261,6 +1321,9 @@ impl<D: Doorbell> DirectRing<D> {
     /// Split mode: counters and a retirer for the poller thread, as
     /// [`SendRing::split`](crate::SendRing::split).
     pub fn split(&mut self) -> (crate::split::SendCounters, crate::split::SendRetirer) {
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
         let key = crate::split::new_key();
         self.st.split_key = key;
         (
@@ -1310,6 +1373,10 @@ impl<D: Doorbell> DirectRing<D> {
     /// number after the move to RESET and before this, unless every outstanding WR was
     /// retired.
     pub unsafe fn reset(&mut self) -> u64 {
+        if self.st.session_open {
+            self.catch_up_session();
+            self.st.session_open = false;
+        }
         self.st.batch_open = false;
         let dropped = self.st.f.seq - self.st.retired;
         let posted = self.st.posted;
@@ -1378,14 +1445,14 @@ impl<D: Doorbell> DirectRing<D> {
     /// WRs posted and not yet retired.
     #[inline(always)]
     pub fn outstanding(&self) -> u64 {
-        self.st.posted - self.st.retired
+        self.st.posted + self.session_delta() - self.st.retired
     }
     /// Retired and outstanding counts for a [`StallWatch`](crate::StallWatch).
     #[inline(always)]
     pub fn progress(&self) -> crate::Progress {
         crate::Progress {
             retired: self.st.retired,
-            outstanding: self.st.posted - self.st.retired,
+            outstanding: self.st.posted + self.session_delta() - self.st.retired,
         }
     }
     /// WRs staged and not yet posted.
@@ -1403,7 +1470,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// Total WRs posted since creation.
     #[inline(always)]
     pub fn posted_total(&self) -> u64 {
-        self.st.posted
+        self.st.posted + self.session_delta()
     }
     /// Total WRs retired since creation.
     #[inline(always)]
@@ -1551,6 +1618,7 @@ mod tests {
             bf_offset: 0,
             qp_num: 0xabc,
             ud: false,
+            uc: false,
             max_inline: 64,
             max_sge: 1,
             wrid: p.wrid,

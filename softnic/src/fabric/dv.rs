@@ -7,7 +7,9 @@
 //! What it simulates, and how:
 //! - **Objects**: [`init_obj`] gives a QP a send queue of 64-byte basic blocks, a doorbell
 //!   record and a BlueFlame page (buffers of 256 bytes at `+0x800`, as libmlx5 lays them
-//!   out), a CQ a buffer of 64-byte CQEs (all `INVALID`, owned by hardware), a doorbell
+//!   out), a CQ a buffer of 64-byte CQEs (or 128-byte ones, the fields in the second half,
+//!   with [`Config::mlx5_cqe_size`](crate::Config::mlx5_cqe_size) 128, as libmlx5 makes
+//!   them with `MLX5_CQE_SIZE=128`; all `INVALID`, owned by hardware), a doorbell
 //!   record and a UAR page, and an AH a 48-byte address vector. From then on the QP's send
 //!   queue is the one in memory, and every completion of the CQ is written there as an
 //!   mlx5 CQE instead of into softnic's own queue (`ibv_poll_cq` finds nothing more: the CQ
@@ -42,9 +44,15 @@
 //! hardware does; it is not a data-race-free program in the Rust model's sense, and it is
 //! not run under Miri.
 //!
-//! Not modelled: BlueFlame (the copy lands in plain memory; the doorbell record is what
-//! the device reads), receive queues in memory (receives are posted with `ibv_post_recv`),
-//! CQE compression, 128-byte CQEs.
+//! - **Doorbell registers** ([`reg`]): QPs of one context share one register page, a
+//!   thread domain's QPs the thread domain's own, as libmlx5 assigns them; what was
+//!   written there (doorbell or BlueFlame copy, which buffer, which QP and WQE, and the
+//!   simulated libmlx5's own posts) is logged for tests
+//!   ([`crate::mlx5sim::register_writes`]).
+//!
+//! Not modelled: BlueFlame execution (the device reads WQEs from the send queue the doorbell
+//! record announces; the register is only observed), receive queues in memory (receives are posted with `ibv_post_recv`),
+//! CQE compression.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -54,6 +62,8 @@ use hotverbs_ffi::mlx5dv::{
 use hotverbs_ffi::*;
 
 use super::{ring_fd, Fabric, Qp, SqTag};
+
+pub(crate) mod reg;
 use crate::mlx5sim::Region;
 
 /// QPs with a simulated mlx5 send queue, process-wide: the poll hooks do nothing (one
@@ -97,7 +107,8 @@ mod cqe_op {
 pub(crate) struct DvQp {
     sq: Region,
     db: Region,
-    bf: Region,
+    /// The doorbell register the QP rings (shared, or its thread domain's).
+    reg: std::sync::Arc<reg::DvReg>,
     wqe_cnt: u32,
     /// `cur_post` up to which the device has read WQEs.
     dev_cur: u32,
@@ -138,6 +149,8 @@ pub(crate) struct DvCq {
     db: Region,
     uar: Region,
     cqe_cnt: u32,
+    /// Bytes per CQE: 64 or 128 (the 64-byte CQE in the second half).
+    cqe_size: usize,
     cqn: u32,
     /// CQEs written (free-running).
     pi: u32,
@@ -219,10 +232,10 @@ impl DvCq {
         c[60..62].copy_from_slice(&ctr.to_be_bytes());
         c[63] = opcode << 4 | (self.pi & self.cqe_cnt != 0) as u8;
         let i = (self.pi & (self.cqe_cnt - 1)) as usize;
-        // SAFETY: CQE `i` is inside the buffer; the owner byte is written last, after a
-        // release fence, as the device's DMA orders it.
+        // SAFETY: CQE `i` is inside the buffer, its fields in its last 64 bytes; the owner
+        // byte is written last, after a release fence, as the device's DMA orders it.
         unsafe {
-            let p = self.buf.ptr.add(i * CQE);
+            let p = self.buf.ptr.add(i * self.cqe_size + self.cqe_size - CQE);
             std::ptr::copy_nonoverlapping(c.as_ptr(), p, CQE - 1);
             std::sync::atomic::fence(Ordering::Release);
             p.add(CQE - 1).write_volatile(c[CQE - 1]);
@@ -398,6 +411,17 @@ impl Wqe {
     }
 }
 
+/// The CQE size of a device's mlx5 CQs ([`Config::mlx5_cqe_size`](crate::Config::mlx5_cqe_size)):
+/// 64 or 128, anything else `EINVAL` (as libmlx5 refuses an `MLX5_CQE_SIZE` it does not
+/// know).
+fn dv_cqe_size(cfg: &crate::Config) -> Result<usize, i32> {
+    match cfg.mlx5_cqe_size {
+        64 => Ok(64),
+        128 => Ok(128),
+        _ => Err(libc::EINVAL),
+    }
+}
+
 /// `x` rounded up to a power of two (at least 1).
 fn pow2(x: u64) -> u32 {
     x.max(1).next_power_of_two().min(1 << 30) as u32
@@ -443,9 +467,11 @@ impl Fabric {
     }
 
     fn dv_qp(&mut self, qi: usize, out: &mut mlx5dv_qp) -> Result<(), i32> {
-        let Some(Some(q)) = self.qps.get_mut(qi) else {
+        let Some(Some(_)) = self.qps.get(qi) else {
             return Err(libc::EINVAL);
         };
+        let register = self.dv_reg(qi);
+        let q = self.qp(qi);
         if !matches!(q.qpt, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
             return Err(libc::EOPNOTSUPP);
         }
@@ -464,7 +490,7 @@ impl Fabric {
             q.dv = Some(Box::new(DvQp {
                 sq: Region::new(wqe_cnt as usize * BB, 0),
                 db: Region::new(64, 0),
-                bf: Region::new(4096, 0),
+                reg: register,
                 wqe_cnt,
                 dev_cur: 0,
             }));
@@ -478,28 +504,35 @@ impl Fabric {
         out.rq.buf = std::ptr::null_mut();
         out.rq.wqe_cnt = 0;
         out.rq.stride = 0;
-        out.bf.reg = dv.bf.ptr.wrapping_add(BF_OFFSET).cast();
-        out.bf.size = BF_SIZE;
+        out.bf.reg = dv.reg.reg().cast();
+        out.bf.size = dv.reg.bf_size;
         out.comp_mask = 0;
         Ok(())
     }
 
     fn dv_cq(&mut self, i: u32, out: &mut mlx5dv_cq) -> Result<(), i32> {
+        let ctx = match self.cqs.get(i as usize) {
+            Some(Some(c)) => c.ctx,
+            _ => return Err(libc::EINVAL),
+        };
+        let sz = dv_cqe_size(self.cfg(ctx))?;
         let Some(Some(c)) = self.cqs.get_mut(i as usize) else {
             return Err(libc::EINVAL);
         };
         if c.dv.is_none() {
             let cqe_cnt = pow2(c.cap as u64 + 1);
-            let buf = Region::new(cqe_cnt as usize * CQE, 0);
+            let buf = Region::new(cqe_cnt as usize * sz, 0);
             for k in 0..cqe_cnt as usize {
-                // SAFETY: inside the buffer: every CQE invalid, owned by hardware.
-                unsafe { buf.ptr.add(k * CQE + CQE - 1).write(cqe_op::INVALID << 4) };
+                // SAFETY: inside the buffer: every CQE invalid, owned by hardware (the
+                // owner byte ends the CQE).
+                unsafe { buf.ptr.add(k * sz + sz - 1).write(cqe_op::INVALID << 4) };
             }
             c.dv = Some(Box::new(DvCq {
                 buf,
                 db: Region::new(64, 0),
                 uar: Region::new(4096, 0),
                 cqe_cnt,
+                cqe_size: sz,
                 // Never 0, so the UAR doorbell of an arm is never all zeros.
                 cqn: i + 1,
                 pi: 0,
@@ -510,7 +543,7 @@ impl Fabric {
         out.buf = dv.buf.ptr.cast();
         out.dbrec = dv.db.ptr.cast();
         out.cqe_cnt = dv.cqe_cnt;
-        out.cqe_size = CQE as u32;
+        out.cqe_size = dv.cqe_size as u32;
         out.cq_uar = dv.uar.ptr.cast();
         out.cqn = dv.cqn;
         out.comp_mask = 0;
@@ -549,6 +582,7 @@ impl Fabric {
         if DV_QPS.load(Ordering::Relaxed) == 0 {
             return 0;
         }
+        self.dv_scan_regs();
         let mut n = 0;
         for qi in 0..self.qps.len() {
             while let Some(Some(q)) = self.qps.get(qi) {
@@ -648,7 +682,7 @@ impl Fabric {
         let mut bad = std::ptr::null_mut();
         // SAFETY: a one-WR chain of live locals (the inline bytes and SGEs outlive the
         // call, which copies what it keeps).
-        let rc = unsafe { self.post_send(qi, &mut wr, &mut bad) };
+        let rc = unsafe { self.post_send_chain(qi, &mut wr, &mut bad) };
         if rc != 0 {
             // Refused as a post would be: the hardware reports a local QP operation error.
             self.dv_complete(qi, w.wr_id(), w.wc_opcode(), IBV_WC_LOC_QP_OP_ERR);
@@ -727,6 +761,7 @@ mod tests {
             db: Region::new(64, 0),
             uar: Region::new(4096, 0),
             cqe_cnt,
+            cqe_size: CQE,
             cqn: 1,
             pi: 0,
             arm: None,
@@ -774,7 +809,7 @@ mod tests {
         let q = DvQp {
             sq: Region::new(wqe_cnt as usize * BB, 0),
             db: Region::new(64, 0),
-            bf: Region::new(4096, 0),
+            reg: std::sync::Arc::new(reg::DvReg::new(BF_SIZE)),
             wqe_cnt,
             dev_cur: 0,
         };

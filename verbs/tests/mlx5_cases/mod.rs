@@ -679,3 +679,80 @@ pub fn a_refused_direct_poller_leaves_the_verbs_poller_working(ctx: &Context) {
     );
     assert!(cq_a.poller::<8>().is_ok(), "still a verbs CQ");
 }
+
+/// A direct ring on a UC QP: SENDs (one solicited, one fenced) reach the peer's receives,
+/// RDMA WRITEs (with immediate too) its memory; RDMA READ and atomics, which UC does not
+/// carry, are refused by name before any byte is written.
+pub fn direct_ring_on_uc_sends_and_writes(ctx: &Context) {
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Uc)
+        .max_send_wr(64)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Uc)
+        .build()
+        .unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let dst = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let rx = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..3u64 {
+        // SAFETY: `rx` outlives the receives, polled below.
+        unsafe { b.post_recv(i, &[rx.local(i as usize * 64, 64).unwrap()]) }.unwrap();
+    }
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(
+            &mut poller,
+            SendConfig::new(0, 16, 64)
+                .signal_every(1)
+                .remote(dst.remote().into()),
+        )
+        .unwrap();
+    let local = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let dest = local.local(0, 8).unwrap();
+    for m in [
+        Msg::read(dest.into(), 0),
+        Msg::fetch_add(dest.into(), 0, 1),
+        Msg::cmp_swap(dest.into(), 0, 0, 1),
+    ] {
+        // SAFETY: refused before anything is posted.
+        let e = unsafe { ring.stage(m) }.unwrap_err();
+        assert_eq!(e, SendError::NotOnUc(m.opcode()), "{e}");
+    }
+    assert_eq!(ring.staged(), 0);
+    let msgs = [
+        Msg::send(Local::Inline(b"uc send")).solicited(),
+        Msg::write(Local::Inline(b"uc write"), 0),
+        Msg::send_imm(Local::Inline(b"uc imm"), 0x1234).fence(),
+        Msg::write_imm(Local::Inline(b"uc write imm"), 64, 0x5678),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for m in msgs {
+        let seq = ring.send_now(m).unwrap();
+        while !ring.is_retired(seq) {
+            for c in poller.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+            assert!(Instant::now() < deadline, "never completed: {ring:?}");
+        }
+    }
+    // Three receives consumed: two SENDs and the WRITE with immediate.
+    let mut wcs = Vec::new();
+    while wcs.len() < 3 {
+        let mut wc = [Wc::default(); 4];
+        let n = cq_b.poll(&mut wc).unwrap();
+        wcs.extend_from_slice(&wc[..n]);
+        assert!(Instant::now() < deadline, "the peer got {wcs:?}");
+    }
+    assert!(wcs.iter().all(|w| w.is_ok()), "{wcs:?}");
+    assert_eq!(rx.read_vec(0, 7).unwrap(), b"uc send");
+    assert_eq!(rx.read_vec(64, 6).unwrap(), b"uc imm");
+    assert_eq!(dst.read_vec(0, 8).unwrap(), b"uc write");
+    assert_eq!(dst.read_vec(64, 12).unwrap(), b"uc write imm");
+}

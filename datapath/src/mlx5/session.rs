@@ -1,0 +1,626 @@
+//! Fixed-size inline SENDs on a [`DirectRing`] at the instruction floor: a held
+//! [`DirectSession`] (one BlueFlame doorbell per message) and a [`DirectWindow`] (a post
+//! list: room and signal decided once for the whole list).
+//!
+//! # Why these exist beside `send_now` and `batch`
+//! A per-call `send_now(&mut self, Msg)` keeps the ring's state in memory between calls, and
+//! the `asm!` barriers of the doorbell (`sfence`) make the compiler store and reload every
+//! piece of it around each post (about 16 instructions), then the message's length and kind
+//! are dispatched at run time (about 13 more). A session copies what the fast path needs
+//! into itself (a value the caller holds in registers: nothing takes its address, so the
+//! barriers cannot touch it) and knows the message's size at compile time (`[u8; LEN]`):
+//! the `ds`, the inline header and the ctrl word's constant half are constants. Its slow
+//! path (the signal every `signal_every`, a full ring, the error state, the end of a
+//! `wr_id` epoch) is a cold function that takes and returns values, so it never makes the
+//! session's state escape either.
+//!
+//! # The ring's promises, kept
+//! Exact retirement (every WR has its `wrid` entry, completions go through the ring's
+//! [`on_completion`](DirectRing::on_completion)), back-pressure (`WouldBlock` when
+//! `depth` WRs are outstanding), a signal every `signal_every` and on the WR that fills the
+//! ring, the same SQ bytes, doorbell record and BlueFlame buffers as the ring's own lone
+//! path (a test compares them), the error state (`QpError`).
+//!
+//! # Leaks (`mem::forget`)
+//! While a session or window is open the ring's own `event` is 0 and `batch_open` is set,
+//! so any ring call after a leak takes the slow path, which repairs the ring:
+//! - a leaked window announced nothing (its WQEs are written, the doorbell is rung at
+//!   `finish` or drop): the ring goes back to its posted count, as for a leaked batch;
+//! - a leaked session announced every message it sent (one doorbell each), and wrote the
+//!   ring's counters back at its last slow path (at most `signal_every` messages ago). Every
+//!   message is one basic block, so the doorbell record, which holds the last doorbell's
+//!   `cur_post`, says how many followed: the ring catches up from it
+//!   ([`DirectRing::catch_up_session`]). A completion that arrives for one of those before
+//!   any other call does the same.
+
+use super::DirectRing;
+use crate::cq::Completion;
+use crate::error::{ConfigError, SendError, WcError};
+use crate::mlx5::{opcode, Doorbell, CTRL_CQ_UPDATE, INLINE_SEG, SND_DBR};
+use crate::wr_id;
+
+/// `ds` of a one-block inline SEND of `len` bytes: the ctrl segment and the inline segment
+/// (4-byte header and the bytes, in 16-byte units).
+const fn inline_ds(len: usize) -> u64 {
+    1 + (len as u64 + 4).div_ceil(16)
+}
+
+/// Checks that `LEN`-byte inline SENDs fit the ring's one-block path (RC / UC, BlueFlame
+/// or doorbell, `1 <= LEN <= min(44, max_inline)`).
+fn check_len<D: Doorbell>(ring: &DirectRing<D>, len: usize) -> Result<(), SendError> {
+    let max = ring.st.f.one_max;
+    if max == 0 {
+        // A UD ring: its WQEs carry the datagram segment, never one block with 44 bytes.
+        return Err(SendError::Config(ConfigError::Fixed(
+            "a UD ring's WQEs carry the datagram segment and are never one basic block: use \
+             send_now or batch",
+        )));
+    }
+    if len == 0 || len > max as usize {
+        return Err(SendError::InlineTooLong {
+            len,
+            max: if len == 0 { 0 } else { max },
+        });
+    }
+    Ok(())
+}
+
+/// What a session's fast path keeps in registers.
+#[derive(Clone, Copy, Debug)]
+struct Hot {
+    /// `cur_post` as a 64-bit counter: `seq + cur_off` (every session WQE is one block).
+    c: u64,
+    /// The first `c` that takes the slow path (0 until the first post decides it).
+    ev: u64,
+    /// The `wrid` entry of `c` is `c + wid_off` (the ring's `id_off` minus `cur_off`).
+    wid_off: u64,
+    /// `seq = c - cur_off`.
+    cur_off: u64,
+    sq: *mut u8,
+    wrid: *mut u64,
+    /// The send counter of the doorbell record.
+    dbr: *mut u32,
+    /// The BlueFlame buffer of the next doorbell.
+    bf: *mut u8,
+    bf_size: usize,
+    mask: u64,
+    /// The ctrl word's constant half for a SEND of this size: opcode, `qpn << 8 | ds`.
+    w0: u64,
+    /// BlueFlame takes a block (else the 8-byte doorbell).
+    bf_one: bool,
+}
+
+/// A held session of `LEN`-byte inline SENDs (1 to 44 bytes, within the ring's
+/// `max_inline`), each posted at once with its own doorbell (BlueFlame where the ring
+/// uses it): [`DirectRing::session`]. Completions go through
+/// [`on_completion`](Self::on_completion). Dropping the session gives the ring back.
+#[must_use = "a session is how its messages are sent"]
+pub struct DirectSession<'r, D: Doorbell, const LEN: usize> {
+    ring: &'r mut DirectRing<D>,
+    h: Hot,
+}
+
+impl<D: Doorbell, const LEN: usize> core::fmt::Debug for DirectSession<'_, D, LEN> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DirectSession")
+            .field("len", &LEN)
+            .field("seq", &self.h.c.wrapping_sub(self.h.cur_off))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the session's slow path decided for the WR at hand.
+#[derive(Clone, Copy)]
+struct Decided {
+    ev: u64,
+    wid_off: u64,
+    /// The ctrl segment's second word's signal bits (`fm_ce_se << 24`).
+    fm: u64,
+}
+
+impl<D: Doorbell> DirectRing<D> {
+    /// Opens a [`DirectSession`] of `LEN`-byte inline SENDs: for a stream of fixed-size
+    /// messages (an order, a quote) sent one doorbell each, at the fewest instructions the
+    /// ring's promises allow. Anything staged is posted first.
+    ///
+    /// # Errors
+    /// [`SendError::InlineTooLong`] unless `1 <= LEN <= min(44, max_inline)`;
+    /// [`ConfigError::Fixed`] on a UD ring (its WQEs are never one block) and in split
+    /// mode (the session retires its own completions).
+    pub fn session<const LEN: usize>(&mut self) -> Result<DirectSession<'_, D, LEN>, SendError> {
+        check_len(self, LEN)?;
+        if self.is_split() {
+            return Err(SendError::Config(ConfigError::Fixed(
+                "a session retires its own completions, which a split ring's poller thread \
+                 does: use send_now, batch or window in split mode",
+            )));
+        }
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        // Post what is staged, so that every WR from here on is one the session posts.
+        self.ring_doorbell();
+        let st = &self.st;
+        let seq = st.f.seq;
+        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
+        let h = Hot {
+            c: seq.wrapping_add(cur_off),
+            ev: 0,
+            wid_off: 0,
+            cur_off,
+            sq: st.f.sq,
+            wrid: st.f.wrid,
+            // SAFETY: the QP's doorbell record has the send counter at SND_DBR (new's
+            // contract).
+            dbr: unsafe { st.dbrec.add(SND_DBR) },
+            bf: st.bf_cur,
+            bf_size: st.bf_size as usize,
+            mask: u64::from(st.f.mask),
+            w0: (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN),
+            bf_one: st.bf_one,
+        };
+        self.st.batch_open = true;
+        self.st.session_open = true;
+        self.set_event(0);
+        Ok(DirectSession { ring: self, h })
+    }
+
+    /// The session's slow path, before the WQE at `c` (`seq = c - cur_off`) is written:
+    /// room, the signal, the `wr_id` epoch and the next event. On success the ring's
+    /// counters are written back as they will be once this WR is posted (the session posts
+    /// it right after; nothing can look at the ring in between). Takes and returns values:
+    /// the session's state never escapes (see the [module docs](self)).
+    #[cold]
+    #[inline(never)]
+    fn session_decide(&mut self, c: u64, cur_off: u64, bf: *mut u8) -> Result<Decided, SendError> {
+        let seq = c.wrapping_sub(cur_off);
+        let st = &mut self.st;
+        if !crate::split::has_room(seq, st.retired, st.limit) {
+            // Counters as they are: the messages sent since the last slow path.
+            st.f.seq = seq;
+            st.posted = seq;
+            st.f.cur = c as u32;
+            st.bf_cur = bf;
+            return Err(self.blocked());
+        }
+        let full = seq + 1 - st.retired == st.limit;
+        let scheduled = seq >= st.next_signal;
+        if scheduled {
+            st.next_signal = seq + st.signal_every;
+        }
+        st.f.seq = seq + 1;
+        st.posted = seq + 1;
+        st.f.cur = (c as u32).wrapping_add(1);
+        st.bf_cur = bf.map_addr(|a| a ^ st.bf_size as usize);
+        let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
+        let cap = (st.retired + st.limit).saturating_sub(1);
+        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
+        let ev = st.next_signal.min(cap).min(epoch_end).max(seq + 1);
+        Ok(Decided {
+            ev: ev.wrapping_add(cur_off),
+            wid_off: id_off.wrapping_sub(cur_off),
+            fm: if scheduled || full {
+                u64::from(CTRL_CQ_UPDATE) << 24
+            } else {
+                0
+            },
+        })
+    }
+
+    /// Gives the ring back from a session that ended at `c` with BlueFlame buffer `bf`.
+    #[inline(never)]
+    fn close_session(&mut self, c: u64, cur_off: u64, bf: *mut u8) {
+        let seq = c.wrapping_sub(cur_off);
+        let st = &mut self.st;
+        st.f.seq = seq;
+        st.posted = seq;
+        st.f.cur = c as u32;
+        st.bf_cur = bf;
+        st.session_open = false;
+        st.batch_open = false;
+        self.set_event(self.event_at());
+    }
+
+    /// The messages a session posted since it last wrote the ring's counters back (each
+    /// one block, one doorbell): from the doorbell record's `cur_post`. 0 without a session.
+    #[inline]
+    pub(super) fn session_delta(&self) -> u64 {
+        if !self.st.session_open {
+            return 0;
+        }
+        // SAFETY: the QP's doorbell record (new's contract), which only this ring (through
+        // its session) writes.
+        let dbr = u32::from_be(unsafe { self.st.dbrec.add(SND_DBR).read_volatile() });
+        u64::from(dbr.wrapping_sub(self.st.f.cur) & 0xffff)
+    }
+
+    /// Brings the ring's counters up to what an open (or leaked) session posted.
+    #[cold]
+    pub(super) fn catch_up_session(&mut self) {
+        let d = self.session_delta();
+        let st = &mut self.st;
+        st.f.seq += d;
+        st.posted = st.f.seq;
+        st.f.cur = st.f.cur.wrapping_add(d as u32);
+        st.bf_cur = st
+            .bf_cur
+            .map_addr(|a| a ^ ((d as usize & 1) * st.bf_size as usize));
+    }
+
+    /// Opens a [`DirectWindow`] of up to `max` `LEN`-byte inline SENDs, posted with one
+    /// doorbell at [`finish`](DirectWindow::finish) (or drop) with anything already
+    /// staged. Room and the signal are decided here, once: the window holds at most the
+    /// ring's free room (`max` included; 0 in the error state), and its last WQE is
+    /// signaled if the schedule's signal falls inside it or it fills the ring.
+    ///
+    /// # Errors
+    /// As [`session`](Self::session) (split mode is allowed: room is decided here).
+    pub fn window<const LEN: usize>(
+        &mut self,
+        max: usize,
+    ) -> Result<DirectWindow<'_, D, LEN>, SendError> {
+        check_len(self, LEN)?;
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let st = &self.st;
+        let seq = st.f.seq;
+        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
+        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
+        let room = (st.retired + st.limit)
+            .saturating_sub(seq)
+            .min(epoch_end - seq)
+            .min(max as u64);
+        let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
+        let c = seq.wrapping_add(cur_off);
+        let w = DirectWindow {
+            c,
+            end: c + room,
+            wid_off: id_off.wrapping_sub(cur_off),
+            cur_off,
+            sq: st.f.sq,
+            wrid: st.f.wrid,
+            mask: u64::from(st.f.mask),
+            w0: (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN),
+            ring: self,
+        };
+        w.ring.st.batch_open = true;
+        w.ring.set_event(0);
+        Ok(w)
+    }
+
+    /// Posts `msgs` (`LEN`-byte inline SENDs, in order) with one doorbell, as many as the
+    /// ring has room for, with anything already staged: a post list whose room, signal and
+    /// counters are decided once, and whose loop keeps everything in registers. Returns
+    /// how many were posted (all of them unless the ring filled); the first has sequence
+    /// number `next_seq` as it was.
+    ///
+    /// # Errors
+    /// As [`session`](Self::session) for `LEN`; [`SendError::WouldBlock`] when the ring
+    /// has no room at all ([`SendError::QpError`] in the error state).
+    pub fn post_list<const LEN: usize>(&mut self, msgs: &[[u8; LEN]]) -> Result<usize, SendError> {
+        check_len(self, LEN)?;
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let st = &self.st;
+        let seq = st.f.seq;
+        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
+        let room = (st.retired + st.limit)
+            .saturating_sub(seq)
+            .min(epoch_end - seq)
+            .min(msgs.len() as u64) as usize;
+        if room == 0 {
+            return if msgs.is_empty() {
+                Ok(0)
+            } else {
+                Err(self.blocked())
+            };
+        }
+        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
+        let wid_off = st
+            .id_bits
+            .wrapping_sub(seq & !wr_id::SEQ_MASK)
+            .wrapping_sub(cur_off);
+        let (sq, wrid, mask) = (st.f.sq, st.f.wrid, u64::from(st.f.mask));
+        let w0 = (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN);
+        let mut c = seq.wrapping_add(cur_off);
+        // Two runs of consecutive blocks: up to the end of the SQ, then from its start.
+        // Within a run the WQE and its `wrid` entry are pointers that step, not indices.
+        let mut rest = &msgs[..room];
+        while !rest.is_empty() {
+            let idx = (c & mask) as usize;
+            let run = rest.len().min(mask as usize + 1 - idx);
+            let (now, later) = rest.split_at(run);
+            // SAFETY: blocks idx..idx + run are in the SQ (run <= wqe_cnt - idx) and so are
+            // their wrid entries; `room` WRs fit the ring (decided above), so no outstanding
+            // WQE is in these blocks; LEN <= 44 (checked): one block each.
+            unsafe {
+                let mut ctrl = sq.add(idx << 6);
+                let mut id = wrid.add(idx);
+                for m in now {
+                    ctrl.add(16)
+                        .cast::<u32>()
+                        .write((LEN as u32 | INLINE_SEG).to_be());
+                    core::ptr::copy_nonoverlapping(m.as_ptr(), ctrl.add(20), LEN);
+                    ctrl.cast::<u64>()
+                        .write(((c & 0xffff) << 40 | w0).swap_bytes());
+                    ctrl.add(8).cast::<u64>().write(0);
+                    id.write(c.wrapping_add(wid_off));
+                    c += 1;
+                    ctrl = ctrl.add(64);
+                    id = id.add(1);
+                }
+            }
+            rest = later;
+        }
+        self.close_list(c, cur_off, inline_ds(LEN) as u32);
+        Ok(room)
+    }
+
+    /// Closes a window that wrote the one-block WQEs up to `c`: the signal, the counters,
+    /// one doorbell. Out of line: a window's drop glue stays a call on values.
+    #[inline(never)]
+    fn close_window(&mut self, c: u64, cur_off: u64, ds: u32) {
+        self.close_list(c, cur_off, ds);
+    }
+
+    /// [`close_window`](Self::close_window), inline in [`post_list`](Self::post_list).
+    #[inline(always)]
+    fn close_list(&mut self, c: u64, cur_off: u64, ds: u32) {
+        let end = c.wrapping_sub(cur_off);
+        self.st.batch_open = false;
+        if end > self.st.f.seq {
+            let st = &mut self.st;
+            let newest = end - 1;
+            // The newest WQE's block (every window WQE is one block).
+            let last =
+                st.f.sq
+                    .wrapping_add(((c.wrapping_sub(1) & u64::from(st.f.mask)) as usize) << 6);
+            if newest >= st.next_signal || end - st.retired == st.limit {
+                // SAFETY: `last` is the ctrl segment of the window's newest WQE, in the SQ,
+                // not yet announced: byte 11 is its `fm_ce_se`.
+                unsafe {
+                    let b = last.add(11);
+                    b.write(b.read() | CTRL_CQ_UPDATE);
+                }
+                while st.next_signal <= newest {
+                    st.next_signal += st.signal_every;
+                }
+            }
+            st.f.seq = end;
+            st.f.cur = c as u32;
+            st.f.set_last(last, ds);
+            self.ring_doorbell();
+        }
+        self.set_event(self.event_at());
+    }
+}
+
+impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
+    /// Sends `data` (an RC / UC SEND), posted at once. Returns its sequence number.
+    ///
+    /// # Errors
+    /// [`SendError::WouldBlock`] when `depth` WRs are outstanding (retire some through
+    /// [`on_completion`](Self::on_completion)); [`SendError::QpError`] in the error state.
+    #[inline(always)]
+    pub fn send(&mut self, data: &[u8; LEN]) -> Result<u64, SendError> {
+        self.post(data, 0, 0)
+    }
+
+    /// Sends `data` with immediate data `imm` (SEND_WITH_IMM); otherwise as
+    /// [`send`](Self::send).
+    #[inline(always)]
+    pub fn send_imm(&mut self, data: &[u8; LEN], imm: u32) -> Result<u64, SendError> {
+        self.post(
+            data,
+            (opcode::SEND_IMM as u64 - opcode::SEND as u64) << 32,
+            u64::from(imm.to_be()) << 32,
+        )
+    }
+
+    #[inline(always)]
+    fn post(&mut self, data: &[u8; LEN], op_delta: u64, w1: u64) -> Result<u64, SendError> {
+        let c = self.h.c;
+        if c >= self.h.ev {
+            return self.post_decided(data, op_delta, w1);
+        }
+        let h = &mut self.h;
+        // SAFETY: `c < ev`: room, no signal due, BlueFlame in use (`ev` stays 0 without
+        // it: every post decides), the WR's `wr_id` epoch is `wid_off`'s.
+        let ctrl = unsafe { write_wqe::<LEN>(h, data, op_delta, w1) };
+        // SAFETY: the one block just written, BlueFlame in use.
+        unsafe { doorbell(&mut self.ring.db, h, ctrl, true) };
+        Ok(c.wrapping_sub(h.cur_off))
+    }
+
+    /// The slow path ([`DirectRing::session_decide`], which takes and returns values: the
+    /// session's own state never has its address taken), then the WQE, signaled if due,
+    /// and its doorbell (the 8-byte one without BlueFlame). Inline, in the caller's cold
+    /// block, so that the fast path keeps its constants.
+    #[inline(always)]
+    fn post_decided(&mut self, data: &[u8; LEN], op_delta: u64, w1: u64) -> Result<u64, SendError> {
+        let c = self.h.c;
+        let d = self.ring.session_decide(c, self.h.cur_off, self.h.bf)?;
+        let h = &mut self.h;
+        let bf = h.bf_one;
+        h.ev = if bf { d.ev } else { 0 };
+        h.wid_off = d.wid_off;
+        // SAFETY: session_decide found room and set the epoch.
+        let ctrl = unsafe { write_wqe::<LEN>(h, data, op_delta, w1 | d.fm) };
+        // SAFETY: the one block just written.
+        unsafe { doorbell(&mut self.ring.db, h, ctrl, bf) };
+        Ok(c.wrapping_sub(h.cur_off))
+    }
+
+    /// Retires the WRs a send completion covers, as [`DirectRing::on_completion`].
+    ///
+    /// # Errors
+    /// As `DirectRing::on_completion`; after an error completion the next send returns
+    /// [`SendError::QpError`].
+    #[inline(always)]
+    pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
+        let r = self.ring.on_completion(c);
+        if r.is_err() {
+            // The next send takes the slow path, which sees the error state (or the room).
+            self.h.ev = 0;
+        }
+        r
+    }
+
+    /// WRs posted and not yet retired.
+    #[inline(always)]
+    pub fn outstanding(&self) -> u64 {
+        self.h.c.wrapping_sub(self.h.cur_off) - self.ring.st.retired
+    }
+
+    /// The sequence number the next message gets.
+    #[inline(always)]
+    pub fn next_seq(&self) -> u64 {
+        self.h.c.wrapping_sub(self.h.cur_off)
+    }
+
+    /// Ends the session (as dropping it does).
+    #[inline(always)]
+    pub fn finish(self) {}
+}
+
+/// Writes the one-block WQE of a `LEN`-byte inline SEND at `h.c` (`w1`: the ctrl
+/// segment's second word: signal bits and immediate), its `wrid` entry, and advances
+/// `h.c`. Returns its ctrl segment.
+///
+/// # Safety
+/// The WR has room (no outstanding WQE in its block), `h.wid_off` is its epoch's, and
+/// `1 <= LEN <= 44`.
+#[inline(always)]
+unsafe fn write_wqe<const LEN: usize>(
+    h: &mut Hot,
+    data: &[u8; LEN],
+    op_delta: u64,
+    w1: u64,
+) -> *mut u8 {
+    let c = h.c;
+    let idx = (c & h.mask) as usize;
+    // SAFETY: idx < wqe_cnt: the block is in the SQ; the caller's contract for the rest.
+    unsafe {
+        let ctrl = h.sq.add(idx << 6);
+        ctrl.add(16)
+            .cast::<u32>()
+            .write((LEN as u32 | INLINE_SEG).to_be());
+        // A copy of a constant size: moves at fixed offsets from `data` (no length test,
+        // no derived pointer to keep in a register).
+        core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
+        ctrl.cast::<u64>()
+            .write(((c & 0xffff) << 40 | (h.w0 + op_delta)).swap_bytes());
+        ctrl.add(8).cast::<u64>().write(w1);
+        h.wrid.add(idx).write(c.wrapping_add(h.wid_off));
+        h.c = c + 1;
+        ctrl
+    }
+}
+
+/// The doorbell of the one block at `ctrl` (`h.c` already past it): the doorbell record,
+/// then the BlueFlame copy (`bf`) or the 8-byte doorbell; the next BlueFlame buffer.
+///
+/// # Safety
+/// `ctrl` is the block just written by [`write_wqe`]; the register is the QP's.
+#[inline(always)]
+unsafe fn doorbell<D: Doorbell>(db: &mut D, h: &mut Hot, ctrl: *mut u8, bf: bool) {
+    let dst = h.bf;
+    h.bf = dst.map_addr(|a| a ^ h.bf_size);
+    db.to_device_barrier();
+    // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame source
+    // is the WQE's one block.
+    unsafe {
+        db.write_dbr(h.dbr, (h.c as u32 & 0xffff).to_be());
+        db.wc_start();
+        if bf {
+            db.bf_block(dst.cast(), ctrl.cast());
+        } else {
+            db.write64(dst.cast(), ctrl.cast::<u64>().read());
+        }
+    }
+    db.flush_writes();
+}
+
+impl<D: Doorbell, const LEN: usize> Drop for DirectSession<'_, D, LEN> {
+    // Tiny, so the glue inlines and the session's address never escapes (see DirectBatch).
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.ring.close_session(self.h.c, self.h.cur_off, self.h.bf);
+    }
+}
+
+/// A post list of up to a fixed number of `LEN`-byte inline SENDs with one doorbell:
+/// [`DirectRing::window`].
+#[must_use = "a window posts its messages on finish() or drop"]
+pub struct DirectWindow<'r, D: Doorbell, const LEN: usize> {
+    ring: &'r mut DirectRing<D>,
+    c: u64,
+    end: u64,
+    wid_off: u64,
+    cur_off: u64,
+    sq: *mut u8,
+    wrid: *mut u64,
+    mask: u64,
+    w0: u64,
+}
+
+impl<D: Doorbell, const LEN: usize> core::fmt::Debug for DirectWindow<'_, D, LEN> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DirectWindow")
+            .field("len", &LEN)
+            .field("room", &self.room())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Doorbell, const LEN: usize> DirectWindow<'_, D, LEN> {
+    /// Messages the window still takes.
+    #[inline(always)]
+    pub fn room(&self) -> usize {
+        (self.end - self.c) as usize
+    }
+
+    /// Writes `data` as the next SEND of the list. Returns its sequence number.
+    ///
+    /// # Errors
+    /// When the window is full: [`SendError::QpError`] if the ring is in the error state,
+    /// else [`SendError::WouldBlock`] (finish this window; the next one has the room
+    /// completions made).
+    #[inline(always)]
+    pub fn push(&mut self, data: &[u8; LEN]) -> Result<u64, SendError> {
+        let c = self.c;
+        if c == self.end {
+            return Err(self.ring.blocked());
+        }
+        let idx = (c & self.mask) as usize;
+        // SAFETY: idx < wqe_cnt; `c < end` means the window's room (decided at `window`)
+        // covers this WR, so no outstanding WQE is in its block; LEN <= 44 (checked).
+        unsafe {
+            let ctrl = self.sq.add(idx << 6);
+            ctrl.add(16)
+                .cast::<u32>()
+                .write((LEN as u32 | INLINE_SEG).to_be());
+            core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
+            ctrl.cast::<u64>()
+                .write(((c & 0xffff) << 40 | self.w0).swap_bytes());
+            ctrl.add(8).cast::<u64>().write(0);
+            self.wrid.add(idx).write(c.wrapping_add(self.wid_off));
+        }
+        self.c = c + 1;
+        Ok(c.wrapping_sub(self.cur_off))
+    }
+
+    /// Posts the list (one doorbell; BlueFlame for a single WQE).
+    #[inline(always)]
+    pub fn finish(self) {}
+}
+
+impl<D: Doorbell, const LEN: usize> Drop for DirectWindow<'_, D, LEN> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.ring
+            .close_window(self.c, self.cur_off, inline_ds(LEN) as u32);
+    }
+}

@@ -1,0 +1,409 @@
+//! [`DirectSession`](hotverbs_datapath::DirectSession) and
+//! [`DirectWindow`](hotverbs_datapath::DirectWindow): the same bytes, doorbells and
+//! retirement as the ring's own lone path and batches, back-pressure, the error state,
+//! refused sizes, and leaks (`mem::forget`) repaired by the ring.
+
+use hotverbs_datapath::mlx5::{DirectCq, DirectSq, MmioEvent, RecordingDoorbell};
+use hotverbs_datapath::{ConfigError, DirectPoller, DirectRing, Local, Msg, SendConfig, SendError};
+use hotverbs_softnic::mlx5sim::Mlx5Sim;
+
+const QPN: u32 = 0xabc;
+
+fn sq_of(sim: &mut Mlx5Sim) -> DirectSq {
+    let p = sim.ptrs();
+    DirectSq {
+        buf: p.sq,
+        wqe_cnt: sim.wqe_cnt,
+        stride: 64,
+        dbrec: p.qp_dbrec,
+        bf_reg: p.bf_reg,
+        bf_size: 256,
+        bf_offset: 0,
+        qp_num: QPN,
+        ud: false,
+        uc: false,
+        max_inline: 64,
+        max_sge: 1,
+        wrid: p.wrid,
+    }
+}
+
+/// A ring and its poller on a simulator of `wqe_cnt` blocks.
+struct Bed {
+    sim: Box<Mlx5Sim>,
+    ring: DirectRing<RecordingDoorbell>,
+    poller: DirectPoller<16>,
+}
+
+fn bed(wqe_cnt: u32, cfg: SendConfig) -> Bed {
+    let mut sim = Box::new(Mlx5Sim::new(wqe_cnt, 256, QPN));
+    let sq = sq_of(&mut sim);
+    let p = sim.ptrs();
+    let cq = DirectCq {
+        buf: p.cq,
+        cqe_cnt: sim.cqe_cnt,
+        cqe_size: 64,
+        dbrec: p.cq_dbrec,
+        cqn: 1,
+        cons_index: 0,
+    };
+    // SAFETY: the boxed simulator outlives the ring and the poller, its only users.
+    let (ring, poller) = unsafe {
+        let ring =
+            DirectRing::with_doorbell(sq, cfg, None, RecordingDoorbell::new(sq.bf_reg)).unwrap();
+        let mut poller = DirectPoller::<16>::new(cq).unwrap();
+        poller.attach(&sq).unwrap();
+        (ring, poller)
+    };
+    Bed { sim, ring, poller }
+}
+
+fn cfg() -> SendConfig {
+    SendConfig::new(1, 32, 64).signal_every(8).batch(8)
+}
+
+fn msg(i: u64) -> [u8; 32] {
+    std::array::from_fn(|k| (i as u8).wrapping_mul(7).wrapping_add(k as u8))
+}
+
+/// SQ, `wrid` table, send doorbell record and every register store and barrier.
+fn snapshot(b: &mut Bed) -> (Vec<u8>, Vec<u64>, u32, Vec<MmioEvent>) {
+    let p = b.sim.ptrs();
+    let n = b.sim.wqe_cnt as usize;
+    // SAFETY: the simulator's regions, of these sizes, not written meanwhile.
+    unsafe {
+        (
+            std::slice::from_raw_parts(p.sq, n * 64).to_vec(),
+            std::slice::from_raw_parts(p.wrid, n).to_vec(),
+            p.qp_dbrec.add(1).read(),
+            b.ring.doorbell().events.clone(),
+        )
+    }
+}
+
+#[test]
+fn a_session_writes_what_send_now_writes_and_retires_everything_once() {
+    let n = 300u64;
+    let (mut a, mut b) = (bed(64, cfg()), bed(64, cfg()));
+    let mut retired_a = 0;
+    let mut i = 0;
+    while i < n {
+        match a.ring.send_now(Msg::send(Local::Inline(&msg(i)))) {
+            Ok(seq) => {
+                assert_eq!(seq, i);
+                i += 1;
+            }
+            Err(SendError::WouldBlock) => {
+                let r = &mut a.ring;
+                retired_a += reap_ring(&mut a.sim, &mut a.poller, r);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let mut retired_b = 0;
+    {
+        let Bed { sim, ring, poller } = &mut b;
+        let mut s = ring.session::<32>().unwrap();
+        let mut i = 0;
+        while i < n {
+            match s.send(&msg(i)) {
+                Ok(seq) => {
+                    assert_eq!(seq, i);
+                    assert_eq!(s.next_seq(), i + 1);
+                    i += 1;
+                }
+                Err(SendError::WouldBlock) => {
+                    assert_eq!(
+                        s.outstanding(),
+                        32,
+                        "WouldBlock only with depth outstanding"
+                    );
+                    sim.process();
+                    for c in poller.poll().unwrap() {
+                        retired_b += s.on_completion(c).unwrap();
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    // The same stream, the same bytes: every WQE, wrid entry, doorbell record and
+    // register store (BlueFlame copies and their alternation), and the same barriers.
+    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
+    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
+        assert_eq!(x, y, "SQ block {blk}");
+    }
+    assert_eq!(sa.1, sb.1, "wrid tables");
+    assert_eq!(sa.2, sb.2, "doorbell records");
+    assert_eq!(sa.3, sb.3, "register stores and barriers");
+    assert_eq!(b.ring.posted_total(), n);
+    assert_eq!(b.ring.bf_offset(), a.ring.bf_offset());
+    // Everything retires, exactly once, on both (a last signaled WR: 300 is not a
+    // multiple of the signal period).
+    a.ring.signal_next();
+    a.ring
+        .send_now(Msg::send(Local::Inline(&[1u8; 8])))
+        .unwrap();
+    while a.ring.outstanding() > 0 {
+        let r = &mut a.ring;
+        retired_a += reap_ring(&mut a.sim, &mut a.poller, r);
+    }
+    b.ring.signal_next();
+    b.ring
+        .send_now(Msg::send(Local::Inline(&[1u8; 8])))
+        .unwrap();
+    while b.ring.outstanding() > 0 {
+        let r = &mut b.ring;
+        retired_b += reap_ring(&mut b.sim, &mut b.poller, r);
+    }
+    assert_eq!(retired_a, n + 1);
+    assert_eq!(retired_b, n + 1);
+    assert_eq!(b.ring.retired_total(), n + 1);
+}
+
+fn reap_ring(
+    sim: &mut Mlx5Sim,
+    poller: &mut DirectPoller<16>,
+    ring: &mut DirectRing<RecordingDoorbell>,
+) -> u64 {
+    sim.process();
+    let mut n = 0;
+    for c in poller.poll().unwrap() {
+        n += ring.on_completion(c).unwrap();
+    }
+    n
+}
+
+#[test]
+fn a_window_writes_what_a_batch_writes() {
+    let n = 640u64;
+    let c = SendConfig::new(1, 64, 64).signal_every(16).batch(16);
+    let (mut a, mut b) = (bed(128, c), bed(128, c));
+    let (mut ra, mut rb) = (0, 0);
+    let msgs: Vec<[u8; 32]> = (0..n).map(msg).collect();
+    let mut i = 0;
+    while i < n {
+        let mut bt = a.ring.batch();
+        for _ in 0..16 {
+            bt.push(Msg::send(Local::Inline(&msgs[i as usize])))
+                .unwrap();
+            i += 1;
+        }
+        bt.finish().unwrap();
+        let r = &mut a.ring;
+        ra += reap_ring(&mut a.sim, &mut a.poller, r);
+    }
+    let mut i = 0;
+    while i < n {
+        let mut w = b.ring.window::<32>(16).unwrap();
+        assert_eq!(w.room(), 16);
+        for _ in 0..16 {
+            assert_eq!(w.push(&msg(i)).unwrap(), i);
+            i += 1;
+        }
+        assert!(matches!(w.push(&msg(i)), Err(SendError::WouldBlock)));
+        w.finish();
+        let r = &mut b.ring;
+        rb += reap_ring(&mut b.sim, &mut b.poller, r);
+    }
+    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
+    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
+        assert_eq!(x, y, "SQ block {blk}");
+    }
+    assert_eq!(sa.1, sb.1, "wrid tables");
+    assert_eq!(sa.2, sb.2, "doorbell records");
+    assert_eq!(sa.3, sb.3, "register stores and barriers");
+    for (r, ring) in [(&mut ra, &mut a), (&mut rb, &mut b)] {
+        while ring.ring.outstanding() > 0 {
+            let x = &mut ring.ring;
+            *r += reap_ring(&mut ring.sim, &mut ring.poller, x);
+        }
+    }
+    assert_eq!((ra, rb), (n, n), "every WR retired once");
+}
+
+#[test]
+fn a_window_holds_the_rings_room_and_signals_the_wr_that_fills_it() {
+    let mut b = bed(64, cfg());
+    let mut w = b.ring.window::<32>(1000).unwrap();
+    assert_eq!(w.room(), 32, "the ring's depth");
+    for i in 0..32 {
+        w.push(&msg(i)).unwrap();
+    }
+    assert!(matches!(w.push(&msg(0)), Err(SendError::WouldBlock)));
+    w.finish();
+    assert_eq!(b.ring.outstanding(), 32);
+    let w = b.ring.window::<32>(8).unwrap();
+    assert_eq!(w.room(), 0, "full");
+    drop(w);
+    // The WR that filled the ring (and the schedule's every 8th) is signaled: all retire.
+    let mut n = 0;
+    let r = &mut b.ring;
+    n += reap_ring(&mut b.sim, &mut b.poller, r);
+    assert_eq!(n, 32);
+    assert_eq!(b.ring.outstanding(), 0);
+}
+
+#[test]
+fn sizes_a_session_cannot_send_are_named() {
+    let mut b = bed(64, cfg());
+    assert!(matches!(
+        b.ring.session::<45>().map(|_| ()),
+        Err(SendError::InlineTooLong { len: 45, max: 44 })
+    ));
+    assert!(matches!(
+        b.ring.session::<0>().map(|_| ()),
+        Err(SendError::InlineTooLong { len: 0, .. })
+    ));
+    assert!(matches!(
+        b.ring.window::<64>(4).map(|_| ()),
+        Err(SendError::InlineTooLong { len: 64, max: 44 })
+    ));
+    let _ = b.ring.split();
+    match b.ring.session::<8>().map(|_| ()) {
+        Err(SendError::Config(ConfigError::Fixed(why))) => assert!(why.contains("split")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_error_completion_stops_the_session() {
+    let mut b = bed(64, cfg());
+    let Bed { sim, ring, poller } = &mut b;
+    let mut s = ring.session::<16>().unwrap();
+    for i in 0..8 {
+        s.send(&[i as u8; 16]).unwrap();
+    }
+    sim.fail_next(0x04, 0x51); // local protection error, then everything flushed
+    for i in 0..8 {
+        s.send(&[i as u8; 16]).unwrap();
+    }
+    sim.process();
+    let mut errs = 0;
+    for c in poller.poll().unwrap() {
+        if s.on_completion(c).is_err() {
+            errs += 1;
+        }
+    }
+    assert!(errs > 0);
+    assert!(matches!(s.send(&[0; 16]), Err(SendError::QpError(_))));
+    drop(s);
+    assert!(ring.error().is_some());
+}
+
+#[test]
+fn a_leaked_session_is_caught_up_from_the_doorbell_record() {
+    let mut b = bed(64, cfg());
+    {
+        let mut s = b.ring.session::<32>().unwrap();
+        for i in 0..13 {
+            assert_eq!(s.send(&msg(i)).unwrap(), i);
+        }
+        std::mem::forget(s);
+    }
+    // Posted, never written back by the session: the ring counts them from the record.
+    assert_eq!(b.ring.outstanding(), 13);
+    assert_eq!(b.ring.posted_total(), 13);
+    // The next post continues after them (no WQE overwritten, sequence numbers go on).
+    assert_eq!(
+        b.ring.send_now(Msg::send(Local::Inline(&msg(13)))).unwrap(),
+        13
+    );
+    b.ring.signal_next();
+    b.ring.send_now(Msg::send(Local::Inline(&msg(14)))).unwrap();
+    let mut n = 0;
+    while b.ring.outstanding() > 0 {
+        let r = &mut b.ring;
+        n += reap_ring(&mut b.sim, &mut b.poller, r);
+    }
+    assert_eq!(n, 15, "every WR retired once");
+    // A session after a leaked one starts where the ring is.
+    let mut s = b.ring.session::<32>().unwrap();
+    assert_eq!(s.send(&msg(15)).unwrap(), 15);
+}
+
+#[test]
+fn a_completion_for_a_leaked_sessions_wr_is_not_lost() {
+    let mut b = bed(64, cfg());
+    {
+        let mut s = b.ring.session::<32>().unwrap();
+        for i in 0..5 {
+            s.send(&msg(i)).unwrap();
+        }
+        std::mem::forget(s);
+    }
+    // The device completes the 5th (wqe_counter 4) before any ring call: the ring's
+    // counters say nothing past the first was posted; the doorbell record says 5.
+    b.sim
+        .write_cqe(0, hotverbs_datapath::mlx5::opcode::SEND, 4, 0, 0);
+    let Bed { ring, poller, .. } = &mut b;
+    let c = &poller.poll().unwrap()[0];
+    assert_eq!(ring.on_completion(c).unwrap(), 5);
+    assert_eq!(b.ring.outstanding(), 0);
+}
+
+#[test]
+fn a_leaked_window_announces_nothing() {
+    let mut b = bed(64, cfg());
+    {
+        let mut w = b.ring.window::<32>(8).unwrap();
+        for i in 0..5 {
+            w.push(&msg(i)).unwrap();
+        }
+        std::mem::forget(w);
+    }
+    b.ring.flush().unwrap();
+    assert_eq!(b.ring.posted_total(), 0, "nothing announced");
+    // SAFETY: the simulator's doorbell record.
+    assert_eq!(b.sim.sq_dbr(), 0);
+    assert_eq!(
+        b.ring.send_now(Msg::send(Local::Inline(&msg(9)))).unwrap(),
+        0
+    );
+    assert_eq!(b.ring.posted_total(), 1);
+}
+
+#[test]
+fn a_post_list_writes_what_a_window_writes_across_the_sq_wrap() {
+    // 96 blocks are not a multiple of the lists' 20: lists straddle the SQ's end.
+    let c = SendConfig::new(1, 32, 64).signal_every(16).batch(16);
+    let (mut a, mut b) = (bed(64, c), bed(64, c));
+    let msgs: Vec<[u8; 32]> = (0..20).map(msg).collect();
+    let (mut ra, mut rb) = (0, 0);
+    for round in 0..15u64 {
+        let mut w = a.ring.window::<32>(20).unwrap();
+        for m in &msgs {
+            w.push(m).unwrap();
+        }
+        w.finish();
+        assert_eq!(b.ring.post_list(&msgs).unwrap(), 20, "round {round}");
+        let r = &mut a.ring;
+        ra += reap_ring(&mut a.sim, &mut a.poller, r);
+        let r = &mut b.ring;
+        rb += reap_ring(&mut b.sim, &mut b.poller, r);
+    }
+    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
+    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
+        assert_eq!(x, y, "SQ block {blk}");
+    }
+    assert_eq!(sa.1, sb.1, "wrid tables");
+    assert_eq!(sa.2, sb.2, "doorbell records");
+    assert_eq!(sa.3, sb.3, "register stores and barriers");
+    // Room: a list longer than the free room posts what fits, then WouldBlock.
+    let long: Vec<[u8; 32]> = (0..40).map(msg).collect();
+    let free = b.ring.free() as usize;
+    assert_eq!(b.ring.post_list(&long).unwrap(), free);
+    assert!(matches!(
+        b.ring.post_list(&long),
+        Err(SendError::WouldBlock)
+    ));
+    assert_eq!(b.ring.post_list::<32>(&[]).unwrap(), 0);
+    for (r, ring) in [(&mut ra, &mut a), (&mut rb, &mut b)] {
+        while ring.ring.outstanding() > 0 {
+            let x = &mut ring.ring;
+            *r += reap_ring(&mut ring.sim, &mut ring.poller, x);
+        }
+    }
+    assert_eq!(ra, 300);
+    assert_eq!(rb, 300 + free as u64);
+}

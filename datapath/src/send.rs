@@ -121,18 +121,20 @@ pub struct Msg<'d> {
     pub(crate) imm: u32,
     pub(crate) compare_add: u64,
     pub(crate) swap: u64,
-    /// [`fence`](Self::fence) / [`solicited`](Self::solicited), as the bits of an mlx5
-    /// ctrl segment's `fm_ce_se` ([`MSG_FENCE`], [`MSG_SOLICITED`]): the direct ring ORs
-    /// them in as they are; the verbs rings translate them to `IBV_SEND_*` where they
-    /// write a format (out of line). 0 for a message built without them.
+    /// [`fence`](Self::fence) / [`solicited`](Self::solicited), as the bits of a
+    /// [`SendRing`] slot format ([`MSG_FENCE`], [`MSG_SOLICITED`]): the verbs ring ORs them
+    /// into a message's format as they are (its event path reads messages from memory, so
+    /// a shift there costs every `signal_every`-th message), the direct ring moves them to
+    /// the ctrl segment's `fm_ce_se` ([`Msg::mlx5_flags`]), where a message built in place
+    /// folds them away. 0 for a message built without them.
     pub(crate) flags: u8,
 }
 
-/// [`Msg::flags`] bit of [`Msg::fence`]: `MLX5_WQE_CTRL_FENCE` (`IBV_SEND_FENCE`).
-pub(crate) const MSG_FENCE: u8 = 4 << 5;
-/// [`Msg::flags`] bit of [`Msg::solicited`]: `MLX5_WQE_CTRL_SOLICITED`
-/// (`IBV_SEND_SOLICITED`).
-pub(crate) const MSG_SOLICITED: u8 = 1 << 1;
+/// [`Msg::flags`] bit of [`Msg::fence`] (`IBV_SEND_FENCE`): the format bit `FMT_FENCE`.
+pub(crate) const MSG_FENCE: u8 = 1 << 5;
+/// [`Msg::flags`] bit of [`Msg::solicited`] (`IBV_SEND_SOLICITED`): the format bit
+/// `FMT_SOLICITED`.
+pub(crate) const MSG_SOLICITED: u8 = 1 << 6;
 
 impl<'d> Msg<'d> {
     #[inline(always)]
@@ -176,6 +178,13 @@ impl<'d> Msg<'d> {
     #[inline(always)]
     pub const fn is_solicited(&self) -> bool {
         self.flags & MSG_SOLICITED != 0
+    }
+
+    /// The message's flags as an mlx5 ctrl segment's `fm_ce_se` bits:
+    /// `MLX5_WQE_CTRL_FENCE` (`4 << 5`) and `MLX5_WQE_CTRL_SOLICITED` (`1 << 1`).
+    #[inline(always)]
+    pub(crate) const fn mlx5_flags(&self) -> u8 {
+        (self.flags & MSG_FENCE) << 2 | (self.flags & MSG_SOLICITED) >> 5
     }
 
     /// The `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` bits of the message.
@@ -533,17 +542,32 @@ const FMT_SOLICITED: u8 = 1 << 6;
 /// The `send_flags` of a format besides `IBV_SEND_SIGNALED`.
 #[inline(always)]
 fn fmt_send_flags(fmt: u8) -> u32 {
-    let mut flags = match fmt & KIND_MASK {
-        KIND_INLINE | KIND_BUF_INLINE => IBV_SEND_INLINE,
-        _ => 0,
+    // One load (the event paths write a format every `batch`-th message, from a message in
+    // memory): indexed by the kind and flag bits, 3..=6.
+    const FLAGS: [u32; 16] = {
+        let mut t = [0u32; 16];
+        let mut i = 0;
+        while i < 16 {
+            let fmt = (i as u8) << 3;
+            let kind = fmt & KIND_MASK;
+            t[i] = if kind == KIND_INLINE || kind == KIND_BUF_INLINE {
+                IBV_SEND_INLINE
+            } else {
+                0
+            } | if fmt & FMT_FENCE != 0 {
+                IBV_SEND_FENCE
+            } else {
+                0
+            } | if fmt & FMT_SOLICITED != 0 {
+                IBV_SEND_SOLICITED
+            } else {
+                0
+            };
+            i += 1;
+        }
+        t
     };
-    if fmt & FMT_FENCE != 0 {
-        flags |= IBV_SEND_FENCE;
-    }
-    if fmt & FMT_SOLICITED != 0 {
-        flags |= IBV_SEND_SOLICITED;
-    }
-    flags
+    FLAGS[usize::from(fmt >> 3) & 15]
 }
 
 /// Local kinds of a format.
@@ -582,10 +606,15 @@ fn fmt_of(msg: &Msg<'_>, max_inline: usize, buf_inline: usize) -> u8 {
     };
     // The message's flags moved to the format's bits (constants fold for a message built in
     // place: a message without flags pays nothing).
-    msg.op as u8 | kind | (msg.flags & MSG_FENCE) >> 2 | (msg.flags & MSG_SOLICITED) << 5
+    msg.op as u8 | kind | msg.flags
 }
 
-const _: () = assert!(MSG_FENCE >> 2 == FMT_FENCE && MSG_SOLICITED << 5 == FMT_SOLICITED);
+const _: () = assert!(
+    MSG_FENCE == FMT_FENCE
+        && MSG_SOLICITED == FMT_SOLICITED
+        && MSG_FENCE << 2 == crate::mlx5::CTRL_FENCE
+        && MSG_SOLICITED >> 5 == crate::mlx5::CTRL_SOLICITED
+);
 
 /// Error state, touched only when something went wrong.
 #[derive(Debug)]

@@ -265,8 +265,11 @@ pub struct Args {
     /// ConnectX only: post by writing mlx5 WQEs straight into the send queue and read the
     /// send CQ's CQEs directly (hotverbs' `DirectRing` / `DirectPoller`, no provider call),
     /// instead of `ibv_wr_*` / `ibv_post_send`. Run the same test with and without it to
-    /// compare the two paths on your NIC. Sends and receives get a CQ each. Any other
-    /// device fails fast, naming it; not with --timestamps or --use_old_post_send.
+    /// compare the two paths on your NIC. Sends and receives get a CQ each; each QP gets
+    /// a thread domain of its own (its doorbell register: BlueFlame). send_lat / send_bw
+    /// of 2, 4, 8, 16, 32 or 44 bytes use the fixed-size session / post list. RC or UC.
+    /// Any other device fails fast, naming it; not with --timestamps or
+    /// --use_old_post_send.
     #[arg(long = "direct")]
     pub direct: bool,
 
@@ -409,9 +412,11 @@ impl Args {
                 "-a runs up to 8 MiB and a UD message fits one MTU: give the size with -s".into(),
             ));
         }
-        if self.connection != Connection::Rc && (self.direct || self.compare_direct) {
+        if self.connection == Connection::Ud && (self.direct || self.compare_direct) {
             return Err(PerfError::Usage(
-                "--direct runs over RC: drop -c, or drop --direct / --compare_direct".into(),
+                "--direct runs over RC or UC (a UD direct ring carries an address handle this \
+                 tool does not build): use -c RC or -c UC, or drop --direct / --compare_direct"
+                    .into(),
             ));
         }
         if self.events && test == TestKind::WriteLat {

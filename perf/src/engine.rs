@@ -18,7 +18,13 @@
 //!   `PollCq` cannot say.
 //!
 //! Everything that names a post path (the ring constructors, the reapers, the dispatch)
-//! is in the `path` submodule; this file is the engine, written once.
+//! is in the `path` submodule; this file is the engine, written once. The `fixed` submodule
+//! adds the direct path's fixed-size loops, where they apply: `send_lat` through a
+//! [`DirectSession`](hotverbs_datapath::DirectSession) (one held session of `LEN`-byte
+//! inline SENDs, one doorbell each) and `send_bw` through
+//! [`DirectRing::post_list`](hotverbs_datapath::DirectRing::post_list) (one doorbell per
+//! list), for the message sizes of `fixed::FIXED_LENS`; the header names the path that ran
+//! ([`direct_path`]).
 //!
 //! [`build`] is the one place the run's post path is looked at: a five-arm `match` picks
 //! `R` and `C` and boxes the engine as a [`dyn Engine`](Engine). Each `Hot<R, C>` is
@@ -83,7 +89,10 @@ use crate::error::PerfError;
 use crate::progress::Counter;
 use crate::stats::Latency;
 
+#[macro_use]
+mod fixed;
 mod path;
+pub use fixed::direct_path;
 pub use path::{build, PostPath, Reap};
 
 /// Ring id of the send ring of QP 0 in `wr_id`s; QP q's is `SEND_RING + q`.
@@ -201,8 +210,12 @@ pub struct QpSide {
     /// The extended QP (`ibv_qp_ex`) to post through with `ibv_wr_*`; `None`: the legacy
     /// `ibv_post_send` ring (`--use_old_post_send`).
     pub qpx: Option<*mut ibv_qp_ex>,
-    /// `--direct`: the mlx5 send queue, with its `wrid` table.
+    /// `--direct`: the mlx5 send queue, with its `wrid` table (its register as
+    /// `register` says).
     pub sq: Option<DirectSq>,
+    /// `--direct`: how the ring rings the QP's doorbell register
+    /// ([`hotverbs::Qp::mlx5_register_use`]).
+    pub register: Option<hotverbs::RegisterUse>,
     /// `-c UD`: the peer's address (an AH the setup layer keeps) every SEND carries.
     pub ud: Option<UdDest>,
 }
@@ -329,6 +342,11 @@ pub trait Engine: Send {
     fn timestamp_clock(&self) -> Option<TimestampClock>;
     /// Which post path the send rings take.
     fn post_path(&self) -> &'static str;
+    /// `--direct`: which of the direct path's APIs posts `p.test`'s messages of `size`
+    /// bytes ([`direct_path`]); `None` on the other post paths.
+    fn direct_path(&self, p: &Params, size: u32) -> Option<&'static str>;
+    /// `--direct`: how QP 0's ring rings its doorbell register.
+    fn register_use(&self) -> Option<hotverbs::RegisterUse>;
     /// WRs posted and not yet retired, over all QPs.
     #[cfg(test)]
     fn outstanding(&self) -> u64;
@@ -364,6 +382,10 @@ pub struct Hot<R: PostPath, C: Reap> {
     payload: Vec<u8>,
     slot: u32,
     signal_every: u32,
+    /// WRs per post (`-l`, within the depth; 1 for latency tests).
+    batch: u32,
+    /// The QPs' transport (`-c`).
+    side_conn: Connection,
     timeout: Duration,
     clock: &'static Clock,
     /// `--events`: sleep on the CQ's completion channel instead of spinning.
@@ -480,6 +502,8 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
             payload,
             slot,
             signal_every,
+            batch,
+            side_conn: p.connection,
             timeout,
             // Calibrated here, before anything is timed.
             clock: clock(),
@@ -770,43 +794,10 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
         half: bool,
         mut op: impl FnMut(&mut Self, u64, bool) -> Result<(), PerfError>,
     ) -> Result<Measured, PerfError> {
-        let mut lat = Latency::new(half);
-        let ts_clock = self.reaper.timestamp_clock();
-        let mut nic = ts_clock.map(|_| Latency::new(half));
-        let mut prev_ts: Option<u64> = None;
-        let plan = Plan::new(p.amount, p.warmup);
-        let mut i = 0u64;
-        let mut t_start = None;
-        loop {
-            let last = plan.is_last(i, t_start);
-            if i == p.warmup {
-                t_start = Some(Instant::now());
-            }
-            let t0 = self.clock.now();
+        let (clock, ts_clock) = (self.clock, self.reaper.timestamp_clock());
+        latency_loop(clock, ts_clock, p, counter, half, |i, last| {
             op(self, i, last)?;
-            let t = self.clock.between(t0, self.clock.now());
-            if let (Some(clock), Some(ts)) = (ts_clock, self.tally.last_ts) {
-                if let (Some(nic), Some(prev), true) = (nic.as_mut(), prev_ts, i >= p.warmup) {
-                    nic.record(Duration::from_nanos(clock.delta_ns(prev, ts)));
-                }
-                prev_ts = Some(ts);
-            }
-            if i >= p.warmup {
-                lat.record(t);
-                counter.set(i + 1 - p.warmup);
-            }
-            i += 1;
-            if last {
-                break;
-            }
-        }
-        let elapsed = t_start.map_or(Duration::ZERO, |t| t.elapsed());
-        Ok(Measured {
-            iterations: lat.count(),
-            latency: Some(lat),
-            nic_latency: nic,
-            per_qp: Vec::new(),
-            elapsed,
+            Ok(self.tally.last_ts)
         })
     }
 
@@ -827,6 +818,12 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
         counter: Option<&Counter>,
         wd: &mut Watchdog<'_>,
     ) -> Result<u64, PerfError> {
+        if test == TestKind::SendBw && self.fixed_applies(test, size) {
+            // The direct path's post list of fixed-size inline SENDs.
+            return with_fixed_len!(size, L => {
+                self.stream_list::<L>(size, n, until, mark_last, counter, wd)
+            });
+        }
         let buf = self.local(size);
         let inline_send = test == TestKind::SendBw && size <= self.side.max_inline;
         let qps = self.lanes.len();
@@ -975,6 +972,9 @@ impl<R: PostPath, C: Reap> Engine for Hot<R, C> {
         }
         let mut wd = Watchdog::new(self.timeout, abort);
         match p.test {
+            TestKind::SendLat if self.fixed_applies(p.test, size) => {
+                with_fixed_len!(size, L => self.ping_session::<L>(p, counter, &mut wd))
+            }
             TestKind::SendLat | TestKind::WriteLat => self.ping(p, size, counter, &mut wd),
             TestKind::ReadLat | TestKind::AtomicLat => self.one_by_one(p, size, counter, &mut wd),
             TestKind::SendBw | TestKind::WriteBw | TestKind::ReadBw => {
@@ -987,6 +987,9 @@ impl<R: PostPath, C: Reap> Engine for Hot<R, C> {
         let mut wd = Watchdog::new(self.timeout, abort);
         let mut n = 0u64;
         match p.test {
+            TestKind::SendLat if self.fixed_applies(p.test, size) => {
+                n = with_fixed_len!(size, L => self.pong_session::<L>(&mut wd))?;
+            }
             TestKind::SendLat => loop {
                 let want = self.tally.received + 1;
                 self.tally.last_imm = None;
@@ -1076,6 +1079,14 @@ impl<R: PostPath, C: Reap> Engine for Hot<R, C> {
         R::NAME
     }
 
+    fn direct_path(&self, p: &Params, size: u32) -> Option<&'static str> {
+        R::DIRECT.then(|| direct_path(p.test, p.connection, size, self.side.max_inline))
+    }
+
+    fn register_use(&self) -> Option<hotverbs::RegisterUse> {
+        self.side.qps.first().and_then(|q| q.register)
+    }
+
     #[cfg(test)]
     fn outstanding(&self) -> u64 {
         self.outstanding_wrs()
@@ -1112,6 +1123,59 @@ impl Plan {
     }
 }
 
+/// The latency loop: runs `op(i, last)` for the warm-up and then the measured iterations
+/// (count or duration from `p`), timing each with `clock` and recording it after the
+/// warm-up (`half`: report half the round trip). `op` returns the raw completion timestamp
+/// the iteration ended with, which `ts_clock` (`--timestamps`) turns into the NIC-clock
+/// samples.
+#[inline(always)]
+fn latency_loop(
+    clock: &Clock,
+    ts_clock: Option<TimestampClock>,
+    p: &Params,
+    counter: &Counter,
+    half: bool,
+    mut op: impl FnMut(u64, bool) -> Result<Option<u64>, PerfError>,
+) -> Result<Measured, PerfError> {
+    let mut lat = Latency::new(half);
+    let mut nic = ts_clock.map(|_| Latency::new(half));
+    let mut prev_ts: Option<u64> = None;
+    let plan = Plan::new(p.amount, p.warmup);
+    let mut i = 0u64;
+    let mut t_start = None;
+    loop {
+        let last = plan.is_last(i, t_start);
+        if i == p.warmup {
+            t_start = Some(Instant::now());
+        }
+        let t0 = clock.now();
+        let last_ts = op(i, last)?;
+        let t = clock.between(t0, clock.now());
+        if let (Some(tc), Some(ts)) = (ts_clock, last_ts) {
+            if let (Some(nic), Some(prev), true) = (nic.as_mut(), prev_ts, i >= p.warmup) {
+                nic.record(Duration::from_nanos(tc.delta_ns(prev, ts)));
+            }
+            prev_ts = Some(ts);
+        }
+        if i >= p.warmup {
+            lat.record(t);
+            counter.set(i + 1 - p.warmup);
+        }
+        i += 1;
+        if last {
+            break;
+        }
+    }
+    let elapsed = t_start.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok(Measured {
+        iterations: lat.count(),
+        latency: Some(lat),
+        nic_latency: nic,
+        per_qp: Vec::new(),
+        elapsed,
+    })
+}
+
 /// Routes one completion to its QP's ring by its ring id: bit 7 clear, a send ring
 /// ([`SEND_RING`]` + q`); set, a receive ring ([`RECV_RING`]` | q`).
 #[inline(always)]
@@ -1135,22 +1199,38 @@ fn route<R: PostRing>(
         .get_mut((id & !RECV_RING) as usize)
         .and_then(|l| l.recv.as_mut())
     {
-        let m = r.on_completion(c)?;
-        if let Some(imm) = m.imm() {
-            tally.last_imm = Some(imm);
-            if imm == LAST as u32 {
-                tally.lasts += 1;
-            }
-        }
-        r.release(m)?;
-        tally.received += 1;
-        return Ok(());
+        return on_recv(r, tally, c);
     }
-    Err(PerfError::Internal(format!(
+    Err(unknown_ring(c))
+}
+
+/// A receive completion of `r`: its slot released at once (the payload is not inspected),
+/// counted, its immediate noted.
+#[inline(always)]
+fn on_recv(
+    r: &mut RecvRing<RING_N>,
+    tally: &mut Tally,
+    c: &mut Completion,
+) -> Result<(), PerfError> {
+    let m = r.on_completion(c)?;
+    if let Some(imm) = m.imm() {
+        tally.last_imm = Some(imm);
+        if imm == LAST as u32 {
+            tally.lasts += 1;
+        }
+    }
+    r.release(m)?;
+    tally.received += 1;
+    Ok(())
+}
+
+#[cold]
+fn unknown_ring(c: &Completion) -> PerfError {
+    PerfError::Internal(format!(
         "completion for unknown ring {} (wr_id {:#x})",
         c.ring(),
         c.wr_id()
-    )))
+    ))
 }
 
 #[cfg(test)]

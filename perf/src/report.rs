@@ -61,6 +61,64 @@ pub struct RunInfo {
     pub nic_clock: Option<String>,
     /// `--events`: this side sleeps on completion events instead of busy polling.
     pub events: bool,
+    /// `--direct`: how this side's rings ring their QPs' doorbell registers (BlueFlame, or
+    /// the doorbell alone and why).
+    pub register: Option<hotverbs::RegisterUse>,
+    /// `--direct`: which of the direct path's APIs posts each size's messages
+    /// (`"direct session"`, `"direct post_list"`, `"direct send_now"`, `"direct batch"`),
+    /// in size order; empty on the other post paths.
+    pub direct_paths: Vec<(u32, &'static str)>,
+}
+
+impl RunInfo {
+    /// The direct path that posted `bytes`-byte messages, if this is a `--direct` run.
+    pub fn direct_path(&self, bytes: u32) -> Option<&'static str> {
+        self.direct_paths
+            .iter()
+            .find(|(s, _)| *s == bytes)
+            .map(|(_, p)| *p)
+    }
+}
+
+/// The header's `Direct path` value: the one path, or each path with the sizes it took
+/// (consecutive sizes grouped), e.g. `direct session (2..32 B), direct send_now (64..8388608 B)`.
+pub fn direct_paths_line(v: &[(u32, &'static str)]) -> String {
+    let mut runs: Vec<(u32, u32, &str)> = Vec::new();
+    for &(size, path) in v {
+        match runs.last_mut() {
+            Some(r) if r.2 == path => r.1 = size,
+            _ => runs.push((size, size, path)),
+        }
+    }
+    if runs.len() == 1 {
+        return runs[0].2.to_string();
+    }
+    runs.iter()
+        .map(|&(a, b, p)| {
+            if a == b {
+                format!("{p} ({a} B)")
+            } else {
+                format!("{p} ({a}..{b} B)")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `--json`'s `register_use`: `blueflame`, the reason of a doorbell-only ring (its
+/// `DoorbellOnly` name) and the sentence the header prints.
+fn register_json(r: Option<hotverbs::RegisterUse>) -> Value {
+    match r {
+        None => Value::Null,
+        Some(r) => json!({
+            "blueflame": matches!(r, hotverbs::RegisterUse::BlueFlame { .. }),
+            "reason": match r {
+                hotverbs::RegisterUse::BlueFlame { .. } => None,
+                hotverbs::RegisterUse::DoorbellOnly(why) => Some(format!("{why:?}")),
+            },
+            "text": r.to_string(),
+        }),
+    }
 }
 
 /// One finished size.
@@ -134,6 +192,15 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
     }
     s.push_str(&format!(" Clock          : {}\n", info.clock));
     s.push_str(&format!(" Post path      : {}\n", info.post_path));
+    if !info.direct_paths.is_empty() {
+        s.push_str(&format!(
+            " Direct path    : {}\n",
+            direct_paths_line(&info.direct_paths)
+        ));
+    }
+    if let Some(r) = info.register {
+        s.push_str(&format!(" Register       : {r}\n"));
+    }
     if info.events {
         s.push_str(" Completions    : events (ibv_req_notify_cq, ibv_get_cq_event)\n");
     }
@@ -253,6 +320,10 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
                 o.insert("t_avg_us".into(), json!(l.avg));
                 o.insert("t_stdev_us".into(), json!(l.stdev));
             }
+            if let Some(path) = info.direct_path(r.bytes) {
+                let o = v.as_object_mut().expect("json! object");
+                o.insert("direct_path".into(), json!(path));
+            }
             if let Some(f) = Fairness::of(&r.per_qp) {
                 let o = v.as_object_mut().expect("json! object");
                 o.insert("per_qp_iterations".into(), json!(r.per_qp));
@@ -301,6 +372,7 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
         },
         "note": info.note,
         "post_path": info.post_path,
+        "register_use": register_json(info.register),
         "nic_clock": info.nic_clock,
         "events": info.events,
         "results": rows,
@@ -344,6 +416,8 @@ mod tests {
             post_path: "ibv_wr_*".into(),
             nic_clock: None,
             events: false,
+            register: None,
+            direct_paths: Vec::new(),
         }
     }
 
@@ -391,6 +465,48 @@ mod tests {
         assert!(
             nic_row(&lat_result()).is_none(),
             "no NIC row without --timestamps"
+        );
+    }
+
+    /// `--direct`: the header names the direct API of each size and the register's use,
+    /// `--json` has them per row and as `register_use`.
+    #[test]
+    fn direct_path_and_register_in_header_and_json() {
+        use hotverbs::{DoorbellOnly, RegisterUse};
+        let mut i = info();
+        i.direct_paths = vec![
+            (2, "direct session"),
+            (32, "direct session"),
+            (64, "direct send_now"),
+        ];
+        i.register = Some(RegisterUse::DoorbellOnly(DoorbellOnly::SharedRegister));
+        let h = header(&params(TestKind::SendLat), &i);
+        assert!(
+            h.contains(" Direct path    : direct session (2..32 B), direct send_now (64 B)"),
+            "{h}"
+        );
+        assert!(
+            h.contains(" Register       : doorbell only: the QP is in no thread domain"),
+            "{h}"
+        );
+        let v = json(&params(TestKind::SendLat), &i, &[lat_result()]);
+        assert_eq!(v["results"][0]["direct_path"], "direct session");
+        assert_eq!(v["register_use"]["blueflame"], false);
+        assert_eq!(v["register_use"]["reason"], "SharedRegister");
+        i.direct_paths = vec![(8, "direct post_list")];
+        i.register = Some(RegisterUse::BlueFlame { first_offset: 0 });
+        let h = header(&params(TestKind::SendBw), &i);
+        assert!(h.contains(" Direct path    : direct post_list\n"), "{h}");
+        assert!(h.contains(" Register       : BlueFlame"), "{h}");
+        let v = json(&params(TestKind::SendBw), &i, &[]);
+        assert_eq!(v["register_use"]["blueflame"], true);
+        assert_eq!(v["register_use"]["reason"], Value::Null);
+        // Not a --direct run: neither.
+        let h = header(&params(TestKind::SendLat), &info());
+        assert!(!h.contains("Direct path") && !h.contains("Register"), "{h}");
+        assert_eq!(
+            json(&params(TestKind::SendLat), &info(), &[])["register_use"],
+            Value::Null
         );
     }
 

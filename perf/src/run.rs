@@ -268,6 +268,15 @@ fn compare_direct(args: &Args, p: &Params, name: &str, timeout: Duration) -> Res
             dev.name()
         )));
     }
+    // Both passes with the direct path's inline default (send_bw's fixed-size post list
+    // sends inline), so that they compare like with like.
+    let p = &Params {
+        inline_size: Some(
+            p.inline_size
+                .unwrap_or_else(|| setup::default_inline(p, true)),
+        ),
+        ..p.clone()
+    };
     println!(" post path 1 of 2: verbs");
     let verbs = loopback(args, p, &dev, timeout)?;
     drop(dev);
@@ -317,8 +326,21 @@ fn open_device(args: &Args, name: &str) -> Result<Device, PerfError> {
         .with_events(args.events))
 }
 
-fn info(args: &Args, dev: &Device, role: Role, hot: &dyn Engine, note: Option<&str>) -> RunInfo {
+fn info(
+    args: &Args,
+    p: &Params,
+    dev: &Device,
+    role: Role,
+    hot: &dyn Engine,
+    note: Option<&str>,
+) -> RunInfo {
     RunInfo {
+        register: hot.register_use(),
+        direct_paths: p
+            .sizes
+            .iter()
+            .filter_map(|&s| hot.direct_path(p, s).map(|d| (s, d)))
+            .collect(),
         device: dev.name().to_string(),
         ib_port: dev.port.port,
         gid_index: dev.port.gid_index.map(|g| g as u8).or(args.gid_index),
@@ -372,7 +394,7 @@ fn loopback(
     if dev.name() == hotverbs::SOFTNIC_MLX5 {
         note = format!("{note}; {SIM_NOTE}");
     }
-    let info = info(args, dev, Role::Loopback, &*ha, Some(&note));
+    let info = info(args, p, dev, Role::Loopback, &*ha, Some(&note));
     let mut out = Output::new(args);
     out.header(p, &info);
     for &size in &p.sizes {
@@ -484,7 +506,7 @@ fn serve(
     // SAFETY: res outlives hot (declared before it, dropped after); the CQ is polled by
     // hot only; the QPs were built for these parameters and are in RTS.
     let mut hot = unsafe { engine::build(res.side(&theirs)?, &p, timeout, res.events())? };
-    let info = info(args, dev, Role::Server, &*hot, None);
+    let info = info(args, &p, dev, Role::Server, &*hot, None);
     let mut out = Output::new(args);
     out.header(&p, &info);
     let abort = AtomicBool::new(false);
@@ -517,7 +539,7 @@ fn measure(
     res.connect(dev, &theirs)?;
     // SAFETY: as in serve().
     let mut hot = unsafe { engine::build(res.side(&theirs)?, p, timeout, res.events())? };
-    let info = info(args, dev, Role::Client, &*hot, None);
+    let info = info(args, p, dev, Role::Client, &*hot, None);
     let mut out = Output::new(args);
     out.header(p, &info);
     let abort = AtomicBool::new(false);

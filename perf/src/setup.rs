@@ -1,12 +1,21 @@
 //! Setup on hotverbs' setup layer: pick and open the device, build one side's CQ, its `-q`
 //! QPs and registered buffer, describe them to the peer, connect them, and hand the raw
 //! handles to the datapath ([`engine::Side`]).
+//!
+//! # `--direct` and the doorbell register
+//! The engine builds its rings from raw handles (its rings are `'static` values of an engine
+//! moved to another thread), so it takes each QP's send queue from [`Qp::mlx5_sq`] rather
+//! than through [`Qp::direct_ring`], and applies hotverbs' rule for a direct ring's register
+//! to it ([`Qp::mlx5_register_use`], [`hotverbs::RegisterUse::apply_to`]): BlueFlame only on a thread
+//! domain's register, else the 8-byte doorbell alone. So every `--direct` QP is created in
+//! a thread domain of its own (a parent domain over the one PD), where the device has
+//! them: a ConnectX then BlueFlames, as `Qp::direct_ring` would.
 
 use hotverbs::exchange::Endpoint;
 use hotverbs::{
     AccessFlags, Ah, AhAttr, CompChannel, ConnectOptions, Context, Cq, CqBuilder, DeviceKind, Mr,
-    Pd, PortInfo, Qp, QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields, DEFAULT_QKEY,
-    SOFTNIC,
+    ParentDomain, Pd, PortInfo, Qp, QpBuilder, QpType, RemoteMr, SendOps, TimestampClock, WcFields,
+    DEFAULT_QKEY, SOFTNIC,
 };
 use hotverbs_datapath::{LocalBuf, RemoteBuf};
 
@@ -18,6 +27,21 @@ use crate::error::PerfError;
 pub const DEFAULT_INLINE_LAT: u32 = 220;
 /// Inline threshold of bandwidth tests when `-I` is not given (perftest's default).
 pub const DEFAULT_INLINE_BW: u32 = 0;
+/// Inline threshold of `send_bw` on the direct path (`--direct`, both passes of
+/// `--compare_direct`) when `-I` is not given: the largest message of the fixed-size post
+/// list (`DirectRing::post_list`), which writes inline SENDs only.
+pub const DEFAULT_INLINE_BW_DIRECT: u32 = 44;
+
+/// The inline threshold asked for when `-I` is not given.
+pub fn default_inline(p: &Params, direct: bool) -> u32 {
+    if p.test.is_latency() {
+        DEFAULT_INLINE_LAT
+    } else if direct && p.test == crate::cli::TestKind::SendBw {
+        DEFAULT_INLINE_BW_DIRECT
+    } else {
+        DEFAULT_INLINE_BW
+    }
+}
 
 /// What to run on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,6 +196,18 @@ pub struct SideRes {
     pub channel: Option<CompChannel>,
 }
 
+/// `--direct`: a thread domain (in a parent domain over `pd`) for each of `n` QPs, or none
+/// at all when the device refuses one (its QPs then ring the doorbell only, and the
+/// header says why).
+fn thread_domains(dev: &Device, n: u32) -> Option<Vec<ParentDomain>> {
+    let mut v = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let td = dev.ctx.alloc_td().ok()?;
+        v.push(dev.pd.alloc_parent_domain(Some(&td)).ok()?);
+    }
+    Some(v)
+}
+
 impl SideRes {
     /// Creates the CQ, the `-q` QPs and the buffer for `p`.
     pub fn new(dev: &Device, p: &Params) -> Result<SideRes, PerfError> {
@@ -252,8 +288,20 @@ impl SideRes {
                     | AccessFlags::REMOTE_ATOMIC,
             )
             .map_err(|e| PerfError::verbs(e, format!("registering {len} bytes")))?;
-        let build = |inline: u32| {
-            let b = QpBuilder::new(&dev.pd, scq.as_ref().unwrap_or(&cq), &cq, qp_type)
+        // --direct: each QP in a thread domain of its own (its doorbell register its own).
+        let domains = if dev.direct {
+            thread_domains(dev, qps)
+        } else {
+            None
+        };
+        let pd_of = |i: u32| -> &Pd {
+            match &domains {
+                Some(d) => d[i as usize].as_pd(),
+                None => &dev.pd,
+            }
+        };
+        let build = |pd: &Pd, inline: u32| {
+            let b = QpBuilder::new(pd, scq.as_ref().unwrap_or(&cq), &cq, qp_type)
                 .max_send_wr(depth)
                 .max_recv_wr(rx.max(1))
                 .max_send_sge(1)
@@ -283,11 +331,9 @@ impl SideRes {
                 PerfError::verbs(e, format!("max_inline_data {inline}"))
             }
         };
-        let wanted = p.inline_size.unwrap_or(if p.test.is_latency() {
-            DEFAULT_INLINE_LAT
-        } else {
-            DEFAULT_INLINE_BW
-        });
+        let wanted = p
+            .inline_size
+            .unwrap_or_else(|| default_inline(p, dev.direct));
         // With -I the user's value must work; by default, step down until the device
         // accepts (rxe and mlx5 grant different maxima). The other QPs are built with what
         // the first one was given.
@@ -302,7 +348,7 @@ impl SideRes {
         let mut last = None;
         let mut first = None;
         for inline in tries {
-            match build(inline) {
+            match build(pd_of(0), inline) {
                 Ok(qp) => {
                     first = Some((qp, inline));
                     break;
@@ -318,8 +364,8 @@ impl SideRes {
         };
         let inline = inline.min(qp.cap().max_inline_data);
         let mut all = vec![qp];
-        for _ in 1..qps {
-            all.push(build(inline).map_err(|e| explain(e, inline))?);
+        for i in 1..qps {
+            all.push(build(pd_of(i), inline).map_err(|e| explain(e, inline))?);
         }
         let direct = match scq {
             Some(scq) => {
@@ -402,7 +448,9 @@ impl SideRes {
     }
 
     /// The raw handles for the datapath, QP i aimed at `remotes[i]` (all at the peer's
-    /// landing zone).
+    /// landing zone). With `--direct`, each QP's send queue rung as
+    /// [`Qp::mlx5_register_use`] says;
+    /// once per `SideRes` (the rings built from it start at the register's first buffer).
     pub fn side(&mut self, remotes: &[Endpoint]) -> Result<Side, PerfError> {
         let r = remotes.first().and_then(|e| e.mr).ok_or_else(|| {
             PerfError::Protocol("the peer offered no memory window: is it hotverbs-perf?".into())
@@ -416,13 +464,19 @@ impl SideRes {
         }
         let mut qps = Vec::with_capacity(self.qps.len());
         for (i, (qp, remote)) in self.qps.iter().zip(remotes).enumerate() {
+            let (sq, register) = match &mut self.direct {
+                Some((_, wrids)) => {
+                    let sq = qp.mlx5_sq(wrids[i].as_mut_ptr())?;
+                    let register = qp.mlx5_register_use()?;
+                    (Some(register.apply_to(sq)), Some(register))
+                }
+                None => (None, None),
+            };
             qps.push(QpSide {
                 qp: qp.as_raw(),
                 qpx: qp.as_qp_ex(),
-                sq: match &mut self.direct {
-                    Some((_, wrids)) => Some(qp.mlx5_sq(wrids[i].as_mut_ptr())?),
-                    None => None,
-                },
+                sq,
+                register,
                 ud: self
                     .ahs
                     .get(i)

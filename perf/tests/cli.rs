@@ -84,7 +84,7 @@ fn inconsistent_options_fail_with_a_reason() {
         ),
         (
             &["send_lat", "-d", "softnic_mlx5", "-c", "UD", "--direct"],
-            "--direct runs over RC",
+            "--direct runs over RC or UC",
         ),
         (
             &["send_lat", "-d", "softnic_mlx5", "-e", "--direct"],
@@ -446,6 +446,79 @@ fn direct_runs_every_test_kind_on_softnic_mlx5() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("direct vs verbs"), "{out}");
+}
+
+/// `--direct` with a 32-byte message on softnic's simulated ConnectX: `send_lat` runs
+/// through a held `DirectSession`, `send_bw` through `DirectRing::post_list` (over RC, and
+/// `send_lat` over UC too), every iteration completes, and the header and `--json` name the
+/// path and the doorbell register's use: BlueFlame, each QP being in a thread domain of
+/// its own (doorbell only, saying why, under softnic's Rxe profile, which has no thread
+/// domains, as rxe). A size the fixed-size loops are not compiled for takes the generic
+/// direct path, and says so.
+#[test]
+fn direct_send_tests_take_the_fixed_size_paths_on_softnic_mlx5() {
+    let rxe = hotverbs_softnic::Profile::from_env() == hotverbs_softnic::Profile::Rxe;
+    let cases: &[(&[&str], &str)] = &[
+        (&["send_lat"], "direct session"),
+        (&["send_lat", "-c", "UC"], "direct session"),
+        (&["send_bw"], "direct post_list"),
+        (&["send_bw", "-l", "8", "-q", "2"], "direct post_list"),
+    ];
+    for &(test, path) in cases {
+        let mut args = test.to_vec();
+        args.extend(["-d", "softnic_mlx5", "--direct", "-s", "32", "-n", "300"]);
+        let o = perf(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(
+            out.contains("Post path      : mlx5 direct WQEs"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            out.contains(&format!(" Direct path    : {path}\n")),
+            "{args:?}: {out}"
+        );
+        let register = if rxe {
+            " Register       : doorbell only: the QP is in no thread domain"
+        } else {
+            " Register       : BlueFlame (first buffer at +0)"
+        };
+        assert!(out.contains(register), "{args:?}: {out}");
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(" 32 "))
+            .unwrap_or_else(|| panic!("{args:?}: no row for 32 B: {out}"));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f[1], "300", "{args:?}: every iteration completed: {row}");
+        let v = json(&args);
+        let r = &v["results"][0];
+        assert_eq!(r["iterations"], 300, "{args:?}: {v}");
+        assert_eq!(r["direct_path"], path, "{args:?}: {v}");
+        assert!(r["mpps"].as_f64().unwrap() > 0.0, "{args:?}: {v}");
+        assert_eq!(v["register_use"]["blueflame"], !rxe, "{args:?}: {v}");
+        if rxe {
+            assert_eq!(v["register_use"]["reason"], "SharedRegister", "{v}");
+        }
+    }
+    // 33 bytes: no fixed-size loop; the generic direct path.
+    for (test, path) in [("send_lat", "direct send_now"), ("send_bw", "direct batch")] {
+        let v = json(&[
+            test,
+            "-d",
+            "softnic_mlx5",
+            "--direct",
+            "-s",
+            "33",
+            "-n",
+            "300",
+        ]);
+        assert_eq!(v["results"][0]["iterations"], 300, "{test}: {v}");
+        assert_eq!(v["results"][0]["direct_path"], path, "{test}: {v}");
+    }
+    // Not --direct: no direct path, no register.
+    let v = json(&["send_lat", "-d", "softnic", "-s", "32", "-n", "10"]);
+    assert!(v["results"][0].get("direct_path").is_none(), "{v}");
+    assert_eq!(v["register_use"], serde_json::Value::Null, "{v}");
 }
 
 #[test]

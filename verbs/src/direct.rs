@@ -718,6 +718,34 @@ impl Qp {
         })
     }
 
+    /// How a direct ring built on this QP now would ring its doorbell register (the rule
+    /// [`Qp::direct_ring`] applies; see [`RegisterUse`]), without taking the register:
+    /// for code that builds a datapath `DirectRing` from [`mlx5_sq`](Self::mlx5_sq) itself
+    /// ([`RegisterUse::apply_to`]), which must then keep libmlx5 off the register as
+    /// `direct_ring` does (no `ibv_post_send` / `ibv_wr_*` on the thread domain's QPs while
+    /// the ring lives).
+    ///
+    /// # Errors
+    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
+    pub fn mlx5_register_use(&self) -> Result<RegisterUse> {
+        let sq = self.mlx5_sq(std::ptr::null_mut())?;
+        let shut_up_bf = crate::td::shut_up_bf_env() || self.softnic_shut_up_bf();
+        Ok(match self.thread_domain() {
+            None => register_use(&RegisterFacts {
+                bf_size: sq.bf_size,
+                thread_domain: false,
+                shut_up_bf,
+                next: None,
+            }),
+            Some(td) => register_use(&RegisterFacts {
+                bf_size: sq.bf_size,
+                thread_domain: true,
+                shut_up_bf: shut_up_bf || td.shut_up_bf(),
+                next: td.register().next,
+            }),
+        })
+    }
+
     /// Decides how the ring to be built rings the register `sq` names
     /// ([`register::register_use`]) and, for a QP of a thread domain, marks the register
     /// the direct path's (libmlx5 posts on the thread domain's QPs are refused until the

@@ -127,6 +127,21 @@ fn direct_ring_on_uc_sends_and_writes() {
     mlx5_cases::direct_ring_on_uc_sends_and_writes(&sim());
 }
 
+/// On the simulated ConnectX in softnic's Spec profile (the Rxe profile has no thread
+/// domains, as rxe), whatever `HOTVERBS_SOFTNIC_PROFILE` says: a thread domain's register
+/// BlueFlames there, as on a ConnectX.
+#[test]
+fn fixed_size_apis_on_a_thread_domain_ring() {
+    let ctx = Context::open_softnic_with(SoftnicConfig {
+        name: "softnic_mlx5_td".into(),
+        mlx5: true,
+        profile: hotverbs_softnic::Profile::Spec,
+        ..Default::default()
+    })
+    .unwrap();
+    mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&ctx);
+}
+
 /// A softnic device whose mlx5 CQs have 128-byte CQEs (`SoftnicConfig::mlx5_cqe_size`,
 /// what libmlx5 makes with `MLX5_CQE_SIZE=128`): the direct poller reads them (the
 /// 64-byte CQE in each entry's second half) through writes and READs, errors and flushes,

@@ -3,8 +3,10 @@
 //! "skipped: no mlx5 device" otherwise (here: no RDMA at all; in `cargo xtask rxe`: rxe).
 //!
 //! What only hardware shows: the device executing the WQEs this ring wrote (the golden test
-//! proved them equal to libmlx5's bytes and stores), BlueFlame over write-combining MMIO, the
-//! CQEs the device writes, and an error CQE's retirement.
+//! proved them equal to libmlx5's bytes and stores), BlueFlame over write-combining MMIO (a
+//! QP in a thread domain: `fixed_size_apis_on_a_thread_domain_ring`, whose session and
+//! post lists are the fixed-size fast path), the CQEs the device writes, and an error
+//! CQE's retirement.
 
 mod mlx5_cases;
 
@@ -94,5 +96,12 @@ fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
 fn direct_ring_on_uc_sends_and_writes() {
     if let Some(ctx) = mlx5() {
         mlx5_cases::direct_ring_on_uc_sends_and_writes(&ctx);
+    }
+}
+
+#[test]
+fn fixed_size_apis_on_a_thread_domain_ring() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&ctx);
     }
 }

@@ -369,7 +369,7 @@ impl Fast {
             };
             // The message's fence / solicited bits are already `fm_ce_se` bits (0 for a
             // message without them: folded away where the message is built in place).
-            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.flags;
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.mlx5_flags();
             let w0 = ctrl_word(self.cur, MLX5_OP[msg.op as usize], self.qpn8 | ds);
             ctrl.cast::<u64>().write(w0);
             ctrl.add(8)
@@ -496,7 +496,7 @@ impl Fast {
             }
             // The message's fence / solicited bits are already `fm_ce_se` bits (0 for a
             // message without them: folded away where the message is built in place).
-            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.flags;
+            let fm = if signaled { CTRL_CQ_UPDATE } else { 0 } | msg.mlx5_flags();
             let w0 = ctrl_word(self.cur, MLX5_OP[msg.op as usize], self.qpn8 | ds);
             let w1 = (fm as u64) << 24 | (imm as u64) << 32;
             ctrl.cast::<u64>().write(w0);

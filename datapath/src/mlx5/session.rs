@@ -80,8 +80,10 @@ struct Hot {
     wrid: *mut u64,
     /// The send counter of the doorbell record.
     dbr: *mut u32,
-    /// The BlueFlame buffer of the next doorbell.
-    bf: *mut u8,
+    /// The address of the BlueFlame buffer of the next doorbell. An address, toggled by one
+    /// XOR: the register's provenance is exposed when the session opens (a pointer's
+    /// `map_addr` costs a subtraction and an addition more per post).
+    bf: usize,
     bf_size: usize,
     mask: u64,
     /// The ctrl word's constant half for a SEND of this size: opcode, `qpn << 8 | ds`.
@@ -153,7 +155,7 @@ impl<D: Doorbell> DirectRing<D> {
             // SAFETY: the QP's doorbell record has the send counter at SND_DBR (new's
             // contract).
             dbr: unsafe { st.dbrec.add(SND_DBR) },
-            bf: st.bf_cur,
+            bf: st.bf_cur.expose_provenance(),
             bf_size: st.bf_size as usize,
             mask: u64::from(st.f.mask),
             w0: (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN),
@@ -172,7 +174,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// the session's state never escapes (see the [module docs](self)).
     #[cold]
     #[inline(never)]
-    fn session_decide(&mut self, c: u64, cur_off: u64, bf: *mut u8) -> Result<Decided, SendError> {
+    fn session_decide(&mut self, c: u64, cur_off: u64, bf: usize) -> Result<Decided, SendError> {
         let seq = c.wrapping_sub(cur_off);
         let st = &mut self.st;
         if !crate::split::has_room(seq, st.retired, st.limit) {
@@ -180,7 +182,7 @@ impl<D: Doorbell> DirectRing<D> {
             st.f.seq = seq;
             st.posted = seq;
             st.f.cur = c as u32;
-            st.bf_cur = bf;
+            st.bf_cur = st.bf_cur.with_addr(bf);
             return Err(self.blocked());
         }
         let full = seq + 1 - st.retired == st.limit;
@@ -191,7 +193,7 @@ impl<D: Doorbell> DirectRing<D> {
         st.f.seq = seq + 1;
         st.posted = seq + 1;
         st.f.cur = (c as u32).wrapping_add(1);
-        st.bf_cur = bf.map_addr(|a| a ^ st.bf_size as usize);
+        st.bf_cur = st.bf_cur.with_addr(bf ^ st.bf_size as usize);
         let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
         let cap = (st.retired + st.limit).saturating_sub(1);
         let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
@@ -209,13 +211,13 @@ impl<D: Doorbell> DirectRing<D> {
 
     /// Gives the ring back from a session that ended at `c` with BlueFlame buffer `bf`.
     #[inline(never)]
-    fn close_session(&mut self, c: u64, cur_off: u64, bf: *mut u8) {
+    fn close_session(&mut self, c: u64, cur_off: u64, bf: usize) {
         let seq = c.wrapping_sub(cur_off);
         let st = &mut self.st;
         st.f.seq = seq;
         st.posted = seq;
         st.f.cur = c as u32;
-        st.bf_cur = bf;
+        st.bf_cur = st.bf_cur.with_addr(bf);
         st.session_open = false;
         st.batch_open = false;
         self.set_event(self.event_at());
@@ -511,7 +513,7 @@ unsafe fn write_wqe<const LEN: usize>(
         // no derived pointer to keep in a register).
         core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
         ctrl.cast::<u64>()
-            .write(((c & 0xffff) << 40 | (h.w0 + op_delta)).swap_bytes());
+            .write((u64::from(c as u16) << 40 | (h.w0 + op_delta)).swap_bytes());
         ctrl.add(8).cast::<u64>().write(w1);
         h.wrid.add(idx).write(c.wrapping_add(h.wid_off));
         h.c = c + 1;
@@ -526,8 +528,8 @@ unsafe fn write_wqe<const LEN: usize>(
 /// `ctrl` is the block just written by [`write_wqe`]; the register is the QP's.
 #[inline(always)]
 unsafe fn doorbell<D: Doorbell>(db: &mut D, h: &mut Hot, ctrl: *mut u8, bf: bool) {
-    let dst = h.bf;
-    h.bf = dst.map_addr(|a| a ^ h.bf_size);
+    let dst = core::ptr::with_exposed_provenance_mut::<u64>(h.bf);
+    h.bf ^= h.bf_size;
     db.to_device_barrier();
     // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame source
     // is the WQE's one block.
@@ -535,9 +537,9 @@ unsafe fn doorbell<D: Doorbell>(db: &mut D, h: &mut Hot, ctrl: *mut u8, bf: bool
         db.write_dbr(h.dbr, (h.c as u32 & 0xffff).to_be());
         db.wc_start();
         if bf {
-            db.bf_block(dst.cast(), ctrl.cast());
+            db.bf_block(dst, ctrl.cast());
         } else {
-            db.write64(dst.cast(), ctrl.cast::<u64>().read());
+            db.write64(dst, ctrl.cast::<u64>().read());
         }
     }
     db.flush_writes();

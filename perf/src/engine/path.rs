@@ -76,6 +76,16 @@ unsafe fn boxed<R: PostPath + 'static, C: Reap + 'static>(
 pub trait PostPath: PostRing + Sized {
     /// The post path in the header and `--json` (`post_path`).
     const NAME: &'static str;
+    /// The mlx5 direct path, whose fixed-size APIs ([`as_direct`](Self::as_direct)) the
+    /// engine uses where they apply.
+    const DIRECT: bool = false;
+
+    /// This ring as the datapath's [`DirectRing`], on the direct path (for its session and
+    /// post list); `None` elsewhere (a constant: the branch on it is compiled out).
+    #[inline(always)]
+    fn as_direct(&mut self) -> Option<&mut DirectRing> {
+        None
+    }
 
     /// The send ring of `qp`, configured by `cfg`; `what` names it in errors.
     ///
@@ -126,6 +136,12 @@ impl PostPath for WrRing {
 
 impl PostPath for DirectRing {
     const NAME: &'static str = "mlx5 direct WQEs";
+    const DIRECT: bool = true;
+
+    #[inline(always)]
+    fn as_direct(&mut self) -> Option<&mut DirectRing> {
+        Some(self)
+    }
 
     unsafe fn build(qp: &QpSide, cfg: SendConfig, what: &str) -> Result<Box<Self>, PerfError> {
         let sq = qp.sq.ok_or_else(|| {

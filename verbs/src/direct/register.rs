@@ -64,6 +64,28 @@ pub enum RegisterUse {
     DoorbellOnly(DoorbellOnly),
 }
 
+impl RegisterUse {
+    /// `sq` (from [`Qp::mlx5_sq`](crate::Qp::mlx5_sq)) rung as this says: BlueFlame from
+    /// `first_offset`, or `bf_size` 0 for the doorbell alone (the datapath ring then never
+    /// copies to BlueFlame). For code that builds a datapath `DirectRing` itself.
+    pub fn apply_to(
+        self,
+        sq: hotverbs_datapath::mlx5::DirectSq,
+    ) -> hotverbs_datapath::mlx5::DirectSq {
+        match self {
+            RegisterUse::BlueFlame { first_offset } => hotverbs_datapath::mlx5::DirectSq {
+                bf_offset: first_offset,
+                ..sq
+            },
+            RegisterUse::DoorbellOnly(_) => hotverbs_datapath::mlx5::DirectSq {
+                bf_size: 0,
+                bf_offset: 0,
+                ..sq
+            },
+        }
+    }
+}
+
 /// Why a direct ring rings the doorbell only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

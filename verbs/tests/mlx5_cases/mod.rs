@@ -90,7 +90,9 @@ pub fn direct_ring_writes_reads_and_polls(ctx: &Context) {
                 .remote(remote.into()),
         )
         .unwrap();
-    // 10,000 inline WRITEs: lone ones (BlueFlame) and batches of 8 (doorbells).
+    // 10,000 inline WRITEs: lone ones and batches of 8, each post one 8-byte doorbell (this
+    // QP is in no thread domain, so its ring never BlueFlames: `register_use`; the thread
+    // domain case below is the BlueFlame one).
     let payload: Vec<u8> = (0..64u8).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut sent = 0u64;
@@ -755,4 +757,235 @@ pub fn direct_ring_on_uc_sends_and_writes(ctx: &Context) {
     assert_eq!(rx.read_vec(64, 6).unwrap(), b"uc imm");
     assert_eq!(dst.read_vec(0, 8).unwrap(), b"uc write");
     assert_eq!(dst.read_vec(64, 12).unwrap(), b"uc write imm");
+}
+
+/// The peer of [`fixed_size_apis_on_a_thread_domain_ring`]: receives posted ahead of the
+/// sender (message `i` into slot `i % RX`, `wr_id` `i`), each completion checked in order.
+struct Peer {
+    rx: Mr<'static>,
+    posted: u64,
+    got: u64,
+}
+
+/// Receive slots of [`Peer`] (64 bytes each).
+const RX: u64 = 32;
+
+/// The `i`th message of the stream: its index, then a pattern of it.
+fn fixed_msg(i: u64) -> [u8; 32] {
+    let mut m = [0u8; 32];
+    m[..8].copy_from_slice(&i.to_le_bytes());
+    for (k, b) in m[8..].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(7).wrapping_add(k as u8);
+    }
+    m
+}
+
+impl Peer {
+    /// Polls the peer's CQ, checking each message (in order, whole, as sent), and keeps
+    /// `RX` receives posted ahead, up to `total`.
+    fn pump(&mut self, b: &Qp, cq_b: &Cq, total: u64) {
+        let mut wc = [Wc::default(); 16];
+        let n = cq_b.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert!(w.is_ok(), "message {}: {w:?}", self.got);
+            assert_eq!(w.wr_id(), self.got, "in order");
+            assert_eq!(w.byte_len(), 32, "message {}", self.got);
+            let slot = (self.got % RX) as usize * 64;
+            assert_eq!(
+                self.rx.read_vec(slot, 32).unwrap(),
+                fixed_msg(self.got),
+                "message {}",
+                self.got
+            );
+            self.got += 1;
+        }
+        while self.posted < (self.got + RX).min(total) {
+            let slot = (self.posted % RX) as usize * 64;
+            // SAFETY: `rx` outlives the receive (every one is polled before the case ends)
+            // and its slot is not reposted before this receive completed (`got + RX`).
+            unsafe { b.post_recv(self.posted, &[self.rx.local(slot, 64).unwrap()]) }.unwrap();
+            self.posted += 1;
+        }
+    }
+}
+
+/// The fixed-size APIs on a ring that BlueFlames: an RC QP in a thread domain of its own
+/// (a parent domain over the PD) gets a ring whose `register_use` is BlueFlame (doorbell
+/// only under `MLX5_SHUT_UP_BF`, saying so), and a stream of 32-byte SENDs goes through
+/// `session::<32>()` (retiring through the session's `on_completion`), then `post_list`,
+/// then `window`, then one signaled `send_now` that retires the rest: every message
+/// arrives at the peer whole and in order, every WR retires exactly once, and the
+/// sequence numbers run on without a gap across the three APIs.
+pub fn fixed_size_apis_on_a_thread_domain_ring(ctx: &Context) {
+    const PHASE: u64 = 300;
+    const TOTAL: u64 = 3 * PHASE + 1;
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let (pd, cq_a, cq_b) = setup(ctx, 256);
+    let td = ctx.alloc_td().unwrap();
+    let pdom = pd.alloc_parent_domain(Some(&td)).unwrap();
+    let a = QpBuilder::new(&pdom, &cq_a, &cq_a, QpType::Rc)
+        .max_send_wr(64)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+        .max_recv_wr(RX as u32)
+        .build()
+        .unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let mut peer = Peer {
+        rx: pd
+            .alloc_mr(RX as usize * 64, AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+        posted: 0,
+        got: 0,
+    };
+    peer.pump(&b, &cq_b, TOTAL);
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(&mut poller, SendConfig::new(0, 32, 64).signal_every(8))
+        .unwrap();
+    let shut_up_bf = std::env::var_os("MLX5_SHUT_UP_BF").is_some_and(|v| v != "0");
+    if shut_up_bf {
+        assert_eq!(
+            ring.register_use(),
+            RegisterUse::DoorbellOnly(DoorbellOnly::ShutUpBf),
+            "{}",
+            ring.register_use()
+        );
+    } else {
+        assert!(
+            ring.blueflame(),
+            "a thread domain's register is the ring's own: {}",
+            ring.register_use()
+        );
+        assert_eq!(
+            ring.register_use(),
+            RegisterUse::BlueFlame { first_offset: 0 },
+            "a fresh thread domain's register starts at its first buffer"
+        );
+    }
+    let (posted0, retired0) = (ring.posted_total(), ring.retired_total());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut sent = 0u64;
+    let mut retired = 0u64;
+    // 1. A held session: one doorbell per message, its completions through it.
+    {
+        let mut s = ring.session::<32>().unwrap();
+        let first = s.next_seq();
+        assert_eq!(
+            first, posted0,
+            "a WR's sequence number is its place in the ring"
+        );
+        while sent < PHASE {
+            peer.pump(&b, &cq_b, TOTAL);
+            if sent < peer.posted {
+                match s.send(&fixed_msg(sent)) {
+                    Ok(seq) => {
+                        assert_eq!(seq, posted0 + sent, "sequence numbers run on");
+                        sent += 1;
+                    }
+                    Err(SendError::WouldBlock) => {}
+                    Err(e) => panic!("session send {sent}: {e}"),
+                }
+            }
+            for c in poller.poll().unwrap() {
+                retired += s.on_completion(c).unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session stalled at {sent}: {s:?}"
+            );
+        }
+        assert_eq!(s.next_seq(), posted0 + PHASE);
+    }
+    assert_eq!(
+        ring.posted_total() - posted0,
+        PHASE,
+        "the session's WRs are the ring's"
+    );
+    // 2. Post lists of up to 8, one doorbell each.
+    while sent < 2 * PHASE {
+        peer.pump(&b, &cq_b, TOTAL);
+        let k = (2 * PHASE).min(peer.posted).saturating_sub(sent).min(8);
+        if k > 0 {
+            let list: Vec<[u8; 32]> = (sent..sent + k).map(fixed_msg).collect();
+            assert_eq!(ring.posted_total(), posted0 + sent);
+            match ring.post_list(&list) {
+                Ok(m) => {
+                    assert!(m >= 1 && m as u64 <= k, "{m} of {k}");
+                    assert_eq!(ring.posted_total(), posted0 + sent + m as u64);
+                    sent += m as u64;
+                }
+                Err(SendError::WouldBlock) => {}
+                Err(e) => panic!("post_list at {sent}: {e}"),
+            }
+        }
+        for c in poller.poll().unwrap() {
+            retired += ring.on_completion(c).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "post_list stalled at {sent}: {ring:?}"
+        );
+    }
+    // 3. Windows of up to 8, pushed one by one, one doorbell at finish.
+    while sent < 3 * PHASE {
+        peer.pump(&b, &cq_b, TOTAL);
+        let k = (3 * PHASE).min(peer.posted).saturating_sub(sent).min(8);
+        if k > 0 {
+            let mut w = ring.window::<32>(k as usize).unwrap();
+            while w.room() > 0 {
+                let seq = w.push(&fixed_msg(sent)).unwrap();
+                assert_eq!(seq, posted0 + sent, "sequence numbers run on");
+                sent += 1;
+            }
+            w.finish();
+        }
+        for c in poller.poll().unwrap() {
+            retired += ring.on_completion(c).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "window stalled at {sent}: {ring:?}"
+        );
+    }
+    // 4. The last one signaled, which retires everything before it.
+    while peer.posted <= sent {
+        peer.pump(&b, &cq_b, TOTAL);
+        assert!(Instant::now() < deadline, "the peer posted no receive");
+    }
+    ring.signal_next();
+    loop {
+        match ring.send_now(Msg::send(Local::Inline(&fixed_msg(sent)))) {
+            Ok(_) => break,
+            Err(SendError::WouldBlock) => {
+                for c in poller.poll().unwrap() {
+                    retired += ring.on_completion(c).unwrap();
+                }
+            }
+            Err(e) => panic!("the last send: {e}"),
+        }
+        assert!(Instant::now() < deadline, "no room for the last send");
+    }
+    sent += 1;
+    while ring.outstanding() > 0 || peer.got < TOTAL {
+        for c in poller.poll().unwrap() {
+            retired += ring.on_completion(c).unwrap();
+        }
+        peer.pump(&b, &cq_b, TOTAL);
+        assert!(
+            Instant::now() < deadline,
+            "retired {retired} of {sent}, the peer got {}: {ring:?}",
+            peer.got
+        );
+    }
+    assert_eq!(sent, TOTAL);
+    assert_eq!(retired, TOTAL, "every WR retired exactly once");
+    assert_eq!(ring.posted_total() - posted0, TOTAL);
+    assert_eq!(ring.retired_total() - retired0, TOTAL);
+    assert_eq!(peer.got, TOTAL, "every message arrived, in order");
+    assert!(poller.poll().unwrap().is_empty(), "no completion left over");
 }

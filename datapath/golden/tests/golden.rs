@@ -33,11 +33,19 @@
 //! 128-byte CQEs (`cq->cqe_sz = 128`: the pollers, the CQE streams and the CQ clean run on
 //! both sizes).
 //!
+//! **Fixed-size paths.** One simple chain in four on an RC or UC QP is a chain of inline
+//! SENDs of one length (1 to 44 bytes, one of `FIXED_LENS`: a const generic) without
+//! flags, posted through a `DirectSession` (`send` / `send_imm`, SEND_IMMs too; libmlx5
+//! posts each WR alone, as for a lone `send_now`), a `DirectWindow` (`push`, one doorbell
+//! at `finish` or drop) or `post_list` (libmlx5: the chain as one list, only its last WR
+//! possibly `IBV_SEND_SIGNALED`), and compared in everything the other ways are.
+//!
 //! **Planted bugs.** The same comparison with one wrong byte in a segment, with a
 //! missing BlueFlame copy, and with the fence / solicited bits left out, must report
 //! differences.
 //!
-//! Ends with `golden: <N> WRs and <M> CQEs compared, <D> differences`.
+//! Ends with `golden: <N> WRs and <M> CQEs compared, <D> differences (session <S>, window
+//! <W>, post_list <P>)` (the WRs of each fixed-size path).
 
 #[cfg(golden_missing)]
 #[test]
@@ -68,6 +76,8 @@ mod real {
     static WRS: AtomicU64 = AtomicU64::new(0);
     /// WRs posted by each way (staged, `send_now` last, batch, staged), and lone `send_now`s.
     static HOW: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+    /// WRs posted through a `DirectSession`, a `DirectWindow` and `post_list` ([`Fixed`]).
+    static FIXED: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
     static CQES: AtomicU64 = AtomicU64::new(0);
     /// WRs posted fenced, solicited, on a UC QP; completions read from 128-byte CQEs.
     static FENCED: AtomicU64 = AtomicU64::new(0);
@@ -369,6 +379,122 @@ mod real {
         }
     }
 
+    /// The fixed-size inline SEND paths of a ring (RC / UC, `LEN` a const generic).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fixed {
+        /// `ring.session::<LEN>()`: each WR posted at once (`send` / `send_imm`), its own
+        /// doorbell, signaled by the schedule; libmlx5 posts each WR alone.
+        Session,
+        /// `ring.window::<LEN>(max)`: one doorbell at `finish` / drop; only the last WQE
+        /// may be signaled; libmlx5 posts the chain as one list.
+        Window,
+        /// `ring.post_list(&[[u8; LEN]])`: as a window.
+        PostList,
+    }
+
+    /// The sizes the fixed-size paths are compiled for: one and two 16-byte inline units
+    /// and the edges of each `ds` (2: up to 12 bytes, 3: up to 28, 4: up to 44).
+    const FIXED_LENS: [usize; 9] = [1, 8, 12, 13, 16, 28, 29, 32, 44];
+
+    /// Posts `gens` (inline SENDs, and SEND_IMMs for a session, of `LEN` bytes, no flags)
+    /// through `way`; returns each WR's `cur_post` and sequence number.
+    fn post_fixed<const LEN: usize>(
+        ring: &mut DirectRing<TestDoorbell>,
+        gens: &[Gen],
+        way: Fixed,
+        r: &mut Rng,
+        chain_no: u64,
+    ) -> (Vec<u32>, Vec<u64>) {
+        let data = |g: &Gen| -> [u8; LEN] {
+            match &g.kind {
+                Payload::Inline(d) => d[..].try_into().expect("a LEN-byte payload"),
+                _ => unreachable!("fixed chains are inline"),
+            }
+        };
+        let fail = |e: hotverbs_datapath::SendError| -> u64 {
+            panic!("chain {chain_no}: {way:?}::<{LEN}>: {e}")
+        };
+        let n = gens.len();
+        let c0 = ring.cur_post();
+        // Every WQE of these paths is one basic block.
+        let curs = (0..n as u32).map(|i| c0.wrapping_add(i)).collect();
+        let seqs = match way {
+            Fixed::Session => {
+                let mut ses = ring
+                    .session::<LEN>()
+                    .unwrap_or_else(|e| panic!("chain {chain_no}: session::<{LEN}>: {e}"));
+                let seqs = gens
+                    .iter()
+                    .map(|g| {
+                        if g.msg_op == Opcode::SendImm {
+                            ses.send_imm(&data(g), g.imm)
+                        } else {
+                            ses.send(&data(g))
+                        }
+                        .unwrap_or_else(fail)
+                    })
+                    .collect();
+                if r.below(2) == 0 {
+                    ses.finish();
+                } else {
+                    drop(ses);
+                }
+                seqs
+            }
+            Fixed::Window => {
+                // Sometimes more room asked for than used.
+                let max = n + [0, 0, 1, 64][r.below(4) as usize];
+                let mut w = ring
+                    .window::<LEN>(max)
+                    .unwrap_or_else(|e| panic!("chain {chain_no}: window::<{LEN}>: {e}"));
+                let seqs = gens
+                    .iter()
+                    .map(|g| w.push(&data(g)).unwrap_or_else(fail))
+                    .collect();
+                if r.below(2) == 0 {
+                    w.finish();
+                } else {
+                    drop(w);
+                }
+                seqs
+            }
+            Fixed::PostList => {
+                let seq0 = ring.posted_total();
+                let msgs: Vec<[u8; LEN]> = gens.iter().map(data).collect();
+                let k = ring.post_list(&msgs).unwrap_or_else(|e| {
+                    fail(e);
+                    0
+                });
+                assert_eq!(
+                    k, n,
+                    "chain {chain_no}: post_list::<{LEN}> posted {k} of {n}"
+                );
+                (0..n as u64).map(|i| seq0 + i).collect()
+            }
+        };
+        (curs, seqs)
+    }
+
+    /// [`post_fixed`] for a `len` of [`FIXED_LENS`].
+    fn post_fixed_len(
+        len: usize,
+        ring: &mut DirectRing<TestDoorbell>,
+        gens: &[Gen],
+        way: Fixed,
+        r: &mut Rng,
+        chain_no: u64,
+    ) -> (Vec<u32>, Vec<u64>) {
+        macro_rules! by_len {
+            ($($l:literal)*) => {
+                match len {
+                    $($l => post_fixed::<$l>(ring, gens, way, r, chain_no),)*
+                    _ => unreachable!("{len} is not in FIXED_LENS"),
+                }
+            };
+        }
+        by_len!(1 8 12 13 16 28 29 32 44)
+    }
+
     /// A message `send_now` and a batch take: inline or empty, borrowing nothing.
     fn is_simple(g: &Gen) -> bool {
         matches!(g.kind, Payload::Empty | Payload::Inline(_)) && msg(g).is_borrow_free()
@@ -546,14 +672,39 @@ mod real {
             } else {
                 1 + r.below(64)
             } as usize;
-            let gens: Vec<Gen> = (0..n)
-                .map(|_| loop {
-                    let g = gen(&mut r, s, &mem);
-                    if !simple_chain || is_simple(&g) {
-                        break g;
-                    }
-                })
-                .collect();
+            // One simple chain in four on an RC / UC QP is the fixed-size paths': inline
+            // SENDs (and SEND_IMMs for a session) of one length in FIXED_LENS, no flags.
+            let fixed = (simple_chain && !s.ud && r.below(4) == 0).then(|| {
+                let way = [Fixed::Session, Fixed::Window, Fixed::PostList][r.below(3) as usize];
+                let len = FIXED_LENS[r.below(FIXED_LENS.len() as u64) as usize];
+                (way, len)
+            });
+            let gens: Vec<Gen> = match fixed {
+                Some((way, len)) => (0..n)
+                    .map(|_| Gen {
+                        msg_op: if way == Fixed::Session && r.below(4) == 0 {
+                            Opcode::SendImm
+                        } else {
+                            Opcode::Send
+                        },
+                        imm: r.next() as u32,
+                        remote_off: 0,
+                        compare_add: 0,
+                        swap: 0,
+                        kind: Payload::Inline((0..len).map(|_| r.next() as u8).collect()),
+                        fence: false,
+                        solicited: false,
+                    })
+                    .collect(),
+                None => (0..n)
+                    .map(|_| loop {
+                        let g = gen(&mut r, s, &mem);
+                        if !simple_chain || is_simple(&g) {
+                            break g;
+                        }
+                    })
+                    .collect(),
+            };
             let dbr0 = lib.dbr();
             us.ring.doorbell().rec.events.clear();
             let mut seqs = Vec::with_capacity(n);
@@ -568,14 +719,21 @@ mod real {
                 (true, 1) => [0, 1, 1, 2][r.below(4) as usize],
                 (true, _) => r.below(4),
             };
-            if plant == Plant::None {
+            if let Some((way, len)) = fixed {
+                if plant == Plant::None {
+                    FIXED[way as usize].fetch_add(n as u64, Ordering::Relaxed);
+                }
+                (curs, seqs) = post_fixed_len(len, &mut us.ring, &gens, way, &mut r, chain_no);
+            } else if plant == Plant::None {
                 // The planted runs count toward no total (whichever test runs first).
                 HOW[how as usize].fetch_add(n as u64, Ordering::Relaxed);
                 if how == 1 && n == 1 {
                     HOW[4].fetch_add(1, Ordering::Relaxed);
                 }
             }
-            if how == 2 {
+            if fixed.is_some() {
+                // Posted above.
+            } else if how == 2 {
                 let mut b = us.ring.batch();
                 for g in &gens {
                     curs.push(b.cur_post());
@@ -624,7 +782,10 @@ mod real {
             let mut lib_wrs = Vec::with_capacity(n);
             for (i, g) in gens.iter().enumerate() {
                 let idx = (curs[i] & (s.wqe_cnt - 1)) as usize * 64;
-                let signaled = our_sq[idx + 11] & CTRL_CQ_UPDATE != 0;
+                // A window / post_list may signal its last WQE only (libmlx5: the same list
+                // with IBV_SEND_SIGNALED on that WR alone).
+                let signaled = our_sq[idx + 11] & CTRL_CQ_UPDATE != 0
+                    && (i + 1 == n || !matches!(fixed, Some((Fixed::Window | Fixed::PostList, _))));
                 let carries = matches!(
                     g.msg_op,
                     Opcode::Send | Opcode::SendImm | Opcode::Write | Opcode::WriteImm
@@ -692,8 +853,18 @@ mod real {
             }
             let pre = lib.sq().to_vec();
             lib.record();
-            // SAFETY: inline SGEs point at live vectors; the AH is the model's.
-            if let Err((rc, bad)) = unsafe { lib.post_send(&lib_wrs) } {
+            // A session's WRs are posted one at a time (each with its own doorbell, as a
+            // lone send_now); every other way's as one list.
+            let posted = if matches!(fixed, Some((Fixed::Session, _))) {
+                (0..n).try_for_each(|i| {
+                    // SAFETY: inline SGEs point at live vectors.
+                    unsafe { lib.post_send(&lib_wrs[i..=i]) }.map_err(|(rc, _)| (rc, i as i32))
+                })
+            } else {
+                // SAFETY: inline SGEs point at live vectors; the AH is the model's.
+                unsafe { lib.post_send(&lib_wrs) }
+            };
+            if let Err((rc, bad)) = posted {
                 let w = &lib_wrs[bad.max(0) as usize];
                 // SAFETY: the WR's SGE list is live.
                 let sg: Vec<(u64, u32)> =
@@ -966,7 +1137,14 @@ mod real {
             CQES.load(Ordering::Relaxed),
             DIFFS.load(Ordering::Relaxed),
         );
-        println!("golden: {w} WRs and {c} CQEs compared, {d} differences");
+        let fixed = |w: Fixed| FIXED[w as usize].load(Ordering::Relaxed);
+        println!(
+            "golden: {w} WRs and {c} CQEs compared, {d} differences (session {}, window {}, \
+             post_list {})",
+            fixed(Fixed::Session),
+            fixed(Fixed::Window),
+            fixed(Fixed::PostList)
+        );
         assert_eq!(d, 0, "golden: {d} differences (printed above)");
         assert!(
             w >= 1_000_000 || std::env::var("HOTVERBS_GOLDEN_WRS").is_ok(),

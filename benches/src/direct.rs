@@ -4,7 +4,9 @@
 //! device. The same ring against libmlx5's own code is `cargo xtask golden`'s table.
 
 use hotverbs_datapath::mlx5::{DirectCq, DirectSq};
-use hotverbs_datapath::{DirectPoller, DirectRing, Local, Msg, SendConfig, SendError};
+use hotverbs_datapath::{
+    Completion, DirectPoller, DirectRing, Local, Msg, SendConfig, SendError, WcError,
+};
 use hotverbs_softnic::mlx5sim::Mlx5Sim;
 
 use crate::{s, BURST, DEPTH, FILL, SIGNAL_EVERY};
@@ -92,17 +94,9 @@ pub fn hv_measured_stream_direct(r: &mut DirectStream, msg: &[u8], n: u64) -> Re
             }
         }
         b.finish().map_err(s)?;
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
+        reap(sim, poller, |c| ring.on_completion(c))?;
     }
-    while ring.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
-    }
+    drain(sim, poller, ring)?;
     Ok(n)
 }
 
@@ -114,40 +108,24 @@ pub fn hv_measured_stream_direct_now(
     msg: &[u8],
     n: u64,
 ) -> Result<u64, String> {
-    crate::whole_stream(n)?;
-    let DirectStream { sim, ring, poller } = r;
-    let m = Msg::send(Local::Inline(msg));
-    let mut left = n;
-    while left > 0 {
-        match ring.send_now(m) {
-            Ok(_) => left -= 1,
-            Err(SendError::WouldBlock) => {
-                sim.process();
-                for c in poller.poll().map_err(s)? {
-                    ring.on_completion(c).map_err(s)?;
-                }
-            }
-            Err(e) => return Err(s(e)),
-        }
-    }
-    while ring.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
-    }
-    Ok(n)
+    stream_now(r, msg, n)
 }
 
 /// [`hv_measured_stream_direct_now`] with a message whose size is known at compile time
 /// (`&[u8; 32]`, as a fixed-size order is, and as the floor rows take it): the same generic
-/// `send_now(Msg)`, its length tests folded.
+/// `send_now(Msg)`, its length tests folded (the loop is inlined where the length is known).
 #[inline(never)]
 pub fn hv_measured_stream_direct_now_fixed(
     r: &mut DirectStream,
     msg: &[u8; 32],
     n: u64,
 ) -> Result<u64, String> {
+    stream_now(r, msg, n)
+}
+
+/// The loop of the two `send_now` rows.
+#[inline(always)]
+fn stream_now(r: &mut DirectStream, msg: &[u8], n: u64) -> Result<u64, String> {
     crate::whole_stream(n)?;
     let DirectStream { sim, ring, poller } = r;
     let m = Msg::send(Local::Inline(msg));
@@ -155,22 +133,40 @@ pub fn hv_measured_stream_direct_now_fixed(
     while left > 0 {
         match ring.send_now(m) {
             Ok(_) => left -= 1,
-            Err(SendError::WouldBlock) => {
-                sim.process();
-                for c in poller.poll().map_err(s)? {
-                    ring.on_completion(c).map_err(s)?;
-                }
-            }
+            Err(SendError::WouldBlock) => reap(sim, poller, |c| ring.on_completion(c))?,
             Err(e) => return Err(s(e)),
         }
     }
-    while ring.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
-    }
+    drain(sim, poller, ring)?;
     Ok(n)
+}
+
+/// Runs the simulated device and gives every completion it wrote to `retire` (a ring's or
+/// a session's `on_completion`).
+#[inline(always)]
+fn reap(
+    sim: &mut Mlx5Sim,
+    poller: &mut DirectPoller<BURST>,
+    mut retire: impl FnMut(&Completion) -> Result<u64, WcError>,
+) -> Result<(), String> {
+    sim.process();
+    for c in poller.poll().map_err(s)? {
+        retire(c).map_err(s)?;
+    }
+    Ok(())
+}
+
+/// [`reap`] into `ring` until nothing is outstanding.
+#[inline(always)]
+fn drain(
+    sim: &mut Mlx5Sim,
+    poller: &mut DirectPoller<BURST>,
+    ring: &mut DirectRing,
+) -> Result<(), String> {
+    while ring.outstanding() > 0 {
+        reap(sim, poller, |c| ring.on_completion(c))?;
+    }
+    Ok(())
 }
 
 /// Streaming through a held [`DirectSession`](hotverbs_datapath::DirectSession) of 32-byte
@@ -189,20 +185,12 @@ pub fn hv_measured_stream_direct_session(
     while left > 0 {
         match sess.send(msg) {
             Ok(_) => left -= 1,
-            Err(SendError::WouldBlock) => {
-                sim.process();
-                for c in poller.poll().map_err(s)? {
-                    sess.on_completion(c).map_err(s)?;
-                }
-            }
+            Err(SendError::WouldBlock) => reap(sim, poller, |c| sess.on_completion(c))?,
             Err(e) => return Err(s(e)),
         }
     }
     while sess.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            sess.on_completion(c).map_err(s)?;
-        }
+        reap(sim, poller, |c| sess.on_completion(c))?;
     }
     Ok(n)
 }
@@ -227,17 +215,9 @@ pub fn hv_measured_stream_direct_window(
         }
         w.finish();
         left -= k as u64;
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
+        reap(sim, poller, |c| ring.on_completion(c))?;
     }
-    while ring.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
-    }
+    drain(sim, poller, ring)?;
     Ok(n)
 }
 
@@ -257,21 +237,11 @@ pub fn hv_measured_stream_direct_list(
         let k = (left as usize).min(msgs.len());
         match ring.post_list(&msgs[..k]) {
             Ok(done) => left -= done as u64,
-            Err(SendError::WouldBlock) => {
-                sim.process();
-                for c in poller.poll().map_err(s)? {
-                    ring.on_completion(c).map_err(s)?;
-                }
-            }
+            Err(SendError::WouldBlock) => reap(sim, poller, |c| ring.on_completion(c))?,
             Err(e) => return Err(s(e)),
         }
     }
-    while ring.outstanding() > 0 {
-        sim.process();
-        for c in poller.poll().map_err(s)? {
-            ring.on_completion(c).map_err(s)?;
-        }
-    }
+    drain(sim, poller, ring)?;
     Ok(n)
 }
 

@@ -12,37 +12,16 @@ use hotverbs_datapath::{
 };
 use hotverbs_softnic::mlx5sim::{Mlx5Sim, POISON};
 
+mod common;
+
 const QPN: u32 = 0xabc;
 
 fn sq_of(sim: &mut Mlx5Sim, max_inline: u32) -> DirectSq {
-    let p = sim.ptrs();
-    DirectSq {
-        buf: p.sq,
-        wqe_cnt: sim.wqe_cnt,
-        stride: 64,
-        dbrec: p.qp_dbrec,
-        bf_reg: p.bf_reg,
-        bf_size: 256,
-        bf_offset: 0,
-        qp_num: QPN,
-        ud: false,
-        uc: false,
-        max_inline,
-        max_sge: 4,
-        wrid: p.wrid,
-    }
+    common::mlx5::sim_sq(sim, QPN, max_inline, 4)
 }
 
 fn cq_of(sim: &mut Mlx5Sim) -> DirectCq {
-    let p = sim.ptrs();
-    DirectCq {
-        buf: p.cq,
-        cqe_cnt: sim.cqe_cnt,
-        cqe_size: 64,
-        dbrec: p.cq_dbrec,
-        cqn: 0x77,
-        cons_index: 0,
-    }
+    common::mlx5::sim_cq(sim, 0x77)
 }
 
 fn ring(sim: &mut Mlx5Sim, cfg: SendConfig) -> DirectRing<RecordingDoorbell> {
@@ -542,7 +521,10 @@ fn cqes_of_128_bytes_are_read_from_their_second_half() {
     unsafe { p.attach(&sq) }.unwrap();
     let data = payload();
     let mut cqes = 0u32;
-    while r.posted_total() < 10_000 {
+    // Under miri (which runs this for the poller's 128-byte pointer arithmetic) a tenth:
+    // still 150 passes of the 16-entry CQ.
+    let total = if cfg!(miri) { 1_000 } else { 10_000 };
+    while r.posted_total() < total {
         match r.send_now(Msg::send(Local::Inline(
             &data[..(r.posted_total() % 45) as usize],
         ))) {
@@ -558,7 +540,7 @@ fn cqes_of_128_bytes_are_read_from_their_second_half() {
     }
     assert_eq!(cqes, p.cons_index());
     assert_eq!(sim.cq_ci(), p.cons_index());
-    assert!(cqes >= 2_400, "{cqes}");
+    assert!(cqes as u64 >= total * 6 / 25, "{cqes}");
     // An error CQE: its syndrome, from the second half.
     sim.fail_next(0x13, 0x42);
     r.signal_next();

@@ -3,30 +3,13 @@
 //! retirement as the ring's own lone path and batches, back-pressure, the error state,
 //! refused sizes, and leaks (`mem::forget`) repaired by the ring.
 
-use hotverbs_datapath::mlx5::{DirectCq, DirectSq, MmioEvent, RecordingDoorbell};
+use hotverbs_datapath::mlx5::{MmioEvent, RecordingDoorbell};
 use hotverbs_datapath::{ConfigError, DirectPoller, DirectRing, Local, Msg, SendConfig, SendError};
 use hotverbs_softnic::mlx5sim::Mlx5Sim;
 
-const QPN: u32 = 0xabc;
+mod common;
 
-fn sq_of(sim: &mut Mlx5Sim) -> DirectSq {
-    let p = sim.ptrs();
-    DirectSq {
-        buf: p.sq,
-        wqe_cnt: sim.wqe_cnt,
-        stride: 64,
-        dbrec: p.qp_dbrec,
-        bf_reg: p.bf_reg,
-        bf_size: 256,
-        bf_offset: 0,
-        qp_num: QPN,
-        ud: false,
-        uc: false,
-        max_inline: 64,
-        max_sge: 1,
-        wrid: p.wrid,
-    }
-}
+const QPN: u32 = 0xabc;
 
 /// A ring and its poller on a simulator of `wqe_cnt` blocks.
 struct Bed {
@@ -37,16 +20,8 @@ struct Bed {
 
 fn bed(wqe_cnt: u32, cfg: SendConfig) -> Bed {
     let mut sim = Box::new(Mlx5Sim::new(wqe_cnt, 256, QPN));
-    let sq = sq_of(&mut sim);
-    let p = sim.ptrs();
-    let cq = DirectCq {
-        buf: p.cq,
-        cqe_cnt: sim.cqe_cnt,
-        cqe_size: 64,
-        dbrec: p.cq_dbrec,
-        cqn: 1,
-        cons_index: 0,
-    };
+    let sq = common::mlx5::sim_sq(&mut sim, QPN, 64, 1);
+    let cq = common::mlx5::sim_cq(&mut sim, 1);
     // SAFETY: the boxed simulator outlives the ring and the poller, its only users.
     let (ring, poller) = unsafe {
         let ring =
@@ -64,6 +39,39 @@ fn cfg() -> SendConfig {
 
 fn msg(i: u64) -> [u8; 32] {
     std::array::from_fn(|k| (i as u8).wrapping_mul(7).wrapping_add(k as u8))
+}
+
+impl Bed {
+    /// Runs the device and retires what it completed through the ring; returns how many.
+    fn reap(&mut self) -> u64 {
+        self.sim.process();
+        let mut n = 0;
+        for c in self.poller.poll().unwrap() {
+            n += self.ring.on_completion(c).unwrap();
+        }
+        n
+    }
+
+    /// [`reap`](Self::reap) until nothing is outstanding; returns how many retired.
+    fn drain(&mut self) -> u64 {
+        let mut n = 0;
+        while self.ring.outstanding() > 0 {
+            n += self.reap();
+        }
+        n
+    }
+}
+
+/// The two beds wrote the same bytes: every SQ block, `wrid` entry, the doorbell record, and
+/// the same register stores and barriers in the same order.
+fn assert_same(a: &mut Bed, b: &mut Bed) {
+    let (sa, sb) = (snapshot(a), snapshot(b));
+    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
+        assert_eq!(x, y, "SQ block {blk}");
+    }
+    assert_eq!(sa.1, sb.1, "wrid tables");
+    assert_eq!(sa.2, sb.2, "doorbell records");
+    assert_eq!(sa.3, sb.3, "register stores and barriers");
 }
 
 /// SQ, `wrid` table, send doorbell record and every register store and barrier.
@@ -94,8 +102,7 @@ fn a_session_writes_what_send_now_writes_and_retires_everything_once() {
                 i += 1;
             }
             Err(SendError::WouldBlock) => {
-                let r = &mut a.ring;
-                retired_a += reap_ring(&mut a.sim, &mut a.poller, r);
+                retired_a += a.reap();
             }
             Err(e) => panic!("{e}"),
         }
@@ -129,13 +136,7 @@ fn a_session_writes_what_send_now_writes_and_retires_everything_once() {
     }
     // The same stream, the same bytes: every WQE, wrid entry, doorbell record and
     // register store (BlueFlame copies and their alternation), and the same barriers.
-    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
-    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
-        assert_eq!(x, y, "SQ block {blk}");
-    }
-    assert_eq!(sa.1, sb.1, "wrid tables");
-    assert_eq!(sa.2, sb.2, "doorbell records");
-    assert_eq!(sa.3, sb.3, "register stores and barriers");
+    assert_same(&mut a, &mut b);
     assert_eq!(b.ring.posted_total(), n);
     assert_eq!(b.ring.bf_offset(), a.ring.bf_offset());
     // Everything retires, exactly once, on both (a last signaled WR: 300 is not a
@@ -144,34 +145,15 @@ fn a_session_writes_what_send_now_writes_and_retires_everything_once() {
     a.ring
         .send_now(Msg::send(Local::Inline(&[1u8; 8])))
         .unwrap();
-    while a.ring.outstanding() > 0 {
-        let r = &mut a.ring;
-        retired_a += reap_ring(&mut a.sim, &mut a.poller, r);
-    }
+    retired_a += a.drain();
     b.ring.signal_next();
     b.ring
         .send_now(Msg::send(Local::Inline(&[1u8; 8])))
         .unwrap();
-    while b.ring.outstanding() > 0 {
-        let r = &mut b.ring;
-        retired_b += reap_ring(&mut b.sim, &mut b.poller, r);
-    }
+    retired_b += b.drain();
     assert_eq!(retired_a, n + 1);
     assert_eq!(retired_b, n + 1);
     assert_eq!(b.ring.retired_total(), n + 1);
-}
-
-fn reap_ring(
-    sim: &mut Mlx5Sim,
-    poller: &mut DirectPoller<16>,
-    ring: &mut DirectRing<RecordingDoorbell>,
-) -> u64 {
-    sim.process();
-    let mut n = 0;
-    for c in poller.poll().unwrap() {
-        n += ring.on_completion(c).unwrap();
-    }
-    n
 }
 
 #[test]
@@ -190,8 +172,7 @@ fn a_window_writes_what_a_batch_writes() {
             i += 1;
         }
         bt.finish().unwrap();
-        let r = &mut a.ring;
-        ra += reap_ring(&mut a.sim, &mut a.poller, r);
+        ra += a.reap();
     }
     let mut i = 0;
     while i < n {
@@ -203,22 +184,11 @@ fn a_window_writes_what_a_batch_writes() {
         }
         assert!(matches!(w.push(&msg(i)), Err(SendError::WouldBlock)));
         w.finish();
-        let r = &mut b.ring;
-        rb += reap_ring(&mut b.sim, &mut b.poller, r);
+        rb += b.reap();
     }
-    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
-    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
-        assert_eq!(x, y, "SQ block {blk}");
-    }
-    assert_eq!(sa.1, sb.1, "wrid tables");
-    assert_eq!(sa.2, sb.2, "doorbell records");
-    assert_eq!(sa.3, sb.3, "register stores and barriers");
-    for (r, ring) in [(&mut ra, &mut a), (&mut rb, &mut b)] {
-        while ring.ring.outstanding() > 0 {
-            let x = &mut ring.ring;
-            *r += reap_ring(&mut ring.sim, &mut ring.poller, x);
-        }
-    }
+    assert_same(&mut a, &mut b);
+    ra += a.drain();
+    rb += b.drain();
     assert_eq!((ra, rb), (n, n), "every WR retired once");
 }
 
@@ -238,8 +208,7 @@ fn a_window_holds_the_rings_room_and_signals_the_wr_that_fills_it() {
     drop(w);
     // The WR that filled the ring (and the schedule's every 8th) is signaled: all retire.
     let mut n = 0;
-    let r = &mut b.ring;
-    n += reap_ring(&mut b.sim, &mut b.poller, r);
+    n += b.reap();
     assert_eq!(n, 32);
     assert_eq!(b.ring.outstanding(), 0);
 }
@@ -312,10 +281,7 @@ fn a_leaked_session_is_caught_up_from_the_doorbell_record() {
     b.ring.signal_next();
     b.ring.send_now(Msg::send(Local::Inline(&msg(14)))).unwrap();
     let mut n = 0;
-    while b.ring.outstanding() > 0 {
-        let r = &mut b.ring;
-        n += reap_ring(&mut b.sim, &mut b.poller, r);
-    }
+    n += b.drain();
     assert_eq!(n, 15, "every WR retired once");
     // A session after a leaked one starts where the ring is.
     let mut s = b.ring.session::<32>().unwrap();
@@ -377,18 +343,10 @@ fn a_post_list_writes_what_a_window_writes_across_the_sq_wrap() {
         }
         w.finish();
         assert_eq!(b.ring.post_list(&msgs).unwrap(), 20, "round {round}");
-        let r = &mut a.ring;
-        ra += reap_ring(&mut a.sim, &mut a.poller, r);
-        let r = &mut b.ring;
-        rb += reap_ring(&mut b.sim, &mut b.poller, r);
+        ra += a.reap();
+        rb += b.reap();
     }
-    let (sa, sb) = (snapshot(&mut a), snapshot(&mut b));
-    for (blk, (x, y)) in sa.0.chunks(64).zip(sb.0.chunks(64)).enumerate() {
-        assert_eq!(x, y, "SQ block {blk}");
-    }
-    assert_eq!(sa.1, sb.1, "wrid tables");
-    assert_eq!(sa.2, sb.2, "doorbell records");
-    assert_eq!(sa.3, sb.3, "register stores and barriers");
+    assert_same(&mut a, &mut b);
     // Room: a list longer than the free room posts what fits, then WouldBlock.
     let long: Vec<[u8; 32]> = (0..40).map(msg).collect();
     let free = b.ring.free() as usize;
@@ -398,12 +356,67 @@ fn a_post_list_writes_what_a_window_writes_across_the_sq_wrap() {
         Err(SendError::WouldBlock)
     ));
     assert_eq!(b.ring.post_list::<32>(&[]).unwrap(), 0);
-    for (r, ring) in [(&mut ra, &mut a), (&mut rb, &mut b)] {
-        while ring.ring.outstanding() > 0 {
-            let x = &mut ring.ring;
-            *r += reap_ring(&mut ring.sim, &mut ring.poller, x);
-        }
-    }
+    ra += a.drain();
+    rb += b.drain();
     assert_eq!(ra, 300);
     assert_eq!(rb, 300 + free as u64);
+}
+
+#[test]
+fn sessions_swapped_between_rings_stay_with_their_rings() {
+    let (mut a, mut b) = (bed(64, cfg()), bed(64, cfg()));
+    {
+        let mut sa = a.ring.session::<32>().unwrap();
+        let mut sb = b.ring.session::<32>().unwrap();
+        for i in 0..3 {
+            assert_eq!(sa.send(&msg(i)).unwrap(), i);
+        }
+        for i in 0..5 {
+            assert_eq!(sb.send(&msg(i)).unwrap(), i);
+        }
+        // The sessions carry their rings with them: after the swap `sa` sends on b's ring.
+        std::mem::swap(&mut sa, &mut sb);
+        assert_eq!(sa.send(&msg(5)).unwrap(), 5);
+        assert_eq!(sb.send(&msg(3)).unwrap(), 3);
+    }
+    assert_eq!((a.ring.posted_total(), b.ring.posted_total()), (4, 6));
+    for x in [&mut a, &mut b] {
+        x.ring.signal_next();
+        x.ring
+            .send_now(Msg::send(Local::Inline(&[7u8; 8])))
+            .unwrap();
+    }
+    assert_eq!((a.drain(), b.drain()), (5, 7), "every WR retired once");
+}
+
+#[test]
+fn a_panic_with_a_window_or_session_open_leaves_the_ring_consistent() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let mut b = bed(64, cfg());
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut w = b.ring.window::<32>(8).unwrap();
+        for i in 0..3 {
+            w.push(&msg(i)).unwrap();
+        }
+        panic!("in the middle of a window");
+    }));
+    assert!(r.is_err());
+    // The window's drop ran during the unwind: its three WRs are posted, once.
+    assert_eq!(b.ring.posted_total(), 3);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut s = b.ring.session::<32>().unwrap();
+        for i in 3..5 {
+            assert_eq!(s.send(&msg(i)).unwrap(), i);
+        }
+        panic!("in the middle of a session");
+    }));
+    assert!(r.is_err());
+    assert_eq!(b.ring.posted_total(), 5);
+    assert_eq!(
+        b.ring.send_now(Msg::send(Local::Inline(&msg(5)))).unwrap(),
+        5
+    );
+    b.ring.signal_next();
+    b.ring.send_now(Msg::send(Local::Inline(&msg(6)))).unwrap();
+    assert_eq!(b.drain(), 7, "every WR retired once");
 }

@@ -24,12 +24,14 @@
 ))]
 
 use hotverbs_datapath::mlx5::{
-    DirectCq, DirectSq, Doorbell, Mmio, MmioEvent, RecordingDoorbell, SEND_WQE_BB,
+    DirectSq, Doorbell, Mmio, MmioEvent, RecordingDoorbell, SEND_WQE_BB,
 };
 use hotverbs_datapath::{
     DirectPoller, DirectRing, Local, LocalBuf, Msg, RemoteBuf, SendConfig, SendError,
 };
 use hotverbs_softnic::mlx5sim::Mlx5Sim;
+
+mod common;
 
 const QPN: u32 = 0x5a5;
 /// Basic blocks per SQ: small enough that the stream wraps it many times (smaller under
@@ -43,21 +45,10 @@ const MAX_INLINE: u32 = 300;
 const BF_PAGE: usize = 4096;
 
 fn sq_of(sim: &mut Mlx5Sim, bf_size: u32, bf_offset: u32) -> DirectSq {
-    let p = sim.ptrs();
     DirectSq {
-        buf: p.sq,
-        wqe_cnt: sim.wqe_cnt,
-        stride: 64,
-        dbrec: p.qp_dbrec,
-        bf_reg: p.bf_reg,
         bf_size,
         bf_offset,
-        qp_num: QPN,
-        ud: false,
-        uc: false,
-        max_inline: MAX_INLINE,
-        max_sge: 2,
-        wrid: p.wrid,
+        ..common::mlx5::sim_sq(sim, QPN, MAX_INLINE, 2)
     }
 }
 
@@ -72,15 +63,7 @@ impl<D: Doorbell> Side<D> {
     fn new(bf_size: u32, bf_offset: u32, db: impl FnOnce(*mut u8) -> D) -> Side<D> {
         let mut sim = Mlx5Sim::new(WQE_CNT, 64, QPN);
         let sq = sq_of(&mut sim, bf_size, bf_offset);
-        let p = sim.ptrs();
-        let cq = DirectCq {
-            buf: p.cq,
-            cqe_cnt: sim.cqe_cnt,
-            cqe_size: 64,
-            dbrec: p.cq_dbrec,
-            cqn: 0x33,
-            cons_index: 0,
-        };
+        let cq = common::mlx5::sim_cq(&mut sim, 0x33);
         let cfg = SendConfig::new(1, DEPTH, MAX_INLINE)
             .signal_every(4)
             .batch(4)

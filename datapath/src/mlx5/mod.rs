@@ -582,96 +582,64 @@ unsafe impl Doorbell for Mmio {
     }
 }
 
-/// `udma_to_device_barrier()`: memory stores before the doorbell record and MMIO stores
-/// that follow (x86-64: compiler barrier; arm64: `dmb oshst`; riscv64: `fence ow,ow`).
-#[inline(always)]
-fn to_device_barrier() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: an empty asm block: a compiler barrier, no instruction.
-    unsafe {
-        core::arch::asm!("", options(nostack, preserves_flags))
+/// A barrier function: the instruction rdma-core's `util/udma_barrier.h` uses on each
+/// supported target (an empty `asm!` is a compiler barrier), `fence(SeqCst)` under miri and
+/// on any other target.
+macro_rules! barrier {
+    ($(#[$doc:meta])* fn $name:ident: x86_64 $x:literal, aarch64 $a:literal, riscv64 $r:literal $(,)?) => {
+        $(#[$doc])*
+        #[inline(always)]
+        fn $name() {
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            // SAFETY: a barrier instruction (or none: a compiler barrier), no other effect.
+            unsafe {
+                core::arch::asm!($x, options(nostack, preserves_flags))
+            };
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            // SAFETY: a barrier instruction, no other effect.
+            unsafe {
+                core::arch::asm!($a, options(nostack, preserves_flags))
+            };
+            #[cfg(all(target_arch = "riscv64", not(miri)))]
+            // SAFETY: a fence instruction, no other effect.
+            unsafe {
+                core::arch::asm!($r, options(nostack, preserves_flags))
+            };
+            #[cfg(any(
+                miri,
+                not(any(
+                    target_arch = "x86_64",
+                    target_arch = "aarch64",
+                    target_arch = "riscv64"
+                ))
+            ))]
+            core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        }
     };
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
-    // SAFETY: a store barrier, no other effect.
-    unsafe {
-        core::arch::asm!("dmb oshst", options(nostack, preserves_flags))
-    };
-    #[cfg(all(target_arch = "riscv64", not(miri)))]
-    // SAFETY: a fence (device output and memory writes before those after), no other
-    // effect.
-    unsafe {
-        core::arch::asm!("fence ow, ow", options(nostack, preserves_flags))
-    };
-    #[cfg(any(
-        miri,
-        not(any(
-            target_arch = "x86_64",
-            target_arch = "aarch64",
-            target_arch = "riscv64"
-        ))
-    ))]
-    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
 }
 
-/// `mmio_flush_writes()` (and `mmio_wc_start()`, the same): write-combining stores out,
-/// in order with the other stores (x86-64: `sfence`; arm64: `dsb st`; riscv64:
-/// `fence ow,ow`). Only [`Mmio`] uses it: no other target has one.
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "aarch64",
-    target_arch = "riscv64"
-))]
-#[inline(always)]
-fn flush_writes() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: sfence orders stores, no other effect.
-    unsafe {
-        core::arch::asm!("sfence", options(nostack, preserves_flags))
-    };
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
-    // SAFETY: a store barrier, no other effect.
-    unsafe {
-        core::arch::asm!("dsb st", options(nostack, preserves_flags))
-    };
-    #[cfg(all(target_arch = "riscv64", not(miri)))]
-    // SAFETY: a fence (device output and memory writes before those after), no other
-    // effect.
-    unsafe {
-        core::arch::asm!("fence ow, ow", options(nostack, preserves_flags))
-    };
-    #[cfg(miri)]
-    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+barrier! {
+    /// `udma_to_device_barrier()`: memory stores before the doorbell record and MMIO stores
+    /// that follow (x86-64: compiler barrier; arm64: `dmb oshst`; riscv64: `fence ow,ow`).
+    fn to_device_barrier: x86_64 "", aarch64 "dmb oshst", riscv64 "fence ow, ow",
 }
 
-/// `udma_from_device_barrier()`: the CQE's contents after its owner byte (x86-64: `lfence`;
-/// arm64: `dmb oshld`; riscv64: `fence ir,ir`).
-#[inline(always)]
-fn from_device_barrier() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: lfence orders loads, no other effect.
-    unsafe {
-        core::arch::asm!("lfence", options(nostack, preserves_flags))
-    };
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
-    // SAFETY: a load barrier, no other effect.
-    unsafe {
-        core::arch::asm!("dmb oshld", options(nostack, preserves_flags))
-    };
-    #[cfg(all(target_arch = "riscv64", not(miri)))]
-    // SAFETY: a fence (device input and memory reads before those after), no other
-    // effect.
-    unsafe {
-        core::arch::asm!("fence ir, ir", options(nostack, preserves_flags))
-    };
+barrier! {
+    /// `mmio_flush_writes()` (and `mmio_wc_start()`, the same): write-combining stores out,
+    /// in order with the other stores (x86-64: `sfence`; arm64: `dsb st`; riscv64:
+    /// `fence ow,ow`). Only [`Mmio`] uses it: no other target has one.
     #[cfg(any(
-        miri,
-        not(any(
-            target_arch = "x86_64",
-            target_arch = "aarch64",
-            target_arch = "riscv64"
-        ))
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64"
     ))]
-    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+    fn flush_writes: x86_64 "sfence", aarch64 "dsb st", riscv64 "fence ow, ow",
+}
+
+barrier! {
+    /// `udma_from_device_barrier()`: the CQE's contents after its owner byte (x86-64:
+    /// `lfence`; arm64: `dmb oshld`; riscv64: `fence ir,ir`).
+    fn from_device_barrier: x86_64 "lfence", aarch64 "dmb oshld", riscv64 "fence ir, ir",
 }
 
 /// One store or barrier seen by a [`RecordingDoorbell`].

@@ -111,6 +111,21 @@ impl<D: Doorbell, const LEN: usize> core::fmt::Debug for DirectSession<'_, D, LE
     }
 }
 
+/// The start of a window or post list ([`DirectRing::open_list`]): counters as `cur_post`
+/// (`c` up to `end`), `wrid` values `c + wid_off`, `seq = c - cur_off`, and the WQE's
+/// constants.
+#[derive(Clone, Copy)]
+struct List {
+    c: u64,
+    end: u64,
+    wid_off: u64,
+    cur_off: u64,
+    sq: *mut u8,
+    wrid: *mut u64,
+    mask: u64,
+    w0: u64,
+}
+
 /// What the session's slow path decided for the WR at hand.
 #[derive(Clone, Copy)]
 struct Decided {
@@ -249,6 +264,37 @@ impl<D: Doorbell> DirectRing<D> {
             .map_addr(|a| a ^ ((d as usize & 1) * st.bf_size as usize));
     }
 
+    /// What a window and `post_list` start from: `LEN` checked, a leaked batch or session
+    /// repaired, the room (at most `max`, the ring's free room and the rest of the `wr_id`
+    /// epoch: every WR of the list has the same `wid_off`) and the WQE constants.
+    #[inline(always)]
+    fn open_list<const LEN: usize>(&mut self, max: u64) -> Result<List, SendError> {
+        check_len(self, LEN)?;
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+        let st = &self.st;
+        let seq = st.f.seq;
+        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
+        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
+        let room = (st.retired + st.limit)
+            .saturating_sub(seq)
+            .min(epoch_end - seq)
+            .min(max);
+        let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
+        let c = seq.wrapping_add(cur_off);
+        Ok(List {
+            c,
+            end: c + room,
+            wid_off: id_off.wrapping_sub(cur_off),
+            cur_off,
+            sq: st.f.sq,
+            wrid: st.f.wrid,
+            mask: u64::from(st.f.mask),
+            w0: (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN),
+        })
+    }
+
     /// Opens a [`DirectWindow`] of up to `max` `LEN`-byte inline SENDs, posted with one
     /// doorbell at [`finish`](DirectWindow::finish) (or drop) with anything already
     /// staged. Room and the signal are decided here, once: the window holds at most the
@@ -261,34 +307,10 @@ impl<D: Doorbell> DirectRing<D> {
         &mut self,
         max: usize,
     ) -> Result<DirectWindow<'_, D, LEN>, SendError> {
-        check_len(self, LEN)?;
-        if self.st.batch_open {
-            self.drop_leaked_batch();
-        }
-        let st = &self.st;
-        let seq = st.f.seq;
-        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
-        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
-        let room = (st.retired + st.limit)
-            .saturating_sub(seq)
-            .min(epoch_end - seq)
-            .min(max as u64);
-        let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
-        let c = seq.wrapping_add(cur_off);
-        let w = DirectWindow {
-            c,
-            end: c + room,
-            wid_off: id_off.wrapping_sub(cur_off),
-            cur_off,
-            sq: st.f.sq,
-            wrid: st.f.wrid,
-            mask: u64::from(st.f.mask),
-            w0: (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN),
-            ring: self,
-        };
-        w.ring.st.batch_open = true;
-        w.ring.set_event(0);
-        Ok(w)
+        let l = self.open_list::<LEN>(max as u64)?;
+        self.st.batch_open = true;
+        self.set_event(0);
+        Ok(DirectWindow { ring: self, l })
     }
 
     /// Posts `msgs` (`LEN`-byte inline SENDs, in order) with one doorbell, as many as the
@@ -301,17 +323,8 @@ impl<D: Doorbell> DirectRing<D> {
     /// As [`session`](Self::session) for `LEN`; [`SendError::WouldBlock`] when the ring
     /// has no room at all ([`SendError::QpError`] in the error state).
     pub fn post_list<const LEN: usize>(&mut self, msgs: &[[u8; LEN]]) -> Result<usize, SendError> {
-        check_len(self, LEN)?;
-        if self.st.batch_open {
-            self.drop_leaked_batch();
-        }
-        let st = &self.st;
-        let seq = st.f.seq;
-        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
-        let room = (st.retired + st.limit)
-            .saturating_sub(seq)
-            .min(epoch_end - seq)
-            .min(msgs.len() as u64) as usize;
+        let l = self.open_list::<LEN>(msgs.len() as u64)?;
+        let room = (l.end - l.c) as usize;
         if room == 0 {
             return if msgs.is_empty() {
                 Ok(0)
@@ -319,14 +332,16 @@ impl<D: Doorbell> DirectRing<D> {
                 Err(self.blocked())
             };
         }
-        let cur_off = u64::from(st.f.cur.wrapping_sub(seq as u32));
-        let wid_off = st
-            .id_bits
-            .wrapping_sub(seq & !wr_id::SEQ_MASK)
-            .wrapping_sub(cur_off);
-        let (sq, wrid, mask) = (st.f.sq, st.f.wrid, u64::from(st.f.mask));
-        let w0 = (opcode::SEND as u64) << 32 | u64::from(st.f.qpn8) | inline_ds(LEN);
-        let mut c = seq.wrapping_add(cur_off);
+        let List {
+            mut c,
+            cur_off,
+            wid_off,
+            sq,
+            wrid,
+            mask,
+            w0,
+            ..
+        } = l;
         // Two runs of consecutive blocks: up to the end of the SQ, then from its start.
         // Within a run the WQE and its `wrid` entry are pointers that step, not indices.
         let mut rest = &msgs[..room];
@@ -341,14 +356,7 @@ impl<D: Doorbell> DirectRing<D> {
                 let mut ctrl = sq.add(idx << 6);
                 let mut id = wrid.add(idx);
                 for m in now {
-                    ctrl.add(16)
-                        .cast::<u32>()
-                        .write((LEN as u32 | INLINE_SEG).to_be());
-                    core::ptr::copy_nonoverlapping(m.as_ptr(), ctrl.add(20), LEN);
-                    ctrl.cast::<u64>()
-                        .write(((c & 0xffff) << 40 | w0).swap_bytes());
-                    ctrl.add(8).cast::<u64>().write(0);
-                    id.write(c.wrapping_add(wid_off));
+                    one_block(ctrl, id, m, c, w0, 0, wid_off);
                     c += 1;
                     ctrl = ctrl.add(64);
                     id = id.add(1);
@@ -487,6 +495,38 @@ impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
     pub fn finish(self) {}
 }
 
+/// Writes the one-block WQE of a `LEN`-byte inline SEND with counter `c` at `ctrl` and
+/// its `wrid` entry at `id`: inline header, the bytes (a copy of a constant size: moves at
+/// fixed offsets from `data`, no length test), the ctrl segment (`w0`: opcode and
+/// `qpn_ds`; `w1`: signal bits and immediate). The one writer of the session, the window
+/// and `post_list`.
+///
+/// # Safety
+/// `ctrl` is a basic block of the SQ no outstanding WQE uses, `id` its `wrid` entry, and
+/// `1 <= LEN <= 44`.
+#[inline(always)]
+unsafe fn one_block<const LEN: usize>(
+    ctrl: *mut u8,
+    id: *mut u64,
+    data: &[u8; LEN],
+    c: u64,
+    w0: u64,
+    w1: u64,
+    wid_off: u64,
+) {
+    // SAFETY: the caller's contract: the block's 64 bytes and the entry are ours.
+    unsafe {
+        ctrl.add(16)
+            .cast::<u32>()
+            .write((LEN as u32 | INLINE_SEG).to_be());
+        core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
+        ctrl.cast::<u64>()
+            .write((u64::from(c as u16) << 40 | w0).swap_bytes());
+        ctrl.add(8).cast::<u64>().write(w1);
+        id.write(c.wrapping_add(wid_off));
+    }
+}
+
 /// Writes the one-block WQE of a `LEN`-byte inline SEND at `h.c` (`w1`: the ctrl
 /// segment's second word: signal bits and immediate), its `wrid` entry, and advances
 /// `h.c`. Returns its ctrl segment.
@@ -503,19 +543,19 @@ unsafe fn write_wqe<const LEN: usize>(
 ) -> *mut u8 {
     let c = h.c;
     let idx = (c & h.mask) as usize;
-    // SAFETY: idx < wqe_cnt: the block is in the SQ; the caller's contract for the rest.
+    // SAFETY: idx < wqe_cnt: the block and its entry are in the SQ and the table; the
+    // caller's contract for the rest.
     unsafe {
         let ctrl = h.sq.add(idx << 6);
-        ctrl.add(16)
-            .cast::<u32>()
-            .write((LEN as u32 | INLINE_SEG).to_be());
-        // A copy of a constant size: moves at fixed offsets from `data` (no length test,
-        // no derived pointer to keep in a register).
-        core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
-        ctrl.cast::<u64>()
-            .write((u64::from(c as u16) << 40 | (h.w0 + op_delta)).swap_bytes());
-        ctrl.add(8).cast::<u64>().write(w1);
-        h.wrid.add(idx).write(c.wrapping_add(h.wid_off));
+        one_block(
+            ctrl,
+            h.wrid.add(idx),
+            data,
+            c,
+            h.w0 + op_delta,
+            w1,
+            h.wid_off,
+        );
         h.c = c + 1;
         ctrl
     }
@@ -558,14 +598,7 @@ impl<D: Doorbell, const LEN: usize> Drop for DirectSession<'_, D, LEN> {
 #[must_use = "a window posts its messages on finish() or drop"]
 pub struct DirectWindow<'r, D: Doorbell, const LEN: usize> {
     ring: &'r mut DirectRing<D>,
-    c: u64,
-    end: u64,
-    wid_off: u64,
-    cur_off: u64,
-    sq: *mut u8,
-    wrid: *mut u64,
-    mask: u64,
-    w0: u64,
+    l: List,
 }
 
 impl<D: Doorbell, const LEN: usize> core::fmt::Debug for DirectWindow<'_, D, LEN> {
@@ -581,7 +614,7 @@ impl<D: Doorbell, const LEN: usize> DirectWindow<'_, D, LEN> {
     /// Messages the window still takes.
     #[inline(always)]
     pub fn room(&self) -> usize {
-        (self.end - self.c) as usize
+        (self.l.end - self.l.c) as usize
     }
 
     /// Writes `data` as the next SEND of the list. Returns its sequence number.
@@ -592,26 +625,26 @@ impl<D: Doorbell, const LEN: usize> DirectWindow<'_, D, LEN> {
     /// completions made).
     #[inline(always)]
     pub fn push(&mut self, data: &[u8; LEN]) -> Result<u64, SendError> {
-        let c = self.c;
-        if c == self.end {
+        let c = self.l.c;
+        if c == self.l.end {
             return Err(self.ring.blocked());
         }
-        let idx = (c & self.mask) as usize;
+        let idx = (c & self.l.mask) as usize;
         // SAFETY: idx < wqe_cnt; `c < end` means the window's room (decided at `window`)
         // covers this WR, so no outstanding WQE is in its block; LEN <= 44 (checked).
         unsafe {
-            let ctrl = self.sq.add(idx << 6);
-            ctrl.add(16)
-                .cast::<u32>()
-                .write((LEN as u32 | INLINE_SEG).to_be());
-            core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
-            ctrl.cast::<u64>()
-                .write(((c & 0xffff) << 40 | self.w0).swap_bytes());
-            ctrl.add(8).cast::<u64>().write(0);
-            self.wrid.add(idx).write(c.wrapping_add(self.wid_off));
+            one_block(
+                self.l.sq.add(idx << 6),
+                self.l.wrid.add(idx),
+                data,
+                c,
+                self.l.w0,
+                0,
+                self.l.wid_off,
+            );
         }
-        self.c = c + 1;
-        Ok(c.wrapping_sub(self.cur_off))
+        self.l.c = c + 1;
+        Ok(c.wrapping_sub(self.l.cur_off))
     }
 
     /// Posts the list (one doorbell; BlueFlame for a single WQE).
@@ -623,6 +656,6 @@ impl<D: Doorbell, const LEN: usize> Drop for DirectWindow<'_, D, LEN> {
     #[inline(always)]
     fn drop(&mut self) {
         self.ring
-            .close_window(self.c, self.cur_off, inline_ds(LEN) as u32);
+            .close_window(self.l.c, self.l.cur_off, inline_ds(LEN) as u32);
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod mlx5;
 pub mod nic;
 
 use hotverbs_datapath::{Completion, CqPoller, SendRing, WcError};

@@ -24,38 +24,22 @@ use crate::cli::{Connection, Params, TestKind};
 use crate::error::PerfError;
 use crate::progress::Counter;
 
-/// The message sizes the fixed-size loops are compiled for.
+/// The message sizes the fixed-size loops are compiled for (the same list as
+/// `with_fixed_len!`'s; a test checks they agree).
 pub const FIXED_LENS: [u32; 6] = [2, 4, 8, 16, 32, 44];
 
 /// `$body` with `$len` a `const usize` equal to `$size`, one of [`FIXED_LENS`] (the caller
 /// checked: [`direct_path`]).
 macro_rules! with_fixed_len {
     ($size:expr, $len:ident => $body:expr) => {
+        with_fixed_len!(@ $size, $len, $body, [2, 4, 8, 16, 32, 44])
+    };
+    (@ $size:expr, $len:ident, $body:expr, [$($n:literal),*]) => {
         match $size {
-            2 => {
-                const $len: usize = 2;
+            $($n => {
+                const $len: usize = $n;
                 $body
-            }
-            4 => {
-                const $len: usize = 4;
-                $body
-            }
-            8 => {
-                const $len: usize = 8;
-                $body
-            }
-            16 => {
-                const $len: usize = 16;
-                $body
-            }
-            32 => {
-                const $len: usize = 32;
-                $body
-            }
-            44 => {
-                const $len: usize = 44;
-                $body
-            }
+            })*
             s => Err(PerfError::Internal(format!(
                 "size {s} has no fixed-size direct loop"
             ))),
@@ -322,4 +306,23 @@ fn reap<C: Reap, const LEN: usize>(
             Err(unknown_ring(c))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `with_fixed_len!` has an arm for every size of [`FIXED_LENS`], with `LEN` equal to it,
+    /// and refuses any other.
+    #[test]
+    fn with_fixed_len_covers_exactly_fixed_lens() {
+        for size in FIXED_LENS {
+            let got: Result<usize, PerfError> = with_fixed_len!(size, L => Ok(L));
+            assert_eq!(got.unwrap(), size as usize);
+        }
+        for size in [0u32, 1, 3, 33, 45, 64] {
+            let got: Result<usize, PerfError> = with_fixed_len!(size, L => Ok(L));
+            assert!(got.is_err(), "{size}");
+        }
+    }
 }

@@ -151,9 +151,20 @@ fn reap(
 ) -> Result<(), String> {
     sim.process();
     for c in poller.poll().map_err(s)? {
-        retire(c).map_err(s)?;
+        if let Err(e) = retire(c) {
+            return Err(refused(e));
+        }
     }
     Ok(())
+}
+
+/// A completion a ring refused, as the workload's error: out of line and by value, so the
+/// reap loop keeps the `Result` in registers (formatting takes the error's address; this
+/// is worth 1.1 instructions per WR in the direct batch row, 0.1 in `post_list`'s).
+#[cold]
+#[inline(never)]
+fn refused(e: WcError) -> String {
+    s(e)
 }
 
 /// [`reap`] into `ring` until nothing is outstanding.

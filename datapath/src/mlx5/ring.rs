@@ -836,6 +836,15 @@ impl<D: Doorbell> DirectRing<D> {
         };
     }
 
+    /// Sends the next lone post, batch post or session post to the slow path, which
+    /// decides the event (and the `wr_id` epoch) itself before it writes a WQE: what
+    /// [`set_event`](Self::set_event)`(0)` does, without computing an epoch nobody uses.
+    #[inline(always)]
+    pub(super) fn park_event(&mut self) {
+        self.st.f.event = 0;
+        self.st.lone_event = 0;
+    }
+
     /// The sequence number of the next WR that must take the slow path.
     #[inline]
     fn event_at(&self) -> u64 {
@@ -1025,6 +1034,32 @@ impl<D: Doorbell> DirectRing<D> {
             db.write_dbr(st.dbrec.add(super::SND_DBR), (cur & 0xffff).to_be());
             db.wc_start();
             db.bf_block(dst.cast::<u64>(), ctrl.cast::<u64>());
+        }
+        db.flush_writes();
+        st.bf_cur = st.bf_cur.map_addr(|a| a ^ st.bf_size as usize);
+        st.posted = seq;
+    }
+
+    /// [`ring_doorbell`](Self::ring_doorbell) when the newest staged WQE is the one-block
+    /// WQE at `last` (a window's or post list's): BlueFlame when it is the only one staged,
+    /// else the 8-byte doorbell, as `ring_doorbell` decides for it, without reading the
+    /// WQE's size back.
+    #[inline(always)]
+    pub(super) fn list_doorbell(&mut self, last: *mut u8) {
+        if self.st.f.seq - self.st.posted == 1 && self.st.bf_one {
+            self.bf_lone(last);
+            return;
+        }
+        let st = &mut self.st;
+        let db = &mut self.db;
+        let (seq, cur, dst) = (st.f.seq, st.f.cur, st.bf_cur);
+        db.to_device_barrier();
+        // SAFETY: the QP's doorbell record and register (new's contract); `last` is the
+        // newest staged WQE's ctrl segment (the caller's), in the SQ.
+        unsafe {
+            db.write_dbr(st.dbrec.add(super::SND_DBR), (cur & 0xffff).to_be());
+            db.wc_start();
+            db.write64(dst.cast::<u64>(), last.cast::<u64>().read());
         }
         db.flush_writes();
         st.bf_cur = st.bf_cur.map_addr(|a| a ^ st.bf_size as usize);

@@ -46,23 +46,31 @@ const fn inline_ds(len: usize) -> u64 {
 }
 
 /// Checks that `LEN`-byte inline SENDs fit the ring's one-block path (RC / UC, BlueFlame
-/// or doorbell, `1 <= LEN <= min(44, max_inline)`).
+/// or doorbell, `1 <= LEN <= min(44, max_inline)`): one comparison (a UD ring's
+/// `one_max` is 0), the error decided out of line.
+#[inline(always)]
 fn check_len<D: Doorbell>(ring: &DirectRing<D>, len: usize) -> Result<(), SendError> {
     let max = ring.st.f.one_max;
-    if max == 0 {
-        // A UD ring: its WQEs carry the datagram segment, never one block with 44 bytes.
-        return Err(SendError::Config(ConfigError::Fixed(
-            "a UD ring's WQEs carry the datagram segment and are never one basic block: use \
-             send_now or batch",
-        )));
-    }
     if len == 0 || len > max as usize {
-        return Err(SendError::InlineTooLong {
-            len,
-            max: if len == 0 { 0 } else { max },
-        });
+        return Err(len_error(len, max));
     }
     Ok(())
+}
+
+/// [`check_len`]'s error.
+#[cold]
+fn len_error(len: usize, max: u32) -> SendError {
+    if max == 0 {
+        // A UD ring: its WQEs carry the datagram segment, never one block with 44 bytes.
+        return SendError::Config(ConfigError::Fixed(
+            "a UD ring's WQEs carry the datagram segment and are never one basic block: use \
+             send_now or batch",
+        ));
+    }
+    SendError::InlineTooLong {
+        len,
+        max: if len == 0 { 0 } else { max },
+    }
 }
 
 /// What a session's fast path keeps in registers.
@@ -178,7 +186,7 @@ impl<D: Doorbell> DirectRing<D> {
         };
         self.st.batch_open = true;
         self.st.session_open = true;
-        self.set_event(0);
+        self.park_event();
         Ok(DirectSession { ring: self, h })
     }
 
@@ -309,7 +317,7 @@ impl<D: Doorbell> DirectRing<D> {
     ) -> Result<DirectWindow<'_, D, LEN>, SendError> {
         let l = self.open_list::<LEN>(max as u64)?;
         self.st.batch_open = true;
-        self.set_event(0);
+        self.park_event();
         Ok(DirectWindow { ring: self, l })
     }
 
@@ -344,6 +352,7 @@ impl<D: Doorbell> DirectRing<D> {
         } = l;
         // Two runs of consecutive blocks: up to the end of the SQ, then from its start.
         // Within a run the WQE and its `wrid` entry are pointers that step, not indices.
+        // (One loop for both runs: two copies of it spill.)
         let mut rest = &msgs[..room];
         while !rest.is_empty() {
             let idx = (c & mask) as usize;
@@ -356,7 +365,7 @@ impl<D: Doorbell> DirectRing<D> {
                 let mut ctrl = sq.add(idx << 6);
                 let mut id = wrid.add(idx);
                 for m in now {
-                    one_block(ctrl, id, m, c, w0, 0, wid_off);
+                    one_block(ctrl, id, m, word0(c, w0), 0, c.wrapping_add(wid_off));
                     c += 1;
                     ctrl = ctrl.add(64);
                     id = id.add(1);
@@ -364,46 +373,52 @@ impl<D: Doorbell> DirectRing<D> {
             }
             rest = later;
         }
-        self.close_list(c, cur_off, inline_ds(LEN) as u32);
+        self.close_list(c, cur_off);
         Ok(room)
     }
 
-    /// Closes a window that wrote the one-block WQEs up to `c`: the signal, the counters,
-    /// one doorbell. Out of line: a window's drop glue stays a call on values.
+    /// Closes a window that wrote the one-block WQEs up to `c` (none, or some): the signal,
+    /// the counters, one doorbell. Out of line: a window's drop glue stays a call on values.
     #[inline(never)]
-    fn close_window(&mut self, c: u64, cur_off: u64, ds: u32) {
-        self.close_list(c, cur_off, ds);
+    fn close_window(&mut self, c: u64, cur_off: u64) {
+        self.st.batch_open = false;
+        if c.wrapping_sub(cur_off) > self.st.f.seq {
+            self.close_list(c, cur_off);
+        } else {
+            self.park_event();
+        }
     }
 
-    /// [`close_window`](Self::close_window), inline in [`post_list`](Self::post_list).
+    /// Posts the one-block WQEs a list wrote from the ring's `seq` up to `c` (at least
+    /// one), with anything staged before them: the signal, the counters, one doorbell.
+    /// Inline in [`post_list`](Self::post_list). Nothing is left staged, so the newest
+    /// WQE is not recorded (only a staged one's is read).
     #[inline(always)]
-    fn close_list(&mut self, c: u64, cur_off: u64, ds: u32) {
+    fn close_list(&mut self, c: u64, cur_off: u64) {
         let end = c.wrapping_sub(cur_off);
-        self.st.batch_open = false;
-        if end > self.st.f.seq {
-            let st = &mut self.st;
-            let newest = end - 1;
-            // The newest WQE's block (every window WQE is one block).
-            let last =
-                st.f.sq
-                    .wrapping_add(((c.wrapping_sub(1) & u64::from(st.f.mask)) as usize) << 6);
-            if newest >= st.next_signal || end - st.retired == st.limit {
-                // SAFETY: `last` is the ctrl segment of the window's newest WQE, in the SQ,
-                // not yet announced: byte 11 is its `fm_ce_se`.
-                unsafe {
-                    let b = last.add(11);
-                    b.write(b.read() | CTRL_CQ_UPDATE);
-                }
-                while st.next_signal <= newest {
-                    st.next_signal += st.signal_every;
-                }
+        let st = &mut self.st;
+        let newest = end - 1;
+        // The newest WQE's block (every list WQE is one block).
+        let last =
+            st.f.sq
+                .wrapping_add(((c.wrapping_sub(1) & u64::from(st.f.mask)) as usize) << 6);
+        if newest >= st.next_signal || end - st.retired == st.limit {
+            // SAFETY: `last` is the ctrl segment of the list's newest WQE, in the SQ, not
+            // yet announced: byte 11 is its `fm_ce_se`.
+            unsafe {
+                let b = last.add(11);
+                b.write(b.read() | CTRL_CQ_UPDATE);
             }
-            st.f.seq = end;
-            st.f.cur = c as u32;
-            st.f.set_last(last, ds);
-            self.ring_doorbell();
+            while st.next_signal <= newest {
+                st.next_signal += st.signal_every;
+            }
         }
-        self.set_event(self.event_at());
+        st.f.seq = end;
+        st.f.cur = c as u32;
+        self.list_doorbell(last);
+        // The next send_now / batch / session post takes the slow path, which decides the
+        // event where it is needed (a list saves the 30 instructions of deciding it).
+        self.park_event();
     }
 }
 
@@ -509,10 +524,9 @@ unsafe fn one_block<const LEN: usize>(
     ctrl: *mut u8,
     id: *mut u64,
     data: &[u8; LEN],
-    c: u64,
-    w0: u64,
+    word0: u64,
     w1: u64,
-    wid_off: u64,
+    wr_id: u64,
 ) {
     // SAFETY: the caller's contract: the block's 64 bytes and the entry are ours.
     unsafe {
@@ -520,11 +534,17 @@ unsafe fn one_block<const LEN: usize>(
             .cast::<u32>()
             .write((LEN as u32 | INLINE_SEG).to_be());
         core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
-        ctrl.cast::<u64>()
-            .write((u64::from(c as u16) << 40 | w0).swap_bytes());
+        ctrl.cast::<u64>().write(word0);
         ctrl.add(8).cast::<u64>().write(w1);
-        id.write(c.wrapping_add(wid_off));
+        id.write(wr_id);
     }
+}
+
+/// The ctrl segment's first word as stored (big-endian) for counter `c` and constant half
+/// `w0` (opcode, `qpn << 8 | ds`).
+#[inline(always)]
+fn word0(c: u64, w0: u64) -> u64 {
+    (u64::from(c as u16) << 40 | w0).swap_bytes()
 }
 
 /// Writes the one-block WQE of a `LEN`-byte inline SEND at `h.c` (`w1`: the ctrl
@@ -551,10 +571,9 @@ unsafe fn write_wqe<const LEN: usize>(
             ctrl,
             h.wrid.add(idx),
             data,
-            c,
-            h.w0 + op_delta,
+            word0(c, h.w0 + op_delta),
             w1,
-            h.wid_off,
+            c.wrapping_add(h.wid_off),
         );
         h.c = c + 1;
         ctrl
@@ -637,10 +656,9 @@ impl<D: Doorbell, const LEN: usize> DirectWindow<'_, D, LEN> {
                 self.l.sq.add(idx << 6),
                 self.l.wrid.add(idx),
                 data,
-                c,
-                self.l.w0,
+                word0(c, self.l.w0),
                 0,
-                self.l.wid_off,
+                c.wrapping_add(self.l.wid_off),
             );
         }
         self.l.c = c + 1;
@@ -655,7 +673,6 @@ impl<D: Doorbell, const LEN: usize> DirectWindow<'_, D, LEN> {
 impl<D: Doorbell, const LEN: usize> Drop for DirectWindow<'_, D, LEN> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.ring
-            .close_window(self.l.c, self.l.cur_off, inline_ds(LEN) as u32);
+        self.ring.close_window(self.l.c, self.l.cur_off);
     }
 }

@@ -121,19 +121,40 @@ pub fn run_ci(args: &[String]) -> Result<(), String> {
 
 /// The `faults` step: the suites on softnic's Rxe profile, the fault scenarios in both
 /// profiles, the soak.
+///
+/// The suites run as `cargo test --workspace` built them (after the `test` step, nothing
+/// is compiled): their executables, each in its package's directory as `cargo test` runs
+/// it, then the workspace's doctests. `cargo test -p` of the three packages would select a
+/// smaller feature set (the workspace turns on, for one, `hotverbs-ffi`'s `default`) and
+/// rebuild most of the dependency tree for it (about 100 s of a fresh clone's CI). Other
+/// packages' tests are not for this profile (`hotverbs-ffi-equiv` compares the Spec
+/// profile's answers with the header's).
 fn faults() -> Result<(), String> {
     const PROFILE: &str = "HOTVERBS_SOFTNIC_PROFILE";
     eprintln!("faults: datapath, setup-layer and perf suites on softnic's Rxe profile");
+    let exes = crate::rxe::workspace_test_executables(&[
+        "hotverbs-datapath",
+        "hotverbs",
+        "hotverbs-perf",
+    ])?;
+    for (package, dir, exe) in &exes {
+        // In the package's directory, as `cargo test` runs it.
+        eprintln!(
+            "$ (cd {} && {PROFILE}=rxe {})",
+            dir.display(),
+            exe.display()
+        );
+        let status = Command::new(exe)
+            .current_dir(dir)
+            .env(PROFILE, "rxe")
+            .status()
+            .map_err(|e| format!("{}: {e}", exe.display()))?;
+        if !status.success() {
+            return Err(format!("{package}: `{}` failed ({status})", exe.display()));
+        }
+    }
     run(cargo()
-        .args([
-            "test",
-            "--locked",
-            "-p",
-            "hotverbs-datapath",
-            "-p",
-            "hotverbs",
-        ])
-        .args(["-p", "hotverbs-perf"])
+        .args(["test", "--locked", "--workspace", "--doc"])
         .env(PROFILE, "rxe"))?;
     for profile in ["spec", "rxe"] {
         eprintln!("faults: fault_scenarios on softnic's {profile} profile");

@@ -82,6 +82,7 @@ use report::{
     read_record, report_steps, Report,
 };
 use vm::boot;
+pub(crate) use workspace::workspace_test_executables;
 use workspace::{build_device_tests, workspace};
 
 /// What the guest's init sets up (tests get them through the environment).

@@ -2,7 +2,7 @@
 //! `real_device*` or `fault_scenarios`), their binaries.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::guest::Step;
 use super::{capture, json, DEVICE, GID_INDEX, TEST_TIMEOUT};
@@ -118,6 +118,55 @@ pub(super) fn build_device_tests(targets: &[(String, String)]) -> Result<Vec<Tes
     }
     found.sort_by(|a, b| (&a.package, &a.target).cmp(&(&b.package, &b.target)));
     found.dedup_by(|a, b| a.path == b.path);
+    Ok(found)
+}
+
+/// Every test executable of `packages` that `cargo test --workspace` builds (the
+/// workspace's own feature set, so nothing is rebuilt after a `cargo test --workspace`):
+/// package, its directory (where `cargo test` runs it) and path.
+pub(crate) fn workspace_test_executables(
+    packages: &[&str],
+) -> Result<Vec<(String, PathBuf, PathBuf)>, String> {
+    let mut cmd = util::cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--locked",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    let text = capture(&mut cmd)?;
+    let mut found = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with('{')) {
+        let msg = json::parse(line).map_err(|e| format!("cargo's JSON: {e}: {line}"))?;
+        if msg.get("reason").and_then(json::Value::as_str) != Some("compiler-artifact")
+            || msg.get("profile").and_then(|p| p.get("test")) != Some(&json::Value::Bool(true))
+        {
+            continue;
+        }
+        let (Some(id), Some(manifest), Some(exe)) = (
+            msg.get("package_id").and_then(json::Value::as_str),
+            msg.get("manifest_path").and_then(json::Value::as_str),
+            msg.get("executable").and_then(json::Value::as_str),
+        ) else {
+            continue;
+        };
+        let package = package_name(id);
+        if packages.contains(&package.as_str()) {
+            let dir = Path::new(manifest)
+                .parent()
+                .unwrap_or(Path::new("."))
+                .into();
+            found.push((package, dir, exe.into()));
+        }
+    }
+    found.sort();
+    found.dedup();
+    if found.is_empty() {
+        return Err(format!(
+            "no test executables of {packages:?} in `cargo test --workspace`"
+        ));
+    }
     Ok(found)
 }
 

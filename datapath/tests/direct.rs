@@ -4,7 +4,7 @@
 //! test's (`cargo xtask golden`).
 
 use hotverbs_datapath::mlx5::{
-    DirectCq, DirectError, DirectSq, MmioEvent, RecordingDoorbell, CTRL_CQ_UPDATE,
+    DirectCq, DirectError, DirectSq, Mmio, MmioEvent, RecordingDoorbell, CTRL_CQ_UPDATE,
 };
 use hotverbs_datapath::{
     ConfigError, DirectPoller, DirectRing, Local, LocalBuf, Msg, RemoteBuf, SendConfig, SendError,
@@ -1117,5 +1117,32 @@ mod prop {
         ) {
             run(depth_log, k_sel, batch_sel, ops)?;
         }
+    }
+}
+
+/// The hardware doorbell is there on the three targets with rdma-core's barriers written
+/// here, and `DirectRing::new` rings with it; elsewhere it is `None` and the ring is refused
+/// by name (`cargo xtask ci` checks that hotverbs builds for POWER, where this runs).
+#[test]
+fn the_hardware_doorbell_is_there_only_where_its_barriers_are() {
+    let supported = cfg!(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64"
+    ));
+    assert_eq!(Mmio::available().is_some(), supported);
+    let msg = DirectError::NoMmio.to_string();
+    assert!(
+        msg.contains("no MMIO doorbell") && msg.contains("SendRing, WrRing, CqPoller"),
+        "{msg}"
+    );
+    let mut sim = Mlx5Sim::new(64, 64, 0x77);
+    let sq = sq_of(&mut sim, 44);
+    // SAFETY: the simulator's send queue, used by this ring only, outliving it.
+    let r = unsafe { DirectRing::new(sq, SendConfig::new(1, 8, 44), None) };
+    if supported {
+        assert!(r.is_ok(), "{:?}", r.err());
+    } else {
+        assert_eq!(r.err(), Some(ConfigError::Direct(DirectError::NoMmio)));
     }
 }

@@ -1276,11 +1276,15 @@ impl Cq {
             // A CQ of the mlx5 direct path: libmlx5's arm would use its own consumer
             // index, which no longer follows the CQ.
             let sn = self.inner.word().arm_sn.load(Ordering::Relaxed);
+            // A direct CQ exists only where the doorbell does (Cq::direct_poller).
+            let Some(mut db) = hotverbs_datapath::mlx5::Mmio::available() else {
+                return Err(crate::direct::no_mmio("ibv_req_notify_cq"));
+            };
             // SAFETY: the doorbell record and UAR page mlx5dv_init_obj gave for this live
             // CQ; arming writes only them (as libmlx5's arm does, which we replace).
             unsafe {
                 hotverbs_datapath::mlx5::arm_cq(
-                    &mut hotverbs_datapath::mlx5::Mmio,
+                    &mut db,
                     arm.dbrec,
                     arm.uar,
                     arm.cqn,

@@ -119,6 +119,11 @@ fn config_error(verb: &'static str, e: dp::ConfigError) -> Error {
     Error::new(verb, libc::EINVAL).with_hint(e.to_string())
 }
 
+/// The direct path on a target without the hardware doorbell.
+pub(crate) fn no_mmio(verb: &'static str) -> Error {
+    Error::new(verb, libc::EOPNOTSUPP).with_hint(dp::mlx5::DirectError::NoMmio.to_string())
+}
+
 /// A [`hotverbs_datapath::DirectPoller`] on an mlx5 [`Cq`], borrowing it; made by
 /// [`Cq::direct_poller`]. While it exists it is the CQ's only poller. Derefs to the
 /// datapath poller (`poll`, `poll_into`).
@@ -465,6 +470,9 @@ impl Cq {
         const VERB: &str = "DirectPoller";
         if !self.context().is_mlx5() {
             return Err(not_mlx5(VERB, self.context()));
+        }
+        if dp::mlx5::Mmio::available().is_none() {
+            return Err(no_mmio(VERB));
         }
         // The slot first: a call refused because a verbs poller exists must leave the CQ
         // exactly as it was, and mlx5dv_init_obj would not (libmlx5 marks the CQ DV-owned

@@ -11,7 +11,8 @@
 //!    (`cargo xtask package`; not to be confused with `packages`, the Debian ones)
 //! 6. `codegen`   regenerate the bindings and diff (drift), plus a self-check that a
 //!    hand-edited generated file is caught
-//! 7. `no_std`    the no_std crates built with --no-default-features
+//! 7. `no_std`    the no_std crates built with --no-default-features, and hotverbs checked
+//!    for arm64, riscv64 and POWER Linux (`rustup target add` when missing)
 //! 8. `test`      cargo test --workspace (summary lines reach the output)
 //! 9. `faults`    the datapath, setup-layer and perf suites again on softnic's Rxe
 //!    behaviour profile (`HOTVERBS_SOFTNIC_PROFILE=rxe`), the fault-scenario suite
@@ -303,5 +304,35 @@ fn no_std() -> Result<(), String> {
         ));
     }
     eprintln!("hotverbs --no-default-features: builds, no hotverbs-softnic in its tree");
+    cross_check()
+}
+
+/// Targets hotverbs builds for besides the host: arm64 and riscv64 (the direct path's own
+/// `asm!`) and POWER (no hardware doorbell there: the direct path refuses by name, the rest
+/// must build).
+const CROSS_TARGETS: &[&str] = &[
+    "aarch64-unknown-linux-gnu",
+    "riscv64gc-unknown-linux-gnu",
+    "powerpc64le-unknown-linux-gnu",
+];
+
+/// `cargo check` of hotverbs (and so the datapath, the bindings and softnic) for each of
+/// [`CROSS_TARGETS`], adding the target's standard library with rustup when it is missing.
+/// Its own target directory: the host's artifacts stay as they are.
+fn cross_check() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map_err(|e| format!("rustup target list: {e} (the cross checks need rustup)"))?;
+    let installed = String::from_utf8_lossy(&installed.stdout).into_owned();
+    for t in CROSS_TARGETS {
+        if !installed.lines().any(|l| l.trim() == *t) {
+            run(Command::new("rustup").args(["target", "add", t]))?;
+        }
+        run(cargo()
+            .args(["check", "--locked", "-p", "hotverbs", "--target", t])
+            .env("CARGO_TARGET_DIR", root().join("target").join("cross")))?;
+    }
+    eprintln!("cross: hotverbs checks for {}", CROSS_TARGETS.join(", "));
     Ok(())
 }

@@ -346,7 +346,28 @@ pub enum DirectError {
     UnknownQp(u32),
     /// The poller already serves its maximum number of send queues.
     TooManyQps,
+    /// This target has no [`Mmio`] doorbell (hotverbs writes rdma-core's MMIO barriers for
+    /// x86-64, arm64 and riscv64 only): the direct path is refused here, the verbs rings
+    /// work.
+    NoMmio,
 }
+
+/// The target's architecture, for [`DirectError::NoMmio`]'s message.
+const TARGET_ARCH: &str = if cfg!(target_arch = "x86_64") {
+    "x86-64"
+} else if cfg!(target_arch = "aarch64") {
+    "arm64"
+} else if cfg!(target_arch = "riscv64") {
+    "riscv64"
+} else if cfg!(target_arch = "powerpc64") {
+    "powerpc64"
+} else if cfg!(target_arch = "s390x") {
+    "s390x"
+} else if cfg!(target_arch = "loongarch64") {
+    "loongarch64"
+} else {
+    "this target"
+};
 
 impl core::fmt::Display for DirectError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -379,6 +400,13 @@ impl core::fmt::Display for DirectError {
                 f,
                 "mlx5 direct poller: already serves {} send queues",
                 cq::MAX_QPS
+            ),
+            DirectError::NoMmio => write!(
+                f,
+                "mlx5 direct path: no MMIO doorbell on {}: hotverbs rings a ConnectX with \
+                 rdma-core's barriers on x86-64, arm64 and riscv64 only; use the verbs rings \
+                 (SendRing, WrRing, CqPoller), which libmlx5 drives",
+                TARGET_ARCH
             ),
         }
     }
@@ -441,9 +469,10 @@ pub unsafe trait Doorbell {
 /// Each is one `asm!` (never elided, split or merged by the compiler); the poller's
 /// `udma_from_device_barrier()` is `lfence` / `dmb oshld` / `fence ir,ir`.
 ///
-/// **Other targets have no hardware doorbell**: `Mmio` is an empty enum there (no value,
-/// so no `DirectRing::new`, which exists only on these three), and code that rings a
-/// ConnectX does not compile. rdma-core needs more than plain stores elsewhere (s390x
+/// **Other targets have no hardware doorbell**: `Mmio` is an empty enum there (no value:
+/// [`Mmio::available`] is `None` and `DirectRing::new` refuses with
+/// [`DirectError::NoMmio`]), so nothing rings a ConnectX with the wrong barriers. rdma-core
+/// needs more than plain stores elsewhere (s390x
 /// stores to PCI memory with `pcistg` or a system call; a 32-bit CPU has no 64-bit store
 /// and takes a lock) or other barriers (POWER `sync` / `lwsync`, LoongArch `dbar`); none
 /// of these is written here. The rest of the mlx5 module still builds everywhere: a
@@ -459,6 +488,27 @@ pub unsafe trait Doorbell {
 ))]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mmio;
+
+impl Mmio {
+    /// The hardware doorbell, where this target has one (x86-64, arm64, riscv64): code
+    /// that rings a ConnectX on any target asks for it and refuses the direct path with
+    /// [`DirectError::NoMmio`] where it is `None`.
+    #[inline(always)]
+    pub const fn available() -> Option<Mmio> {
+        #[cfg(any(
+            target_arch = "x86_64",
+            target_arch = "aarch64",
+            target_arch = "riscv64"
+        ))]
+        return Some(Mmio);
+        #[cfg(not(any(
+            target_arch = "x86_64",
+            target_arch = "aarch64",
+            target_arch = "riscv64"
+        )))]
+        return None;
+    }
+}
 
 /// The hardware [`Doorbell`], which this target does not have: no value exists, and no
 /// `DirectRing::new`. It exists on x86-64, arm64 and riscv64 only (the documentation

@@ -641,15 +641,13 @@ impl<D: Doorbell> core::fmt::Debug for DirectRing<D> {
     }
 }
 
-// The hardware doorbell exists on these targets only (see `Mmio`).
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "aarch64",
-    target_arch = "riscv64"
-))]
 impl DirectRing<Mmio> {
     /// A ring on the send queue `sq` with the hardware doorbell; see
     /// [`with_doorbell`](Self::with_doorbell).
+    ///
+    /// # Errors
+    /// As `with_doorbell`, and [`DirectError::NoMmio`] on a target without the hardware
+    /// doorbell ([`Mmio::available`]).
     ///
     /// # Safety
     /// As [`with_doorbell`](Self::with_doorbell).
@@ -658,8 +656,11 @@ impl DirectRing<Mmio> {
         cfg: SendConfig,
         ud: Option<DirectUd>,
     ) -> Result<Self, ConfigError> {
+        let Some(db) = Mmio::available() else {
+            return Err(ConfigError::Direct(DirectError::NoMmio));
+        };
         // SAFETY: forwarded contract.
-        unsafe { Self::with_doorbell(sq, cfg, ud, Mmio) }
+        unsafe { Self::with_doorbell(sq, cfg, ud, db) }
     }
 }
 

@@ -1664,7 +1664,12 @@ impl Fabric {
                         IBV_ACCESS_REMOTE_WRITE,
                     ) {
                         Some(seg) => seg,
-                        None => return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR),
+                        None => {
+                            if op == IBV_WR_RDMA_WRITE_WITH_IMM && reliable {
+                                self.rxe_refused_write_imm(peer);
+                            }
+                            return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR);
+                        }
                     }
                 } else {
                     Seg::default()
@@ -1878,6 +1883,32 @@ impl Fabric {
             .any(|s| self.mr_by_key(s.lkey).is_none_or(|m| m.prot != pd))
     }
 
+    /// Rxe profile: an RC WRITE_WITH_IMM the responder refuses for access (a bad rkey, an
+    /// address outside the MR, an MR without remote write) consumes the responder's next
+    /// receive and completes it with REM_ACCESS_ERR before the QP goes to ERR and flushes
+    /// the rest (issue 31, D2: what rxe0 reports). The Spec profile flushes that receive
+    /// with the others (WR_FLUSH_ERR): the IBA gives the responder's receive no status of
+    /// its own for a request it rejected.
+    #[cold]
+    fn rxe_refused_write_imm(&mut self, pi: usize) {
+        if !self.qp(pi).rxe {
+            return;
+        }
+        let Some(r) = self.take_recv(pi) else {
+            return;
+        };
+        let cq = self.qp(pi).recv_cq;
+        let mut wc = ibv_wc {
+            wr_id: r.wr_id,
+            status: IBV_WC_REM_ACCESS_ERR,
+            qp_num: Qp::qpn(pi),
+            ..Default::default()
+        };
+        rxe_error_wc(&mut wc);
+        self.give_back_recv(pi, r);
+        self.push_cqe(cq, wc, false);
+    }
+
     /// A responder-side failure: RC gets the NAK status and the responder goes to ERR
     /// (rxe S9/S10); UC silently drops the message.
     fn remote_fail(
@@ -1976,11 +2007,11 @@ impl Fabric {
                 let room: usize = dst.iter().map(|s| s.len).sum();
                 let hdr = if ud { GRH_LEN } else { 0 };
                 if len + hdr > room {
-                    status = self.short_receive(rxe, ud, src_qpn, &dst, src, room);
+                    status = self.short_receive(rxe, ud, (src_qpn, pi, len, imm), &dst, src, room);
                 } else {
                     if ud {
                         // `as_mut_ptr`: see the atomics' result bytes in execute_inner.
-                        let mut grh = self.grh_bytes(src_qpn, pi, len);
+                        let mut grh = self.grh_bytes(src_qpn, pi, len, imm.is_some());
                         // softnic's own buffer: its own region (mem's module docs).
                         let s = [Seg::own(grh.as_mut_ptr(), GRH_LEN)];
                         // SAFETY: dst resolved and checked to hold hdr + len bytes.
@@ -2025,22 +2056,34 @@ impl Fabric {
         }
     }
 
-    /// A message longer than the receive buffer (`room` bytes in `dst`): LOC_LEN_ERR, nothing
-    /// written (man/IBA). rxe S11/S18: LOC_QP_OP_ERR, and on RC/UC the packets that fit
-    /// whole (path MTU of the sender) were written before the one that did not.
+    /// A message longer than the receive buffer (`room` bytes in `dst`; `msg`: the sender's
+    /// QPN, the receiving QP, the length, the immediate): LOC_LEN_ERR, nothing written (man/IBA). rxe
+    /// S11/S18: LOC_QP_OP_ERR, and on RC/UC the packets that fit whole (path MTU of the
+    /// sender) were written before the one that did not; on UD the 40-byte GRH area is
+    /// written when it fits, the payload not (issue 31, D4: rxe copies the GRH before it
+    /// finds the payload too long). The man pages leave the buffer's contents undefined
+    /// after an error completion: the Spec profile writes nothing, the Rxe profile what rxe
+    /// writes.
     #[cold]
     #[inline(never)]
     fn short_receive(
         &self,
         rxe: bool,
         ud: bool,
-        src_qpn: u32,
+        msg: (u32, usize, usize, Option<u32>),
         dst: &[Seg],
         src: &[Seg],
         room: usize,
     ) -> ibv_wc_status {
+        let (src_qpn, pi, len, imm) = msg;
         if !rxe {
             return IBV_WC_LOC_LEN_ERR;
+        }
+        if ud && room >= GRH_LEN {
+            let mut grh = self.grh_bytes(src_qpn, pi, len, imm.is_some());
+            let s = [Seg::own(grh.as_mut_ptr(), GRH_LEN)];
+            // SAFETY: dst resolved with room >= GRH_LEN bytes; `grh` is softnic's own buffer.
+            unsafe { mem::scatter(dst, 0, &s, 0, GRH_LEN) };
         }
         if !ud {
             let mtu = self.qp_idx_by_qpn(src_qpn).map_or(ACTIVE_MTU, |s| {
@@ -2057,8 +2100,12 @@ impl Fabric {
     }
 
     /// The 40-byte GRH area of a UD receive: as rxe writes it for RoCE v2 over IPv4, 20
-    /// zero bytes then the IPv4 header (rxe S18).
-    fn grh_bytes(&self, src_qpn: u32, dst_qi: usize, len: usize) -> [u8; GRH_LEN] {
+    /// zero bytes then the IPv4 header (rxe S18), in both profiles. The header is the
+    /// packet's: its total length counts IPv4 (20) + UDP (8) + BTH (12) + DETH (8), the
+    /// immediate (4) when there is one, the payload padded to 4 bytes, and the ICRC (4);
+    /// don't-fragment is set (issue 31, D3: rxe0 wrote 52 + pad4(len) + 4 with immediate,
+    /// DF set, where softnic had counted neither DETH nor the pad).
+    fn grh_bytes(&self, src_qpn: u32, dst_qi: usize, len: usize, imm: bool) -> [u8; GRH_LEN] {
         let mut g = [0u8; GRH_LEN];
         let sip = self
             .qp_idx_by_qpn(src_qpn)
@@ -2069,8 +2116,10 @@ impl Fabric {
             .map_or([0; 4], |q| self.ctx_dev(q.ctx).ipv4);
         let ip = &mut g[20..];
         ip[0] = 0x45;
-        let tot = (20 + 8 + 12 + len + 4) as u16; // IPv4 + UDP + BTH/DETH + ICRC
+        // IPv4 + UDP + BTH + DETH (+ ImmDt) + payload and pad + ICRC.
+        let tot = (20 + 8 + 12 + 8 + if imm { 4 } else { 0 } + len.next_multiple_of(4) + 4) as u16;
         ip[2..4].copy_from_slice(&tot.to_be_bytes());
+        ip[6] = 0x40; // flags: don't fragment
         ip[8] = 64; // TTL
         ip[9] = 17; // UDP
         ip[12..16].copy_from_slice(&sip);
@@ -2102,8 +2151,11 @@ impl Fabric {
             // rxe S18: a UD message larger than the path MTU is silently dropped.
             return IBV_WC_SUCCESS;
         }
-        let own_qkey = self.qp(qi).attr.qkey;
-        let qkey = if e.remote_qkey & 0x8000_0000 != 0 {
+        let (own_qkey, rxe) = (self.qp(qi).attr.qkey, self.qp(qi).rxe);
+        // IBA: a remote Q_Key with the high bit set means the sending QP's own. rxe sends the
+        // value as it is, so such a datagram meets the target's Q_Key only if that is the
+        // value itself (issue 31, D1: rxe0 dropped it, softnic delivered it).
+        let qkey = if e.remote_qkey & 0x8000_0000 != 0 && !rxe {
             own_qkey
         } else {
             e.remote_qkey

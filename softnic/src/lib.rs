@@ -275,12 +275,19 @@
 //!   raises IBV_EVENT_QP_FATAL (IBA; rxe raises none, G7), and IBV_EVENT_QP_LAST_WQE_REACHED
 //!   when it uses an SRQ.
 //! - UD: AH + remote QPN + Q_Key (remote_qkey with the high bit set means the QP's own
-//!   Q_Key, IBA); the AH's dgid must be a GID of the target's device; a wrong Q_Key, QPN,
-//!   GID, non-UD target or a message larger than the 1024-byte path MTU is dropped and the
-//!   sender succeeds (rxe S18). The receive gets a 40-byte GRH area: 20 zero bytes then
-//!   the IPv4 header, as rxe writes for RoCE v2 (rxe S18), byte_len = 40 + payload,
-//!   IBV_WC_GRH. A too-short UD receive completes with LOC_LEN_ERR and that UD QP goes to
-//!   ERR (rxe S18; the man page expects LOC_LEN_ERR).
+//!   Q_Key, IBA; the Rxe profile sends it as it is, as rxe does, so it is dropped unless
+//!   the target's Q_Key is that value); the AH's dgid must be a GID of the target's device;
+//!   a wrong Q_Key, QPN, GID, non-UD target or a message larger than the 1024-byte path
+//!   MTU is dropped and the sender succeeds (rxe S18). The receive gets a 40-byte GRH area:
+//!   20 zero bytes then the IPv4 header of the RoCE v2 packet rxe would have received
+//!   (total length 20 + 8 UDP + 12 BTH + 8 DETH, + 4 with immediate, + the payload padded
+//!   to 4, + 4 ICRC; don't-fragment set; checksum), byte_len = 40 + payload, IBV_WC_GRH.
+//!   A too-short UD receive completes with LOC_LEN_ERR, nothing written (Spec), or
+//!   LOC_QP_OP_ERR with the GRH area written when it fits (Rxe, as rxe0 does), and that UD
+//!   QP goes to ERR (rxe S18; the man page expects LOC_LEN_ERR).
+//! - An RC WRITE_WITH_IMM the responder refuses for access: the requester gets
+//!   REM_ACCESS_ERR; the responder's next receive is flushed with the rest (Spec) or, as
+//!   rxe0 does, completed with REM_ACCESS_ERR itself before the rest are flushed (Rxe).
 //! - Multicast: `ibv_attach_mcast` on UD QPs with a multicast GID (ff..), EINVAL otherwise;
 //!   a UD send to a multicast dgid with remote_qpn 0xFFFFFF reaches every attached QP
 //!   (whose Q_Key matches) except the sender. Detaching an unattached QP -> EINVAL.

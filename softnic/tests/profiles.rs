@@ -949,3 +949,222 @@ fn s21_send_with_inv() {
         }
     }
 }
+
+// ------------------------------------------------ issue 31: departures rxe0 showed
+
+/// A UD pair (both QPs with `common::connect`'s Q_Key) on one CQ, and a registered buffer.
+struct UdPair {
+    // Keeps the device (and its PD) open while the QPs live.
+    _dev: Dev,
+    cq: *mut ibv_cq,
+    a: *mut ibv_qp,
+    b: *mut ibv_qp,
+    buf: Buf,
+    ah: *mut ibv_ah,
+}
+
+fn ud_pair(p: Profile) -> UdPair {
+    let dev = Dev::with_profile(p);
+    let cq = dev.cq(64);
+    let a = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
+    let b = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
+    connect(a, dev.ctx, 0, 0, 0);
+    connect(b, dev.ctx, 0, 0, 0);
+    let buf = dev.buf(8192, ALL_ACCESS);
+    let mut attr = ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    attr.grh.dgid = gid(dev.ctx, 1);
+    attr.grh.sgid_index = 1;
+    attr.grh.hop_limit = 64;
+    let ah = create_ah(dev.pd, &mut attr);
+    assert!(!ah.is_null(), "create_ah errno {}", errno());
+    UdPair {
+        _dev: dev,
+        cq,
+        a,
+        b,
+        buf,
+        ah,
+    }
+}
+
+/// A signaled UD WR from `u.a` to `u.b` with Q_Key `qkey`.
+fn ud_to_b(u: &UdPair, id: u64, sge: &mut [ibv_sge], qkey: u32, op: ibv_wr_opcode) -> ibv_send_wr {
+    let mut wr = send_wr(id, op, sge, IBV_SEND_SIGNALED);
+    wr.wr.ud.ah = u.ah;
+    wr.wr.ud.remote_qpn = qpn(u.b);
+    wr.wr.ud.remote_qkey = qkey;
+    wr
+}
+
+/// The Q_Key `common::connect` gives UD QPs.
+fn ud_qkey(qp: *mut ibv_qp) -> u32 {
+    let mut attr = ibv_qp_attr::default();
+    let mut init = ibv_qp_init_attr::default();
+    assert_eq!(query_qp(qp, &mut attr, IBV_QP_QKEY, &mut init), 0);
+    attr.qkey
+}
+
+/// D1: a remote Q_Key with the high bit set. IBA (Spec): the sending QP's own Q_Key is
+/// used, so the datagram arrives; rxe sends the value as it is, which is not the target's
+/// Q_Key: dropped, the receive still posted (flushed by the reset here).
+#[test]
+fn d1_remote_qkey_with_the_high_bit() {
+    for p in PROFILES {
+        let mut u = ud_pair(p);
+        u.buf.fill(0, &[7; 16]);
+        assert_eq!(post_recv(u.b, 1, &mut [u.buf.sge(1024, 256)]), 0);
+        let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, 16)], 0x8000_0000, IBV_WR_SEND);
+        assert_eq!(post(u.a, &mut wr), 0);
+        let wcs = drain(u.cq);
+        let recv: Vec<_> = wcs.iter().filter(|w| w.opcode == IBV_WC_RECV).collect();
+        match p {
+            Spec => {
+                assert_eq!(recv.len(), 1, "{p:?}");
+                assert_eq!((recv[0].wr_id, recv[0].byte_len), (1, 56), "{p:?}");
+            }
+            _ => assert!(recv.is_empty(), "{p:?}: rxe drops it ({:?})", ids(&wcs)),
+        }
+        let sends: Vec<_> = wcs
+            .iter()
+            .filter(|w| w.opcode == IBV_WC_SEND)
+            .copied()
+            .collect();
+        assert_eq!(
+            ids(&sends),
+            [(2, IBV_WC_SUCCESS)],
+            "{p:?}: the sender succeeds"
+        );
+        // The QPs' own Q_Key is an ordinary one (the high bit is the WR's meaning only).
+        assert_eq!(ud_qkey(u.a) & 0x8000_0000, 0);
+    }
+}
+
+/// D2: an RC WRITE_WITH_IMM refused for access (a bad rkey, before the MR, across its end,
+/// an MR without remote write), with a receive posted at the responder. Both profiles: the
+/// requester gets REM_ACCESS_ERR. The responder's receive: flushed with the rest in Spec;
+/// rxe completes it with REM_ACCESS_ERR itself, then flushes the rest.
+#[test]
+fn d2_refused_write_with_imm_and_the_responders_receive() {
+    for p in PROFILES {
+        for case in 0..4 {
+            let mut x = pair(p, IBV_QPT_RC, 16, 7);
+            let ro = x.dev.buf(256, IBV_ACCESS_LOCAL_WRITE);
+            let (addr, rkey) = match case {
+                0 => (x.buf_b.addr(), 0x1234_5600),
+                1 => (x.buf_b.addr() - 64, x.buf_b.rkey()),
+                2 => (x.buf_b.addr() + 4096 - 32, x.buf_b.rkey()),
+                _ => (ro.addr(), ro.rkey()),
+            };
+            assert_eq!(post_recv(x.b, 50, &mut [x.buf_b.sge(0, 64)]), 0);
+            assert_eq!(post_recv(x.b, 51, &mut [x.buf_b.sge(64, 64)]), 0);
+            x.buf_a.fill(0, &[9; 64]);
+            let mut sge = [x.buf_a.sge(0, 64)];
+            let mut wr = rdma(
+                send_wr(7, IBV_WR_RDMA_WRITE_WITH_IMM, &mut sge, IBV_SEND_SIGNALED),
+                addr,
+                rkey,
+            );
+            wr.__bindgen_anon_1.imm_data = 5u32.to_be();
+            assert_eq!(post(x.a, &mut wr), 0);
+            assert_eq!(
+                ids(&drain(x.cq_a)),
+                [(7, IBV_WC_REM_ACCESS_ERR)],
+                "{p:?} {case}"
+            );
+            let first = match p {
+                Spec => IBV_WC_WR_FLUSH_ERR,
+                _ => IBV_WC_REM_ACCESS_ERR,
+            };
+            assert_eq!(
+                ids(&drain(x.cq_b)),
+                [(50, first), (51, IBV_WC_WR_FLUSH_ERR)],
+                "{p:?} case {case}"
+            );
+            assert_eq!(state(x.b), IBV_QPS_ERR, "{p:?} {case}");
+            assert_eq!(
+                x.buf_b.bytes(0, 128),
+                vec![0; 128],
+                "{p:?} {case}: nothing written"
+            );
+        }
+    }
+}
+
+/// D3: the IPv4 header in a UD receive's GRH area is the RoCE v2 packet's, in both
+/// profiles: total length 20 (IPv4) + 8 (UDP) + 12 (BTH) + 8 (DETH) [+ 4 immediate] +
+/// payload padded to 4 + 4 (ICRC), don't-fragment set, a valid checksum.
+#[test]
+fn d3_the_grh_areas_ipv4_header_is_the_packets() {
+    for p in PROFILES {
+        for (len, with_imm) in [
+            (1usize, false),
+            (8, false),
+            (100, false),
+            (1, true),
+            (8, true),
+        ] {
+            let u = ud_pair(p);
+            assert_eq!(post_recv(u.b, 1, &mut [u.buf.sge(1024, 512)]), 0);
+            let op = if with_imm {
+                IBV_WR_SEND_WITH_IMM
+            } else {
+                IBV_WR_SEND
+            };
+            let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, len as u32)], ud_qkey(u.b), op);
+            assert_eq!(post(u.a, &mut wr), 0);
+            let wcs = drain(u.cq);
+            assert!(
+                wcs.iter().any(|w| w.wr_id == 1 && w.status == 0),
+                "{p:?} {:?}",
+                ids(&wcs)
+            );
+            let ip = u.buf.bytes(1024 + 20, 20);
+            let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+            let want = 52 + len.next_multiple_of(4) + if with_imm { 4 } else { 0 };
+            assert_eq!(total, want, "{p:?} len {len} imm {with_imm}");
+            assert_eq!(ip[6] & 0x40, 0x40, "{p:?}: don't fragment");
+            let sum: u32 = ip
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .sum();
+            let folded = (sum & 0xffff) + (sum >> 16);
+            assert_eq!(folded, 0xffff, "{p:?}: the header checksum");
+        }
+    }
+}
+
+/// D4: a UD SEND of 16 bytes into a 41-byte receive (the GRH fits, the payload not). Spec:
+/// LOC_LEN_ERR, nothing written (the man pages leave the buffer undefined after an error;
+/// Spec writes nothing). rxe: LOC_QP_OP_ERR with the 40-byte GRH area written.
+#[test]
+fn d4_a_ud_receive_too_short_for_the_payload() {
+    for p in PROFILES {
+        let mut u = ud_pair(p);
+        u.buf.fill(1024, &[0xee; 64]);
+        assert_eq!(post_recv(u.b, 1, &mut [u.buf.sge(1024, 41)]), 0);
+        let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, 16)], ud_qkey(u.b), IBV_WR_SEND);
+        assert_eq!(post(u.a, &mut wr), 0);
+        let wcs = drain(u.cq);
+        let (status, grh_written) = match p {
+            Spec => (IBV_WC_LOC_LEN_ERR, false),
+            _ => (IBV_WC_LOC_QP_OP_ERR, true),
+        };
+        assert!(
+            wcs.iter().any(|w| w.wr_id == 1 && w.status == status),
+            "{p:?} {:?}",
+            ids(&wcs)
+        );
+        let area = u.buf.bytes(1024, 41);
+        if grh_written {
+            assert_eq!(area[..20], [0; 20], "{p:?}");
+            assert_eq!(area[20], 0x45, "{p:?}: the IPv4 header");
+        } else {
+            assert_eq!(area, vec![0xee; 41], "{p:?}");
+        }
+        assert_eq!(area[40], 0xee, "{p:?}: no payload byte");
+    }
+}

@@ -1,0 +1,220 @@
+//! Four behaviours where softnic's Rxe profile departed from rxe0 (issue 31, D1-D4), through
+//! the public API, on the device of `cargo xtask rxe` (rxe0) and on softnic in both profiles
+//! (the `real_device*` convention: `hotverbs::testing::device_or_softnic_profiles`). rxe and
+//! softnic's Rxe profile must answer alike; softnic's Spec profile answers as the man pages
+//! and the IBA say, where they say. Each scenario waits for every WR it posts: nothing here
+//! depends on timing.
+
+use std::time::Duration;
+
+use hotverbs::testing::{device_or_softnic_profiles, gid_index};
+use hotverbs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+/// The Spec profile (the man pages); anything else behaves as rxe.
+fn spec(label: &str) -> bool {
+    label == "softnic-spec"
+}
+
+fn port_info(ctx: &Context) -> PortInfo {
+    ctx.port_info(None, gid_index()).unwrap()
+}
+
+/// Two UD QPs on one CQ, connected with `DEFAULT_QKEY`, and an AH to the port's own GID.
+fn ud_pair(ctx: &Context, pd: &Pd, cq: &Cq) -> (Qp, Qp, Ah) {
+    let info = port_info(ctx);
+    let a = QpBuilder::new(pd, cq, cq, QpType::Ud).build().unwrap();
+    let b = QpBuilder::new(pd, cq, cq, QpType::Ud).build().unwrap();
+    let o = ConnectOptions::default();
+    a.connect(&info, &Endpoint::default(), &o).unwrap();
+    b.connect(&info, &Endpoint::default(), &o).unwrap();
+    let ah = pd
+        .create_ah(&AhAttr::from_port(&info, info.gid, info.lid))
+        .unwrap();
+    (a, b, ah)
+}
+
+/// The completions of the given `wr_id`s on `cq` (in any order), waited for one by one.
+fn wait_for(cq: &Cq, ids: &[u64]) -> Vec<Wc> {
+    let mut got: Vec<Wc> = Vec::new();
+    while got.len() < ids.len() {
+        let wc = cq.wait_one(T).unwrap();
+        assert!(ids.contains(&wc.wr_id()), "unexpected completion {wc:?}");
+        got.push(wc);
+    }
+    got.sort_by_key(|w| ids.iter().position(|&i| i == w.wr_id()));
+    got
+}
+
+/// D1: a UD SEND whose remote Q_Key has the high bit set. IBA (Spec): the sending QP's own
+/// Q_Key is used and the datagram arrives; rxe sends the value as it is and the target
+/// drops it. A second SEND with the right Q_Key tells which: the first posted receive gets
+/// the first datagram that arrived (on rxe, the receive left posted is flushed with the QP).
+#[test]
+fn d1_remote_qkey_with_the_high_bit() {
+    for (label, ctx) in device_or_softnic_profiles("d1_remote_qkey_with_the_high_bit", "d1") {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let (a, b, ah) = ud_pair(&ctx, &pd, &cq);
+        let mut tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+        tx.write_from(0, b"AAAABBBB").unwrap();
+        // SAFETY: the buffers are not touched until their completions.
+        unsafe {
+            b.post_recv(1, &[rx.local(0, 256).unwrap()]).unwrap();
+            b.post_recv(2, &[rx.local(256, 256).unwrap()]).unwrap();
+            let first = [tx.local(0, 4).unwrap()];
+            a.post_send(&SendWr::ud(10, &first, &ah, b.qp_num(), 0x8000_0000).signaled())
+                .unwrap();
+            let second = [tx.local(4, 4).unwrap()];
+            a.post_send(&SendWr::ud(11, &second, &ah, b.qp_num(), DEFAULT_QKEY).signaled())
+                .unwrap();
+        }
+        // Every completion there is to wait for: both sends, and one receive per datagram
+        // delivered (two in Spec, one on rxe).
+        let ids: &[u64] = if spec(&label) {
+            &[10, 11, 1, 2]
+        } else {
+            &[10, 11, 1]
+        };
+        let w = wait_for(&cq, ids);
+        assert!(w.iter().all(|w| w.status().is_ok()), "{label}");
+        let first = rx.read_vec(40, 4).unwrap();
+        let want: &[u8] = if spec(&label) { b"AAAA" } else { b"BBBB" };
+        assert_eq!(first, want, "{label}: the first receive's payload");
+    }
+}
+
+/// D2: an RC WRITE_WITH_IMM to a bad rkey with a receive posted at the responder. The
+/// requester: REM_ACCESS_ERR everywhere. The responder's receive: flushed (WR_FLUSH_ERR) in
+/// Spec, REM_ACCESS_ERR on rxe.
+#[test]
+fn d2_refused_write_with_imm_and_the_responders_receive() {
+    let name = "d2_refused_write_with_imm_and_the_responders_receive";
+    for (label, ctx) in device_or_softnic_profiles(name, "d2") {
+        let info = port_info(&ctx);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq_a = ctx.create_cq(16, None).unwrap();
+        let cq_b = ctx.create_cq(16, None).unwrap();
+        let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
+            .build()
+            .unwrap();
+        let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+            .build()
+            .unwrap();
+        let o = ConnectOptions::default();
+        a.connect(&info, &b.endpoint(&info), &o).unwrap();
+        b.connect(&info, &a.endpoint(&info), &o).unwrap();
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd.alloc_mr(256, rw).unwrap();
+        let bad = RemoteMr {
+            rkey: rx.remote().rkey ^ 0x5a5a_0000,
+            ..rx.remote()
+        };
+        // SAFETY: the buffers are not touched until their completions.
+        unsafe {
+            b.post_recv(50, &[rx.local(0, 64).unwrap()]).unwrap();
+            let sge = [tx.local(0, 64).unwrap()];
+            a.post_send(&SendWr::write(7, &sge, bad).imm(5).signaled())
+                .unwrap();
+        }
+        let wa = wait_for(&cq_a, &[7]);
+        assert_eq!(wa[0].status_name(), "IBV_WC_REM_ACCESS_ERR", "{label}");
+        let wb = wait_for(&cq_b, &[50]);
+        let want = if spec(&label) {
+            "IBV_WC_WR_FLUSH_ERR"
+        } else {
+            "IBV_WC_REM_ACCESS_ERR"
+        };
+        assert_eq!(
+            wb[0].status_name(),
+            want,
+            "{label}: the responder's receive"
+        );
+    }
+}
+
+/// D3: the IPv4 header in a UD receive's GRH area is the RoCE v2 packet's: total length
+/// 20 + 8 (UDP) + 12 (BTH) + 8 (DETH) [+ 4 immediate] + payload padded to 4 + 4 (ICRC),
+/// don't-fragment set, a valid header checksum, everywhere.
+#[test]
+fn d3_the_grh_areas_ipv4_header_is_the_packets() {
+    let name = "d3_the_grh_areas_ipv4_header_is_the_packets";
+    for (label, ctx) in device_or_softnic_profiles(name, "d3") {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let (a, b, ah) = ud_pair(&ctx, &pd, &cq);
+        let tx = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd.alloc_mr(512, AccessFlags::LOCAL_WRITE).unwrap();
+        let cases = [
+            (1usize, false),
+            (8, false),
+            (100, false),
+            (1, true),
+            (8, true),
+        ];
+        for (i, &(len, with_imm)) in cases.iter().enumerate() {
+            let (r, s) = (100 + i as u64, 200 + i as u64);
+            // SAFETY: the buffers are not touched until their completions.
+            unsafe {
+                b.post_recv(r, &[rx.local(0, 512).unwrap()]).unwrap();
+                let sge = [tx.local(0, len).unwrap()];
+                let wr = SendWr::ud(s, &sge, &ah, b.qp_num(), DEFAULT_QKEY).signaled();
+                a.post_send(&if with_imm { wr.imm(3) } else { wr }).unwrap();
+            }
+            let w = wait_for(&cq, &[s, r]);
+            assert!(w[1].status().is_ok(), "{label} {len} {with_imm}");
+            let ip = rx.read_vec(20, 20).unwrap();
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let want = 52 + len.next_multiple_of(4) + if with_imm { 4 } else { 0 };
+            assert_eq!(total, want, "{label}: len {len}, immediate {with_imm}");
+            assert_eq!(ip[6] & 0x40, 0x40, "{label}: don't fragment");
+            let sum: u32 = ip
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .sum();
+            assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "{label}: checksum");
+        }
+    }
+}
+
+/// D4: a UD SEND of 16 bytes into a 41-byte receive. Spec: LOC_LEN_ERR, the buffer
+/// untouched (the man pages leave it undefined); rxe: LOC_QP_OP_ERR with the 40-byte GRH
+/// area written, no payload byte.
+#[test]
+fn d4_a_ud_receive_too_short_for_the_payload() {
+    let name = "d4_a_ud_receive_too_short_for_the_payload";
+    for (label, ctx) in device_or_softnic_profiles(name, "d4") {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let (a, b, ah) = ud_pair(&ctx, &pd, &cq);
+        let tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        rx.write_from(0, &[0xee; 64]).unwrap();
+        // SAFETY: the buffers are not touched until their completions.
+        unsafe {
+            b.post_recv(1, &[rx.local(0, 41).unwrap()]).unwrap();
+            let sge = [tx.local(0, 16).unwrap()];
+            a.post_send(&SendWr::ud(2, &sge, &ah, b.qp_num(), DEFAULT_QKEY).signaled())
+                .unwrap();
+        }
+        let w = wait_for(&cq, &[2, 1]);
+        assert!(w[0].status().is_ok(), "{label}: the sender succeeds");
+        let area = rx.read_vec(0, 41).unwrap();
+        if spec(&label) {
+            assert_eq!(w[1].status_name(), "IBV_WC_LOC_LEN_ERR", "{label}");
+            assert_eq!(area, vec![0xee; 41], "{label}: untouched");
+        } else {
+            assert_eq!(w[1].status_name(), "IBV_WC_LOC_QP_OP_ERR", "{label}");
+            assert_eq!(
+                area[..20],
+                [0; 20],
+                "{label}: the GRH area's first 20 bytes"
+            );
+            assert_eq!(area[20], 0x45, "{label}: the IPv4 header");
+            assert_eq!(area[40], 0xee, "{label}: no payload byte");
+        }
+    }
+}

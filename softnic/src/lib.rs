@@ -281,7 +281,7 @@
 //!   MTU is dropped and the sender succeeds (rxe S18). The receive gets a 40-byte GRH area:
 //!   20 zero bytes then the IPv4 header of the RoCE v2 packet rxe would have received
 //!   (total length 20 + 8 UDP + 12 BTH + 8 DETH, + 4 with immediate, + the payload padded
-//!   to 4, + 4 ICRC; don't-fragment set; checksum), byte_len = 40 + payload, IBV_WC_GRH.
+//!   to 4, + 4 ICRC; don't-fragment set; the checksum in Spec, 0 in Rxe as rxe0 writes), byte_len = 40 + payload, IBV_WC_GRH.
 //!   A too-short UD receive completes with LOC_LEN_ERR, nothing written (Spec), or
 //!   LOC_QP_OP_ERR with the GRH area written when it fits (Rxe, as rxe0 does), and that UD
 //!   QP goes to ERR (rxe S18; the man page expects LOC_LEN_ERR).

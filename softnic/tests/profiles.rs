@@ -1017,7 +1017,8 @@ fn d1_remote_qkey_with_the_high_bit() {
         let mut u = ud_pair(p);
         u.buf.fill(0, &[7; 16]);
         assert_eq!(post_recv(u.b, 1, &mut [u.buf.sge(1024, 256)]), 0);
-        let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, 16)], 0x8000_0000, IBV_WR_SEND);
+        let mut sge = [u.buf.sge(0, 16)];
+        let mut wr = ud_to_b(&u, 2, &mut sge, 0x8000_0000, IBV_WR_SEND);
         assert_eq!(post(u.a, &mut wr), 0);
         let wcs = drain(u.cq);
         let recv: Vec<_> = wcs.iter().filter(|w| w.opcode == IBV_WC_RECV).collect();
@@ -1115,7 +1116,8 @@ fn d3_the_grh_areas_ipv4_header_is_the_packets() {
             } else {
                 IBV_WR_SEND
             };
-            let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, len as u32)], ud_qkey(u.b), op);
+            let mut sge = [u.buf.sge(0, len as u32)];
+            let mut wr = ud_to_b(&u, 2, &mut sge, ud_qkey(u.b), op);
             assert_eq!(post(u.a, &mut wr), 0);
             let wcs = drain(u.cq);
             assert!(
@@ -1151,7 +1153,8 @@ fn d4_a_ud_receive_too_short_for_the_payload() {
         let mut u = ud_pair(p);
         u.buf.fill(1024, &[0xee; 64]);
         assert_eq!(post_recv(u.b, 1, &mut [u.buf.sge(1024, 41)]), 0);
-        let mut wr = ud_to_b(&u, 2, &mut [u.buf.sge(0, 16)], ud_qkey(u.b), IBV_WR_SEND);
+        let mut sge = [u.buf.sge(0, 16)];
+        let mut wr = ud_to_b(&u, 2, &mut sge, ud_qkey(u.b), IBV_WR_SEND);
         assert_eq!(post(u.a, &mut wr), 0);
         let wcs = drain(u.cq);
         let (status, grh_written) = match p {

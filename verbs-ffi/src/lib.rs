@@ -187,9 +187,46 @@ pub fn wc_status_name(status: ibv_wc_status) -> &'static str {
     }
 }
 
+/// The name of an `ibv_wc_opcode` (`"IBV_WC_RECV_RDMA_WITH_IMM"`), for messages and
+/// traces; meaningful on a successful completion only (verbs leave it undefined on an
+/// error one).
+pub fn wc_opcode_name(opcode: ibv_wc_opcode) -> &'static str {
+    match opcode {
+        IBV_WC_SEND => "IBV_WC_SEND",
+        IBV_WC_RDMA_WRITE => "IBV_WC_RDMA_WRITE",
+        IBV_WC_RDMA_READ => "IBV_WC_RDMA_READ",
+        IBV_WC_COMP_SWAP => "IBV_WC_COMP_SWAP",
+        IBV_WC_FETCH_ADD => "IBV_WC_FETCH_ADD",
+        IBV_WC_BIND_MW => "IBV_WC_BIND_MW",
+        IBV_WC_LOCAL_INV => "IBV_WC_LOCAL_INV",
+        IBV_WC_TSO => "IBV_WC_TSO",
+        IBV_WC_ATOMIC_WRITE => "IBV_WC_ATOMIC_WRITE",
+        IBV_WC_RECV => "IBV_WC_RECV",
+        IBV_WC_RECV_RDMA_WITH_IMM => "IBV_WC_RECV_RDMA_WITH_IMM",
+        IBV_WC_TM_ADD => "IBV_WC_TM_ADD",
+        IBV_WC_TM_DEL => "IBV_WC_TM_DEL",
+        IBV_WC_TM_SYNC => "IBV_WC_TM_SYNC",
+        IBV_WC_TM_RECV => "IBV_WC_TM_RECV",
+        IBV_WC_TM_NO_TAG => "IBV_WC_TM_NO_TAG",
+        _ => "IBV_WC_<unknown opcode>",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wc_opcode_names_are_the_constants_names() {
+        assert_eq!(wc_opcode_name(IBV_WC_SEND), "IBV_WC_SEND");
+        assert_eq!(wc_opcode_name(IBV_WC_RECV), "IBV_WC_RECV");
+        assert_eq!(
+            wc_opcode_name(IBV_WC_RECV_RDMA_WITH_IMM),
+            "IBV_WC_RECV_RDMA_WITH_IMM"
+        );
+        assert_eq!(wc_opcode_name(IBV_WC_FETCH_ADD), "IBV_WC_FETCH_ADD");
+        assert_eq!(wc_opcode_name(8), "IBV_WC_<unknown opcode>");
+    }
 
     #[test]
     fn errno_names_match_libc() {

@@ -1409,6 +1409,11 @@ impl Wc {
     pub fn opcode(&self) -> u32 {
         self.0.opcode
     }
+    /// The name of [`opcode`](Self::opcode) (`"IBV_WC_RECV_RDMA_WITH_IMM"`); as the
+    /// opcode, meaningful on a successful completion only.
+    pub fn opcode_name(&self) -> &'static str {
+        hotverbs_ffi::wc_opcode_name(self.0.opcode)
+    }
     /// Bytes received (receives) or transferred.
     pub fn byte_len(&self) -> u32 {
         self.0.byte_len
@@ -1476,7 +1481,7 @@ impl fmt::Debug for Wc {
         f.debug_struct("Wc")
             .field("wr_id", &self.wr_id())
             .field("status", &self.status_name())
-            .field("opcode", &self.opcode())
+            .field("opcode", &self.opcode_name())
             .field("byte_len", &self.byte_len())
             .field("qp_num", &self.qp_num())
             .finish_non_exhaustive()

@@ -80,6 +80,12 @@ fn d1_remote_qkey_with_the_high_bit() {
         };
         let w = wait_for(&cq, ids);
         assert!(w.iter().all(|w| w.status().is_ok()), "{label}");
+        let names: Vec<_> = w.iter().map(Wc::opcode_name).collect();
+        assert_eq!(
+            names[..3],
+            ["IBV_WC_SEND", "IBV_WC_SEND", "IBV_WC_RECV"],
+            "{label}"
+        );
         let first = rx.read_vec(40, 4).unwrap();
         let want: &[u8] = if spec(&label) { b"AAAA" } else { b"BBBB" };
         assert_eq!(first, want, "{label}: the first receive's payload");

@@ -891,22 +891,7 @@ fn direct_ring(
     qp_num: u32,
     cfg: SendConfig,
 ) -> DirectRing<mlx5::RecordingDoorbell> {
-    let p = sim.ptrs();
-    let sq = mlx5::DirectSq {
-        buf: p.sq,
-        wqe_cnt: sim.wqe_cnt,
-        stride: 64,
-        dbrec: p.qp_dbrec,
-        bf_reg: p.bf_reg,
-        bf_size: 256,
-        bf_offset: 0,
-        qp_num,
-        ud: false,
-        uc: false,
-        max_inline: 64,
-        max_sge: 4,
-        wrid: p.wrid,
-    };
+    let sq = common::mlx5::sim_sq(sim, qp_num, 64, 4);
     // SAFETY: the simulator's memory outlives the ring; nothing else posts.
     unsafe { DirectRing::with_doorbell(sq, cfg, None, mlx5::RecordingDoorbell::new(sq.bf_reg)) }
         .expect("config")

@@ -952,43 +952,29 @@ fn s21_send_with_inv() {
 
 // ------------------------------------------------ issue 31: departures rxe0 showed
 
-/// A UD pair (both QPs with `common::connect`'s Q_Key) on one CQ, and a registered buffer.
+/// A UD pair on a device of profile `p` ([`Ud`]) and an AH to its own port's GID.
 struct UdPair {
-    // Keeps the device (and its PD) open while the QPs live.
-    _dev: Dev,
-    cq: *mut ibv_cq,
-    a: *mut ibv_qp,
-    b: *mut ibv_qp,
-    buf: Buf,
+    u: Ud,
     ah: *mut ibv_ah,
 }
 
-fn ud_pair(p: Profile) -> UdPair {
-    let dev = Dev::with_profile(p);
-    let cq = dev.cq(64);
-    let a = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
-    let b = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
-    connect(a, dev.ctx, 0, 0, 0);
-    connect(b, dev.ctx, 0, 0, 0);
-    let buf = dev.buf(8192, ALL_ACCESS);
-    let mut attr = ibv_ah_attr {
-        is_global: 1,
-        port_num: 1,
-        ..Default::default()
-    };
-    attr.grh.dgid = gid(dev.ctx, 1);
-    attr.grh.sgid_index = 1;
-    attr.grh.hop_limit = 64;
-    let ah = create_ah(dev.pd, &mut attr);
-    assert!(!ah.is_null(), "create_ah errno {}", errno());
-    UdPair {
-        _dev: dev,
-        cq,
-        a,
-        b,
-        buf,
-        ah,
+impl std::ops::Deref for UdPair {
+    type Target = Ud;
+    fn deref(&self) -> &Ud {
+        &self.u
     }
+}
+
+impl std::ops::DerefMut for UdPair {
+    fn deref_mut(&mut self) -> &mut Ud {
+        &mut self.u
+    }
+}
+
+fn ud_pair(p: Profile) -> UdPair {
+    let u = Ud::on(Dev::with_profile(p));
+    let ah = ah_to(&u.dev, gid(u.dev.ctx, 1));
+    UdPair { u, ah }
 }
 
 /// A signaled UD WR from `u.a` to `u.b` with Q_Key `qkey`.

@@ -6,20 +6,6 @@ use core::ptr::null_mut;
 
 const QKEY: u32 = 0x1111; // common::to_init's Q_Key
 
-fn ah_to(dev: &Dev, dgid: ibv_gid) -> *mut ibv_ah {
-    let mut a = ibv_ah_attr {
-        is_global: 1,
-        port_num: 1,
-        ..Default::default()
-    };
-    a.grh.dgid = dgid;
-    a.grh.sgid_index = 1;
-    a.grh.hop_limit = 64;
-    let ah = create_ah(dev.pd, &mut a);
-    assert!(!ah.is_null(), "create_ah errno {}", errno());
-    ah
-}
-
 fn ud_wr(
     id: u64,
     s: &mut [ibv_sge],
@@ -35,23 +21,8 @@ fn ud_wr(
     wr
 }
 
-struct Ud {
-    dev: Dev,
-    cq: *mut ibv_cq,
-    a: *mut ibv_qp,
-    b: *mut ibv_qp,
-    buf: Buf,
-}
-
 fn ud_pair() -> Ud {
-    let dev = Dev::new();
-    let cq = dev.cq(64);
-    let a = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
-    let b = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
-    connect(a, dev.ctx, 0, 0, 0);
-    connect(b, dev.ctx, 0, 0, 0);
-    let buf = dev.buf(8192, ALL_ACCESS);
-    Ud { dev, cq, a, b, buf }
+    Ud::on(Dev::new())
 }
 
 /// UD SEND and SEND_WITH_IMM: 40-byte GRH area, byte_len = 40 + payload, GRH flag, src_qp,

@@ -146,6 +146,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "fence_and_solicited_are_the_ctrl_bits_of_their_message_only",
             "a_uc_ring_posts_send_and_write_and_refuses_read_and_atomics",
             "cqes_of_128_bytes_are_read_from_their_second_half",
+            "the_hardware_doorbell_is_there_only_where_its_barriers_are",
         ],
         models: Models::Both,
         why:
@@ -167,6 +168,17 @@ const MIRI_TESTS: &[MiriTest] = &[
         models: Models::Stacked,
         why: "issue 29: the fixed-size session, window and post list write WQEs through raw \
               SQ pointers and catch a leaked session up from the doorbell record",
+    },
+    MiriTest {
+        package: "hotverbs",
+        target: "real_device_departures",
+        tests: &[
+            "d2_refused_write_with_imm_and_the_responders_receive",
+            "d4_a_ud_receive_too_short_for_the_payload",
+        ],
+        models: Models::Both,
+        why: "issue 31 D2/D4: softnic completes a receive it takes back for a refused \
+              WRITE_WITH_IMM, and scatters the GRH area into a receive too short for the rest",
     },
     MiriTest {
         package: "hotverbs-datapath",

@@ -475,3 +475,40 @@ pub fn req_notify(cq: *mut ibv_cq, solicited_only: bool) -> i32 {
     // SAFETY: cq is live (module contract).
     unsafe { inline::ibv_req_notify_cq(cq, i32::from(solicited_only)) }
 }
+
+/// Two UD QPs on one CQ, brought to RTS by [`connect`] (Q_Key 0x1111), and a registered
+/// buffer of 8 KiB.
+pub struct Ud {
+    pub dev: Dev,
+    pub cq: *mut ibv_cq,
+    pub a: *mut ibv_qp,
+    pub b: *mut ibv_qp,
+    pub buf: Buf,
+}
+
+impl Ud {
+    pub fn on(dev: Dev) -> Ud {
+        let cq = dev.cq(64);
+        let a = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
+        let b = dev.qp(IBV_QPT_UD, cq, cq, cap(8));
+        connect(a, dev.ctx, 0, 0, 0);
+        connect(b, dev.ctx, 0, 0, 0);
+        let buf = dev.buf(8192, ALL_ACCESS);
+        Ud { dev, cq, a, b, buf }
+    }
+}
+
+/// A RoCE AH on `dev`'s port 1 to `dgid`, from GID index 1.
+pub fn ah_to(dev: &Dev, dgid: ibv_gid) -> *mut ibv_ah {
+    let mut a = ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    a.grh.dgid = dgid;
+    a.grh.sgid_index = 1;
+    a.grh.hop_limit = 64;
+    let ah = create_ah(dev.pd, &mut a);
+    assert!(!ah.is_null(), "create_ah errno {}", errno());
+    ah
+}

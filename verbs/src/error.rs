@@ -499,3 +499,36 @@ mod tests {
         assert!(e.to_string().contains("drop them first"), "{e}");
     }
 }
+
+/// A refused [`Qp::post_send_chain`](crate::Qp::post_send_chain): the error, and the
+/// index of the first WR of the chain that was not posted. Every WR before it was posted
+/// (and runs); none from it on. `None` when the provider named no WR (`*bad_wr` NULL: rxe
+/// before RTS, fault-truth S1, which queues the whole chain anyway): any WR of the chain
+/// may still run once the QP is in RTS, so its memory stays in use until the QP is reset.
+///
+/// Converts into its [`Error`] (`?` in a function returning [`Result`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainError {
+    /// The verb, errno and hint, as for the WR alone.
+    pub error: Error,
+    /// The first WR not posted, or `None` when the provider did not say.
+    pub first_rejected: Option<usize>,
+}
+
+impl fmt::Display for ChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.first_rejected {
+            Some(i) => write!(f, "WR {i} of the chain (WRs before it were posted): ")?,
+            None => write!(f, "a WR of the chain (the provider named none): ")?,
+        }
+        write!(f, "{}", self.error)
+    }
+}
+
+impl std::error::Error for ChainError {}
+
+impl From<ChainError> for Error {
+    fn from(e: ChainError) -> Error {
+        e.error
+    }
+}

@@ -120,7 +120,7 @@ pub use device::{
     GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC, SOFTNIC_MLX5,
 };
 pub use direct::{DirectPoller, DirectRing, DoorbellOnly, RegisterUse};
-pub use error::{take_drop_errors, Error, RecvPostError, Result};
+pub use error::{take_drop_errors, ChainError, Error, RecvPostError, Result};
 pub use exchange::{Endpoint, ExchangeError};
 /// The datapath crate (`no_std` rings and poller), re-exported for its message and
 /// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`],

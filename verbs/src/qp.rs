@@ -19,7 +19,7 @@ use hotverbs_ffi::{
 use crate::ah::AhAttr;
 use crate::cq::Cq;
 use crate::device::{Gid, LinkLayer, Mtu, PortInfo};
-use crate::error::{record_drop_error, Error, RecvPostError, Result};
+use crate::error::{record_drop_error, ChainError, Error, RecvPostError, Result};
 use crate::exchange::Endpoint;
 use crate::mr::{AccessFlags, Lease, Mr, Sge};
 use crate::pd::Pd;
@@ -1233,7 +1233,14 @@ impl Qp {
         self.qp_type
     }
 
-    /// Actual capabilities (what the device granted, at least what was asked).
+    /// The capabilities `ibv_create_qp` returned: at least what was asked, and what the
+    /// rings and the setup layer's checks use.
+    ///
+    /// A provider may grant more than it returns here. rxe returns the requested queue
+    /// depths (4 asked, 4 returned, 7 usable) and SGE counts, while `ibv_query_qp` reports
+    /// what the queues really hold (fault-truth S3, S19): for the device's own figures,
+    /// inline limit included, read [`query`](Self::query)`()?.`[`cap`](QpAttr::cap)`()`.
+    /// Posting within `cap()` is always within the device's limits.
     pub fn cap(&self) -> QpCaps {
         self.cap.into()
     }
@@ -1572,8 +1579,68 @@ impl Qp {
         })
     }
 
+    /// INIT->RTR for a UD QP: the state alone. A UD QP has no fixed peer (each WR names
+    /// its address handle, QPN and Q_Key), so nothing else is set; [`to_rtr`](Self::to_rtr)
+    /// takes an [`RtrAttr`] whose fields a UD QP ignores.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::*;
+    /// let ctx = Context::open("softnic")?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16, None)?);
+    /// let ud = QpBuilder::new(&pd, &cq, &cq, QpType::Ud).build()?;
+    /// ud.to_init(&InitAttr { qkey: 0x1111_1111, ..InitAttr::default() })?;
+    /// ud.ud_to_rtr()?;
+    /// ud.ud_to_rts(ud.local_psn())?;
+    /// assert_eq!(ud.state()?, QpState::Rts);
+    /// # Ok::<(), hotverbs::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `Qp::ud_to_rtr: EINVAL` on a QP that is not UD (it needs [`to_rtr`](Self::to_rtr)'s
+    /// peer); `ibv_modify_qp(INIT->RTR)` with the provider's errno.
+    pub fn ud_to_rtr(&self) -> Result<()> {
+        self.only_ud("Qp::ud_to_rtr")?;
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RTR;
+        self.modify_to(&mut attr, QpAttrMask::STATE, |_, _| None)
+    }
+
+    /// RTR->RTS for a UD QP: the send PSN alone (see [`ud_to_rtr`](Self::ud_to_rtr)).
+    ///
+    /// # Errors
+    /// `Qp::ud_to_rts: EINVAL` on a QP that is not UD, or a PSN above 24 bits;
+    /// `ibv_modify_qp(RTR->RTS)` with the provider's errno.
+    pub fn ud_to_rts(&self, sq_psn: u32) -> Result<()> {
+        self.only_ud("Qp::ud_to_rts")?;
+        if sq_psn > 0x00ff_ffff {
+            return Err(Error::new("Qp::ud_to_rts", libc::EINVAL)
+                .with_hint(format!("sq_psn {sq_psn:#x}: PSNs are 24-bit")));
+        }
+        // SAFETY: plain C data.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        attr.qp_state = hotverbs_ffi::IBV_QPS_RTS;
+        attr.sq_psn = sq_psn;
+        self.modify_to(&mut attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN, |_, _| {
+            None
+        })
+    }
+
+    fn only_ud(&self, verb: &'static str) -> Result<()> {
+        if self.qp_type == QpType::Ud {
+            return Ok(());
+        }
+        Err(Error::new(verb, libc::EINVAL).with_hint(format!(
+            "a {:?} QP connects to one peer: use to_rtr / to_rts (or connect) with its \
+             endpoint",
+            self.qp_type
+        )))
+    }
+
     /// INIT->RTR: path MTU, remote QPN, receive PSN, address, and for RC
-    /// `max_dest_rd_atomic` and `min_rnr_timer`. For UD only the state changes.
+    /// `max_dest_rd_atomic` and `min_rnr_timer`. For UD only the state changes (say so
+    /// with [`ud_to_rtr`](Self::ud_to_rtr)).
     pub fn to_rtr(&self, a: &RtrAttr) -> Result<()> {
         // SAFETY: plain C data.
         let mut attr: ibv_qp_attr = unsafe { zeroed() };
@@ -1635,7 +1702,8 @@ impl Qp {
         })
     }
 
-    /// RTR->RTS: send PSN, and for RC timeout, retries and `max_rd_atomic`.
+    /// RTR->RTS: send PSN, and for RC timeout, retries and `max_rd_atomic` (for UD only
+    /// the PSN: [`ud_to_rts`](Self::ud_to_rts)).
     pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
         // SAFETY: plain C data.
         let mut attr: ibv_qp_attr = unsafe { zeroed() };
@@ -2004,69 +2072,136 @@ impl Qp {
     /// As [`post_send`](Self::post_send) for the memory the WR's payload and remote window
     /// describe.
     unsafe fn post_send_wr(&self, wr: &SendWr<'_>) -> Result<()> {
-        let mut sges: Vec<ibv_sge> = match wr.payload {
-            Payload::Sges(s) => s.iter().map(|&s| s.into()).collect(),
-            Payload::Inline([]) => Vec::new(),
-            Payload::Inline(b) => vec![ibv_sge {
-                addr: b.as_ptr() as u64,
-                length: b.len() as u32,
-                lkey: 0,
-            }],
-        };
-        // SAFETY: plain C data.
-        let mut raw: ibv_send_wr = unsafe { zeroed() };
-        raw.wr_id = wr.wr_id;
-        raw.sg_list = sges.as_mut_ptr();
-        raw.num_sge = sges.len() as i32;
-        raw.opcode = wr.opcode;
-        raw.send_flags = wr.flags.bits();
-        if let Some(imm) = wr.imm {
-            raw.__bindgen_anon_1.imm_data = imm.to_be();
-        }
-        match wr.kind {
-            WrKind::Plain => {}
-            WrKind::Rdma(r) => {
-                raw.wr.rdma.remote_addr = r.addr;
-                raw.wr.rdma.rkey = r.rkey;
-            }
-            WrKind::Atomic {
-                remote,
-                compare_add,
-                swap,
-            } => {
-                raw.wr.atomic.remote_addr = remote.addr;
-                raw.wr.atomic.rkey = remote.rkey;
-                raw.wr.atomic.compare_add = compare_add;
-                raw.wr.atomic.swap = swap;
-            }
-            WrKind::Ud { ah, qpn, qkey } => {
-                raw.wr.ud.ah = ah.as_raw();
-                raw.wr.ud.remote_qpn = qpn;
-                raw.wr.ud.remote_qkey = qkey;
-            }
+        // SAFETY: the caller's contract, for a chain of one.
+        unsafe { self.post_send_raw(std::slice::from_ref(wr)) }.map_err(|e| e.error)
+    }
+
+    /// Builds the chain's `ibv_send_wr`s, linked in order, and posts them in one call.
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send), for every WR of `wrs`.
+    unsafe fn post_send_raw(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), ChainError> {
+        // Every SGE list is built before any pointer to one is taken.
+        let mut sges: Vec<Vec<ibv_sge>> = wrs
+            .iter()
+            .map(|wr| match wr.payload {
+                Payload::Sges(s) => s.iter().map(|&s| s.into()).collect(),
+                Payload::Inline([]) => Vec::new(),
+                Payload::Inline(b) => vec![ibv_sge {
+                    addr: b.as_ptr() as u64,
+                    length: b.len() as u32,
+                    lkey: 0,
+                }],
+            })
+            .collect();
+        let mut raws: Vec<ibv_send_wr> = wrs
+            .iter()
+            .zip(&mut sges)
+            .map(|(wr, sges)| raw_send_wr(wr, sges))
+            .collect();
+        let base = raws.as_mut_ptr();
+        for i in 1..raws.len() {
+            // SAFETY: `i` is in bounds; `raws` is not resized after this.
+            raws[i - 1].next = unsafe { base.add(i) };
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // libmlx5 rings a thread domain's register unlocked and toggles its BlueFlame offset:
         // td.rs `Register`.
         let td = self.thread_domain();
         if let Some(td) = td {
-            td.before_libmlx5_post("ibv_post_send")?;
+            td.before_libmlx5_post("ibv_post_send")
+                .map_err(|error| ChainError {
+                    error,
+                    first_rejected: Some(0),
+                })?;
         }
-        // SAFETY: live QP; raw and sges are valid for the call; the memory they describe is
-        // the caller's contract.
-        let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(self.qp, &mut raw, &mut bad) };
+        // SAFETY: live QP; the WRs and their SGE lists are valid for the call (`raws` and
+        // `sges` live to its end, each `next` points into `raws`); the memory they describe
+        // is the caller's contract.
+        let ret = unsafe { hotverbs_ffi::inline::ibv_post_send(self.qp, base, &mut bad) };
         if ret == 0 {
             if let Some(td) = td {
                 td.libmlx5_posted();
             }
-        } else {
-            let unnamed = bad.is_null();
-            if unnamed {
-                self.sq_unnamed.store(true, Ordering::Relaxed);
-            }
-            return Err(self.post_send_error(wr, ret, unnamed));
+            return Ok(());
         }
-        Ok(())
+        // A non-null `bad` is one of the WRs the provider was given; anything else names
+        // no WR of ours.
+        let first_rejected = (!bad.is_null())
+            .then(|| (bad as usize).wrapping_sub(base as usize) / size_of::<ibv_send_wr>())
+            .filter(|&i| i < wrs.len() && base.wrapping_add(i) == bad);
+        if let (Some(td), Some(1..)) = (td, first_rejected) {
+            // The WRs before the refused one were posted: libmlx5 rang the register.
+            td.libmlx5_posted();
+        }
+        if first_rejected.is_none() {
+            self.sq_unnamed.store(true, Ordering::Relaxed);
+        }
+        let wr = &wrs[first_rejected.unwrap_or(0)];
+        Err(ChainError {
+            error: self.post_send_error(wr, ret, first_rejected.is_none()),
+            first_rejected,
+        })
+    }
+
+    /// `ibv_post_send(3)` of a chain of WRs in one call (one doorbell), in order.
+    ///
+    /// Each WR is checked as [`post_send`](Self::post_send) checks one before the provider
+    /// sees any: a WR refused there is named by its index and nothing was posted. The
+    /// provider may refuse a WR of the chain (`*bad_wr`): every WR before it was posted
+    /// (and runs), none from it on; [`ChainError::first_rejected`] is its index. `None`
+    /// there means the provider named none (rxe before RTS, fault-truth S1, returns EINVAL
+    /// with `bad_wr` NULL and queues the whole chain anyway): any WR may still run, so all
+    /// their memory stays in use until the QP is reset.
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send), for every WR of `wrs`.
+    ///
+    /// # Example
+    /// ```
+    /// use hotverbs::*;
+    /// let ctx = Context::open("softnic")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let (cqa, cqb) = (ctx.create_cq(16, None)?, ctx.create_cq(16, None)?);
+    /// let a = QpBuilder::new(&pd, &cqa, &cqa, QpType::Rc).max_inline_data(16).build()?;
+    /// let b = QpBuilder::new(&pd, &cqb, &cqb, QpType::Rc).build()?;
+    /// let (port, opts) = (ctx.port_info(None, None)?, ConnectOptions::default());
+    /// let target = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// Qp::connect_pair(&a, &b, &port, &opts)?;
+    /// let remote = target.remote();
+    /// let chain = [
+    ///     SendWr::write_inline(1, b"first", remote),
+    ///     SendWr::write_inline(2, &[7; 17], remote.slice(8, 17)?), // above max_inline_data
+    ///     SendWr::write_inline(3, b"third", remote).signaled(),
+    /// ];
+    /// // SAFETY: inline payloads only; `target` outlives the WRs.
+    /// let e = unsafe { a.post_send_chain(&chain) }.unwrap_err();
+    /// assert_eq!(e.first_rejected, Some(1)); // WR 0 was posted, WRs 1 and 2 were not
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ChainError`]: the [`Error`] (as [`post_send`](Self::post_send)'s, for the refused
+    /// WR) and the index of the first WR not posted.
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    pub unsafe fn post_send_chain(
+        &self,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), ChainError> {
+        const VERB: &str = "Qp::post_send_chain";
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            self.check_send_wr(VERB, wr).map_err(|error| ChainError {
+                error,
+                first_rejected: Some(i),
+            })?;
+        }
+        // SAFETY: the caller's contract, for every WR.
+        unsafe { self.post_send_raw(wrs) }
     }
 
     /// The error of a refused `ibv_post_send` of `wr`: the QP's state (queried now) when it
@@ -2350,6 +2485,43 @@ pub(crate) enum QpDestroy {
 /// A multicast GID: `ff..` (IB / IPv6) or an IPv4-mapped multicast address (RoCE v2).
 fn is_multicast_gid(gid: &Gid) -> bool {
     gid.0[0] == 0xff || gid.ipv4().is_some_and(|a| a[0] & 0xf0 == 0xe0)
+}
+
+/// The `ibv_send_wr` of `wr`, gathering from `sges` (which must outlive its use).
+fn raw_send_wr(wr: &SendWr<'_>, sges: &mut [ibv_sge]) -> ibv_send_wr {
+    // SAFETY: plain C data.
+    let mut raw: ibv_send_wr = unsafe { zeroed() };
+    raw.wr_id = wr.wr_id;
+    raw.sg_list = sges.as_mut_ptr();
+    raw.num_sge = sges.len() as i32;
+    raw.opcode = wr.opcode;
+    raw.send_flags = wr.flags.bits();
+    if let Some(imm) = wr.imm {
+        raw.__bindgen_anon_1.imm_data = imm.to_be();
+    }
+    match wr.kind {
+        WrKind::Plain => {}
+        WrKind::Rdma(r) => {
+            raw.wr.rdma.remote_addr = r.addr;
+            raw.wr.rdma.rkey = r.rkey;
+        }
+        WrKind::Atomic {
+            remote,
+            compare_add,
+            swap,
+        } => {
+            raw.wr.atomic.remote_addr = remote.addr;
+            raw.wr.atomic.rkey = remote.rkey;
+            raw.wr.atomic.compare_add = compare_add;
+            raw.wr.atomic.swap = swap;
+        }
+        WrKind::Ud { ah, qpn, qkey } => {
+            raw.wr.ud.ah = ah.as_raw();
+            raw.wr.ud.remote_qpn = qpn;
+            raw.wr.ud.remote_qkey = qkey;
+        }
+    }
+    raw
 }
 
 #[cfg(test)]

@@ -181,6 +181,17 @@ const MIRI_TESTS: &[MiriTest] = &[
               WRITE_WITH_IMM, and scatters the GRH area into a receive too short for the rest",
     },
     MiriTest {
+        package: "hotverbs",
+        target: "real_device_chains",
+        tests: &[
+            "a_chain_runs_in_order_with_one_call",
+            "the_refused_wr_is_named_and_the_ones_before_it_run",
+        ],
+        models: Models::Both,
+        why: "Qp::post_send_chain links the chain's ibv_send_wrs by raw pointers into one \
+              Vec and maps bad_wr back to an index",
+    },
+    MiriTest {
         package: "hotverbs-datapath",
         target: "mmio_doorbell",
         tests: &[

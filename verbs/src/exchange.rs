@@ -64,7 +64,12 @@
 //! any host yields the 16 GID bytes in network order as hex; `wire_gid_to_gid` undoes it.
 //! The client sends its line, reads the server's, then sends `"done"` (5 bytes with the
 //! NUL). The server reads the client's line, connects its QP, answers with its line and
-//! reads `"done"`.
+//! reads `"done"`. `ibv_ud_pingpong` exchanges the same way.
+//!
+//! `ibv_srq_pingpong` sends [`SRQ_PINGPONG_LINES`] (256) lines each way instead of one:
+//! one per QP, then all-zero lines ([`PINGPONG_PADDING`]) up to 256. The number of QPs is
+//! not sent: both sides must be started with the same `-q`. The `*_lines` calls of
+//! [`Session`] speak it ([`parse_pingpong_lines`] drops the padding).
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -278,6 +283,11 @@ pub const WIRE_LEN: usize = 36;
 pub const WIRE_LEN_MR: usize = 56;
 /// Size of an `ibv_rc_pingpong` message, NUL included.
 pub const PINGPONG_LEN: usize = 52;
+/// The lines `ibv_srq_pingpong` sends each way (its `MAX_QP`), whatever its `-q`.
+pub const SRQ_PINGPONG_LINES: usize = 256;
+/// The line `ibv_srq_pingpong` sends for each QP it does not have: all zeros.
+pub const PINGPONG_PADDING: [u8; PINGPONG_LEN] =
+    *b"0000:000000:000000:00000000000000000000000000000000\0";
 const FLAG_MR: u8 = 1;
 
 fn field(field: &'static str, reason: impl Into<String>) -> ExchangeError {
@@ -499,6 +509,68 @@ pub fn parse_pingpong(b: &[u8]) -> Result<Endpoint, ExchangeError> {
         gid,
         mr: None,
     })
+}
+
+/// Parses the lines of a pingpong exchange of several QPs (`ibv_srq_pingpong`): whole
+/// [`PINGPONG_LEN`]-byte lines, endpoints first, then [`PINGPONG_PADDING`] lines, which are
+/// dropped. A real line after padding is an error, as is any line [`parse_pingpong`]
+/// refuses.
+///
+/// # Example
+/// ```
+/// use hotverbs::exchange::{parse_pingpong_lines, Endpoint, PINGPONG_PADDING};
+/// let ep = Endpoint { lid: 1, qpn: 0x11, psn: 7, gid: [0; 16], mr: None };
+/// let mut wire = ep.to_pingpong().to_vec();
+/// wire.extend_from_slice(&PINGPONG_PADDING);
+/// wire.extend_from_slice(&PINGPONG_PADDING);
+/// assert_eq!(parse_pingpong_lines(&wire)?, [ep]);
+/// wire.extend_from_slice(&ep.to_pingpong()); // after padding
+/// assert!(parse_pingpong_lines(&wire).is_err());
+/// # Ok::<(), hotverbs::exchange::ExchangeError>(())
+/// ```
+pub fn parse_pingpong_lines(b: &[u8]) -> Result<Vec<Endpoint>, ExchangeError> {
+    if b.is_empty() || b.len() % PINGPONG_LEN != 0 {
+        return Err(ExchangeError::Length {
+            format: "ibv_srq_pingpong lines",
+            expected: (b.len() / PINGPONG_LEN).max(1) * PINGPONG_LEN,
+            got: b.len(),
+        });
+    }
+    let mut out = Vec::new();
+    let mut padding = false;
+    for (i, line) in b.chunks(PINGPONG_LEN).enumerate() {
+        if line == PINGPONG_PADDING {
+            padding = true;
+        } else if padding {
+            return Err(field(
+                "pingpong lines",
+                format!(
+                    "line {i} is an endpoint after padding lines (all-zero lines end the list)"
+                ),
+            ));
+        } else {
+            out.push(parse_pingpong(line)?);
+        }
+    }
+    Ok(out)
+}
+
+/// `lines` pingpong lines: `ours`, then padding.
+fn pingpong_lines(ours: &[Endpoint], lines: usize) -> Result<Vec<u8>, ExchangeError> {
+    if ours.len() > lines {
+        return Err(field(
+            "pingpong lines",
+            format!("{} endpoints do not fit in {lines} lines", ours.len()),
+        ));
+    }
+    let mut v = Vec::with_capacity(lines * PINGPONG_LEN);
+    for ep in ours {
+        v.extend_from_slice(&ep.to_pingpong());
+    }
+    for _ in ours.len()..lines {
+        v.extend_from_slice(&PINGPONG_PADDING);
+    }
+    Ok(v)
 }
 
 fn io_err(during: &'static str, timeout: Duration) -> impl Fn(io::Error) -> ExchangeError {
@@ -923,6 +995,65 @@ impl Session {
         step.read_exact(&mut msg, during)?;
         step.at_most(0, during)?;
         parse_pingpong(&msg)
+    }
+
+    /// `ibv_srq_pingpong` client side (any pingpong of several QPs): send `lines` lines
+    /// (ours, then padding; the tool sends and expects [`SRQ_PINGPONG_LINES`]), read as
+    /// many, send `"done"`. Returns the server's endpoints, padding dropped.
+    pub fn pingpong_client_lines(
+        &mut self,
+        ours: &[Endpoint],
+        lines: usize,
+    ) -> Result<Vec<Endpoint>, ExchangeError> {
+        let msg = pingpong_lines(ours, lines)?;
+        let step = self.step()?;
+        step.at_most(0, "sending our pingpong lines")?;
+        step.write_all(&msg, "sending our pingpong lines")?;
+        let mut theirs = vec![0u8; lines * PINGPONG_LEN];
+        let during = "reading the server's pingpong lines";
+        step.read_exact(&mut theirs, during)?;
+        step.at_most(0, during)?;
+        let theirs = parse_pingpong_lines(&theirs)?;
+        step.write_all(b"done\0", "sending \"done\"")?;
+        Ok(theirs)
+    }
+
+    /// `ibv_srq_pingpong` server side, step 1: read the client's `lines` lines (padding
+    /// dropped). Connect the QPs, then call
+    /// [`pingpong_server_reply_lines`](Self::pingpong_server_reply_lines).
+    pub fn pingpong_server_recv_lines(
+        &mut self,
+        lines: usize,
+    ) -> Result<Vec<Endpoint>, ExchangeError> {
+        let during = "reading the client's pingpong lines";
+        let step = self.step()?;
+        let mut msg = vec![0u8; lines * PINGPONG_LEN];
+        step.read_exact(&mut msg, during)?;
+        step.at_most(0, during)?;
+        parse_pingpong_lines(&msg)
+    }
+
+    /// `ibv_srq_pingpong` server side, step 2: send our `lines` lines and wait for
+    /// `"done"`.
+    pub fn pingpong_server_reply_lines(
+        &mut self,
+        ours: &[Endpoint],
+        lines: usize,
+    ) -> Result<(), ExchangeError> {
+        let msg = pingpong_lines(ours, lines)?;
+        let step = self.step()?;
+        step.at_most(0, "sending our pingpong lines")?;
+        step.write_all(&msg, "sending our pingpong lines")?;
+        let mut done = [0u8; 5];
+        let during = "reading \"done\"";
+        step.read_exact(&mut done, during)?;
+        if &done != b"done\0" {
+            return Err(field(
+                "done",
+                format!("expected \"done\\0\", got {done:02x?}"),
+            ));
+        }
+        step.at_most(0, during)
     }
 
     /// `ibv_rc_pingpong` server side, step 2: send our line and wait for `"done"`, the

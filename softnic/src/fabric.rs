@@ -590,12 +590,20 @@ pub(crate) fn make_pipe() -> Option<(i32, i32)> {
 }
 
 /// rxe G2: an error or flush completion carries opcode 0 (SEND), byte_len 0 and no flags,
-/// receives included.
+/// receives included; rxe fills nothing but `wr_id`, `status`, `qp_num` and `vendor_err`
+/// there, so the source QP and the rest are 0 too (issue 31's differential: softnic named
+/// the sender of a UD datagram that failed the receive).
 #[cold]
 fn rxe_error_wc(wc: &mut ibv_wc) {
     wc.opcode = IBV_WC_SEND;
     wc.byte_len = 0;
     wc.wc_flags = 0;
+    wc.__bindgen_anon_1.imm_data = 0;
+    wc.src_qp = 0;
+    wc.pkey_index = 0;
+    wc.slid = 0;
+    wc.sl = 0;
+    wc.dlid_path_bits = 0;
 }
 
 fn is_atomic_op(op: ibv_wr_opcode) -> bool {
@@ -1558,6 +1566,29 @@ impl Fabric {
             } else {
                 IBV_WC_LOC_QP_OP_ERR
             });
+        }
+        if qpt == IBV_QPT_UD && self.qp(qi).rxe {
+            // rxe drops a UD message above the MTU before it reads the gather list: success,
+            // even with an lkey that names no MR (issue 31's differential; S18).
+            let len: usize = if e.inline {
+                e.data.len()
+            } else {
+                wr_sges
+                    .unwrap_or(&e.sges)
+                    .iter()
+                    .map(|s| s.length as usize)
+                    .sum()
+            };
+            let prot = self.qp(qi).prot;
+            if len > ACTIVE_MTU
+                && self
+                    .ahs
+                    .get(e.ah as usize)
+                    .and_then(|a| a.as_ref())
+                    .is_some_and(|ah| ah.prot == prot)
+            {
+                return done(IBV_WC_SUCCESS);
+            }
         }
         // Local side: gather (or, for READ/atomics, scatter target needing LOCAL_WRITE).
         let mut local_fault = false;

@@ -220,6 +220,13 @@ fn d4_a_ud_receive_too_short_for_the_payload() {
             assert_eq!(area, vec![0xee; 41], "{label}: untouched");
         } else {
             assert_eq!(w[1].status_name(), "IBV_WC_LOC_QP_OP_ERR", "{label}");
+            // D5 (the differential's): rxe fills nothing past wr_id, status and qp_num in
+            // an error completion, the source QP included.
+            assert_eq!(
+                w[1].src_qp(),
+                0,
+                "{label}: the error completion's source QP"
+            );
             assert_eq!(
                 area[..20],
                 [0; 20],
@@ -227,6 +234,39 @@ fn d4_a_ud_receive_too_short_for_the_payload() {
             );
             assert_eq!(area[20], 0x45, "{label}: the IPv4 header");
             assert_eq!(area[40], 0xee, "{label}: no payload byte");
+        }
+    }
+}
+
+/// D6 (found by the differential, `real_device_differential.rs`): a UD SEND above the path
+/// MTU whose SGE names no MR. rxe drops the datagram before it reads the gather list: the
+/// sender's completion is a success with the full byte count. The Spec profile checks the
+/// lkey first: the WR completes in error.
+#[test]
+fn d6_a_ud_send_above_the_mtu_with_a_bad_lkey() {
+    let name = "d6_a_ud_send_above_the_mtu_with_a_bad_lkey";
+    for (label, ctx) in device_or_softnic_profiles(name, "d6") {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let (a, b, ah) = ud_pair(&ctx, &pd, &cq);
+        let tx = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mtu = port_info(&ctx).active_mtu.bytes() as u32;
+        let sge = [Sge {
+            addr: tx.addr(),
+            length: mtu + 1,
+            lkey: 0x1234_5678,
+        }];
+        // SAFETY: the SGE names no MR: nothing is read (or the WR fails).
+        unsafe {
+            a.post_send(&SendWr::ud(2, &sge, &ah, b.qp_num(), DEFAULT_QKEY).signaled())
+                .unwrap();
+        }
+        let w = wait_for(&cq, &[2]);
+        if spec(&label) {
+            assert!(w[0].status().is_err(), "{label}: {:?}", w[0]);
+        } else {
+            assert!(w[0].status().is_ok(), "{label}: {:?}", w[0]);
+            assert_eq!(w[0].byte_len(), mtu + 1, "{label}");
         }
     }
 }

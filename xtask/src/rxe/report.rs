@@ -149,10 +149,17 @@ fn test_summaries(stdout: &str) -> (Vec<&str>, TestCounts) {
         if let Some(c) = parse_summary(line) {
             total += c;
             lines.push(line.trim());
+        } else if line.starts_with(DIFFERENTIAL) {
+            // real_device_differential's own summary (seeds, steps, differences), written
+            // past libtest's capture so that a passing run shows it too.
+            lines.push(line.trim());
         }
     }
     (lines, total)
 }
+
+/// The prefix of the differential test's summary lines.
+const DIFFERENTIAL: &str = "differential: ";
 
 #[derive(Default)]
 pub(super) struct Report {
@@ -481,9 +488,11 @@ mod tests {
         let out = "running 4 tests\ntest a ... ok\n\
                    test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 3 filtered out; finished in 0.52s\n\
                    \n  test result: ok. 5 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 1.00s\n\
-                   test result of something else\n";
+                   test result of something else\n\
+                   differential: 25 seeds, 3750 steps, 0 difference(s)\n";
         let (lines, total) = test_summaries(out);
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
+        assert!(lines[2].starts_with("differential: 25 seeds"));
         assert!(lines[0].starts_with("test result: FAILED. 2 passed"));
         assert_eq!(
             total,

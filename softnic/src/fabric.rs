@@ -1686,6 +1686,18 @@ impl Fabric {
                 if paccess & IBV_ACCESS_REMOTE_WRITE == 0 {
                     return self.remote_fail(reliable, peer, IBV_WC_REM_INV_REQ_ERR);
                 }
+                if op == IBV_WR_RDMA_WRITE_WITH_IMM
+                    && reliable
+                    && self.qp(qi).rxe
+                    && total <= self.qp(qi).mtu()
+                    && !self.has_recv(peer)
+                {
+                    // rxe's responder looks for a receive before it checks the rkey, on
+                    // the packet that needs one: the only packet of a message that fits
+                    // the MTU (issue 31's differential, D8). A longer message's first
+                    // packet is checked for its rkey first.
+                    return rnr();
+                }
                 let dst = if total > 0 {
                     match self.resolve(
                         e.rkey,
@@ -1696,7 +1708,15 @@ impl Fabric {
                     ) {
                         Some(seg) => seg,
                         None => {
-                            if op == IBV_WR_RDMA_WRITE_WITH_IMM && reliable {
+                            if op == IBV_WR_RDMA_WRITE_WITH_IMM
+                                && reliable
+                                && total <= self.qp(qi).mtu()
+                            {
+                                // D2 holds for a message of one packet, whose receive
+                                // rxe takes before the rkey check; a longer one fails on
+                                // its first packet, before any receive was taken, and
+                                // the receive is flushed with the QP (issue 31's
+                                // differential).
                                 self.rxe_refused_write_imm(peer);
                             }
                             return self.remote_fail(reliable, peer, IBV_WC_REM_ACCESS_ERR);
@@ -1743,18 +1763,27 @@ impl Fabric {
                 if paccess & IBV_ACCESS_REMOTE_READ == 0 {
                     return self.remote_fail(true, peer, IBV_WC_REM_INV_REQ_ERR);
                 }
-                if total > 0 {
+                // A local fault deferred (Rxe profile, D7) left `src` empty: the remote
+                // side is checked for the WR's own length.
+                let len = if local_fault { e.len as usize } else { total };
+                if len > 0 {
                     let Some(s) = self.resolve(
                         e.rkey,
                         ppd,
                         e.remote_addr,
-                        total as u64,
+                        len as u64,
                         IBV_ACCESS_REMOTE_READ,
                     ) else {
                         return self.remote_fail(true, peer, IBV_WC_REM_ACCESS_ERR);
                     };
+                    if local_fault {
+                        // rxe S7/S8: the response finds the local SGE bad; nothing written.
+                        return done(IBV_WC_LOC_PROT_ERR);
+                    }
                     // SAFETY: both sides resolved and bounds-checked above.
                     unsafe { mem::scatter(src, 0, &[s], 0, total) };
+                } else if local_fault {
+                    return done(IBV_WC_LOC_PROT_ERR);
                 }
                 done(IBV_WC_SUCCESS)
             }
@@ -1836,6 +1865,11 @@ impl Fabric {
         if e.len >= 0x8000_0000 {
             // rxe S8: a message of 2^31 bytes or more fails with LOC_QP_OP_ERR.
             return Some(IBV_WC_LOC_QP_OP_ERR);
+        }
+        if op == IBV_WR_RDMA_READ {
+            // rxe checks a READ's local SGEs when the response arrives: a remote fault is
+            // reported first (issue 31's differential, D7), else LOC_PROT_ERR (S7, S8).
+            return None;
         }
         if op != IBV_WR_RDMA_READ && self.bad_lkey(sges, pd) {
             // rxe S7: a gather-side lkey that names no MR of the PD gives LOC_QP_OP_ERR

@@ -207,6 +207,9 @@ fn g2_error_completion_fields() {
     for p in PROFILES {
         let x = pair(p, IBV_QPT_RC, 16, 7);
         assert_eq!(post_recv(x.a, 50, &mut [x.buf_a.sge(0, 64)]), 0);
+        // A receive at the responder: without one, rxe answers a one-packet
+        // WRITE_WITH_IMM with RNR before it looks at the rkey (issue 31, D8).
+        assert_eq!(post_recv(x.b, 60, &mut [x.buf_b.sge(0, 64)]), 0);
         let mut sge = [x.buf_a.sge(64, 16)];
         let mut wr = rdma(
             send_wr(7, IBV_WR_RDMA_WRITE_WITH_IMM, &mut sge, IBV_SEND_SIGNALED),

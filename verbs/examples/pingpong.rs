@@ -62,6 +62,9 @@ pub struct Opts {
     pub mtu: Mtu,
     /// How long nothing may complete before the run fails (the C tools wait for ever).
     pub stall: Duration,
+    /// Both sides are this program: at the end, wait for our own sends and meet the peer
+    /// over TCP before tearing down (see [`run`]). The C tools just exit.
+    pub barrier: bool,
 }
 
 impl Opts {
@@ -77,6 +80,7 @@ impl Opts {
             num_qp: if mode == Mode::Srq { 16 } else { 1 },
             mtu: Mtu::Mtu1024,
             stall: Duration::from_secs(60),
+            barrier: false,
         }
     }
 }
@@ -130,6 +134,18 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
     }
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq((o.rx_depth + o.num_qp) as u32, None)?;
+    // Receive slots (one per receive, so a message is never overwritten before it is
+    // looked at) and the message we send; `size + 40` per UD slot. Made before the SRQ
+    // and the QPs, so that those go first when `run` returns: no receive ever points into
+    // a deregistered MR.
+    let slot = if o.mode == Mode::Ud {
+        o.size + GRH
+    } else {
+        o.size
+    };
+    let rx = pd.alloc_mr(slot * o.rx_depth, AccessFlags::LOCAL_WRITE)?;
+    let mut tx = pd.alloc_mr(o.size.max(1), AccessFlags::LOCAL_WRITE)?;
+    tx.write_from(0, &vec![0x7b; o.size.max(1)])?;
     let srq = match o.mode {
         Mode::Srq => Some(pd.create_srq(o.rx_depth as u32, 1)?),
         _ => None,
@@ -151,16 +167,6 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
         })
         .collect::<Result<_>>()?;
 
-    // Receive slots (one per receive, so a message is never overwritten before it is
-    // looked at) and the message we send; `size + 40` per UD slot.
-    let slot = if o.mode == Mode::Ud {
-        o.size + GRH
-    } else {
-        o.size
-    };
-    let rx = pd.alloc_mr(slot * o.rx_depth, AccessFlags::LOCAL_WRITE)?;
-    let mut tx = pd.alloc_mr(o.size.max(1), AccessFlags::LOCAL_WRITE)?;
-    tx.write_from(0, &vec![0x7b; o.size.max(1)])?;
     // The opts are needed for INIT already: receives are posted from INIT on.
     let opts = ConnectOptions {
         mtu: Some(o.mtu),
@@ -197,7 +203,7 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
     };
     let client = matches!(peer, Peer::Connect(_));
     let exchange_timeout = o.stall;
-    let (theirs, ah) = match peer {
+    let (theirs, ah, mut session) = match peer {
         Peer::Connect(host) => {
             let mut s = Session::connect((host.as_str(), o.tcp_port), exchange_timeout)?;
             let theirs = if lines == 1 {
@@ -207,7 +213,7 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
             };
             check_count(&theirs, o.num_qp)?;
             let ah = connect(&pd, &qps, &theirs, &port, &opts)?;
-            (theirs, ah)
+            (theirs, ah, s)
         }
         Peer::Accept(listener) => {
             let mut s = Session::accept(&listener, exchange_timeout)?;
@@ -223,7 +229,7 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
             } else {
                 s.pingpong_server_reply_lines(&ours, lines)?;
             }
-            (theirs, ah)
+            (theirs, ah, s)
         }
     };
     for (q, t) in [("local", &ours), ("remote", &theirs)] {
@@ -317,6 +323,32 @@ pub fn run(o: &Opts, peer: Peer) -> Res<Report> {
         }
     }
     let elapsed = started.elapsed();
+    if o.barrier {
+        // The tools' lockstep ends a side once its counts are reached, with up to one send
+        // per QP still in flight; the C tools exit then, and a late send meets a peer that
+        // is gone (on hardware it retries unseen; softnic, which has no timers, fails it at
+        // once). Between two of ours: finish our sends, then meet before either tears down.
+        let since = Instant::now();
+        while pending.iter().any(|p| p & SEND_WRID != 0) {
+            let n = cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                let wc = wc.ok()?;
+                let i = qps
+                    .iter()
+                    .position(|q| q.qp_num() == wc.qp_num())
+                    .unwrap_or(0);
+                if wc.wr_id() & 3 == SEND_WRID {
+                    pending[i] &= !SEND_WRID;
+                } else {
+                    rq.post((wc.wr_id() >> 2) as usize)?;
+                }
+            }
+            if since.elapsed() > o.stall {
+                return Err("our last sends did not complete".into());
+            }
+        }
+        session.sync(b'E')?;
+    }
     let bytes = (o.size * o.iters * 2) as f64;
     let secs = elapsed.as_secs_f64();
     println!(
@@ -399,9 +431,13 @@ pub fn loopback(o: &Opts) -> Res<(Report, Report)> {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let client = Opts {
         tcp_port: listener.local_addr()?.port(),
+        barrier: true,
         ..o.clone()
     };
-    let server_opts = o.clone();
+    let server_opts = Opts {
+        barrier: true,
+        ..o.clone()
+    };
     let server = std::thread::spawn(move || {
         run(&server_opts, Peer::Accept(listener)).map_err(|e| e.to_string())
     });

@@ -250,7 +250,7 @@ fn d6_a_ud_send_above_the_mtu_with_a_bad_lkey() {
         let cq = ctx.create_cq(64, None).unwrap();
         let (a, b, ah) = ud_pair(&ctx, &pd, &cq);
         let tx = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-        let mtu = port_info(&ctx).active_mtu.bytes() as u32;
+        let mtu = port_info(&ctx).active_mtu.bytes();
         let sge = [Sge {
             addr: tx.addr(),
             length: mtu + 1,
@@ -268,5 +268,133 @@ fn d6_a_ud_send_above_the_mtu_with_a_bad_lkey() {
             assert!(w[0].status().is_ok(), "{label}: {:?}", w[0]);
             assert_eq!(w[0].byte_len(), mtu + 1, "{label}");
         }
+    }
+}
+
+/// An RC pair on CQs of their own (`rnr_retry` 0: an RNR ends the WR at once) and B's
+/// memory with remote rights.
+fn rc_pair(ctx: &Context, pd: &Pd) -> (Qp, Qp, Cq, Cq) {
+    let info = port_info(ctx);
+    let cq_a = ctx.create_cq(16, None).unwrap();
+    let cq_b = ctx.create_cq(16, None).unwrap();
+    let a = QpBuilder::new(pd, &cq_a, &cq_a, QpType::Rc)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(pd, &cq_b, &cq_b, QpType::Rc)
+        .build()
+        .unwrap();
+    let o = ConnectOptions {
+        rnr_retry: 0,
+        ..ConnectOptions::default()
+    };
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    (a, b, cq_a, cq_b)
+}
+
+/// D7 (found by the differential): an RDMA READ whose remote window is bad and whose local
+/// SGE names no MR. rxe checks the local side when the response arrives, so the remote
+/// fault is what the WR reports (REM_ACCESS_ERR); the Spec profile checks the local SGE
+/// first (LOC_PROT_ERR).
+#[test]
+fn d7_a_read_bad_on_both_sides() {
+    let name = "d7_a_read_bad_on_both_sides";
+    for (label, ctx) in device_or_softnic_profiles(name, "d7") {
+        let pd = ctx.alloc_pd().unwrap();
+        let (a, _b, cq_a, _cq_b) = rc_pair(&ctx, &pd);
+        let local = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let remote = pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+        let bad_remote = RemoteMr {
+            rkey: 0x1234_5678,
+            ..remote.remote()
+        };
+        let bad_local = [Sge {
+            lkey: 0x1234_5678,
+            ..local.local(0, 64).unwrap()
+        }];
+        // SAFETY: the SGE names no MR: nothing is written.
+        unsafe {
+            a.post_send(&SendWr::read(3, &bad_local, bad_remote).signaled())
+                .unwrap();
+        }
+        let w = wait_for(&cq_a, &[3]);
+        let want = if spec(&label) {
+            "IBV_WC_LOC_PROT_ERR"
+        } else {
+            "IBV_WC_REM_ACCESS_ERR"
+        };
+        assert_eq!(w[0].status_name(), want, "{label}");
+    }
+}
+
+/// D8 (found by the differential): an RC WRITE_WITH_IMM of one packet to a bad rkey while
+/// the responder has no receive. rxe's responder looks for the receive before it checks the
+/// rkey: RNR (with `rnr_retry` 0, RNR_RETRY_EXC_ERR). The Spec profile refuses the rkey
+/// first (REM_ACCESS_ERR).
+#[test]
+fn d8_write_with_imm_to_a_bad_rkey_without_a_receive() {
+    let name = "d8_write_with_imm_to_a_bad_rkey_without_a_receive";
+    for (label, ctx) in device_or_softnic_profiles(name, "d8") {
+        let pd = ctx.alloc_pd().unwrap();
+        let (a, _b, cq_a, _cq_b) = rc_pair(&ctx, &pd);
+        let tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let bad = RemoteMr {
+            rkey: 0x1234_5678,
+            ..rx.remote()
+        };
+        // SAFETY: the buffers are not touched until the completion.
+        unsafe {
+            let sge = [tx.local(0, 8).unwrap()];
+            a.post_send(&SendWr::write(4, &sge, bad).imm(9).signaled())
+                .unwrap();
+        }
+        let w = wait_for(&cq_a, &[4]);
+        let want = if spec(&label) {
+            "IBV_WC_REM_ACCESS_ERR"
+        } else {
+            "IBV_WC_RNR_RETRY_EXC_ERR"
+        };
+        assert_eq!(w[0].status_name(), want, "{label}");
+    }
+}
+
+/// D9 (found by the differential), D2's other half: a WRITE_WITH_IMM of several packets
+/// (3000 B at MTU 1024) refused for its rkey. rxe refuses its first packet, before any
+/// receive was taken: the responder's receive is flushed with the QP in both profiles, where
+/// a one-packet message's is completed with REM_ACCESS_ERR on rxe (D2).
+#[test]
+fn d9_a_refused_write_with_imm_of_several_packets() {
+    let name = "d9_a_refused_write_with_imm_of_several_packets";
+    for (label, ctx) in device_or_softnic_profiles(name, "d9") {
+        let pd = ctx.alloc_pd().unwrap();
+        let (a, b, cq_a, cq_b) = rc_pair(&ctx, &pd);
+        let tx = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let bad = RemoteMr {
+            rkey: 0x1234_5678,
+            ..rx.remote()
+        };
+        // SAFETY: the buffers are not touched until their completions.
+        unsafe {
+            b.post_recv(50, &[rx.local(0, 64).unwrap()]).unwrap();
+            let sge = [tx.local(0, 3000).unwrap()];
+            a.post_send(&SendWr::write(7, &sge, bad).imm(5).signaled())
+                .unwrap();
+        }
+        let wa = wait_for(&cq_a, &[7]);
+        assert_eq!(wa[0].status_name(), "IBV_WC_REM_ACCESS_ERR", "{label}");
+        let wb = wait_for(&cq_b, &[50]);
+        assert_eq!(
+            wb[0].status_name(),
+            "IBV_WC_WR_FLUSH_ERR",
+            "{label}: the responder's receive"
+        );
     }
 }

@@ -1269,3 +1269,19 @@ fn the_comparison_names_seed_step_and_line() {
         "the Spec and Rxe profiles traced seeds 1..=4 alike"
     );
 }
+
+/// Prints one seed's trace on softnic's Rxe profile (`HOTVERBS_DIFF_SEED`, default 1), to
+/// read beside a difference the device run named:
+/// `HOTVERBS_DIFF_SEED=23 cargo test -p hotverbs --test real_device_differential -- --ignored --nocapture`.
+#[test]
+#[ignore = "a tool: prints a trace"]
+fn print_a_seeds_trace() {
+    let seed = std::env::var("HOTVERBS_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let t = trace(&softnic(Profile::Rxe, "print"), Some(1), seed, None);
+    for l in &t.lines {
+        println!("{l}");
+    }
+}

@@ -17,7 +17,11 @@
 //! 3. every integration-test target named `real_device*` (convention: `tests/real_device.rs`)
 //!    or `fault_scenarios` (the truth table's scenarios replayed through hotverbs), built on
 //!    the host and run with `HOTVERBS_RXE=1` so that a missing device fails instead of
-//!    skipping;
+//!    skipping. Among them the differential (`real_device_differential`: seeded operation
+//!    sequences on rxe0 and softnic's Rxe profile, traces compared; its `differential: `
+//!    lines reach the summary) and the pingpong interop (`real_device_pingpongs`:
+//!    `examples/pingpong.rs` against `ibv_rc_pingpong`, `ibv_ud_pingpong` and
+//!    `ibv_srq_pingpong`, both ways);
 //! 4. the host-built programs of [`HOST_PROGRAMS`] that have been built: each row of the
 //!    perf tool and its perftest baseline both as a server and a client process over
 //!    127.0.0.1, [`REPEATS`] times interleaved, reported as medians and their ratio, with the

@@ -1128,6 +1128,14 @@ impl Fabric {
                     // SAFETY: forwarded contract; the rest of the chain.
                     return unsafe { self.post_send_before_rts(qi, w.next, bad) };
                 }
+                let q = self.qp(qi);
+                if q.rxe && q.held_pre_rts && q.state == IBV_QPS_RTS {
+                    // librxe rings the doorbell after its loop whatever became of the chain,
+                    // so WRs queued before RTS (S1) run even when this post's first WR is
+                    // refused (issue 31's differential, D10).
+                    q.held_pre_rts = false;
+                    self.run_pending(qi);
+                }
                 if !bad.is_null() {
                     // SAFETY: writable (caller).
                     unsafe { *bad = wr };

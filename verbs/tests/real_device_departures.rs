@@ -398,3 +398,76 @@ fn d9_a_refused_write_with_imm_of_several_packets() {
         );
     }
 }
+
+/// D10 (found by the differential): a send refused in INIT, which rxe queues anyway (S1),
+/// then, in RTS, a post whose only WR the provider refuses (65 bytes inline, above the
+/// limit). librxe rings its doorbell after its loop whatever became of the chain: the
+/// queued send runs and completes. The Spec profile queued nothing.
+#[test]
+fn d10_a_refused_post_in_rts_still_rings_the_doorbell() {
+    let name = "d10_a_refused_post_in_rts_still_rings_the_doorbell";
+    for (label, ctx) in device_or_softnic_profiles(name, "d10") {
+        let info = port_info(&ctx);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq_a = ctx.create_cq(16, None).unwrap();
+        let cq_b = ctx.create_cq(16, None).unwrap();
+        let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Rc)
+            .max_inline_data(64)
+            .build()
+            .unwrap();
+        let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Rc)
+            .build()
+            .unwrap();
+        let o = ConnectOptions::default();
+        a.init(&info, &o).unwrap();
+        b.init(&info, &o).unwrap();
+        let tx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let rx = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        // SAFETY: the buffers are not touched until their completions (or the QPs' end).
+        let refused = unsafe {
+            b.post_recv(1, &[rx.local(0, 64).unwrap()]).unwrap();
+            a.post_send(&SendWr::send(2, &[tx.local(0, 16).unwrap()]).signaled())
+        };
+        assert!(refused.is_err(), "{label}: a send in INIT");
+        for (q, peer) in [(&a, &b), (&b, &a)] {
+            let remote = peer.endpoint(&info);
+            q.to_rtr(&RtrAttr {
+                path_mtu: info.active_mtu,
+                dest_qpn: remote.qpn,
+                rq_psn: remote.psn,
+                max_dest_rd_atomic: o.max_dest_rd_atomic,
+                min_rnr_timer: o.min_rnr_timer,
+                ah: AhAttr::from_port(&info, Gid(remote.gid), remote.lid),
+            })
+            .unwrap();
+            q.to_rts(&RtsAttr {
+                timeout: o.timeout,
+                retry_cnt: o.retry_cnt,
+                rnr_retry: o.rnr_retry,
+                sq_psn: q.local_psn(),
+                max_rd_atomic: o.max_rd_atomic,
+            })
+            .unwrap();
+        }
+        // Through the raw post: the safe `post_send_inline` refuses it before the provider.
+        // SAFETY: inline bytes only.
+        let e = unsafe { a.post_send(&SendWr::send_inline(3, &[0; 65])) }.unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{label}: {e}");
+        if spec(&label) {
+            // Nothing was queued: a later WR is the only completion.
+            a.post_send_inline(&SendWr::write_inline(4, b"", RemoteMr::default()).signaled())
+                .unwrap();
+            let w = wait_for(&cq_a, &[4]);
+            assert!(w[0].status().is_ok(), "{label}: {:?}", w[0]);
+        } else {
+            let w = wait_for(&cq_a, &[2]);
+            assert!(
+                w[0].status().is_ok(),
+                "{label}: the queued send ran: {:?}",
+                w[0]
+            );
+            let r = wait_for(&cq_b, &[1]);
+            assert_eq!(r[0].byte_len(), 16, "{label}");
+        }
+    }
+}

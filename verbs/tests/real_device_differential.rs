@@ -156,6 +156,8 @@ struct World {
     diverged: bool,
     /// A wait ran out: the rest of the seed is not run.
     broken: bool,
+    /// An RC side's send refused in INIT may be queued (rxe S1) and not run yet.
+    s1_held: [bool; 2],
     /// WRs posted (accepted or not) in this seed.
     posts: usize,
     /// Kept to the end: the QPs, MRs and AH above are of it.
@@ -233,6 +235,7 @@ impl World {
             reference,
             diverged: false,
             broken: false,
+            s1_held: [false; 2],
             posts: 0,
             _pd: pd,
         }
@@ -352,13 +355,18 @@ impl World {
 
     fn post_send(&mut self, f: Family, i: usize, wr: &SendWr<'_>, what: &str) -> bool {
         self.posts += 1;
-        let s = &self.sides(f)[i];
+        let s = &self.sides_ref(f)[i];
         // SAFETY: as in `post_recv`: every local and remote address is this world's
         // memory (or out of it on purpose, where the device must refuse it), alive until
         // the QPs are flushed; inline bytes are copied during the call.
         let r = unsafe { s.qp.post_send(wr) };
+        let rts = s.qp.tracked_state() == QpState::Rts;
         let line = format!("{} post {what} -> {}", s.name, ret(&r));
         self.log(line);
+        if f == Family::Rc && r.is_ok() && rts {
+            // Its doorbell ran whatever a post in INIT queued (rxe S1), first.
+            self.s1_held[i] = false;
+        }
         r.is_ok()
     }
 
@@ -432,6 +440,7 @@ impl World {
 
     /// Both QPs connected (an RC episode sometimes posts before RTS first).
     fn start(&mut self, f: Family, rng: &mut Rng) {
+        self.s1_held = [false; 2];
         for s in self.rc.iter_mut().chain(&mut self.ud) {
             s.slots = 0;
             s.recvs_out = 0;
@@ -461,12 +470,14 @@ impl World {
                 self.post_recv(Family::Rc, 1, 9_001, &sg, "64 in INIT");
                 let src = [self.rc[0].mem.local(0, 16).expect("sge")];
                 let wr = 9_002;
-                self.post_send(
+                let took = self.post_send(
                     Family::Rc,
                     0,
                     &SendWr::send(wr, &src).signaled(),
                     "SEND 16 in INIT",
                 );
+                // rxe queues it anyway (S1); the man pages' device does not.
+                self.s1_held[0] = !took;
                 let (a, b) = (self.rc[0].qp.endpoint(&port), self.rc[1].qp.endpoint(&port));
                 rtr_rts(&port, &opts, &self.rc[0].qp, &b);
                 rtr_rts(&port, &opts, &self.rc[1].qp, &a);
@@ -683,7 +694,25 @@ impl World {
             }
         }
         let Some(wr) = last else {
-            return false;
+            if !self.s1_held[s] {
+                return false;
+            }
+            // A refused post still rings rxe's doorbell (D10): a send queued in INIT (S1)
+            // starts. A zero-byte WRITE waited for puts its completion behind that send's,
+            // whose outcome would otherwise depend on when the episode ends.
+            self.s1_held[s] = false;
+            let wr = self.next_wr();
+            let remote = self.rc[1 - s].mem.remote();
+            let w = SendWr::write(wr, &[], remote).signaled();
+            if !self.post_send(Family::Rc, s, &w, "kick: WRITE 0") {
+                return false;
+            }
+            let mut errored = false;
+            self.wait(Family::Rc, s, false, |wc, _| {
+                errored |= !wc.is_ok();
+                wc.wr_id() == wr
+            });
+            return errored;
         };
         let mut errored = false;
         self.wait(Family::Rc, s, false, |wc, _| {

@@ -193,6 +193,17 @@ const MIRI_TESTS: &[MiriTest] = &[
     },
     MiriTest {
         package: "hotverbs-datapath",
+        target: "mlx5_rq",
+        tests: &[
+            "a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish",
+            "refusals_change_nothing_and_completions_free_slots_in_order",
+        ],
+        models: Models::Both,
+        why: "issue 30: DirectRq writes receive WQEs and wr_ids through raw pointers into the \
+              queue mlx5dv describes",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
         target: "mmio_doorbell",
         tests: &[
             "mmio_stores_what_the_recording_doorbell_records_for_every_copy_width",

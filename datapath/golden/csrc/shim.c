@@ -426,3 +426,62 @@ __attribute__((noinline)) int hv_measured_c_poll(struct hv_env *e, unsigned long
 	}
 	return 0;
 }
+
+/* ---- The receive queue (issue 30): mlx5_post_recv on a fake RQ. ---- */
+
+struct hv_rwr {
+	uint64_t wr_id;
+	const struct ibv_sge *sges;
+	int32_t num_sge;
+	int32_t pad;
+};
+
+/* Gives the env's QP a receive queue of wqe_cnt WQEs of `stride` bytes (a power of two, 16
+ * bytes per scatter entry: max_gs = stride / 16), filled with `poison`, as mlx5_create_qp
+ * lays it out for mlx5_post_recv: rq.offset 0 in qp->buf, rq.max_post = wqe_cnt, the receive
+ * counter in qp->db[MLX5_RCV_DBR], no WQE signature. */
+void hv_rq_init(struct hv_env *e, unsigned wqe_cnt, unsigned stride, unsigned char poison)
+{
+	struct mlx5_qp *qp = e->qp;
+	unsigned shift = 0;
+	while ((1u << shift) < stride)
+		shift++;
+	if ((1u << shift) != stride || stride < 16 || (wqe_cnt & (wqe_cnt - 1)))
+		abort();
+	qp->buf.buf = zalloc_aligned((size_t)wqe_cnt * stride, poison);
+	qp->buf.length = (size_t)wqe_cnt * stride;
+	qp->rq.offset = 0;
+	qp->rq.wqe_cnt = wqe_cnt;
+	qp->rq.wqe_shift = shift;
+	qp->rq.max_gs = stride / 16;
+	qp->rq.qp_state_max_gs = stride / 16;
+	qp->rq.max_post = wqe_cnt;
+	qp->rq.head = 0;
+	qp->rq.tail = 0;
+	qp->rq.wrid = calloc(wqe_cnt, sizeof(uint64_t));
+	qp->wq_sig = 0;
+}
+
+int hv_post_recv(struct hv_env *e, const struct hv_rwr *w, int n, int *bad_index)
+{
+	struct ibv_recv_wr wr[64];
+	if (n < 1 || n > 64)
+		abort();
+	memset(wr, 0, sizeof(wr));
+	for (int i = 0; i < n; i++) {
+		wr[i].wr_id = w[i].wr_id;
+		wr[i].sg_list = (struct ibv_sge *)w[i].sges;
+		wr[i].num_sge = w[i].num_sge;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+	struct ibv_recv_wr *bad = NULL;
+	int rc = mlx5_post_recv(&e->qp->verbs_qp.qp, wr, &bad);
+	*bad_index = bad ? (int)(bad - wr) : -1;
+	return rc;
+}
+
+uint8_t *hv_rq_buf(struct hv_env *e) { return e->qp->buf.buf; }
+uint64_t *hv_rq_wrid(struct hv_env *e) { return e->qp->rq.wrid; }
+unsigned hv_rq_head(struct hv_env *e) { return e->qp->rq.head; }
+/* What mlx5_poll_cq does for each receive it completes: the tail moves on. */
+void hv_rq_set_tail(struct hv_env *e, unsigned tail) { e->qp->rq.tail = tail; }

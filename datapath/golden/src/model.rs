@@ -106,6 +106,12 @@ extern "C" {
     fn hv_post_send(e: *mut Env, w: *const Wr, n: i32, bad: *mut i32) -> i32;
     fn hv_post_ex(e: *mut Env, w: *const Wr, n: i32) -> i32;
     fn hv_poll_cq(e: *mut Env, n: i32, wc: *mut ibv_wc) -> i32;
+    fn hv_rq_init(e: *mut Env, wqe_cnt: u32, stride: u32, poison: u8);
+    fn hv_post_recv(e: *mut Env, w: *const RecvWr, n: i32, bad: *mut i32) -> i32;
+    fn hv_rq_buf(e: *mut Env) -> *mut u8;
+    fn hv_rq_wrid(e: *mut Env) -> *mut u64;
+    fn hv_rq_head(e: *mut Env) -> u32;
+    fn hv_rq_set_tail(e: *mut Env, tail: u32);
     fn hv_measured_c_post_send(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_post_wr(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_poll(e: *mut Env, n: u64) -> i32;
@@ -385,5 +391,58 @@ impl Model {
     /// The raw env, for code that needs it as `*mut c_void`.
     pub fn raw(&self) -> *mut c_void {
         self.e.cast()
+    }
+}
+
+/// One receive WR for [`Model::post_recv`] (`struct hv_rwr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `sg_list`.
+    pub sges: *const hotverbs_ffi::ibv_sge,
+    /// `num_sge`.
+    pub num_sge: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+/// The receive queue (issue 30): `mlx5_post_recv` on a fake RQ of the env's QP.
+impl Model {
+    /// Gives the QP a receive queue: `wqe_cnt` WQEs of `stride` bytes (16 per scatter
+    /// entry), filled with `poison`.
+    pub fn rq_init(&mut self, wqe_cnt: u32, stride: u32, poison: u8) {
+        assert!(wqe_cnt.is_power_of_two() && stride.is_power_of_two() && stride >= 16);
+        // SAFETY: a live env; the shim allocates the queue.
+        unsafe { hv_rq_init(self.e, wqe_cnt, stride, poison) }
+    }
+    /// `mlx5_post_recv` of the chain `wrs`: its return value and the index `*bad_wr`
+    /// names (`None` when NULL).
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> (i32, Option<usize>) {
+        let mut bad = -1;
+        // SAFETY: a live env with an RQ; the WRs and their SGE lists are valid for the call.
+        let rc = unsafe { hv_post_recv(self.e, wrs.as_ptr(), wrs.len() as i32, &mut bad) };
+        (rc, usize::try_from(bad).ok())
+    }
+    /// The RQ buffer (`wqe_cnt * stride` bytes).
+    pub fn rq_buf(&self) -> *mut u8 {
+        // SAFETY: a live env with an RQ.
+        unsafe { hv_rq_buf(self.e) }
+    }
+    /// The RQ's `wrid` array (`wqe_cnt` entries).
+    pub fn rq_wrid(&self) -> *mut u64 {
+        // SAFETY: a live env with an RQ.
+        unsafe { hv_rq_wrid(self.e) }
+    }
+    /// `rq.head`: receives posted so far.
+    pub fn rq_head(&self) -> u32 {
+        // SAFETY: a live env.
+        unsafe { hv_rq_head(self.e) }
+    }
+    /// Moves `rq.tail` (what `mlx5_poll_cq` does per completed receive).
+    pub fn rq_set_tail(&mut self, tail: u32) {
+        // SAFETY: a live env.
+        unsafe { hv_rq_set_tail(self.e, tail) }
     }
 }

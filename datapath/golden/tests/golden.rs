@@ -1498,4 +1498,226 @@ mod real {
     }
 
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Receive WQEs (issue 30, the RQ): random chains of 1 to 8 receives of 0 to
+    /// `max_gs + 1` scatter entries (zero-length ones among them) through
+    /// `DirectRq::post`/`publish` and through `mlx5_post_recv` on the same fake queue,
+    /// with completions retiring receives at random (wraps, a full queue): the same
+    /// return value and `bad_wr`, queue bytes, receive counter, `wrid` array, `head`, and
+    /// one store barrier per published chain. `HOTVERBS_GOLDEN_WRS` sets the count.
+    #[test]
+    fn a_million_random_receives_equal_libmlx5s() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let target = std::env::var("HOTVERBS_GOLDEN_WRS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1_000_000);
+        let (posted, refused, wraps, diffs) = receives(target, RecvPlant::None);
+        println!(
+            "golden: {posted} receive WQEs compared with mlx5_post_recv ({refused} chains \
+             refused, {wraps} wraps), {diffs} differences"
+        );
+        assert_eq!(
+            diffs, 0,
+            "golden receives: {diffs} differences (printed above)"
+        );
+        assert!(posted >= 1_000_000 || std::env::var("HOTVERBS_GOLDEN_WRS").is_ok());
+    }
+
+    /// What the receive comparison plants in our side, to prove it sees it.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum RecvPlant {
+        None,
+        /// One byte of the newest WQE flipped after it was written.
+        WrongByte,
+        /// One chain's receive counter never published.
+        NoPublish,
+    }
+
+    #[test]
+    fn planted_receive_bugs_are_caught() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        QUIET.store(true, Ordering::Relaxed);
+        for plant in [RecvPlant::WrongByte, RecvPlant::NoPublish] {
+            let (_, _, _, diffs) = receives(20_000, plant);
+            assert!(diffs > 0, "{plant:?} went unseen");
+            println!("planted receive bug {plant:?} -> {diffs} differences");
+        }
+        QUIET.store(false, Ordering::Relaxed);
+    }
+
+    /// `target` receives through both sides; (posted, chains refused, wraps, differences).
+    fn receives(target: u64, plant: RecvPlant) -> (u64, u64, u64, u64) {
+        use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RecvSeg, RqError, RCV_DBR};
+        use hotverbs_mlx5_golden::RecvWr;
+        let (mut posted, mut refused, mut wraps, mut diffs) = (0u64, 0u64, 0u64, 0u64);
+        let mut chains = 0u64;
+        for (shape, (wqe_cnt, stride)) in [(64u32, 16u32), (256, 64), (32, 128)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut model = Model::new(ModelCfg {
+                ud: false,
+                uc: false,
+                wqe_cnt: 64,
+                max_gs: 1,
+                max_inline: 0,
+                qpn: QPN,
+                cqe_cnt: 64,
+                poison: POISON,
+                cqe_size: 64,
+            });
+            model.rq_init(wqe_cnt, stride, POISON);
+            let len = (wqe_cnt * stride) as usize;
+            let mut buf = vec![u128::from_ne_bytes([POISON; 16]); len / 16];
+            let mut dbrec = [0u32; 2];
+            let mut wrid = vec![0u64; wqe_cnt as usize];
+            let desc = DirectRqDesc {
+                buf: buf.as_mut_ptr().cast(),
+                wqe_cnt,
+                stride,
+                dbrec: dbrec.as_mut_ptr(),
+                wrid: wrid.as_mut_ptr(),
+            };
+            // SAFETY: the vectors outlive the queue and nothing else touches them.
+            let mut rq =
+                unsafe { DirectRq::new(desc, 0, RecordingDoorbell::new(std::ptr::null_mut())) }
+                    .unwrap();
+            let max_gs = stride / 16;
+            let mut r = Rng(0x0bad_5eed_0000_0001 ^ (shape as u64) << 32);
+            let mut tail = 0u32;
+            let per_shape = target / 3 + 1;
+            let mut shape_posted = 0u64;
+            let mut wr_id = 0u64;
+            while shape_posted < per_shape {
+                if r.below(3) == 0 {
+                    // Completions: the oldest receives, as the CQ returns them.
+                    let k = r.below(u64::from(rq.outstanding()) + 1) as u32;
+                    for _ in 0..k {
+                        let want = unsafe {
+                            // SAFETY: the model's wrid array has wqe_cnt entries.
+                            model.rq_wrid().add((tail & (wqe_cnt - 1)) as usize).read()
+                        };
+                        if rq.complete() != Some(want) {
+                            diffs += 1;
+                        }
+                        tail = tail.wrapping_add(1);
+                    }
+                    model.rq_set_tail(tail);
+                    continue;
+                }
+                let n = 1 + r.below(8) as usize;
+                let mut sges: Vec<Vec<ibv_sge>> = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let k = if r.below(50) == 0 {
+                        max_gs as usize + 1
+                    } else {
+                        r.below(u64::from(max_gs) + 1) as usize
+                    };
+                    sges.push(
+                        (0..k)
+                            .map(|_| ibv_sge {
+                                addr: r.next(),
+                                length: if r.below(6) == 0 { 0 } else { r.next() as u32 },
+                                lkey: r.next() as u32,
+                            })
+                            .collect(),
+                    );
+                }
+                let wrs: Vec<RecvWr> = sges
+                    .iter()
+                    .map(|s| {
+                        wr_id += 1;
+                        RecvWr {
+                            wr_id,
+                            sges: s.as_ptr(),
+                            num_sge: s.len() as i32,
+                            pad: 0,
+                        }
+                    })
+                    .collect();
+                model.record();
+                let (rc, bad) = model.post_recv(&wrs);
+                let model_barriers = model.barriers().iter().filter(|b| b.kind == 1).count();
+                let before = rq.doorbell().events.len();
+                let (mut ours_rc, mut ours_bad) = (0, None);
+                for (i, (w, s)) in wrs.iter().zip(&sges).enumerate() {
+                    let segs: Vec<RecvSeg> = s
+                        .iter()
+                        .map(|g| RecvSeg {
+                            addr: g.addr,
+                            length: g.length,
+                            lkey: g.lkey,
+                        })
+                        .collect();
+                    match rq.post(w.wr_id, &segs) {
+                        Ok(()) => {}
+                        Err(e) => {
+                            ours_rc = match e {
+                                RqError::Full => 12, // ENOMEM
+                                _ => 22,             // EINVAL
+                            };
+                            ours_bad = Some(i);
+                            break;
+                        }
+                    }
+                }
+                chains += 1;
+                let planted = chains == 100;
+                if !(planted && plant == RecvPlant::NoPublish) {
+                    rq.publish();
+                }
+                if planted && plant == RecvPlant::WrongByte && ours_bad != Some(0) {
+                    let slot = (rq.head().wrapping_sub(1) & (wqe_cnt - 1)) as usize;
+                    let w = &mut buf[slot * stride as usize / 16];
+                    *w ^= 1 << 9;
+                }
+                let ours_barriers = rq.doorbell().events[before..]
+                    .iter()
+                    .filter(|e| **e == MmioEvent::ToDeviceBarrier)
+                    .count();
+                let done = ours_bad.unwrap_or(n);
+                posted += done as u64;
+                shape_posted += done as u64;
+                refused += u64::from(ours_bad.is_some());
+                if rq.head() / wqe_cnt != (rq.head() - done as u32) / wqe_cnt {
+                    wraps += 1;
+                }
+                // SAFETY: the model's queue, doorbell record and wrid array are live and
+                // as long as ours.
+                let (mbuf, mdb, mwrid) = unsafe {
+                    (
+                        std::slice::from_raw_parts(model.rq_buf(), len),
+                        model.qp_dbrec().add(RCV_DBR).read(),
+                        std::slice::from_raw_parts(model.rq_wrid(), wqe_cnt as usize),
+                    )
+                };
+                let ours: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                let same = (rc, bad) == (ours_rc, ours_bad)
+                    && mbuf == &ours[..]
+                    && mdb == dbrec[RCV_DBR]
+                    && mwrid == &wrid[..]
+                    && model.rq_head() == rq.head()
+                    && model_barriers == ours_barriers;
+                if !same {
+                    diffs += 1;
+                    if diffs <= 3 && !QUIET.load(Ordering::Relaxed) {
+                        eprintln!(
+                            "golden receive DIFFERENCE (shape {shape}, wr {wr_id}): libmlx5 \
+                             ({rc}, {bad:?}) head {} dbr {:#x} barriers {model_barriers}; \
+                             ours ({ours_rc}, {ours_bad:?}) head {} dbr {:#x} barriers \
+                             {ours_barriers}; queue bytes equal {}, wrid equal {}",
+                            model.rq_head(),
+                            u32::from_be(mdb),
+                            rq.head(),
+                            u32::from_be(dbrec[RCV_DBR]),
+                            mbuf == &ours[..],
+                            mwrid == &wrid[..]
+                        );
+                    }
+                }
+            }
+        }
+        (posted, refused, wraps, diffs)
+    }
 }

@@ -66,6 +66,7 @@
 
 mod cq;
 mod ring;
+pub mod rq;
 
 pub use cq::DirectPoller;
 pub use ring::{DirectBatch, DirectRing, DirectSession, DirectWindow};

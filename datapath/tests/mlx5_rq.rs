@@ -130,3 +130,94 @@ fn a_description_that_is_no_queue_is_refused() {
         assert_eq!(r.err(), Some(RqError::Geometry), "{wqe_cnt} x {stride}");
     }
 }
+
+use hotverbs_datapath::mlx5::rq::{InlineScatter, RecvCqe};
+use hotverbs_ffi::*;
+
+/// A 64-byte responder CQE: opcode, format bits, owner 0.
+fn cqe(op: u8, format: u8) -> [u8; 64] {
+    let mut c = [0u8; 64];
+    c[17] = 0x85; // ml_path: path bits 0x05
+    c[22..24].copy_from_slice(&0x1234u16.to_be_bytes()); // slid
+    c[24..28].copy_from_slice(&(0x2700_0000u32 | 0xabcdef).to_be_bytes()); // GRH, sl 7, src_qp
+    c[36..40].copy_from_slice(&0xdead_0042u32.to_be_bytes()); // imm / rkey / pkey
+    c[44..48].copy_from_slice(&24u32.to_be_bytes()); // byte_cnt
+    c[56..60].copy_from_slice(&0x5500_0abcu32.to_be_bytes()); // qpn 0xabc
+    c[60..62].copy_from_slice(&7u16.to_be_bytes()); // wqe_counter
+    c[63] = op << 4 | format;
+    c
+}
+
+#[test]
+fn responder_cqes_decode_as_libmlx5_reads_them() {
+    let c = RecvCqe::decode(&cqe(3, 0x4)).unwrap(); // SEND with immediate, scattered (32)
+    assert_eq!((c.qpn, c.wqe_counter, c.status), (0xabc, 7, IBV_WC_SUCCESS));
+    assert_eq!((c.opcode, c.byte_len), (IBV_WC_RECV, 24));
+    assert_eq!(c.wc_flags, IBV_WC_WITH_IMM | IBV_WC_GRH);
+    assert_eq!(u32::from_be(c.imm_raw), 0xdead_0042);
+    assert_eq!(
+        (c.src_qp, c.slid, c.sl, c.dlid_path_bits),
+        (0xabcdef, 0x1234, 7, 5)
+    );
+    assert_eq!((c.pkey_index, c.inline), (0x0042, InlineScatter::In32));
+    let w = RecvCqe::decode(&cqe(1, 0)).unwrap(); // RDMA WRITE with immediate
+    assert_eq!(
+        (w.opcode, w.inline),
+        (IBV_WC_RECV_RDMA_WITH_IMM, InlineScatter::No)
+    );
+    let i = RecvCqe::decode(&cqe(4, 0x8)).unwrap(); // SEND with invalidate, scattered (64)
+    assert_eq!(i.wc_flags, IBV_WC_WITH_INV | IBV_WC_GRH);
+    assert_eq!(i.inline, InlineScatter::In64);
+    let mut e = cqe(14, 0); // responder error: remote access (0x13)
+    e[54] = 0x99;
+    e[55] = 0x13;
+    let e = RecvCqe::decode(&e).unwrap();
+    assert_eq!((e.status, e.vendor_err), (IBV_WC_REM_ACCESS_ERR, 0x99));
+    for not_a_receive in [0u8, 5, 13, 15] {
+        assert_eq!(
+            RecvCqe::decode(&cqe(not_a_receive, 0)),
+            None,
+            "opcode {not_a_receive}"
+        );
+    }
+    assert_eq!(RecvCqe::decode(&cqe(2, 0xc)), None, "a compressed CQE");
+}
+
+#[test]
+fn a_payload_in_the_cqe_is_scattered_over_the_wqes_segments() {
+    let mut mem = q(4, 64);
+    let mut r = rq(&mut mem, 64);
+    let mut a = [0u8; 5];
+    let mut b = [0u8; 40];
+    let segs = [
+        RecvSeg {
+            addr: a.as_mut_ptr() as u64,
+            length: 5,
+            lkey: 1,
+        },
+        RecvSeg {
+            addr: b.as_mut_ptr() as u64,
+            length: 40,
+            lkey: 2,
+        },
+    ];
+    r.post(9, &segs).unwrap();
+    r.publish();
+    let data: Vec<u8> = (1..=24).collect();
+    // SAFETY: the segments name `a` and `b`, not otherwise accessed until read below.
+    unsafe { r.scatter(0, &data) }.unwrap();
+    assert_eq!(r.complete_at(0), Some(9));
+    assert_eq!(a, [1, 2, 3, 4, 5]);
+    assert_eq!(&b[..19], &data[5..]);
+    assert_eq!(b[19], 0);
+    // More than the WQE holds: LOC_LEN_ERR (the device never sends that; libmlx5 says so).
+    // A fresh pointer: `a` was read since (the receive's memory is the device's again).
+    let again = [RecvSeg {
+        addr: a.as_mut_ptr() as u64,
+        length: 5,
+        lkey: 1,
+    }];
+    r.post(10, &again).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { r.scatter(1, &data) }, Err(IBV_WC_LOC_LEN_ERR));
+}

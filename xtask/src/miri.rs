@@ -197,10 +197,12 @@ const MIRI_TESTS: &[MiriTest] = &[
         tests: &[
             "a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish",
             "refusals_change_nothing_and_completions_free_slots_in_order",
+            "a_payload_in_the_cqe_is_scattered_over_the_wqes_segments",
         ],
         models: Models::Both,
         why: "issue 30: DirectRq writes receive WQEs and wr_ids through raw pointers into the \
-              queue mlx5dv describes",
+              queue mlx5dv describes, and scatters a CQE's payload through the addresses its \
+              WQE holds",
     },
     MiriTest {
         package: "hotverbs-datapath",

@@ -460,6 +460,14 @@ void hv_rq_init(struct hv_env *e, unsigned wqe_cnt, unsigned stride, unsigned ch
 	qp->rq.tail = 0;
 	qp->rq.wrid = calloc(wqe_cnt, sizeof(uint64_t));
 	qp->wq_sig = 0;
+	/* mlx5_copy_to_recv_wqe (scatter-to-CQE) finds the context through the QP's PD. */
+	struct mlx5_pd *pd = calloc(1, sizeof(*pd));
+	if (!pd)
+		abort();
+	pd->ibv_pd.context = &e->ctx->ibv_ctx.context;
+	qp->verbs_qp.qp.pd = &pd->ibv_pd;
+	/* No NULL MR: no segment's lkey is skipped. */
+	e->ctx->dump_fill_mkey_be = htobe32(0xffffffffu);
 }
 
 int hv_post_recv(struct hv_env *e, const struct hv_rwr *w, int n, int *bad_index)

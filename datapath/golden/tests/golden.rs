@@ -1720,4 +1720,270 @@ mod real {
         }
         (posted, refused, wraps, diffs)
     }
+
+    /// Responder CQEs (issue 30): random receive completions written into the model's CQ
+    /// (every responder opcode, scatter-to-CQE of 0 to 32 bytes in 64-byte CQEs and 0 to 64
+    /// in 128-byte ones, the GRH flag, receive error syndromes, owner-bit passes), polled by
+    /// `mlx5_poll_cq` and decoded by `RecvCqe::decode` with `DirectRq::complete_at` and
+    /// `scatter` on the same receive queue: the same `ibv_wc` fields and the same bytes in
+    /// the receive buffers.
+    #[test]
+    fn random_responder_cqes_equal_libmlx5s() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut total, mut kinds) = (0, [0u64; 4]);
+        for cqe in [64u32, 128] {
+            let (n, d, k) = responder_stream(100_000, cqe, 0);
+            assert_eq!(d, 0, "responder CQEs of {cqe} bytes: {d} differences");
+            total += n;
+            for (a, b) in kinds.iter_mut().zip(k) {
+                *a += b;
+            }
+        }
+        println!(
+            "golden: {total} responder CQEs compared with mlx5_poll_cq (scatter-to-CQE 32 {}, \
+             64 {}, with GRH {}, errors {}), 0 differences",
+            kinds[0], kinds[1], kinds[2], kinds[3]
+        );
+    }
+
+    /// The responder comparison sees a wrong byte scattered and a field read from the
+    /// wrong place.
+    #[test]
+    fn planted_responder_bugs_are_caught() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        QUIET.store(true, Ordering::Relaxed);
+        for plant in [1, 2] {
+            let (_, d, _) = responder_stream(5_000, 128, plant);
+            assert!(d > 0, "planted responder bug {plant} went unseen");
+            println!("planted responder bug {plant} -> {d} differences");
+        }
+        QUIET.store(false, Ordering::Relaxed);
+    }
+
+    /// `target` responder CQEs of `cqe` bytes through both pollers: (compared,
+    /// differences, [scatter 32, scatter 64, GRH, errors]). `plant` 1: one scattered byte
+    /// wrong on our side; 2: our decoder fed a CQE whose SLID byte differs.
+    fn responder_stream(target: u64, cqe: u32, plant: u8) -> (u64, u64, [u64; 4]) {
+        use hotverbs_datapath::mlx5::rq::{
+            DirectRq, DirectRqDesc, InlineScatter, RecvCqe, RecvSeg,
+        };
+        use hotverbs_mlx5_golden::RecvWr;
+        const WQES: u32 = 64;
+        const STRIDE: u32 = 64; // 4 segments
+        const NCQE: u32 = 128;
+        const SLOT: usize = 256; // receive buffer bytes per WQE slot
+        let mut r = Rng(0x7e5b_0dd5_0000_0003 ^ u64::from(cqe));
+        let mut model = Model::new(ModelCfg {
+            ud: false,
+            uc: false,
+            wqe_cnt: 64,
+            max_gs: 1,
+            max_inline: 0,
+            qpn: QPN,
+            cqe_cnt: NCQE,
+            poison: POISON,
+            cqe_size: cqe,
+        });
+        model.rq_init(WQES, STRIDE, POISON);
+        let mut buf = vec![u128::from_ne_bytes([POISON; 16]); (WQES * STRIDE / 16) as usize];
+        let mut dbrec = [0u32; 2];
+        let mut wrid = vec![0u64; WQES as usize];
+        // SAFETY: the vectors outlive the queue and nothing else touches them.
+        let mut rq = unsafe {
+            DirectRq::new(
+                DirectRqDesc {
+                    buf: buf.as_mut_ptr().cast(),
+                    wqe_cnt: WQES,
+                    stride: STRIDE,
+                    dbrec: dbrec.as_mut_ptr(),
+                    wrid: wrid.as_mut_ptr(),
+                },
+                0,
+                RecordingDoorbell::new(std::ptr::null_mut()),
+            )
+        }
+        .unwrap();
+        // The receive buffers: libmlx5's and ours, the same offsets.
+        let mut theirs = vec![0u8; WQES as usize * SLOT];
+        let mut ours = vec![0u8; WQES as usize * SLOT];
+        // Capacity (bytes) of each slot's receive, as posted.
+        let mut cap = vec![0u32; WQES as usize];
+        let (mut compared, mut diffs, mut cons, mut posted, mut wr_id) =
+            (0u64, 0u64, 0u32, 0u32, 0u64);
+        let mut kinds = [0u64; 4];
+        let opcodes = [1u8, 2, 3, 4, 14];
+        let syndromes = [
+            0x01u8, 0x02, 0x04, 0x05, 0x10, 0x11, 0x12, 0x13, 0x14, 0x22, 0x30,
+        ];
+        while compared < target {
+            // Keep receives posted, the same WR on both sides (their buffers, ours).
+            while posted.wrapping_sub(cons) < WQES {
+                let slot = (posted % WQES) as usize;
+                let nseg = 1 + r.below(4) as usize;
+                let mut lens = [0u32; 4];
+                for l in lens.iter_mut().take(nseg) {
+                    *l = if r.below(5) == 0 {
+                        0
+                    } else {
+                        1 + r.below(40) as u32
+                    };
+                }
+                let mut off = 0usize;
+                let mut sg_t = Vec::new();
+                let mut sg_o = Vec::new();
+                for &l in &lens[..nseg] {
+                    let lkey = 1 + r.below(0xffff) as u32;
+                    sg_t.push(ibv_sge {
+                        addr: theirs[slot * SLOT + off..].as_mut_ptr() as u64,
+                        length: l,
+                        lkey,
+                    });
+                    sg_o.push(RecvSeg {
+                        addr: ours[slot * SLOT + off..].as_mut_ptr() as u64,
+                        length: l,
+                        lkey,
+                    });
+                    off += l as usize;
+                }
+                cap[slot] = off as u32;
+                wr_id += 1;
+                let w = [RecvWr {
+                    wr_id,
+                    sges: sg_t.as_ptr(),
+                    num_sge: nseg as i32,
+                    pad: 0,
+                }];
+                let (rc, _) = model.post_recv(&w);
+                assert_eq!(rc, 0);
+                rq.post(wr_id, &sg_o).unwrap();
+                rq.publish();
+                posted = posted.wrapping_add(1);
+            }
+            // One CQE at the consumer index, the owner bit of its pass.
+            let slot = (cons % WQES) as usize;
+            let entry = (cons % NCQE) as usize * cqe as usize;
+            // SAFETY: the model's CQ buffer holds NCQE entries of `cqe` bytes.
+            let e =
+                unsafe { std::slice::from_raw_parts_mut(model.cq_buf().add(entry), cqe as usize) };
+            for b in e.iter_mut() {
+                *b = r.next() as u8;
+            }
+            let c64 = cqe as usize - 64;
+            let op = opcodes[r.below(opcodes.len() as u64) as usize];
+            let mut format = 0u8;
+            if op != 14 && r.below(2) == 0 {
+                format = if cqe == 128 && r.below(2) == 0 {
+                    0x8
+                } else {
+                    0x4
+                };
+            }
+            let max_inline = if format == 0x8 { 64 } else { 32 };
+            let byte_cnt = if format != 0 {
+                r.below(u64::from(cap[slot].min(max_inline)) + 1) as u32
+            } else {
+                r.next() as u32
+            };
+            let owner = ((cons / NCQE) & 1) as u8;
+            e[c64 + 63] = op << 4 | format | owner;
+            e[c64 + 56..c64 + 60]
+                .copy_from_slice(&((r.next() as u32 & 0xff00_0000) | QPN).to_be_bytes());
+            e[c64 + 32..c64 + 36].copy_from_slice(&(r.next() as u32 & 0xff00_0000).to_be_bytes());
+            e[c64 + 60..c64 + 62].copy_from_slice(&(cons as u16).to_be_bytes());
+            e[c64 + 44..c64 + 48].copy_from_slice(&byte_cnt.to_be_bytes());
+            if op == 14 {
+                e[c64 + 55] = syndromes[r.below(syndromes.len() as u64) as usize];
+            }
+            let bytes: Vec<u8> = e.to_vec();
+            let got = model.poll_cq(1);
+            cons = cons.wrapping_add(1);
+            // Ours, on the same bytes.
+            let mut mine: [u8; 64] = bytes[c64..].try_into().unwrap();
+            if plant == 2 && compared == 100 {
+                mine[23] ^= 1;
+            }
+            let Some(c) = RecvCqe::decode(&mine) else {
+                diffs += 1;
+                eprintln!("golden responder DIFFERENCE: op {op} format {format}: not decoded");
+                continue;
+            };
+            let o_wr = rq.complete_at(c.wqe_counter);
+            let mut o_status = c.status;
+            if c.status == IBV_WC_SUCCESS && c.inline != InlineScatter::No {
+                let data = match c.inline {
+                    InlineScatter::In32 => &bytes[c64..c64 + 32],
+                    _ => &bytes[c64 - 64..c64],
+                };
+                let n = (c.byte_len as usize).min(data.len());
+                let mut data = data[..n].to_vec();
+                if plant == 1 && n > 0 && kinds[0] + kinds[1] == 50 {
+                    data[0] ^= 0x40;
+                }
+                kinds[usize::from(c.inline == InlineScatter::In64)] += 1;
+                // SAFETY: the WQE's segments name `ours`, live and untouched meanwhile.
+                if let Err(s) = unsafe { rq.scatter(c.wqe_counter, &data) } {
+                    o_status = s;
+                }
+            }
+            if c.status != IBV_WC_SUCCESS {
+                kinds[3] += 1;
+            } else if c.wc_flags & IBV_WC_GRH != 0 {
+                kinds[2] += 1;
+            }
+            let Some(t) = got.first() else {
+                diffs += 1;
+                eprintln!("golden responder DIFFERENCE: op {op}: libmlx5 polled nothing");
+                continue;
+            };
+            // SAFETY: plain integers of the union.
+            let t_imm = unsafe { t.__bindgen_anon_1.imm_data };
+            let same = Some(t.wr_id) == o_wr
+                && t.status == o_status
+                && t.qp_num == c.qpn
+                && if t.status == IBV_WC_SUCCESS {
+                    t.opcode == c.opcode
+                        && t.byte_len == c.byte_len
+                        && t.wc_flags == c.wc_flags
+                        && (c.wc_flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV) == 0
+                            || t_imm == c.imm_raw
+                            || (c.wc_flags & IBV_WC_WITH_INV != 0
+                                && t_imm == u32::from_be(c.imm_raw)))
+                        && t.src_qp == c.src_qp
+                        && t.slid == c.slid
+                        && t.sl == c.sl
+                        && t.dlid_path_bits == c.dlid_path_bits
+                        && t.pkey_index == c.pkey_index
+                } else if op == 14 {
+                    t.vendor_err == c.vendor_err
+                } else {
+                    true
+                }
+                && theirs == ours;
+            compared += 1;
+            if !same {
+                diffs += 1;
+                if diffs <= 3 && !QUIET.load(Ordering::Relaxed) {
+                    eprintln!(
+                        "golden responder DIFFERENCE (cqe {cqe}, op {op}, format {format:#x}, \
+                         byte_cnt {byte_cnt}): libmlx5 wr_id {} status {} opcode {} len {} \
+                         flags {:#x} src_qp {:#x} slid {} sl {} path {} pkey {} imm {:#x}; ours \
+                         {o_wr:?} {o_status} {c:?}; buffers equal {}",
+                        t.wr_id,
+                        t.status,
+                        t.opcode,
+                        t.byte_len,
+                        t.wc_flags,
+                        t.src_qp,
+                        t.slid,
+                        t.sl,
+                        t.dlid_path_bits,
+                        t.pkey_index,
+                        t_imm,
+                        theirs == ours
+                    );
+                }
+            }
+        }
+        (compared, diffs, kinds)
+    }
 }

@@ -250,3 +250,192 @@ fn data_seg(len: u32, lkey: u32, addr: u64) -> [u32; 4] {
         u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
     ]
 }
+
+/// Where a receive's payload is when the device scattered it into the CQE (responder
+/// scatter-to-CQE, `op_own` bits 2..3; `docs/mlx5-receive.md` §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineScatter {
+    /// Not in the CQE: in the receive's buffers.
+    No,
+    /// In the first 32 bytes of this 64-byte CQE (`MLX5_INLINE_SCATTER_32`).
+    In32,
+    /// In the 64 bytes before this 64-byte CQE: the first half of a 128-byte CQE
+    /// (`MLX5_INLINE_SCATTER_64`).
+    In64,
+}
+
+/// A responder CQE (a receive's completion), decoded as libmlx5's `mlx5_parse_cqe` and
+/// `handle_responder` read it into an `ibv_wc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvCqe {
+    /// `sop_drop_qpn & 0xffffff`: the QP it is for.
+    pub qpn: u32,
+    /// `srqn_uidx & 0xffffff`: the SRQ it is for (0: the QP's own RQ, with `cqe_version` 0).
+    pub srqn: u32,
+    /// `wqe_counter`: the receive WQE it completes.
+    pub wqe_counter: u16,
+    /// `IBV_WC_SUCCESS`, or the error CQE's syndrome as `ibv_wc_status`.
+    pub status: hotverbs_ffi::ibv_wc_status,
+    /// The error CQE's `vendor_err_synd` (0 on success).
+    pub vendor_err: u32,
+    /// `IBV_WC_RECV` or `IBV_WC_RECV_RDMA_WITH_IMM` (success only).
+    pub opcode: hotverbs_ffi::ibv_wc_opcode,
+    /// `byte_cnt` (success only).
+    pub byte_len: u32,
+    /// `IBV_WC_GRH`, `IBV_WC_WITH_IMM`, `IBV_WC_WITH_INV` (success only).
+    pub wc_flags: u32,
+    /// `imm_inval_pkey` as the CQE holds it (network order): the immediate as
+    /// `ibv_wc.imm_data` carries it; `u32::from_be` of it is the invalidated rkey of a
+    /// SEND_WITH_INV.
+    pub imm_raw: u32,
+    /// Sender's QP (`flags_rqpn & 0xffffff`).
+    pub src_qp: u32,
+    /// Sender's LID.
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// `ml_path & 0x7f`.
+    pub dlid_path_bits: u8,
+    /// `imm_inval_pkey & 0xffff` (host order), as libmlx5 reports the P_Key index.
+    pub pkey_index: u16,
+    /// Whether the payload is in the CQE.
+    pub inline: InlineScatter,
+}
+
+impl RecvCqe {
+    /// Decodes `cqe`, the 64-byte CQE (of a 128-byte entry: its second half). `None` for a
+    /// CQE that is not a receive's: a requester's (success or error), a resize, or a format
+    /// this decoder does not read (compressed CQEs).
+    pub fn decode(cqe: &[u8; 64]) -> Option<RecvCqe> {
+        use hotverbs_ffi::*;
+        let be32 = |o: usize| u32::from_be_bytes([cqe[o], cqe[o + 1], cqe[o + 2], cqe[o + 3]]);
+        let op_own = cqe[63];
+        let opcode = op_own >> 4;
+        let inline = match op_own & super::cqe::FORMAT_MASK {
+            0 => InlineScatter::No,
+            0x4 => InlineScatter::In32,
+            0x8 => InlineScatter::In64,
+            _ => return None,
+        };
+        let mut c = RecvCqe {
+            qpn: be32(56) & 0x00ff_ffff,
+            srqn: be32(32) & 0x00ff_ffff,
+            wqe_counter: u16::from_be_bytes([cqe[60], cqe[61]]),
+            status: IBV_WC_SUCCESS,
+            vendor_err: 0,
+            opcode: IBV_WC_RECV,
+            byte_len: 0,
+            wc_flags: 0,
+            imm_raw: 0,
+            src_qp: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            inline: InlineScatter::No,
+        };
+        match opcode {
+            super::cqe::RESP_ERR => {
+                c.status = super::syndrome_status(cqe[super::cqe::OFF_SYNDROME]);
+                c.vendor_err = u32::from(cqe[super::cqe::OFF_VENDOR_ERR]);
+                return Some(c);
+            }
+            super::cqe::RESP_WR_IMM
+            | super::cqe::RESP_SEND
+            | super::cqe::RESP_SEND_IMM
+            | super::cqe::RESP_SEND_INV => {}
+            _ => return None,
+        }
+        c.inline = inline;
+        c.byte_len = be32(44);
+        let imm = u32::from_ne_bytes([cqe[36], cqe[37], cqe[38], cqe[39]]);
+        match opcode {
+            super::cqe::RESP_WR_IMM => {
+                c.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+                c.wc_flags |= IBV_WC_WITH_IMM;
+                c.imm_raw = imm;
+            }
+            super::cqe::RESP_SEND_IMM => {
+                c.wc_flags |= IBV_WC_WITH_IMM;
+                c.imm_raw = imm;
+            }
+            super::cqe::RESP_SEND_INV => {
+                c.wc_flags |= IBV_WC_WITH_INV;
+                c.imm_raw = imm;
+            }
+            _ => {}
+        }
+        let flags_rqpn = be32(24);
+        c.slid = u16::from_be_bytes([cqe[22], cqe[23]]);
+        c.sl = ((flags_rqpn >> 24) & 0xf) as u8;
+        c.src_qp = flags_rqpn & 0x00ff_ffff;
+        c.dlid_path_bits = cqe[17] & 0x7f;
+        if (flags_rqpn >> 28) & 3 != 0 {
+            c.wc_flags |= IBV_WC_GRH;
+        }
+        c.pkey_index = (be32(36) & 0xffff) as u16;
+        Some(c)
+    }
+}
+
+impl<D: Doorbell> DirectRq<D> {
+    /// The `wr_id` of the receive WQE a CQE's `wqe_counter` names, retiring the oldest
+    /// outstanding receive (libmlx5 v55's `handle_responder`: the slot from the counter,
+    /// `rq.tail` moved on by one). `None` when no receive is outstanding.
+    pub fn complete_at(&mut self, wqe_counter: u16) -> Option<u64> {
+        if self.outstanding() == 0 {
+            return None;
+        }
+        self.tail = self.tail.wrapping_add(1);
+        let slot = u32::from(wqe_counter) & self.mask;
+        // SAFETY: slot < wqe_cnt entries of `wrid`.
+        Some(unsafe { self.wrid.add(slot as usize).read() })
+    }
+
+    /// Copies a payload the device scattered into the CQE into the buffers of the receive
+    /// WQE at `wqe_counter`, segment by segment as `mlx5_copy_to_recv_wqe` does (the
+    /// segments are read back from the queue), up to the WQE's terminator.
+    /// `Err(IBV_WC_LOC_LEN_ERR)` when the WQE's segments hold less than `data`.
+    ///
+    /// # Safety
+    /// Every buffer the WQE's segments name is writable for its byte count and is not
+    /// accessed otherwise meanwhile (the receive's memory, which the device would write);
+    /// `data` does not overlap them.
+    pub unsafe fn scatter(
+        &self,
+        wqe_counter: u16,
+        data: &[u8],
+    ) -> Result<(), hotverbs_ffi::ibv_wc_status> {
+        let mut left = data;
+        if left.is_empty() {
+            return Ok(());
+        }
+        let slot = u32::from(wqe_counter) & self.mask;
+        // SAFETY: slot < wqe_cnt: inside the queue (`new`'s contract).
+        let wqe = unsafe { self.buf.add((slot as usize) << self.shift) }.cast::<[u32; 4]>();
+        for j in 0..self.max_gs as usize {
+            // SAFETY: j < max_gs segments of the WQE.
+            let [len, lkey, hi, lo] = unsafe { wqe.add(j).read() };
+            if lkey == INVALID_LKEY.to_be() {
+                // The WQE ends here. libmlx5 reads on into whatever segments the slot held
+                // before; a device never scatters more than the receive holds (it reports
+                // a length error instead), so the two part only where libmlx5 would write
+                // through stale addresses.
+                break;
+            }
+            let n = (u32::from_be(len) as usize).min(left.len());
+            if n == 0 {
+                continue;
+            }
+            let addr = u64::from(u32::from_be(hi)) << 32 | u64::from(u32::from_be(lo));
+            // SAFETY: the segment's buffer is writable for its byte count (the caller's
+            // contract) and n <= that count, n > 0.
+            unsafe { core::ptr::copy_nonoverlapping(left.as_ptr(), addr as *mut u8, n) };
+            left = &left[n..];
+            if left.is_empty() {
+                return Ok(());
+            }
+        }
+        Err(hotverbs_ffi::IBV_WC_LOC_LEN_ERR)
+    }
+}

@@ -221,3 +221,86 @@ fn a_payload_in_the_cqe_is_scattered_over_the_wqes_segments() {
     // SAFETY: as above.
     assert_eq!(unsafe { r.scatter(1, &data) }, Err(IBV_WC_LOC_LEN_ERR));
 }
+
+/// The direct poller serving a receive queue: a responder CQE becomes the receive's
+/// completion, and a payload in the CQE lands in the receive's buffer; a CQE of a QP whose
+/// receive queue is not attached is refused and left in place.
+#[test]
+fn the_poller_completes_receives_of_an_attached_queue() {
+    use hotverbs_datapath::mlx5::{DirectCq, DirectError};
+    use hotverbs_datapath::{Completion, DirectPoller};
+    let mut mem = q(4, 64);
+    let desc = DirectRqDesc {
+        buf: mem.buf.as_mut_ptr().cast(),
+        wqe_cnt: 4,
+        stride: 64,
+        dbrec: mem.dbrec.as_mut_ptr(),
+        wrid: mem.wrid.as_mut_ptr(),
+    };
+    // SAFETY: the test's buffers outlive the queue and the poller.
+    let mut r =
+        unsafe { DirectRq::new(desc, 0, RecordingDoorbell::new(core::ptr::null_mut())) }.unwrap();
+    let mut payload = [0u8; 16];
+    r.post(
+        77,
+        &[RecvSeg {
+            addr: payload.as_mut_ptr() as u64,
+            length: 16,
+            lkey: 3,
+        }],
+    )
+    .unwrap();
+    r.publish();
+    let mut cq = vec![0u128; 4 * 64 / 16];
+    let mut cq_db = [0u32; 2];
+    // SAFETY: as above.
+    let mut poller = unsafe {
+        let mut p = DirectPoller::<4>::new(DirectCq {
+            buf: cq.as_mut_ptr().cast(),
+            cqe_cnt: 4,
+            cqe_size: 64,
+            dbrec: cq_db.as_mut_ptr(),
+            cqn: 1,
+            cons_index: 0,
+        })
+        .unwrap();
+        p.attach_rq(0xabc, &desc).unwrap();
+        p
+    };
+    // Every CQE invalid (owned by the device), then one SEND with immediate, payload in the
+    // CQE: "hello", at CQ index 0, owner bit 0.
+    for e in cq.chunks_mut(4) {
+        let b: &mut [u8] = bytemuck_free(e);
+        b[63] = 0xf0;
+    }
+    let mut c = cqe(3, 0x4);
+    c[60..62].copy_from_slice(&0u16.to_be_bytes());
+    c[44..48].copy_from_slice(&5u32.to_be_bytes());
+    c[..5].copy_from_slice(b"hello");
+    bytemuck_free(&mut cq[..4]).copy_from_slice(&c);
+    let mut out = [Completion::PLACEHOLDER; 4];
+    assert_eq!(poller.poll_into(&mut out).unwrap(), 1);
+    let wc = out[0].as_raw();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (77, IBV_WC_SUCCESS, IBV_WC_RECV, 5)
+    );
+    assert_eq!(wc.wc_flags, IBV_WC_WITH_IMM | IBV_WC_GRH);
+    assert_eq!(r.complete(), Some(77));
+    assert_eq!(&payload[..5], b"hello");
+    // A receive CQE for QP 0xdef, whose queue nobody attached: refused, left in place.
+    let mut other = cqe(2, 0);
+    other[56..60].copy_from_slice(&0x0000_0defu32.to_be_bytes());
+    bytemuck_free(&mut cq[4..8]).copy_from_slice(&other);
+    assert_eq!(
+        poller.poll_into(&mut out),
+        Err(DirectError::UnknownQp(0xdef))
+    );
+    assert_eq!(poller.cons_index(), 1);
+}
+
+/// The bytes of some `u128`s (the test's 16-aligned CQ memory).
+fn bytemuck_free(w: &mut [u128]) -> &mut [u8] {
+    // SAFETY: u128 has no padding and any bytes are valid u8s; the length is in bytes.
+    unsafe { core::slice::from_raw_parts_mut(w.as_mut_ptr().cast(), w.len() * 16) }
+}

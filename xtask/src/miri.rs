@@ -198,6 +198,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish",
             "refusals_change_nothing_and_completions_free_slots_in_order",
             "a_payload_in_the_cqe_is_scattered_over_the_wqes_segments",
+            "the_poller_completes_receives_of_an_attached_queue",
         ],
         models: Models::Both,
         why: "issue 30: DirectRq writes receive WQEs and wr_ids through raw pointers into the \

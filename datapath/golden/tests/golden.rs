@@ -1761,8 +1761,10 @@ mod real {
     }
 
     /// `target` responder CQEs of `cqe` bytes through both pollers: (compared,
-    /// differences, [scatter 32, scatter 64, GRH, errors]). `plant` 1: one scattered byte
-    /// wrong on our side; 2: our decoder fed a CQE whose SLID byte differs.
+    /// differences, [scatter 32, scatter 64, GRH, errors]). Our side is both the decoder
+    /// (`RecvCqe::decode`, `DirectRq::complete_at`) and a `DirectPoller` serving our queue
+    /// (which scatters into our buffers). `plant` 1: one scattered byte wrong on our side;
+    /// 2: our decoder fed a CQE whose SLID byte differs.
     fn responder_stream(target: u64, cqe: u32, plant: u8) -> (u64, u64, [u64; 4]) {
         use hotverbs_datapath::mlx5::rq::{
             DirectRq, DirectRqDesc, InlineScatter, RecvCqe, RecvSeg,
@@ -1803,6 +1805,35 @@ mod real {
             )
         }
         .unwrap();
+        // Our own CQ, given the same CQEs, read by a DirectPoller serving our queue: the
+        // poller's completions (wr_id from our table, scatter into our buffers) against
+        // libmlx5's too.
+        let mut our_cq = vec![0u128; (NCQE * cqe / 16) as usize];
+        let mut our_cq_db = [0u32; 2];
+        // SAFETY: our CQ and queue outlive the poller.
+        let mut poller = unsafe {
+            let mut p = DirectPoller::<4>::new(DirectCq {
+                buf: our_cq.as_mut_ptr().cast(),
+                cqe_cnt: NCQE,
+                cqe_size: cqe,
+                dbrec: our_cq_db.as_mut_ptr(),
+                cqn: 1,
+                cons_index: 0,
+            })
+            .unwrap();
+            p.attach_rq(
+                QPN,
+                &DirectRqDesc {
+                    buf: buf.as_mut_ptr().cast(),
+                    wqe_cnt: WQES,
+                    stride: STRIDE,
+                    dbrec: dbrec.as_mut_ptr(),
+                    wrid: wrid.as_mut_ptr(),
+                },
+            )
+            .unwrap();
+            p
+        };
         // The receive buffers: libmlx5's and ours, the same offsets.
         let mut theirs = vec![0u8; WQES as usize * SLOT];
         let mut ours = vec![0u8; WQES as usize * SLOT];
@@ -1908,22 +1939,28 @@ mod real {
                 continue;
             };
             let o_wr = rq.complete_at(c.wqe_counter);
+            // The poller on our copy of the CQE: it scatters into `ours`.
+            let at = (cons.wrapping_sub(1) % NCQE) as usize * cqe as usize;
+            // SAFETY: our CQ holds NCQE entries of `cqe` bytes; the poller reads it only
+            // in `poll_into` below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    our_cq.as_mut_ptr().cast::<u8>().add(at),
+                    cqe as usize,
+                )
+            };
+            let mut pc = [Completion::PLACEHOLDER; 1];
+            let polled = poller.poll_into(&mut pc);
             let mut o_status = c.status;
             if c.status == IBV_WC_SUCCESS && c.inline != InlineScatter::No {
-                let data = match c.inline {
-                    InlineScatter::In32 => &bytes[c64..c64 + 32],
-                    _ => &bytes[c64 - 64..c64],
-                };
-                let n = (c.byte_len as usize).min(data.len());
-                let mut data = data[..n].to_vec();
-                if plant == 1 && n > 0 && kinds[0] + kinds[1] == 50 {
-                    data[0] ^= 0x40;
-                }
                 kinds[usize::from(c.inline == InlineScatter::In64)] += 1;
-                // SAFETY: the WQE's segments name `ours`, live and untouched meanwhile.
-                if let Err(s) = unsafe { rq.scatter(c.wqe_counter, &data) } {
-                    o_status = s;
-                }
+            }
+            if plant == 1 && c.inline != InlineScatter::No && kinds[0] + kinds[1] == 50 {
+                ours[(c.wqe_counter as usize % WQES as usize) * SLOT] ^= 0x40;
+            }
+            if polled.as_ref().ok() == Some(&1) && pc[0].as_raw().status != c.status {
+                o_status = pc[0].as_raw().status;
             }
             if c.status != IBV_WC_SUCCESS {
                 kinds[3] += 1;
@@ -1959,6 +1996,29 @@ mod real {
                     true
                 }
                 && theirs == ours;
+            let pw = pc[0].as_raw();
+            // SAFETY: plain integers of the union.
+            let p_imm = unsafe { pw.__bindgen_anon_1.imm_data };
+            let by_poller = polled.as_ref().ok() == Some(&1)
+                && pw.wr_id == t.wr_id
+                && pw.status == t.status
+                && pw.qp_num == t.qp_num
+                && if t.status == IBV_WC_SUCCESS {
+                    pw.opcode == t.opcode
+                        && pw.byte_len == t.byte_len
+                        && pw.wc_flags == t.wc_flags
+                        && (t.wc_flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV) == 0
+                            || p_imm == t_imm
+                            || (t.wc_flags & IBV_WC_WITH_INV != 0 && u32::from_be(p_imm) == t_imm))
+                        && pw.src_qp == t.src_qp
+                        && pw.slid == t.slid
+                        && pw.sl == t.sl
+                        && pw.dlid_path_bits == t.dlid_path_bits
+                        && pw.pkey_index == t.pkey_index
+                } else {
+                    op != 14 || pw.vendor_err == t.vendor_err
+                };
+            let same = same && by_poller;
             compared += 1;
             if !same {
                 diffs += 1;
@@ -1967,7 +2027,7 @@ mod real {
                         "golden responder DIFFERENCE (cqe {cqe}, op {op}, format {format:#x}, \
                          byte_cnt {byte_cnt}): libmlx5 wr_id {} status {} opcode {} len {} \
                          flags {:#x} src_qp {:#x} slid {} sl {} path {} pkey {} imm {:#x}; ours \
-                         {o_wr:?} {o_status} {c:?}; buffers equal {}",
+                         {o_wr:?} {o_status} {c:?}; poller {polled:?} {:?}; buffers equal {}",
                         t.wr_id,
                         t.status,
                         t.opcode,
@@ -1979,6 +2039,7 @@ mod real {
                         t.dlid_path_bits,
                         t.pkey_index,
                         t_imm,
+                        pc[0],
                         theirs == ours
                     );
                 }

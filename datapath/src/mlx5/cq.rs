@@ -1,4 +1,5 @@
-//! [`DirectPoller`]: requester CQEs read straight from an mlx5 CQ.
+//! [`DirectPoller`]: requester CQEs (and responder CQEs of attached receive queues) read
+//! straight from an mlx5 CQ.
 //!
 //! # Invariants
 //! - `cons` is libmlx5's `cons_index`: the CQE at `cons & (cqe_cnt - 1)` is the next one,
@@ -34,16 +35,40 @@ const NO_QP: QpSlot = QpSlot {
     wrid: core::ptr::null(),
 };
 
+/// A receive queue the poller serves (issue 30): its `wrid` table and WQEs (scatter-to-CQE
+/// copies through their segments).
+#[derive(Clone, Copy, Debug)]
+struct RqSlot {
+    qpn: u32,
+    mask: u32,
+    wrid: *const u64,
+    buf: *const u8,
+    shift: u32,
+    max_gs: u32,
+}
+
+const NO_RQ: RqSlot = RqSlot {
+    qpn: u32::MAX,
+    mask: 0,
+    wrid: core::ptr::null(),
+    buf: core::ptr::null(),
+    shift: 0,
+    max_gs: 0,
+};
+
 /// Polls an mlx5 send CQ directly: up to `B` requester CQEs per [`poll`](Self::poll), each
 /// a [`Completion`] with the fields libmlx5's `mlx5_poll_cq` sets (`wr_id` from the
 /// attached ring's `wrid` table at the CQE's `wqe_counter`, `status` from the syndrome,
 /// `vendor_err`, `qp_num`, `opcode`, `wc_flags`, `byte_len` for READ and atomics; the other
 /// fields 0).
 ///
+/// Receive completions too, for a receive queue [`attach_rq`](Self::attach_rq)ed (issue
+/// 30): responder CQEs, scatter-to-CQE included, decoded as libmlx5 decodes them.
+///
 /// # Not modelled, refused
-/// Responder, resize and signature CQEs, compressed CQEs, scatter-to-CQE entries, and
-/// CQEs of a QP no ring [`attach`](Self::attach)ed: [`DirectError`], with the CQE left in
-/// place.
+/// Resize and signature CQEs, compressed CQEs, a requester scatter-to-CQE entry, receives
+/// of an SRQ, and CQEs of a QP no ring [`attach`](Self::attach)ed (or no receive queue
+/// [`attach_rq`](Self::attach_rq)ed): [`DirectError`], with the CQE left in place.
 ///
 /// CQEs of 64 or 128 bytes (`MLX5_CQE_SIZE=128`): a 128-byte CQE is read from its second
 /// half, where the device puts the 64-byte CQE's fields (the first half holds what a
@@ -73,6 +98,7 @@ struct CqState {
     cqn: u32,
     last: usize,
     qps: [QpSlot; MAX_QPS],
+    rqs: [RqSlot; MAX_QPS],
 }
 
 // SAFETY: the CQ memory is read and its doorbell record written only through `&mut self`
@@ -123,6 +149,7 @@ impl<const B: usize> DirectPoller<B> {
                 cqn: cq.cqn,
                 last: 0,
                 qps: [NO_QP; MAX_QPS],
+                rqs: [NO_RQ; MAX_QPS],
             },
             wcs: [Completion::PLACEHOLDER; B],
         })
@@ -157,10 +184,68 @@ impl<const B: usize> DirectPoller<B> {
         }
     }
 
-    /// Stops serving the QP `qpn` (its CQEs become [`DirectError::UnknownQp`]).
+    /// Serves the receive queue `rq` of QP `qpn` from now on (issue 30): its responder CQEs
+    /// (SEND, SEND with immediate or invalidate, RDMA WRITE with immediate, receive errors
+    /// and flushes) become completions as `mlx5_poll_cq` makes them (`wr_id` from `rq.wrid`
+    /// at the CQE's `wqe_counter`, [`RecvCqe`](super::rq::RecvCqe)'s fields), and a payload
+    /// the device scattered into the CQE is copied into the receive's buffers, as libmlx5
+    /// does. The [`DirectRq`](super::rq::DirectRq) posting to the queue retires its
+    /// receives in order ([`complete`](super::rq::DirectRq::complete)) as their completions
+    /// arrive. Receives of an SRQ are not served (refused as
+    /// [`DirectError::CqeOpcode`]).
+    ///
+    /// # Safety
+    /// While attached: `rq.wrid` and `rq.buf` stay valid and belong to the one
+    /// `DirectRq` posting to that RQ; every buffer a posted receive names stays writable
+    /// and is not accessed by anyone else until its completion is polled (a poll may copy
+    /// into it).
+    pub unsafe fn attach_rq(
+        &mut self,
+        qpn: u32,
+        rq: &super::rq::DirectRqDesc,
+    ) -> Result<(), DirectError> {
+        if rq.wrid.is_null()
+            || rq.buf.is_null()
+            || !rq.wqe_cnt.is_power_of_two()
+            || !rq.stride.is_power_of_two()
+            || rq.stride < 16
+        {
+            return Err(DirectError::Sq(
+                "a receive queue with a NULL buffer or wrid table, or a wqe_cnt or stride \
+                 that is not a power of two",
+            ));
+        }
+        let slot = RqSlot {
+            qpn,
+            mask: rq.wqe_cnt - 1,
+            wrid: rq.wrid,
+            buf: rq.buf,
+            shift: rq.stride.trailing_zeros(),
+            max_gs: rq.stride / 16,
+        };
+        let free = self
+            .cq
+            .rqs
+            .iter()
+            .position(|s| s.qpn == qpn)
+            .or_else(|| self.cq.rqs.iter().position(|s| s.wrid.is_null()));
+        match free {
+            Some(i) => {
+                self.cq.rqs[i] = slot;
+                Ok(())
+            }
+            None => Err(DirectError::TooManyQps),
+        }
+    }
+
+    /// Stops serving the QP `qpn`, its send and its receive queue (its CQEs become
+    /// [`DirectError::UnknownQp`]).
     pub fn detach(&mut self, qpn: u32) {
         for s in self.cq.qps.iter_mut().filter(|s| s.qpn == qpn) {
             *s = NO_QP;
+        }
+        for s in self.cq.rqs.iter_mut().filter(|s| s.qpn == qpn) {
+            *s = NO_RQ;
         }
     }
 
@@ -481,6 +566,16 @@ impl CqState {
             return Ok(false);
         }
         from_device_barrier();
+        if matches!(
+            opcode,
+            cqe::RESP_WR_IMM
+                | cqe::RESP_SEND
+                | cqe::RESP_SEND_IMM
+                | cqe::RESP_SEND_INV
+                | cqe::RESP_ERR
+        ) {
+            return self.responder(c, cons, out);
+        }
         if op_own & cqe::FORMAT_MASK != 0 {
             return Err(DirectError::CqeFormat {
                 op_own,
@@ -541,6 +636,100 @@ impl CqState {
         wc.byte_len = byte_len;
         wc.qp_num = qpn;
         wc.wc_flags = flags;
+        Ok(true)
+    }
+
+    /// A responder CQE at `cons` (`c`: its 64-byte half, read after the barrier): the
+    /// completion of a receive of an attached RQ, as libmlx5's `handle_responder` and
+    /// error path make it.
+    #[cold]
+    #[inline(never)]
+    fn responder(
+        &mut self,
+        c: *const u8,
+        cons: u32,
+        out: &mut Completion,
+    ) -> Result<bool, DirectError> {
+        use super::rq::{scatter_wqe, InlineScatter, RecvCqe};
+        let mut b = [0u8; 64];
+        for (i, x) in b.iter_mut().enumerate() {
+            // SAFETY: the CQE's 64 bytes are inside the buffer (new's contract).
+            *x = unsafe { c.add(i).read_volatile() };
+        }
+        let op_own = b[cqe::OFF_OP_OWN];
+        let Some(r) = RecvCqe::decode(&b) else {
+            return Err(DirectError::CqeFormat {
+                op_own,
+                index: cons,
+            });
+        };
+        if r.srqn != 0 {
+            return Err(DirectError::CqeOpcode {
+                opcode: op_own >> 4,
+                index: cons,
+            });
+        }
+        let Some(slot) = self
+            .rqs
+            .iter()
+            .find(|s| s.qpn == r.qpn && !s.wrid.is_null())
+            .copied()
+        else {
+            return Err(DirectError::UnknownQp(r.qpn));
+        };
+        let idx = u32::from(r.wqe_counter) & slot.mask;
+        let mut status = r.status;
+        if status == IBV_WC_SUCCESS && r.inline != InlineScatter::No {
+            let mut data = [0u8; 64];
+            let len = match r.inline {
+                InlineScatter::In32 => {
+                    data[..32].copy_from_slice(&b[..32]);
+                    32
+                }
+                _ if self.stride == 128 => {
+                    for (i, x) in data.iter_mut().enumerate() {
+                        // SAFETY: the first half of this 128-byte CQE, inside the buffer.
+                        *x = unsafe { c.sub(64).add(i).read_volatile() };
+                    }
+                    64
+                }
+                _ => {
+                    return Err(DirectError::CqeFormat {
+                        op_own,
+                        index: cons,
+                    })
+                }
+            };
+            let n = (r.byte_len as usize).min(len);
+            // SAFETY: idx < wqe_cnt: a WQE of the attached queue, whose buffers are
+            // writable and the device's until this completion (attach_rq's contract).
+            let wqe = unsafe { slot.buf.add((idx as usize) << slot.shift) };
+            // SAFETY: as above; `data` is ours.
+            if let Err(s) = unsafe { scatter_wqe(wqe, slot.max_gs, &data[..n]) } {
+                status = s;
+            }
+        }
+        // SAFETY: idx < wqe_cnt entries of the attached table.
+        let wr_id = unsafe { slot.wrid.add(idx as usize).read() };
+        self.cons = cons.wrapping_add(1);
+        let wc = out.raw_mut();
+        wc.wr_id = wr_id;
+        wc.status = status;
+        wc.qp_num = r.qpn;
+        wc.vendor_err = r.vendor_err;
+        wc.opcode = r.opcode;
+        wc.byte_len = if r.status == IBV_WC_SUCCESS {
+            r.byte_len
+        } else {
+            0
+        };
+        wc.wc_flags = r.wc_flags;
+        wc.__bindgen_anon_1.imm_data = r.imm_raw;
+        wc.src_qp = r.src_qp;
+        wc.slid = r.slid;
+        wc.sl = r.sl;
+        wc.dlid_path_bits = r.dlid_path_bits;
+        wc.pkey_index = r.pkey_index;
         Ok(true)
     }
 }

@@ -394,7 +394,8 @@ impl<D: Doorbell> DirectRq<D> {
 
     /// Copies a payload the device scattered into the CQE into the buffers of the receive
     /// WQE at `wqe_counter`, segment by segment as `mlx5_copy_to_recv_wqe` does (the
-    /// segments are read back from the queue), up to the WQE's terminator.
+    /// segments are read back from the queue), up to the WQE's terminator (libmlx5 reads on
+    /// past it into stale segments; a device never sends more than the receive holds).
     /// `Err(IBV_WC_LOC_LEN_ERR)` when the WQE's segments hold less than `data`.
     ///
     /// # Safety
@@ -406,36 +407,57 @@ impl<D: Doorbell> DirectRq<D> {
         wqe_counter: u16,
         data: &[u8],
     ) -> Result<(), hotverbs_ffi::ibv_wc_status> {
-        let mut left = data;
+        let slot = u32::from(wqe_counter) & self.mask;
+        // SAFETY: slot < wqe_cnt: inside the queue (`new`'s contract); the WQE's buffers are
+        // the caller's contract.
+        unsafe {
+            scatter_wqe(
+                self.buf.add((slot as usize) << self.shift),
+                self.max_gs,
+                data,
+            )
+        }
+    }
+}
+
+/// Copies `data` over the buffers of the receive WQE at `wqe` (`max_gs` segments), up to
+/// its terminator, as `mlx5_copy_to_recv_wqe` does; `Err(IBV_WC_LOC_LEN_ERR)` when they
+/// hold less. (libmlx5 reads on past the terminator into whatever segments the slot held
+/// before; a device never scatters more than the receive holds, it reports a length error
+/// instead, so the two part only where libmlx5 would write through stale addresses.)
+///
+/// # Safety
+/// `wqe` is a receive WQE of `max_gs` 16-byte segments; every buffer its segments name is
+/// writable for its byte count, accessed by nothing else meanwhile, and does not overlap
+/// `data`.
+pub(super) unsafe fn scatter_wqe(
+    wqe: *const u8,
+    max_gs: u32,
+    data: &[u8],
+) -> Result<(), hotverbs_ffi::ibv_wc_status> {
+    let mut left = data;
+    if left.is_empty() {
+        return Ok(());
+    }
+    let wqe = wqe.cast::<[u32; 4]>();
+    for j in 0..max_gs as usize {
+        // SAFETY: j < max_gs segments of the WQE (the caller's contract).
+        let [len, lkey, hi, lo] = unsafe { wqe.add(j).read() };
+        if lkey == INVALID_LKEY.to_be() {
+            break;
+        }
+        let n = (u32::from_be(len) as usize).min(left.len());
+        if n == 0 {
+            continue;
+        }
+        let addr = u64::from(u32::from_be(hi)) << 32 | u64::from(u32::from_be(lo));
+        // SAFETY: the segment's buffer is writable for its byte count (the caller's
+        // contract) and 0 < n <= that count.
+        unsafe { core::ptr::copy_nonoverlapping(left.as_ptr(), addr as *mut u8, n) };
+        left = &left[n..];
         if left.is_empty() {
             return Ok(());
         }
-        let slot = u32::from(wqe_counter) & self.mask;
-        // SAFETY: slot < wqe_cnt: inside the queue (`new`'s contract).
-        let wqe = unsafe { self.buf.add((slot as usize) << self.shift) }.cast::<[u32; 4]>();
-        for j in 0..self.max_gs as usize {
-            // SAFETY: j < max_gs segments of the WQE.
-            let [len, lkey, hi, lo] = unsafe { wqe.add(j).read() };
-            if lkey == INVALID_LKEY.to_be() {
-                // The WQE ends here. libmlx5 reads on into whatever segments the slot held
-                // before; a device never scatters more than the receive holds (it reports
-                // a length error instead), so the two part only where libmlx5 would write
-                // through stale addresses.
-                break;
-            }
-            let n = (u32::from_be(len) as usize).min(left.len());
-            if n == 0 {
-                continue;
-            }
-            let addr = u64::from(u32::from_be(hi)) << 32 | u64::from(u32::from_be(lo));
-            // SAFETY: the segment's buffer is writable for its byte count (the caller's
-            // contract) and n <= that count, n > 0.
-            unsafe { core::ptr::copy_nonoverlapping(left.as_ptr(), addr as *mut u8, n) };
-            left = &left[n..];
-            if left.is_empty() {
-                return Ok(());
-            }
-        }
-        Err(hotverbs_ffi::IBV_WC_LOC_LEN_ERR)
     }
+    Err(hotverbs_ffi::IBV_WC_LOC_LEN_ERR)
 }

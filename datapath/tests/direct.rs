@@ -579,19 +579,27 @@ fn the_poller_refuses_cqes_it_does_not_model_and_leaves_them() {
     let mut sim = Mlx5Sim::new(64, 16, QPN);
     let mut p = poller(&mut sim);
     sim.write_cqe(0, 0x0a, 0, 0, 0);
-    // Responder CQE (RESP_SEND) next.
+    // Responder CQE (RESP_SEND) next, for a QP whose receive queue nobody attached.
     sim.write_cqe(2, 0, 0, 0, 0);
     assert_eq!(p.poll().unwrap().len(), 1, "the requester CQE before it");
+    for _ in 0..2 {
+        assert_eq!(p.poll().unwrap_err(), DirectError::UnknownQp(QPN));
+    }
+    assert_eq!(p.cons_index(), 1);
+    // A resize CQE.
+    let mut sim = Mlx5Sim::new(64, 16, QPN);
+    let mut p = poller(&mut sim);
+    sim.write_cqe(5, 0, 0, 0, 0);
     for _ in 0..2 {
         assert_eq!(
             p.poll().unwrap_err(),
             DirectError::CqeOpcode {
-                opcode: 2,
-                index: 1
+                opcode: 5,
+                index: 0
             }
         );
     }
-    assert_eq!(p.cons_index(), 1);
+    assert_eq!(p.cons_index(), 0);
     // Compressed format bits.
     let mut sim = Mlx5Sim::new(64, 16, QPN);
     let mut p = poller(&mut sim);

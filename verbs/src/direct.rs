@@ -18,7 +18,9 @@
 //! - **The CQ is the poller's alone**: `Cq::poll`, a `CqPoller` and an `ExCqPoller` are
 //!   refused while it lives (libmlx5's own consumer index would fall behind). Its
 //!   consumer index starts where libmlx5's left it (read from the CQ's doorbell record).
-//! - **Send CQs only**: the poller parses requester CQEs; give receives their own CQ.
+//! - **Send CQs only**: give receives their own CQ. (The datapath's
+//!   `DirectPoller::attach_rq` reads receive completions too, issue 30's first part; the
+//!   setup layer does not offer a direct receive queue yet.)
 //! - **A QP posted on before**: the ring starts at the QP's `cur_post` (its doorbell
 //!   record).
 //!
@@ -482,7 +484,7 @@ impl Cq {
                 .with_hint("this CQ already has a poller (one per CQ): use it, or drop it first"));
         }
         // Verbs-path rings complete here: libmlx5 holds completions of theirs the direct
-        // poller would never see (and it parses no responder CQEs), so they would wait
+        // poller would never see (no receive queue is attached to it here), so they would wait
         // for ever. Once the CQ is direct, only direct rings reserve on it.
         if self.inner.rings.direct_arm().is_none() {
             if let Err(e) = self.inner.rings.refuse_if_rings(VERB) {

@@ -3,8 +3,9 @@
 //! barrier, refusals and wraps. (`cargo xtask golden` compares it with `mlx5_post_recv`
 //! byte for byte; this file runs under miri.)
 
-use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RecvSeg, RqError, RCV_DBR};
+use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RqError, RCV_DBR};
 use hotverbs_datapath::mlx5::{MmioEvent, RecordingDoorbell};
+use hotverbs_datapath::LocalBuf;
 
 struct Q {
     buf: Vec<u128>,
@@ -41,19 +42,19 @@ fn a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish() 
     let mut mem = q(4, 64);
     let mut r = rq(&mut mem, 64);
     let segs = [
-        RecvSeg {
+        LocalBuf {
             addr: 0x1122_3344_5566_7788,
-            length: 100,
+            len: 100,
             lkey: 7,
         },
-        RecvSeg {
+        LocalBuf {
             addr: 0x99,
-            length: 0,
+            len: 0,
             lkey: 8,
         }, // skipped
-        RecvSeg {
+        LocalBuf {
             addr: 0xaabb,
-            length: 4,
+            len: 4,
             lkey: 9,
         },
     ];
@@ -90,9 +91,9 @@ fn a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish() 
 fn refusals_change_nothing_and_completions_free_slots_in_order() {
     let mut mem = q(2, 32);
     let mut r = rq(&mut mem, 32);
-    let three = [RecvSeg {
+    let three = [LocalBuf {
         addr: 1,
-        length: 1,
+        len: 1,
         lkey: 1,
     }; 3];
     assert_eq!(
@@ -132,6 +133,7 @@ fn a_description_that_is_no_queue_is_refused() {
 }
 
 use hotverbs_datapath::mlx5::rq::{InlineScatter, RecvCqe};
+
 use hotverbs_ffi::*;
 
 /// A 64-byte responder CQE: opcode, format bits, owner 0.
@@ -190,14 +192,14 @@ fn a_payload_in_the_cqe_is_scattered_over_the_wqes_segments() {
     let mut a = [0u8; 5];
     let mut b = [0u8; 40];
     let segs = [
-        RecvSeg {
+        LocalBuf {
             addr: a.as_mut_ptr() as u64,
-            length: 5,
+            len: 5,
             lkey: 1,
         },
-        RecvSeg {
+        LocalBuf {
             addr: b.as_mut_ptr() as u64,
-            length: 40,
+            len: 40,
             lkey: 2,
         },
     ];
@@ -212,9 +214,9 @@ fn a_payload_in_the_cqe_is_scattered_over_the_wqes_segments() {
     assert_eq!(b[19], 0);
     // More than the WQE holds: LOC_LEN_ERR (the device never sends that; libmlx5 says so).
     // A fresh pointer: `a` was read since (the receive's memory is the device's again).
-    let again = [RecvSeg {
+    let again = [LocalBuf {
         addr: a.as_mut_ptr() as u64,
-        length: 5,
+        len: 5,
         lkey: 1,
     }];
     r.post(10, &again).unwrap();
@@ -243,9 +245,9 @@ fn the_poller_completes_receives_of_an_attached_queue() {
     let mut payload = [0u8; 16];
     r.post(
         77,
-        &[RecvSeg {
+        &[LocalBuf {
             addr: payload.as_mut_ptr() as u64,
-            length: 16,
+            len: 16,
             lkey: 3,
         }],
     )
@@ -303,4 +305,33 @@ fn the_poller_completes_receives_of_an_attached_queue() {
 fn bytemuck_free(w: &mut [u128]) -> &mut [u8] {
     // SAFETY: u128 has no padding and any bytes are valid u8s; the length is in bytes.
     unsafe { core::slice::from_raw_parts_mut(w.as_mut_ptr().cast(), w.len() * 16) }
+}
+
+/// A queue's state travels with its value: after `mem::swap` each `DirectRq` posts into
+/// the queue it was made for, and a forgotten one leaves its queue as it was (it owns no
+/// memory and has no drop).
+#[test]
+fn swapped_and_forgotten_queues_stay_with_their_memory() {
+    let (mut ma, mut mb) = (q(4, 32), q(4, 32));
+    let mut a = rq(&mut ma, 32);
+    let mut b = rq(&mut mb, 32);
+    a.post(1, &[]).unwrap();
+    core::mem::swap(&mut a, &mut b);
+    // `b` is now queue A's (one outstanding), `a` queue B's (empty).
+    assert_eq!((a.outstanding(), b.outstanding()), (0, 1));
+    a.post(2, &[]).unwrap();
+    b.post(3, &[]).unwrap();
+    a.publish();
+    b.publish();
+    std::mem::forget(a);
+    assert_eq!(b.complete(), Some(1));
+    assert_eq!(b.complete(), Some(3));
+    assert_eq!((ma.wrid[..2].to_vec(), mb.wrid[0]), (vec![1, 3], 2));
+    assert_eq!(
+        (
+            u32::from_be(ma.dbrec[RCV_DBR]),
+            u32::from_be(mb.dbrec[RCV_DBR])
+        ),
+        (2, 1)
+    );
 }

@@ -26,7 +26,8 @@
 use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
-use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RecvSeg, RCV_DBR};
+use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RCV_DBR};
+use hotverbs_datapath::LocalBuf;
 use hotverbs_datapath::mlx5::{DirectCq, RecordingDoorbell};
 use hotverbs_datapath::{Completion, DirectPoller};
 use hotverbs_ffi::*;
@@ -140,10 +141,10 @@ fuzz_target!(|input: Input| {
                 let mut model_segs = Vec::new();
                 for &l in lens.iter().chain(&[7]).take(n) {
                     let l = u32::from(l % 33);
-                    segs.push(RecvSeg {
+                    segs.push(LocalBuf {
                         // SAFETY: inside `bufs` (SLOT bytes per slot, at most 5 x 32 used).
                         addr: unsafe { bufs_ptr.add(slot * SLOT + off) } as u64,
-                        length: l,
+                        len: l,
                         lkey: 0x77,
                     });
                     model_segs.push((off, l));

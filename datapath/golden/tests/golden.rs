@@ -1548,7 +1548,8 @@ mod real {
 
     /// `target` receives through both sides; (posted, chains refused, wraps, differences).
     fn receives(target: u64, plant: RecvPlant) -> (u64, u64, u64, u64) {
-        use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RecvSeg, RqError, RCV_DBR};
+        use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RqError, RCV_DBR};
+        use hotverbs_datapath::LocalBuf;
         use hotverbs_mlx5_golden::RecvWr;
         let (mut posted, mut refused, mut wraps, mut diffs) = (0u64, 0u64, 0u64, 0u64);
         let mut chains = 0u64;
@@ -1642,11 +1643,11 @@ mod real {
                 let before = rq.doorbell().events.len();
                 let (mut ours_rc, mut ours_bad) = (0, None);
                 for (i, (w, s)) in wrs.iter().zip(&sges).enumerate() {
-                    let segs: Vec<RecvSeg> = s
+                    let segs: Vec<LocalBuf> = s
                         .iter()
-                        .map(|g| RecvSeg {
+                        .map(|g| LocalBuf {
                             addr: g.addr,
-                            length: g.length,
+                            len: g.length,
                             lkey: g.lkey,
                         })
                         .collect();
@@ -1766,9 +1767,8 @@ mod real {
     /// (which scatters into our buffers). `plant` 1: one scattered byte wrong on our side;
     /// 2: our decoder fed a CQE whose SLID byte differs.
     fn responder_stream(target: u64, cqe: u32, plant: u8) -> (u64, u64, [u64; 4]) {
-        use hotverbs_datapath::mlx5::rq::{
-            DirectRq, DirectRqDesc, InlineScatter, RecvCqe, RecvSeg,
-        };
+        use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, InlineScatter, RecvCqe};
+        use hotverbs_datapath::LocalBuf;
         use hotverbs_mlx5_golden::RecvWr;
         const WQES: u32 = 64;
         const STRIDE: u32 = 64; // 4 segments
@@ -1869,9 +1869,9 @@ mod real {
                         length: l,
                         lkey,
                     });
-                    sg_o.push(RecvSeg {
+                    sg_o.push(LocalBuf {
                         addr: ours[slot * SLOT + off..].as_mut_ptr() as u64,
-                        length: l,
+                        len: l,
                         lkey,
                     });
                     off += l as usize;

@@ -539,7 +539,7 @@ unsafe fn raddr_seg(seg: *mut u8, addr: u64, rkey: u32) {
 /// # Safety
 /// 16 writable bytes at `seg`.
 #[inline(always)]
-unsafe fn data_seg(seg: *mut u8, b: LocalBuf, atomic: bool) {
+pub(super) unsafe fn data_seg(seg: *mut u8, b: LocalBuf, atomic: bool) {
     let n = if atomic { 8 } else { b.len };
     // SAFETY: the caller's contract.
     unsafe {

@@ -19,24 +19,15 @@
 //! Not built yet (issue 30): the SRQ's WQEs and free list, the responder CQEs on the
 //! direct poller, scatter-to-CQE, and the safe ring over this queue.
 
+use super::ring::data_seg;
 use super::Doorbell;
+use crate::LocalBuf;
 
 /// The receive counter's element of a QP's doorbell record (`MLX5_RCV_DBR`).
 pub const RCV_DBR: usize = 0;
 /// The lkey of the segment that ends a WQE with fewer than `max_gs` entries
 /// (`MLX5_INVALID_LKEY`).
 pub const INVALID_LKEY: u32 = 0x100;
-
-/// One scatter entry of a receive (`struct ibv_sge`'s fields).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RecvSeg {
-    /// Address.
-    pub addr: u64,
-    /// Length in bytes; a zero-length entry is skipped, as libmlx5 skips it.
-    pub length: u32,
-    /// The MR's lkey.
-    pub lkey: u32,
-}
 
 /// A ConnectX receive queue as `mlx5dv_init_obj(3)` describes it (`struct mlx5dv_qp`'s
 /// `rq` and `dbrec`).
@@ -179,7 +170,7 @@ impl<D: Doorbell> DirectRq<D> {
     /// # Errors
     /// [`RqError::Full`], [`RqError::TooManySegs`]; nothing is written then.
     #[inline]
-    pub fn post(&mut self, wr_id: u64, segs: &[RecvSeg]) -> Result<(), RqError> {
+    pub fn post(&mut self, wr_id: u64, segs: &[LocalBuf]) -> Result<(), RqError> {
         if self.outstanding() > self.mask {
             return Err(RqError::Full);
         }
@@ -193,16 +184,22 @@ impl<D: Doorbell> DirectRq<D> {
         // SAFETY: `slot < wqe_cnt`, so the WQE's `stride` bytes are inside `buf` (`new`'s
         // contract); a WQE is 16-byte aligned (the queue is page-aligned, the stride a
         // power of two >= 16).
-        let wqe = unsafe { self.buf.add((slot as usize) << self.shift) }.cast::<[u32; 4]>();
+        let wqe = unsafe { self.buf.add((slot as usize) << self.shift) };
         let mut j = 0usize;
-        for s in segs.iter().filter(|s| s.length != 0) {
+        // An entry of no bytes is skipped, as libmlx5 skips it.
+        for &s in segs.iter().filter(|s| s.len != 0) {
             // SAFETY: j < max_gs entries of 16 bytes fit the stride.
-            unsafe { wqe.add(j).write(data_seg(s.length, s.lkey, s.addr)) };
+            unsafe { data_seg(wqe.add(j * 16), s, false) };
             j += 1;
         }
         if j < self.max_gs as usize {
+            let end = LocalBuf {
+                addr: 0,
+                len: 0,
+                lkey: INVALID_LKEY,
+            };
             // SAFETY: as above.
-            unsafe { wqe.add(j).write(data_seg(0, INVALID_LKEY, 0)) };
+            unsafe { data_seg(wqe.add(j * 16), end, false) };
         }
         // SAFETY: slot < wqe_cnt entries of `wrid` (`new`'s contract).
         unsafe { self.wrid.add(slot as usize).write(wr_id) };
@@ -237,18 +234,6 @@ impl<D: Doorbell> DirectRq<D> {
         // SAFETY: slot < wqe_cnt entries of `wrid`.
         Some(unsafe { self.wrid.add(slot as usize).read() })
     }
-}
-
-/// A data segment as the device reads it: byte count, lkey, address, big-endian.
-#[inline(always)]
-fn data_seg(len: u32, lkey: u32, addr: u64) -> [u32; 4] {
-    let a = addr.to_be_bytes();
-    [
-        len.to_be(),
-        lkey.to_be(),
-        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-    ]
 }
 
 /// Where a receive's payload is when the device scattered it into the CQE (responder

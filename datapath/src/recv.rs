@@ -48,6 +48,24 @@ pub enum RecvTarget {
     Qp(*mut ibv_qp),
     /// A shared receive queue (`ibv_post_srq_recv(3)`).
     Srq(*mut ibv_srq),
+    /// A ConnectX receive queue written directly (issue 30): each repost writes receive
+    /// WQEs into the queue `desc` describes ([`DirectRq`](crate::mlx5::DirectRq)) and
+    /// publishes them with one store barrier and one doorbell-record store, no
+    /// `ibv_post_recv`. `qp` is the QP (its number, for routing), `head` where its
+    /// receive counter stands (libmlx5's `rq.head`: 0 for a QP nothing posted receives
+    /// to). The completions come from a [`DirectPoller`](crate::mlx5::DirectPoller) the
+    /// queue is [`attach_rq`](crate::mlx5::DirectPoller::attach_rq)ed to, with the
+    /// `wr_id`s this ring wrote into `desc.wrid`. Only where the target has the hardware
+    /// doorbell ([`Mmio::available`](crate::mlx5::Mmio::available)): elsewhere the ring
+    /// refuses it ([`ConfigError::Null`]).
+    Mlx5 {
+        /// The QP.
+        qp: *mut ibv_qp,
+        /// Its receive queue, as `mlx5dv_init_obj(3)` describes it.
+        desc: crate::mlx5::DirectRqDesc,
+        /// Receives posted to it so far (wrapping).
+        head: u32,
+    },
 }
 
 /// Configuration of a [`RecvRing`].
@@ -197,6 +215,8 @@ pub struct RecvRing<const N: usize> {
     brand: usize,
     region: LocalBuf,
     target: RecvTarget,
+    /// The queue a [`RecvTarget::Mlx5`] ring writes; `None` for the others.
+    direct: Option<crate::mlx5::DirectRq<crate::mlx5::Mmio>>,
 }
 
 /// `wr_id` layout of a receive: ring id (63..56), receive bit (55), generation (54..32),
@@ -291,12 +311,29 @@ impl<const N: usize> RecvRing<N> {
             return Err(ConfigError::RingSize { n: N });
         }
         let null = match target {
-            RecvTarget::Qp(q) => q.is_null(),
+            RecvTarget::Qp(q) | RecvTarget::Mlx5 { qp: q, .. } => q.is_null(),
             RecvTarget::Srq(s) => s.is_null(),
         };
         if null {
             return Err(ConfigError::Null);
         }
+        let direct = match target {
+            RecvTarget::Mlx5 { desc, head, .. } => {
+                let Some(mmio) = crate::mlx5::Mmio::available() else {
+                    return Err(ConfigError::Null);
+                };
+                // SAFETY: the caller's contract (`new`): the queue is live, this ring's
+                // alone, and outlives the ring.
+                let rq = unsafe { crate::mlx5::DirectRq::new(desc, head, mmio) }
+                    .map_err(|_| ConfigError::Null)?;
+                // A slot per WQE at most: the queue never holds more than the ring posts.
+                if cfg.count > rq.capacity() || rq.max_segs() == 0 {
+                    return Err(ConfigError::Slots);
+                }
+                Some(rq)
+            }
+            _ => None,
+        };
         if cfg.count == 0 {
             return Err(ConfigError::Unresolved);
         }
@@ -312,7 +349,7 @@ impl<const N: usize> RecvRing<N> {
         }
         let qp_num = match target {
             // SAFETY: a live QP (the caller's contract); qp_num is set at creation.
-            RecvTarget::Qp(q) => unsafe { (*q).qp_num },
+            RecvTarget::Qp(q) | RecvTarget::Mlx5 { qp: q, .. } => unsafe { (*q).qp_num },
             RecvTarget::Srq(_) => 0,
         };
         let brand = NEXT_BRAND.fetch_add(1, Ordering::Relaxed);
@@ -341,6 +378,7 @@ impl<const N: usize> RecvRing<N> {
             addr_of_mut!((*p).brand).write(brand);
             addr_of_mut!((*p).region).write(region);
             addr_of_mut!((*p).target).write(target);
+            addr_of_mut!((*p).direct).write(direct);
             &mut *p
         };
         for i in 0..cfg.count as usize {
@@ -528,6 +566,9 @@ impl<const N: usize> RecvRing<N> {
         if n == 0 {
             return Ok(0);
         }
+        if self.direct.is_some() {
+            return self.repost_direct(n);
+        }
         let wrs = self.wrs.as_mut_ptr();
         let sges = self.sges.as_mut_ptr();
         for j in 0..n {
@@ -551,8 +592,10 @@ impl<const N: usize> RecvRing<N> {
         // with a valid SGE inside the registered region; the target is live (new's contract).
         let rc = unsafe {
             match self.target {
-                RecvTarget::Qp(qp) => ibv_post_recv(qp, wrs.add(head), &mut bad),
                 RecvTarget::Srq(srq) => ibv_post_srq_recv(srq, wrs.add(head), &mut bad),
+                RecvTarget::Qp(qp) | RecvTarget::Mlx5 { qp, .. } => {
+                    ibv_post_recv(qp, wrs.add(head), &mut bad)
+                }
             }
         };
         let sz = core::mem::size_of::<ibv_recv_wr>();
@@ -583,8 +626,8 @@ impl<const N: usize> RecvRing<N> {
         } else {
             Err(PostError {
                 verb: match self.target {
-                    RecvTarget::Qp(_) => "ibv_post_recv",
                     RecvTarget::Srq(_) => "ibv_post_srq_recv",
+                    _ => "ibv_post_recv",
                 },
                 errno: rc,
                 first_rejected: if named.is_some() {
@@ -599,6 +642,38 @@ impl<const N: usize> RecvRing<N> {
                 },
             })
         }
+    }
+
+    /// [`repost`](Self::repost) on a [`RecvTarget::Mlx5`] queue: one WQE per pending
+    /// slot, then one barrier and counter store. The queue's own count of outstanding
+    /// receives is set from the ring's (`posted`) first: the ring accounts for every
+    /// receive, the queue only needs room, which `count <= wqe_cnt` guarantees.
+    #[inline(never)]
+    fn repost_direct(&mut self, n: usize) -> Result<usize, PostError> {
+        let Some(rq) = self.direct.as_mut() else {
+            return Ok(0);
+        };
+        rq.set_outstanding(self.posted);
+        for j in 0..n {
+            let i = self.pending[j & Self::MASK] as usize & Self::MASK;
+            let s = self.sges[i];
+            // One entry of at least one byte (slot_len > 0) into a queue with room for
+            // every slot (checked in init_in): `post` cannot refuse it.
+            if rq
+                .post(
+                    self.tag | i as u64,
+                    &[LocalBuf::new(s.addr, s.length, s.lkey)],
+                )
+                .is_err()
+            {
+                unreachable!("a direct receive queue with fewer WQEs than the ring's slots");
+            }
+            self.state[i] = POSTED;
+        }
+        rq.publish();
+        self.posted += n as u32;
+        self.npending = 0;
+        Ok(n)
     }
 
     /// Takes back the slots the device no longer holds and queues them (with the idle
@@ -634,6 +709,11 @@ impl<const N: usize> RecvRing<N> {
     pub unsafe fn reset(&mut self) -> usize {
         let srq = matches!(self.target, RecvTarget::Srq(_));
         if !srq {
+            if let Some(rq) = self.direct.as_mut() {
+                // SAFETY: the QP went through RESET (this function's contract), which
+                // zeroed its receive counter.
+                unsafe { rq.reset_after_qp_reset() };
+            }
             let generation = ((self.tag >> GEN_SHIFT) + 1) & GEN_MASK;
             self.tag = (self.tag & !GEN_BITS) | (generation << GEN_SHIFT);
             self.completed += self.posted as u64;

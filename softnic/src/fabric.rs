@@ -240,6 +240,9 @@ pub(crate) struct Ah {
 pub(crate) struct RecvEntry {
     pub(crate) wr_id: u64,
     pub(crate) sges: Vec<ibv_sge>,
+    /// Read from the mlx5 personality's receive queue in memory (`wr_id` is then the WQE
+    /// counter): its message may be scattered into the CQE ([`dv`]).
+    pub(crate) dv: bool,
 }
 
 /// A receive queue (of a QP or an SRQ); entries are recycled so steady-state posting does
@@ -279,6 +282,7 @@ impl RecvQueue {
         for _ in have..n {
             self.spare.push(RecvEntry {
                 wr_id: 0,
+                dv: false,
                 sges: Vec::with_capacity(self.max_sge.max(1) as usize),
             });
         }
@@ -303,6 +307,7 @@ impl RecvQueue {
         }
         let mut e = self.spare.pop().unwrap_or_default();
         e.wr_id = wr.wr_id;
+        e.dv = false;
         e.sges.clear();
         if wr.num_sge > 0 {
             // SAFETY: caller guarantees sg_list holds num_sge entries.
@@ -519,6 +524,9 @@ pub(crate) struct Fabric {
     scratch_waiters: Vec<u32>,
     src_segs: Vec<Seg>,
     dst_segs: Vec<Seg>,
+    /// A receive's payload the mlx5 personality puts into its CQE instead of the buffer
+    /// (responder scatter-to-CQE), from `deliver` to the CQE's write.
+    pub(crate) dv_scatter: Option<(usize, [u8; 64])>,
 }
 
 static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
@@ -632,6 +640,7 @@ impl Fabric {
             scratch_waiters: Vec::new(),
             src_segs: Vec::new(),
             dst_segs: Vec::new(),
+            dv_scatter: None,
         }
     }
 
@@ -2002,6 +2011,7 @@ impl Fabric {
     }
 
     fn has_recv(&mut self, pi: usize) -> bool {
+        self.dv_sync_rq(pi);
         let qp = self.qp(pi);
         match qp.srq {
             Some(s) => self.srqs[s as usize]
@@ -2013,6 +2023,7 @@ impl Fabric {
 
     #[inline(always)]
     fn take_recv(&mut self, pi: usize) -> Option<RecvEntry> {
+        self.dv_sync_rq(pi);
         let qp = self.qp(pi);
         match qp.srq {
             None => qp.rq.q.pop_front(),
@@ -2090,8 +2101,19 @@ impl Fabric {
                         // SAFETY: dst resolved and checked to hold hdr + len bytes.
                         unsafe { mem::scatter(&dst, 0, &s, 0, GRH_LEN) };
                     }
-                    // SAFETY: dst resolved with room >= hdr + len; src checked by the caller.
-                    unsafe { mem::scatter(&dst, hdr, src, 0, len) };
+                    if let Some(limit) = self.dv_scatter_limit(pi, r.dv, qpt, len) {
+                        // Responder scatter-to-CQE: the payload goes into the CQE, the
+                        // receive buffer is not written (as a ConnectX does).
+                        let mut b = [0u8; 64];
+                        let s = [Seg::own(b.as_mut_ptr(), limit)];
+                        // SAFETY: `b` holds `limit >= len` bytes; src checked by the caller.
+                        unsafe { mem::scatter(&s, 0, src, 0, len) };
+                        self.dv_scatter = Some((limit, b));
+                    } else {
+                        // SAFETY: dst resolved with room >= hdr + len; src checked by the
+                        // caller.
+                        unsafe { mem::scatter(&dst, hdr, src, 0, len) };
+                    }
                     byte_len = len + hdr;
                 }
             }

@@ -132,7 +132,26 @@ pub(crate) struct CqRings {
     /// The send queues direct rings attached to this CQ's poller, so that a poller made
     /// after the last one was dropped serves them too (removed when the QP is destroyed).
     direct_sqs: Mutex<Vec<AttachedSq>>,
+    /// The receive queues direct receive rings attached (`Qp::direct_recv_ring`), for the
+    /// same reason.
+    direct_rqs: Mutex<Vec<AttachedRq>>,
+    /// A direct poller of a CQ with direct receive queues is inside a poll (see
+    /// [`defer_clean_and_wait`](CqRings::defer_clean_and_wait)).
+    polling: AtomicBool,
 }
+
+/// A direct receive ring's queue, as attached to the CQ's poller: its QP and description.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttachedRq(
+    pub(crate) u32,
+    pub(crate) hotverbs_datapath::mlx5::DirectRqDesc,
+);
+
+// SAFETY: as AttachedSq's: addresses of a live QP's receive queue and of a wrid table the
+// CqRings owns, only handed to `DirectPoller::attach_rq` under the CQ's poller slot.
+unsafe impl Send for AttachedRq {}
+// SAFETY: as above.
+unsafe impl Sync for AttachedRq {}
 
 /// A `wrid` table allocated by [`CqRings::wrid_table`].
 #[derive(Debug)]
@@ -226,11 +245,51 @@ impl CqRings {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|a| a.0.qp_num != qpn);
+        self.direct_rqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|a| a.0 != qpn);
         self.to_clean
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(qpn);
         self.clean_due.store(true, Ordering::Release);
+    }
+
+    /// [`defer_clean`](Self::defer_clean), then waits until no direct poll that began
+    /// before it is still running: for a QP with a direct receive queue, whose poll reads
+    /// the QP's receive WQEs and writes its leased slots (scatter-to-CQE), before the QP's
+    /// memory or leases go. A poll that starts after sees the clean due and detaches the QP
+    /// first. (Dekker's handshake: this stores `clean_due` and reads `polling`, the poll
+    /// stores `polling` and reads `clean_due`, both sequentially consistent.)
+    pub(crate) fn defer_clean_and_wait(&self, qpn: u32) {
+        self.defer_clean(qpn);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.polling.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// A guarded direct poll begins (see [`defer_clean_and_wait`](Self::defer_clean_and_wait)).
+    #[inline(always)]
+    pub(crate) fn enter_poll(&self) {
+        self.polling.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// A guarded direct poll ended.
+    #[inline(always)]
+    pub(crate) fn exit_poll(&self) {
+        self.polling.store(false, Ordering::Release);
+    }
+
+    /// Direct receive queues were registered on this CQ: its pollers guard their polls.
+    pub(crate) fn has_direct_rqs(&self) -> bool {
+        !self
+            .direct_rqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// True when destroyed QPs wait for [`take_clean`](Self::take_clean).
@@ -315,7 +374,21 @@ impl CqRings {
             // its wrid table, owned by this CQ and freed only with it.
             unsafe { poller.attach(&a.0)? };
         }
+        drop(sqs);
+        let rqs = self.direct_rqs.lock().unwrap_or_else(|e| e.into_inner());
+        for a in rqs.iter() {
+            // SAFETY: as above, for a receive queue (removed at its QP's destruction).
+            unsafe { poller.attach_rq(a.0, &a.1)? };
+        }
         Ok(())
+    }
+
+    /// Remembers a direct receive ring's queue (attached to the current poller) for the
+    /// pollers made after it.
+    pub(crate) fn register_direct_rq(&self, rq: AttachedRq) {
+        let mut rqs = self.direct_rqs.lock().unwrap_or_else(|e| e.into_inner());
+        rqs.retain(|a| a.0 != rq.0);
+        rqs.push(rq);
     }
 
     /// Gives back a ring id and its reserved completions (a ring that was not built).
@@ -659,6 +732,7 @@ macro_rules! verbs_ring_recovery {
             const VERB: &str = concat!($name, "::reset_qp_with");
             refuse_split(VERB, self.ring.is_split())?;
             same_qp(VERB, self.qp, recv.qp)?;
+            recv.refuse_direct(VERB)?;
             self.qp.reset_by_rings()?;
             // SAFETY: the QP just went to RESET: the device holds none of either ring's
             // WRs; not in split mode (checked).
@@ -943,6 +1017,9 @@ macro_rules! forward_recv_ring {
 pub struct RecvRing<'q, const N: usize> {
     ring: dp::RecvRing<N>,
     qp: &'q Qp,
+    /// Made by [`Qp::direct_recv_ring`]: its queue is written directly and its completions
+    /// come from a direct poller, which a reset must clean.
+    direct: bool,
     _region: PhantomData<&'q mut Mr<'static>>,
 }
 
@@ -952,6 +1029,58 @@ impl<'q, const N: usize> RecvRing<'q, N> {
     /// The QP whose receive queue this ring owns.
     pub fn qp(&self) -> &'q Qp {
         self.qp
+    }
+
+    /// Whether this ring writes its QP's mlx5 receive queue directly
+    /// ([`Qp::direct_recv_ring`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// `EBUSY` naming `verb` for a direct ring: its reset needs the direct poller, which
+    /// must clean the CQ of the QP's completions (libmlx5 does not clean a CQ of the
+    /// direct path, and a stale receive CQE would be read against the `wrid` its slot has
+    /// after the reset).
+    pub(crate) fn refuse_direct(&self, verb: &'static str) -> Result<()> {
+        if self.direct {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "a direct receive ring (Qp::direct_recv_ring): its reset must clean the \
+                 receive CQ with the direct poller: use RecvRing::reset_qp_direct(&mut \
+                 poller), or DirectRing::reset_qp_with(&mut poller, &mut recv_ring)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`reset_qp`](Self::reset_qp) for a direct receive ring ([`Qp::direct_recv_ring`])
+    /// on a QP with no send ring: the QP to RESET, its CQEs the poller has not consumed
+    /// removed from the receive CQ, every slot not held requeued for the next `fill`.
+    ///
+    /// # Errors
+    /// `RecvRing::reset_qp_direct: EINVAL` for a ring that is not direct or a poller that
+    /// is not the receive CQ's; `EBUSY` as [`reset_qp`](Self::reset_qp); the move's error.
+    pub fn reset_qp_direct<const B: usize>(
+        &mut self,
+        poller: &mut crate::DirectPoller<'_, B>,
+    ) -> Result<usize> {
+        const VERB: &str = "RecvRing::reset_qp_direct";
+        if !self.direct {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("not a direct receive ring: use RecvRing::reset_qp"));
+        }
+        if let Some(k) = self.qp.sq_owner() {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(format!(
+                "a {} owns this QP's send queue: reset both with {}::reset_qp_with",
+                k.name(),
+                k.name()
+            )));
+        }
+        poller.clean_recv_of(VERB, self.qp)?;
+        self.qp.reset_by_rings()?;
+        poller.clean_qp(self.qp.qp_num());
+        // SAFETY: the QP just went to RESET (its receives discarded, the receive counter
+        // zeroed) and none of its CQEs is left unconsumed in the receive CQ (cleaned).
+        Ok(unsafe { self.ring.reset() })
     }
 
     /// Resets the datapath ring after its QP went to RESET.
@@ -1004,6 +1133,7 @@ impl<'q, const N: usize> RecvRing<'q, N> {
     /// through it: `reset_qp_with(&mut this)`); the move's error.
     pub fn reset_qp(&mut self) -> Result<usize> {
         const VERB: &str = "RecvRing::reset_qp";
+        self.refuse_direct(VERB)?;
         if let Some(k) = self.qp.sq_owner() {
             return Err(Error::new(VERB, libc::EBUSY).with_hint(format!(
                 "a {} owns this QP's send queue, and RESET discards its WRs: reset both with \
@@ -1472,6 +1602,12 @@ impl Qp {
         }
         if !direct {
             self.send_cq().inner.rings.refuse_if_direct(verb)?;
+            if self.rq_direct().load(Ordering::Acquire) {
+                return Err(Error::new(verb, libc::EBUSY).with_hint(
+                    "this QP's receive queue is a direct receive ring's, whose reset must clean \
+                     its CQ with the direct poller: send with Qp::direct_ring",
+                ));
+            }
         }
         if self.sq_taken().swap(true, Ordering::AcqRel) {
             return Err(Error::new(verb, libc::EBUSY).with_hint(
@@ -1887,11 +2023,138 @@ impl Qp {
                 Ok(RecvRing {
                     ring,
                     qp: self,
+                    direct: false,
                     _region: PhantomData,
                 })
             }
             Err(e) => Err(undo(config_error(VERB, e))),
         }
+    }
+}
+
+impl Qp {
+    /// A [`RecvRing`] on this mlx5 QP's receive queue that writes the receive WQEs itself
+    /// (no `ibv_post_recv`; issue 30): each `fill`/`repost` writes one WQE per slot into
+    /// the queue libmlx5 allocated and publishes them with one store barrier and one
+    /// doorbell-record store. Its completions come from `poller`, the direct poller of the
+    /// QP's receive CQ (the ring's `wrid` table, owned by the CQ, is attached to it), and
+    /// are given to the ring as any receive ring's are: `on_completion`, `data`,
+    /// `release`. A payload the device scattered into the CQE (RC/UC messages of up to 32
+    /// bytes, 64 with 128-byte CQEs) is copied into the slot by the poll, so `data` reads
+    /// it in place as any other. Otherwise as [`recv_ring`](Self::recv_ring): the region is
+    /// leased to the QP, the receive queue handed out once, `cfg.count` completions
+    /// reserved on the receive CQ.
+    ///
+    /// Recovery: [`DirectRing::reset_qp_with`](crate::DirectRing::reset_qp_with) when a
+    /// direct ring owns the send queue (one CQ for both), else
+    /// [`RecvRing::reset_qp_direct`]; the poller cleans the CQ of the QP's completions,
+    /// which libmlx5 does not do on a CQ of the direct path. Verbs send rings are refused
+    /// on the QP from here on (their resets cannot clean that CQ).
+    ///
+    /// # Errors
+    /// `DirectRecvRing: EOPNOTSUPP` "not an mlx5 device" elsewhere; `EINVAL` when `poller`
+    /// is not the receive CQ's, for a QP with an SRQ, more slots than the receive queue's
+    /// WQEs, or as `recv_ring`; `EBUSY` when the receive queue already had a ring, a verbs
+    /// send ring owns the send queue, or receives were posted through libmlx5 (its receive
+    /// counter is not 0: reset the QP first); `ENOSPC` as `recv_ring`.
+    pub fn direct_recv_ring<'q, const N: usize, const B: usize>(
+        &'q self,
+        poller: &mut crate::DirectPoller<'_, B>,
+        region: &'q mut Mr<'static>,
+        offset: usize,
+        cfg: RecvConfig,
+    ) -> Result<RecvRing<'q, N>> {
+        const VERB: &str = "DirectRecvRing";
+        if self.srq().is_some() {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "this QP receives through an SRQ: direct SRQs are not built yet; use \
+                 Srq::recv_ring on a verbs CQ",
+            ));
+        }
+        poller.clean_recv_of(VERB, self)?;
+        if matches!(self.sq_owner(), Some(SqOwner::Send | SqOwner::Wr)) {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
+                "a verbs send ring owns this QP's send queue, and its reset cannot clean a \
+                 direct CQ: send with Qp::direct_ring",
+            ));
+        }
+        let (probe, head) = self.mlx5_rq(std::ptr::null_mut())?;
+        if probe.wqe_cnt == 0 || probe.buf.is_null() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the QP has no receive queue of its own (max_recv_wr 0)"));
+        }
+        if head & 0xffff != 0 {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
+                "receives were posted to this QP through libmlx5 (its receive counter is not \
+                 0): their completions would be read against the ring's wrid table; reset \
+                 the QP (Qp::reset) first",
+            ));
+        }
+        let max_wr = self.cap().max_recv_wr.min(probe.wqe_cnt);
+        let cfg = resolve_recv(VERB, cfg, N, (max_wr, "QP's max_recv_wr"), region, offset)?;
+        let count = cfg.count_of();
+        let len = recv_region(VERB, region, offset, &cfg)?;
+        if self.rq_taken().swap(true, Ordering::AcqRel) {
+            return Err(Error::new(VERB, libc::EBUSY).with_hint(
+                "this QP's receive queue already has its ring (one ring per receive queue, \
+                 for the QP's life)",
+            ));
+        }
+        let cq = self.recv_cq();
+        let id = match cq.inner.rings.reserve(VERB, cq.capacity(), count) {
+            Ok(id) => id,
+            Err(e) => {
+                self.rq_taken().store(false, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let undo = |e: Error| {
+            cq.inner.rings.release(id, count);
+            self.rq_taken().store(false, Ordering::Release);
+            e
+        };
+        let sge = self.lease_recv(region, offset, len).map_err(undo)?;
+        let desc = dp::mlx5::DirectRqDesc {
+            wrid: cq.inner.rings.wrid_table(probe.wqe_cnt as usize),
+            ..probe
+        };
+        let target = RecvTarget::Mlx5 {
+            qp: self.as_raw(),
+            desc,
+            head: 0,
+        };
+        // SAFETY: the QP outlives the ring (borrowed) and its receive queue is this ring's
+        // alone (rq_taken; nothing was posted through libmlx5: its counter is 0); the wrid
+        // table is the CQ's and outlives every poller of it; the region is leased as in
+        // recv_ring; completions come only from the direct poller; the ring id is unique
+        // on the CQ.
+        let ring =
+            match unsafe { dp::RecvRing::new(target, LocalBuf::from(sge), cfg.with_ring_id(id)) } {
+                Ok(r) => r,
+                Err(e) => return Err(undo(config_error(VERB, e))),
+            };
+        // SAFETY: the queue of this live QP and the CQ's wrid table; every buffer a receive
+        // names is a slot of the leased region, which only the ring's held slots expose.
+        if let Err(e) = unsafe { poller.attach_rq(self.qp_num(), &desc) } {
+            return Err(undo(config_error(VERB, dp::ConfigError::Direct(e))));
+        }
+        cq.inner
+            .rings
+            .register_direct_rq(AttachedRq(self.qp_num(), desc));
+        self.keep_reservation(RingReservation::direct(
+            cq.clone(),
+            id,
+            count,
+            self.qp_num(),
+        ));
+        self.rq_direct().store(true, Ordering::Release);
+        self.set_rq_owned(true);
+        Ok(RecvRing {
+            ring,
+            qp: self,
+            direct: true,
+            _region: PhantomData,
+        })
     }
 }
 

@@ -132,6 +132,10 @@ pub(crate) fn no_mmio(verb: &'static str) -> Error {
 pub struct DirectPoller<'c, const B: usize> {
     poller: dp::DirectPoller<B>,
     cq: &'c Cq,
+    /// The CQ serves direct receive queues: a poll may read a QP's receive WQEs and write
+    /// its leased slots, so polls are guarded against the QP's destruction or reset on
+    /// another thread (`CqRings::defer_clean_and_wait`).
+    guard: bool,
 }
 
 impl<const B: usize> Deref for DirectPoller<'_, B> {
@@ -159,6 +163,13 @@ impl<const B: usize> DirectPoller<'_, B> {
     /// [`clean_destroyed`](Self::clean_destroyed)).
     #[inline]
     pub fn poll(&mut self) -> std::result::Result<&mut [dp::Completion], dp::mlx5::DirectError> {
+        if self.guard {
+            self.cq.inner.rings.enter_poll();
+            self.clean_if_due();
+            let r = self.poller.poll();
+            self.cq.inner.rings.exit_poll();
+            return r;
+        }
         self.clean_if_due();
         self.poller.poll()
     }
@@ -170,8 +181,47 @@ impl<const B: usize> DirectPoller<'_, B> {
         &mut self,
         out: &mut [dp::Completion],
     ) -> std::result::Result<usize, dp::mlx5::DirectError> {
+        if self.guard {
+            self.cq.inner.rings.enter_poll();
+            self.clean_if_due();
+            let r = self.poller.poll_into(out);
+            self.cq.inner.rings.exit_poll();
+            return r;
+        }
         self.clean_if_due();
         self.poller.poll_into(out)
+    }
+
+    /// `EINVAL` naming `verb` unless this is the direct poller of `qp`'s receive CQ.
+    pub(crate) fn clean_recv_of(&self, verb: &'static str, qp: &Qp) -> Result<()> {
+        if self.cq.as_raw() != qp.recv_cq().as_raw() {
+            return Err(Error::new(verb, libc::EINVAL).with_hint(
+                "the poller is not the direct poller of this QP's receive CQ: pass \
+                 recv_cq().direct_poller()'s",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes QP `qpn`'s unconsumed CQEs (after its move to RESET).
+    pub(crate) fn clean_qp(&mut self, qpn: u32) {
+        self.poller.clean(qpn);
+    }
+
+    /// Attaches a direct receive ring's queue (cleaning destroyed QPs' CQEs first, as
+    /// `direct_ring` does).
+    ///
+    /// # Safety
+    /// As [`dp::DirectPoller::attach_rq`].
+    pub(crate) unsafe fn attach_rq(
+        &mut self,
+        qpn: u32,
+        rq: &dp::mlx5::DirectRqDesc,
+    ) -> std::result::Result<(), dp::mlx5::DirectError> {
+        self.clean_if_due();
+        self.guard = true;
+        // SAFETY: the caller's contract.
+        unsafe { self.poller.attach_rq(qpn, rq) }
     }
 
     /// [`clean_destroyed`](Self::clean_destroyed) when a destroyed QP waits for it.
@@ -363,6 +413,14 @@ impl<'q> DirectRing<'q> {
         const VERB: &str = "DirectRing::reset_qp_with";
         self.check_reset(VERB, poller)?;
         crate::bridge::same_qp(VERB, self.qp, recv.qp())?;
+        if recv.is_direct() && self.qp.recv_cq().as_raw() != self.qp.send_cq().as_raw() {
+            // One poller cleans one CQ: the receive CQ's stale CQEs would stay.
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "the direct receive ring completes on another CQ than the send ring: reset \
+                 needs both CQs cleaned; give the QP one CQ for both, or reset the receive \
+                 side with RecvRing::reset_qp_direct after dropping the send ring",
+            ));
+        }
         self.qp.reset_by_rings()?;
         poller.poller.clean(self.qp.qp_num());
         // SAFETY: as in reset_qp; the receive ring's receives went with the RESET.
@@ -519,7 +577,11 @@ impl Cq {
                 if self.context().kind() == crate::DeviceKind::Softnic {
                     self.inner.rings.mark_sim();
                 }
-                Ok(DirectPoller { poller, cq: self })
+                Ok(DirectPoller {
+                    poller,
+                    cq: self,
+                    guard: self.inner.rings.has_direct_rqs(),
+                })
             }
             Err(e) => {
                 self.inner.rings.release_poller();
@@ -571,6 +633,44 @@ impl Qp {
             max_sge: self.cap().max_send_sge,
             wrid,
         })
+    }
+
+    /// This mlx5 QP's receive queue as the datapath's
+    /// [`DirectRqDesc`](dp::mlx5::DirectRqDesc) (`mlx5dv_init_obj(3)`), with `wrid` as its
+    /// `wrid` table (`rq.wqe_cnt` entries, which the caller provides), and the receive
+    /// counter its doorbell record holds now: for code that builds a
+    /// [`dp::mlx5::DirectRq`] or a direct [`dp::RecvRing`] itself (both `unsafe`; the safe
+    /// way is [`direct_recv_ring`](Self::direct_recv_ring)). `wqe_cnt` 0: the QP has no
+    /// receive queue of its own (an SRQ's QP).
+    ///
+    /// # Errors
+    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
+    pub fn mlx5_rq(&self, wrid: *mut u64) -> Result<(dp::mlx5::DirectRqDesc, u32)> {
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+        obj.qp.in_ = self.as_raw();
+        obj.qp.out = &mut out;
+        init_obj(
+            "mlx5dv_init_obj",
+            self.pd().context(),
+            &mut obj,
+            MLX5DV_OBJ_QP,
+        )?;
+        let dbrec: *mut u32 = out.dbrec.cast();
+        // SAFETY: libmlx5's doorbell record of this live QP.
+        let head = u32::from_be(unsafe { dbrec.add(dp::mlx5::rq::RCV_DBR).read_volatile() });
+        Ok((
+            dp::mlx5::DirectRqDesc {
+                buf: out.rq.buf.cast(),
+                wqe_cnt: out.rq.wqe_cnt,
+                stride: out.rq.stride,
+                dbrec,
+                wrid,
+            },
+            head,
+        ))
     }
 
     /// A [`DirectRing`] writing this mlx5 RC/UC QP's WQEs itself, its completions read by

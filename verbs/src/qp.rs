@@ -519,6 +519,7 @@ impl<'a> QpBuilder<'a> {
             rq_taken: AtomicBool::new(false),
             sq_owner: AtomicU8::new(0),
             rq_owner: AtomicBool::new(false),
+            rq_direct: AtomicBool::new(false),
             sq_unnamed: AtomicBool::new(false),
             post_lock: Mutex::new(()),
             qp_type: self.qp_type,
@@ -1150,6 +1151,9 @@ pub struct Qp {
     sq_owner: AtomicU8,
     /// A `RecvRing` owns the receive queue now.
     rq_owner: AtomicBool,
+    /// The receive queue was given to a direct receive ring (`Qp::direct_recv_ring`), for
+    /// the QP's life: verbs send rings, whose resets cannot clean a direct CQ, are refused.
+    rq_direct: AtomicBool,
     /// A send post through this `Qp` failed without the provider naming the WR (rxe before
     /// RTS queues it anyway, to run once the QP is in RTS): [`connect`](Qp::connect) from
     /// INIT then goes through RESET, which discards it, instead of keeping the QP's INIT.
@@ -1473,6 +1477,11 @@ impl Qp {
         self.rq_owner.store(yes, Ordering::Release);
     }
 
+    /// The receive queue is a direct receive ring's (for the QP's life).
+    pub(crate) fn rq_direct(&self) -> &AtomicBool {
+        &self.rq_direct
+    }
+
     fn modify_state(
         &self,
         attr: &mut ibv_qp_attr,
@@ -1498,6 +1507,11 @@ impl Qp {
                 if attr.qp_state == hotverbs_ffi::IBV_QPS_RESET && !self.rq_owned() {
                     // RESET removes the receive queue's WRs without completions; a live
                     // RecvRing keeps its lease (it posts into the region again).
+                    if self.rq_direct.load(Ordering::Acquire) {
+                        // A direct poll may still copy a stale CQE's payload into a slot:
+                        // the CQ is cleaned of the QP first (crate::direct).
+                        self.recv_cq.inner.rings.defer_clean_and_wait(self.qp_num());
+                    }
                     self.release_leases();
                 }
             }
@@ -2320,6 +2334,12 @@ impl Qp {
     }
 
     fn destroy_inner(&mut self) -> Result<()> {
+        if !self.qp.is_null() && self.rq_direct.load(Ordering::Acquire) {
+            // A direct poll reads this QP's receive WQEs and writes its leased slots: the
+            // CQ is cleaned of it before its memory and leases go (crate::direct).
+            let qpn = self.qp_num();
+            self.recv_cq.inner.rings.defer_clean_and_wait(qpn);
+        }
         let qp = std::mem::replace(&mut self.qp, std::ptr::null_mut());
         if qp.is_null() {
             return Ok(());

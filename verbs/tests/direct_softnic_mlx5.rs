@@ -69,6 +69,21 @@ fn a_send_waiting_for_a_receive_completes_once_one_is_posted() {
 }
 
 #[test]
+fn fully_direct_ping_pong() {
+    mlx5_cases::fully_direct_ping_pong(&sim());
+}
+
+#[test]
+fn direct_recv_ring_flushes_and_recovers() {
+    mlx5_cases::direct_recv_ring_flushes_and_recovers(&sim());
+}
+
+#[test]
+fn destroying_a_direct_receiver_cleans_its_cqes() {
+    mlx5_cases::destroying_a_direct_receiver_cleans_its_cqes(&sim());
+}
+
+#[test]
 fn a_refused_direct_poller_leaves_the_verbs_poller_working() {
     mlx5_cases::a_refused_direct_poller_leaves_the_verbs_poller_working(&sim());
 }
@@ -168,6 +183,10 @@ fn the_direct_path_on_128_byte_cqes() {
     mlx5_cases::direct_ring_reset_qp_cleans_the_cq_and_recovers(&ctx());
     mlx5_cases::destroying_a_qp_cleans_its_cqes_from_the_direct_cq(&ctx());
     mlx5_cases::direct_ring_on_uc_sends_and_writes(&ctx());
+    // Receives: payloads up to 64 bytes arrive in the CQE's first half (scatter-to-CQE,
+    // `MLX5_INLINE_SCATTER_64`).
+    mlx5_cases::fully_direct_ping_pong(&ctx());
+    mlx5_cases::direct_recv_ring_flushes_and_recovers(&ctx());
 }
 
 /// A CQE size libmlx5 does not make is refused when the CQ is described, not guessed.

@@ -70,6 +70,7 @@ pub mod rq;
 
 pub use cq::DirectPoller;
 pub use ring::{DirectBatch, DirectRing, DirectSession, DirectWindow};
+pub use rq::{DirectRq, DirectRqDesc};
 
 /// mlx5 send opcodes (`MLX5_OPCODE_*`, PRM "Send WQE opcodes").
 pub mod opcode {

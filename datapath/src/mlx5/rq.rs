@@ -31,7 +31,7 @@ pub const INVALID_LKEY: u32 = 0x100;
 
 /// A ConnectX receive queue as `mlx5dv_init_obj(3)` describes it (`struct mlx5dv_qp`'s
 /// `rq` and `dbrec`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DirectRqDesc {
     /// `rq.buf`: the first WQE.
     pub buf: *mut u8,
@@ -221,6 +221,27 @@ impl<D: Doorbell> DirectRq<D> {
                 .write_dbr(self.dbrec.add(RCV_DBR), (self.head & 0xffff).to_be())
         };
         self.published = self.head;
+    }
+
+    /// Sets how many receives are outstanding to `n` (at most those posted): for an owner
+    /// that accounts for its receives itself ([`RecvRing`](crate::RecvRing) with
+    /// [`RecvTarget::Mlx5`](crate::RecvTarget::Mlx5)) instead of calling
+    /// [`complete`](Self::complete) per completion. Only room is at stake: the `wrid` of a
+    /// slot is read by the poller from the CQE's counter, not from the tail.
+    pub fn set_outstanding(&mut self, n: u32) {
+        self.tail = self.head.wrapping_sub(n.min(self.outstanding()));
+    }
+
+    /// Starts over from an empty queue at counter 0, as libmlx5 does when the QP moves to
+    /// RESET (`mlx5_init_qp_indices`; the doorbell record's receive counter is zeroed).
+    ///
+    /// # Safety
+    /// The QP went through RESET since the last post: the device holds none of the
+    /// queue's receives.
+    pub unsafe fn reset_after_qp_reset(&mut self) {
+        self.head = 0;
+        self.tail = 0;
+        self.published = 0;
     }
 
     /// Retires the oldest outstanding receive and returns its `wr_id` (the poller's side:

@@ -77,6 +77,11 @@ const BF_OFFSET: usize = 0x800;
 const BF_SIZE: u32 = 256;
 /// The CQ doorbell in the UAR page (`MLX5_CQ_DOORBELL`).
 const CQ_DOORBELL: usize = 0x20;
+/// The lkey that ends a receive WQE shorter than its stride (`MLX5_INVALID_LKEY`).
+const RQ_INVALID_LKEY: u32 = 0x100;
+/// `op_own`'s scatter-to-CQE formats (`MLX5_INLINE_SCATTER_32` / `_64`).
+const INLINE_SCATTER_32: u8 = 0x4;
+const INLINE_SCATTER_64: u8 = 0x8;
 /// Marks the AH index softnic keeps in an address vector's reserved bytes.
 const AV_TAG: u32 = 0x5f00_0000;
 
@@ -112,6 +117,19 @@ pub(crate) struct DvQp {
     wqe_cnt: u32,
     /// `cur_post` up to which the device has read WQEs.
     dev_cur: u32,
+    /// The receive queue in memory (none for a QP of an SRQ, as libmlx5 gives it none).
+    rq: Option<DvRq>,
+}
+
+/// The simulated receive queue of a QP: WQEs of `stride` bytes (data segments, ended by
+/// one with the `MLX5_INVALID_LKEY` lkey when shorter), announced by the receive counter
+/// (dword 0 of the doorbell record), as `mlx5_post_recv` writes them.
+pub(crate) struct DvRq {
+    buf: Region,
+    wqe_cnt: u32,
+    stride: u32,
+    /// Receive WQEs the device has taken into its queue (free-running).
+    dev_head: u32,
 }
 
 impl Drop for DvQp {
@@ -126,11 +144,48 @@ impl DvQp {
         u32::from_be(unsafe { self.db.ptr.cast::<u32>().add(1).read_volatile() })
     }
 
-    /// The device's side of a move to RESET.
+    /// The receive counter (dword 0 of the doorbell record).
+    fn rcv_dbr(&self) -> u32 {
+        // SAFETY: the doorbell region holds two u32 (receive, send).
+        u32::from_be(unsafe { self.db.ptr.cast::<u32>().read_volatile() })
+    }
+
+    /// The device's side of a move to RESET (libmlx5 zeroes both counters of the record).
     pub(crate) fn reset(&mut self) {
         self.dev_cur = 0;
+        if let Some(rq) = self.rq.as_mut() {
+            rq.dev_head = 0;
+        }
         // SAFETY: as in `dbr`.
-        unsafe { self.db.ptr.cast::<u32>().add(1).write_volatile(0) };
+        unsafe {
+            self.db.ptr.cast::<u32>().add(1).write_volatile(0);
+            self.db.ptr.cast::<u32>().write_volatile(0);
+        }
+    }
+
+    /// The scatter entries of receive WQE `ctr` (its data segments up to the terminator).
+    fn rq_wqe(&self, ctr: u32, out: &mut Vec<ibv_sge>) {
+        let Some(rq) = self.rq.as_ref() else {
+            return;
+        };
+        let base = ((ctr & (rq.wqe_cnt - 1)) * rq.stride) as usize;
+        out.clear();
+        for k in 0..(rq.stride / 16) as usize {
+            let mut seg = [0u8; 16];
+            for (i, b) in seg.iter_mut().enumerate() {
+                // SAFETY: inside WQE `ctr`'s stride bytes of the queue.
+                *b = unsafe { rq.buf.ptr.add(base + k * 16 + i).read_volatile() };
+            }
+            let lkey = u32::from_be_bytes(seg[4..8].try_into().expect("4 bytes"));
+            if lkey == RQ_INVALID_LKEY {
+                break;
+            }
+            out.push(ibv_sge {
+                length: u32::from_be_bytes(seg[0..4].try_into().expect("4 bytes")),
+                lkey,
+                addr: u64::from_be_bytes(seg[8..16].try_into().expect("8 bytes")),
+            });
+        }
     }
 
     /// `n` bytes of the SQ from byte `off` (modulo its size), wrapping at its end.
@@ -197,7 +252,7 @@ impl DvCq {
     /// Writes the CQE of `wc`, a requester CQE if `send` (else a responder one, whatever
     /// `wc.opcode` says: the Rxe profile gives error completions opcode 0); false when the
     /// CQ has no room (an overflow).
-    fn write(&mut self, wc: &ibv_wc, send: bool) -> bool {
+    fn write(&mut self, wc: &ibv_wc, send: bool, scatter: Option<(usize, [u8; 64])>) -> bool {
         if self.pi.wrapping_sub(self.ci()) & 0xff_ffff >= self.cqe_cnt {
             return false;
         }
@@ -216,7 +271,9 @@ impl DvCq {
             } else {
                 cqe_op::RESP_SEND
             };
-            (op, 0, 0)
+            // The receive WQE's counter (a receive of the queue in memory carries it as
+            // its `wr_id`; one posted with `ibv_post_recv` has none the poller reads).
+            (op, 0, wc.wr_id as u16)
         };
         if wc.wc_flags & IBV_WC_WITH_IMM != 0 {
             // SAFETY: plain union of u32s.
@@ -224,14 +281,36 @@ impl DvCq {
             c[36..40].copy_from_slice(&imm.to_ne_bytes());
         }
         c[44..48].copy_from_slice(&wc.byte_len.to_be_bytes());
+        if !send && ok {
+            // flags_rqpn: GRH present (bits 28..29), the sender's QP.
+            let g = u32::from(wc.wc_flags & IBV_WC_GRH != 0) << 28;
+            c[24..28].copy_from_slice(&(g | (wc.src_qp & 0xff_ffff)).to_be_bytes());
+        }
+        let mut format = 0u8;
+        let mut first_half = None;
+        if let (false, true, Some((limit, data))) = (send, ok, scatter) {
+            if self.cqe_size == 128 {
+                format = INLINE_SCATTER_64;
+                first_half = Some(data);
+            } else {
+                format = INLINE_SCATTER_32;
+                c[..limit.min(32)].copy_from_slice(&data[..limit.min(32)]);
+            }
+        }
         if !ok {
             c[54] = wc.vendor_err as u8;
             c[55] = syndrome(wc.status);
         }
         c[56..60].copy_from_slice(&((wqe_op as u32) << 24 | (wc.qp_num & 0xff_ffff)).to_be_bytes());
         c[60..62].copy_from_slice(&ctr.to_be_bytes());
-        c[63] = opcode << 4 | (self.pi & self.cqe_cnt != 0) as u8;
+        c[63] = opcode << 4 | format | (self.pi & self.cqe_cnt != 0) as u8;
         let i = (self.pi & (self.cqe_cnt - 1)) as usize;
+        if let Some(d) = first_half {
+            // SAFETY: a 128-byte CQE: its first half, inside the buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(d.as_ptr(), self.buf.ptr.add(i * self.cqe_size), 64)
+            };
+        }
         // SAFETY: CQE `i` is inside the buffer, its fields in its last 64 bytes; the owner
         // byte is written last, after a release fence, as the device's DMA orders it.
         unsafe {
@@ -487,12 +566,26 @@ impl Fabric {
             if wqe_cnt > 0x8000 {
                 return Err(libc::ENOMEM);
             }
+            // The receive queue: max_recv_wr WQEs of max_recv_sge data segments, both
+            // rounded up to powers of two (as libmlx5's `mlx5_calc_rq_size`); none for a QP
+            // of an SRQ.
+            let rq = (q.srq.is_none() && q.cap.max_recv_wr > 0).then(|| {
+                let rq_cnt = pow2(q.cap.max_recv_wr as u64);
+                let stride = pow2(q.cap.max_recv_sge.max(1) as u64 * 16);
+                DvRq {
+                    buf: Region::new(rq_cnt as usize * stride as usize, 0),
+                    wqe_cnt: rq_cnt,
+                    stride,
+                    dev_head: 0,
+                }
+            });
             q.dv = Some(Box::new(DvQp {
                 sq: Region::new(wqe_cnt as usize * BB, 0),
                 db: Region::new(64, 0),
                 reg: register,
                 wqe_cnt,
                 dev_cur: 0,
+                rq,
             }));
             DV_QPS.fetch_add(1, Ordering::Relaxed);
         }
@@ -501,9 +594,18 @@ impl Fabric {
         out.sq.buf = dv.sq.ptr.cast();
         out.sq.wqe_cnt = dv.wqe_cnt;
         out.sq.stride = BB as u32;
-        out.rq.buf = std::ptr::null_mut();
-        out.rq.wqe_cnt = 0;
-        out.rq.stride = 0;
+        match dv.rq.as_ref() {
+            Some(rq) => {
+                out.rq.buf = rq.buf.ptr.cast();
+                out.rq.wqe_cnt = rq.wqe_cnt;
+                out.rq.stride = rq.stride;
+            }
+            None => {
+                out.rq.buf = std::ptr::null_mut();
+                out.rq.wqe_cnt = 0;
+                out.rq.stride = 0;
+            }
+        }
         out.bf.reg = dv.reg.reg().cast();
         out.bf.size = dv.reg.bf_size;
         out.comp_mask = 0;
@@ -583,6 +685,9 @@ impl Fabric {
             return 0;
         }
         self.dv_scan_regs();
+        for qi in 0..self.qps.len() {
+            self.dv_sync_rq(qi);
+        }
         let mut n = 0;
         for qi in 0..self.qps.len() {
             while let Some(Some(q)) = self.qps.get(qi) {
@@ -615,6 +720,68 @@ impl Fabric {
             }
         }
         n
+    }
+
+    /// Takes the receive WQEs QP `qi`'s receive counter announced since the last look into
+    /// the device's receive queue (a WQE counter as each one's `wr_id`); in ERR they are
+    /// flushed at once, as the hardware flushes what it finds. Nothing for a QP without a
+    /// receive queue in memory, or in RESET (the counter is 0 there).
+    pub(crate) fn dv_sync_rq(&mut self, qi: usize) {
+        let Some(Some(q)) = self.qps.get_mut(qi) else {
+            return;
+        };
+        let Some(dv) = q.dv.as_deref() else {
+            return;
+        };
+        let Some(rq) = dv.rq.as_ref() else {
+            return;
+        };
+        if q.state == IBV_QPS_RESET {
+            return;
+        }
+        let target = dv.rcv_dbr() & 0xffff;
+        let mut head = rq.dev_head;
+        if head & 0xffff == target {
+            return;
+        }
+        while head & 0xffff != target {
+            let mut e = q.rq.spare.pop().unwrap_or_default();
+            dv.rq_wqe(head, &mut e.sges);
+            e.wr_id = u64::from(head & 0xffff);
+            e.dv = true;
+            q.rq.q.push_back(e);
+            head = head.wrapping_add(1);
+        }
+        let err = q.state == IBV_QPS_ERR;
+        if let Some(rq) = q.dv.as_deref_mut().and_then(|d| d.rq.as_mut()) {
+            rq.dev_head = head;
+        }
+        if err {
+            self.flush_rq(qi);
+        }
+    }
+
+    /// The bytes of a `len`-byte message QP `pi` receives that its receive CQ's CQE holds
+    /// instead of the buffer (responder scatter-to-CQE), or `None` when it goes to the
+    /// buffer: RC and UC QPs only (the kernel configures it for those), a receive of the
+    /// queue in memory, a CQ of the personality, 1 to 32 bytes with 64-byte CQEs, 1 to 64
+    /// with 128-byte ones (`docs/mlx5-receive.md` §1).
+    pub(crate) fn dv_scatter_limit(
+        &mut self,
+        pi: usize,
+        dv: bool,
+        qpt: ibv_qp_type,
+        len: usize,
+    ) -> Option<usize> {
+        if !dv || len == 0 || !matches!(qpt, IBV_QPT_RC | IBV_QPT_UC) {
+            return None;
+        }
+        let cq = self.qp(pi).recv_cq;
+        let limit = match self.cqs.get(cq as usize) {
+            Some(Some(c)) => c.dv.as_ref()?.cqe_size / 2,
+            _ => return None,
+        };
+        (len <= limit).then_some(limit)
     }
 
     /// Executes one WQE of QP `qi` through softnic's engine (or flushes it in ERR).
@@ -714,13 +881,14 @@ impl Fabric {
     /// [`Fabric::push_cqe_tagged`] on a CQ with the mlx5 personality: the CQE (a requester
     /// one if `send`) goes to its buffer. Returns false when it overflowed.
     pub(crate) fn dv_push(&mut self, cq: u32, wc: &ibv_wc, solicited: bool, send: bool) -> bool {
+        let scatter = if send { None } else { self.dv_scatter.take() };
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
             return false;
         };
         let Some(d) = c.dv.as_mut() else {
             return false;
         };
-        if !d.write(wc, send) {
+        if !d.write(wc, send, scatter) {
             let ctx = c.ctx;
             let ptr = c.ptr.0 as usize;
             self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
@@ -789,8 +957,8 @@ mod tests {
             qp_num: 0x11,
             ..Default::default()
         };
-        assert!(c.write(&wc, false));
-        assert!(c.write(&wc, true));
+        assert!(c.write(&wc, false, None));
+        assert!(c.write(&wc, true, None));
         let (recv, send) = (cqe(&c, 0), cqe(&c, 1));
         assert_eq!(recv[63] >> 4, cqe_op::RESP_ERR);
         assert_eq!(send[63] >> 4, cqe_op::REQ_ERR);
@@ -812,6 +980,7 @@ mod tests {
             reg: std::sync::Arc::new(reg::DvReg::new(BF_SIZE)),
             wqe_cnt,
             dev_cur: 0,
+            rq: None,
         };
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
@@ -867,12 +1036,12 @@ mod tests {
     fn a_full_cq_overflows_until_the_consumer_index_moves() {
         let mut c = cq(2);
         let wc = ibv_wc::default();
-        assert!(c.write(&wc, true));
-        assert!(c.write(&wc, true));
-        assert!(!c.write(&wc, true), "no room");
+        assert!(c.write(&wc, true, None));
+        assert!(c.write(&wc, true, None));
+        assert!(!c.write(&wc, true, None), "no room");
         // SAFETY: the doorbell record's first u32.
         unsafe { c.db.ptr.cast::<u32>().write_volatile(1u32.to_be()) };
-        assert!(c.write(&wc, true), "one consumed, one free");
+        assert!(c.write(&wc, true, None), "one consumed, one free");
         assert_eq!(cqe(&c, 0)[63] & 1, 1, "second pass: owner bit 1");
     }
 }

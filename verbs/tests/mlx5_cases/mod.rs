@@ -989,3 +989,318 @@ pub fn fixed_size_apis_on_a_thread_domain_ring(ctx: &Context) {
     assert_eq!(peer.got, TOTAL, "every message arrived, in order");
     assert!(poller.poll().unwrap().is_empty(), "no completion left over");
 }
+
+/// An RC QP of `ctx` whose sends and receives complete on `cq`, inline up to 256 bytes.
+fn direct_qp(pd: &Pd, cq: &Cq) -> Qp {
+    QpBuilder::new(pd, cq, cq, QpType::Rc)
+        .max_send_wr(64)
+        .max_recv_wr(16)
+        .max_inline_data(256)
+        .build()
+        .unwrap()
+}
+
+/// One side of a fully direct ping-pong: its direct poller's completions, each given to
+/// the ring it is for (receive ring first: `Misrouted` names a send ring's).
+struct Side<'q, 'c> {
+    poller: DirectPoller<'c, 16>,
+    send: DirectRing<'q>,
+    recv: RecvRing<'q, 16>,
+    received: Vec<(Vec<u8>, Option<u32>)>,
+}
+
+impl Side<'_, '_> {
+    /// Polls once: receives are copied out and released (reposted in batches), sends
+    /// retired.
+    fn poll(&mut self) {
+        let Side {
+            poller,
+            send,
+            recv,
+            received,
+        } = self;
+        for c in poller.poll().unwrap() {
+            if c.is_recv() {
+                let m = recv.on_completion(c).expect("a good receive");
+                received.push((recv.data(&m).unwrap().to_vec(), m.imm()));
+                recv.release(m).unwrap();
+            } else {
+                send.on_completion(c).expect("a good send");
+            }
+        }
+    }
+}
+
+/// Issue 30: a ping-pong where nothing goes through libmlx5 on either side: sends from
+/// `DirectRing`s, receives posted by direct `RecvRing`s (`Qp::direct_recv_ring`), one
+/// direct poller per side for a CQ that takes both. Messages of 0 to 256 bytes, with and
+/// without immediate: those of 1 to 32 bytes arrive in the CQE (scatter-to-CQE) and are
+/// copied into the slot by the poll, the others in the slot; each arrives once, in order,
+/// with its bytes and immediate; every send retires; nothing is left outstanding.
+pub fn fully_direct_ping_pong(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let (a, b) = (direct_qp(&pd, &cq_a), direct_qp(&pd, &cq_b));
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    let mut ra = pd.alloc_mr(16 * 256, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut rb = pd.alloc_mr(16 * 256, AccessFlags::LOCAL_WRITE).unwrap();
+    let recv_a = a
+        .direct_recv_ring::<16, 16>(&mut pa, &mut ra, 0, RecvConfig::new(0, 256, 16))
+        .unwrap();
+    let recv_b = b
+        .direct_recv_ring::<16, 16>(&mut pb, &mut rb, 0, RecvConfig::new(0, 256, 16))
+        .unwrap();
+    assert!(recv_a.is_direct());
+    a.init(&info, &ConnectOptions::default()).unwrap();
+    b.init(&info, &ConnectOptions::default()).unwrap();
+    let mut sa = Side {
+        send: a
+            .direct_ring(&mut pa, SendConfig::new(0, 32, 256).signal_every(4))
+            .unwrap(),
+        recv: recv_a,
+        poller: pa,
+        received: Vec::new(),
+    };
+    let mut sb = Side {
+        send: b
+            .direct_ring(&mut pb, SendConfig::new(0, 32, 256).signal_every(4))
+            .unwrap(),
+        recv: recv_b,
+        poller: pb,
+        received: Vec::new(),
+    };
+    assert_eq!(sa.recv.fill().unwrap(), 16);
+    assert_eq!(sb.recv.fill().unwrap(), 16);
+    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
+        .unwrap();
+    let sizes = [0usize, 1, 8, 31, 32, 33, 64, 100, 255, 256];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rounds = 200;
+    for i in 0..rounds {
+        let len = sizes[i % sizes.len()];
+        let msg: Vec<u8> = (0..len).map(|k| (i * 7 + k) as u8).collect();
+        let imm = (i % 3 == 0).then_some(i as u32);
+        let ping = match imm {
+            Some(v) => Msg::send_imm(Local::Inline(&msg), v),
+            None => Msg::send(Local::Inline(&msg)),
+        };
+        sa.send.signal_next();
+        sa.send.send_now(ping).unwrap();
+        while sb.received.len() <= i {
+            sb.poll();
+            assert!(Instant::now() < deadline, "ping {i} never arrived");
+        }
+        assert_eq!(sb.received[i], (msg.clone(), imm), "ping {i} ({len} bytes)");
+        // The pong: the same bytes back.
+        sb.send.signal_next();
+        sb.send.send_now(Msg::send(Local::Inline(&msg))).unwrap();
+        while sa.received.len() <= i {
+            sa.poll();
+            assert!(Instant::now() < deadline, "pong {i} never arrived");
+        }
+        assert_eq!(sa.received[i], (msg, None), "pong {i} ({len} bytes)");
+    }
+    while sa.send.outstanding() > 0 || sb.send.outstanding() > 0 {
+        sa.poll();
+        sb.poll();
+        assert!(Instant::now() < deadline, "sends never retired");
+    }
+    assert_eq!((sa.received.len(), sb.received.len()), (rounds, rounds));
+    // Every slot is posted again (released ones reposted), none held.
+    assert_eq!(sa.recv.held() + sb.recv.held(), 0);
+    assert_eq!(sa.recv.posted() + sa.recv.pending(), 16);
+}
+
+/// Issue 30: a direct receive ring through an error and a recovery. The QP goes to ERR:
+/// every posted receive comes back flushed through the direct poller, once. Then
+/// `DirectRing::reset_qp_with` resets both rings with one RESET (the poller cleans the
+/// CQ), the ring refills from INIT, the QP reconnects and traffic resumes. The misuses
+/// are refused with named errors: a reset without the poller, a verbs send ring on the
+/// QP, the poller of another CQ.
+pub fn direct_recv_ring_flushes_and_recovers(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let (a, b) = (direct_qp(&pd, &cq_a), direct_qp(&pd, &cq_b));
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    let mut rb = pd.alloc_mr(8 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let wrong = b
+        .direct_recv_ring::<8, 16>(&mut pa, &mut rb, 0, RecvConfig::new(0, 64, 8))
+        .unwrap_err();
+    assert_eq!(wrong.errno(), libc::EINVAL, "{wrong}");
+    assert!(wrong.to_string().contains("receive CQ"), "{wrong}");
+    let mut recv = b
+        .direct_recv_ring::<8, 16>(&mut pb, &mut rb, 0, RecvConfig::new(0, 64, 8))
+        .unwrap();
+    let verbs = b.send_ring::<8>(SendConfig::new(0, 8, 64)).unwrap_err();
+    assert_eq!(verbs.errno(), libc::EBUSY, "{verbs}");
+    let mut send_b = b
+        .direct_ring(&mut pb, SendConfig::new(0, 8, 64).signal_every(1))
+        .unwrap();
+    let mut send_a = a
+        .direct_ring(&mut pa, SendConfig::new(0, 8, 64).signal_every(1))
+        .unwrap();
+    b.init(&info, &ConnectOptions::default()).unwrap();
+    assert_eq!(recv.fill().unwrap(), 8);
+    let o = ConnectOptions::default();
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // One message through, to show the ring works before the error.
+    send_a
+        .send_now(Msg::send(Local::Inline(b"before")))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut flushed = 0;
+    let drain = |poller: &mut DirectPoller<'_, 16>,
+                 recv: &mut RecvRing<'_, 8>,
+                 got: &mut Vec<Vec<u8>>,
+                 flushed: &mut u32| {
+        for c in poller.poll().unwrap() {
+            match recv.on_completion(c) {
+                Ok(m) => {
+                    got.push(recv.data(&m).unwrap().to_vec());
+                    recv.release(m).unwrap();
+                }
+                Err(RecvError::Completion { error, .. }) => {
+                    assert_eq!(error, WcError::WrFlush, "{error:?}");
+                    *flushed += 1;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    };
+    while got.is_empty() {
+        drain(&mut pb, &mut recv, &mut got, &mut flushed);
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(got, [b"before".to_vec()]);
+    while send_a.outstanding() > 0 {
+        for c in pa.poll().unwrap() {
+            send_a.on_completion(c).unwrap();
+        }
+    }
+    // ERR: the 8 posted receives (7 never used + the one reposted... all posted) flush.
+    let posted = recv.posted() + recv.pending();
+    recv.repost().unwrap();
+    let posted_now = recv.posted();
+    assert_eq!(posted, 8);
+    b.to_error().unwrap();
+    while flushed < posted_now {
+        drain(&mut pb, &mut recv, &mut got, &mut flushed);
+        assert!(
+            Instant::now() < deadline,
+            "flushed {flushed} of {posted_now}"
+        );
+    }
+    let_device_run(ctx);
+    drain(&mut pb, &mut recv, &mut got, &mut flushed);
+    assert_eq!(flushed, posted_now, "each posted receive flushed once");
+    assert_eq!(recv.posted(), 0);
+    // Recovery: the verbs reset is refused (the poller must clean the CQ).
+    let e = recv.reset_qp().unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("reset_qp_direct"), "{e}");
+    let (lost, requeued) = send_b.reset_qp_with(&mut pb, &mut recv).unwrap();
+    assert_eq!((lost, requeued), (0, 8));
+    // The peer reconnects too (its QP saw nothing wrong, but B's state is new).
+    let (_, _) = (send_a.reset_qp(&mut pa).unwrap(), ());
+    a.init(&info, &ConnectOptions::default()).unwrap();
+    b.init(&info, &ConnectOptions::default()).unwrap();
+    assert_eq!(recv.fill().unwrap(), 8);
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    for i in 0..20u8 {
+        send_a.send_now(Msg::send(Local::Inline(&[i; 40]))).unwrap();
+        while got.len() < 2 + i as usize {
+            drain(&mut pb, &mut recv, &mut got, &mut flushed);
+            for c in pa.poll().unwrap() {
+                send_a.on_completion(c).unwrap();
+            }
+            assert!(Instant::now() < deadline, "message {i} after recovery");
+        }
+        assert_eq!(got[1 + i as usize], [i; 40]);
+    }
+    assert_eq!(flushed, posted_now, "nothing flushed after the recovery");
+}
+
+/// Issue 30: a QP with a direct receive ring destroyed with receive CQEs unpolled: the
+/// direct poller cleans them (the CQ is the direct path's, libmlx5 would not) and goes on
+/// serving another QP's receives on the same CQ; the region is free again.
+pub fn destroying_a_direct_receiver_cleans_its_cqes(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let o = ConnectOptions::default();
+    let (a, a2) = (direct_qp(&pd, &cq_a), direct_qp(&pd, &cq_a));
+    let b2 = direct_qp(&pd, &cq_b);
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    let mut r1 = pd.alloc_mr(8 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut r2 = pd.alloc_mr(8 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut send = a
+        .direct_ring(&mut pa, SendConfig::new(0, 8, 64).signal_every(1))
+        .unwrap();
+    {
+        let b = direct_qp(&pd, &cq_b);
+        let mut recv = b
+            .direct_recv_ring::<8, 16>(&mut pb, &mut r1, 0, RecvConfig::new(0, 64, 8))
+            .unwrap();
+        b.init(&info, &ConnectOptions::default()).unwrap();
+        recv.fill().unwrap();
+        a.connect(&info, &b.endpoint(&info), &o).unwrap();
+        b.connect(&info, &a.endpoint(&info), &o).unwrap();
+        for i in 0..3u8 {
+            send.send_now(Msg::send(Local::Inline(&[i; 8]))).unwrap();
+        }
+        while send.outstanding() > 0 {
+            for c in pa.poll().unwrap() {
+                send.on_completion(c).unwrap();
+            }
+            assert!(Instant::now() < deadline);
+        }
+        // b, with three receive CQEs unpolled in cq_b, is destroyed here.
+    }
+    // Its region came back with the destruction.
+    r1.as_mut_slice().unwrap().fill(0xee);
+    let mut recv2 = b2
+        .direct_recv_ring::<8, 16>(&mut pb, &mut r2, 0, RecvConfig::new(0, 64, 8))
+        .unwrap();
+    b2.init(&info, &ConnectOptions::default()).unwrap();
+    recv2.fill().unwrap();
+    let mut send2 = a2
+        .direct_ring(&mut pa, SendConfig::new(0, 8, 64).signal_every(1))
+        .unwrap();
+    a2.connect(&info, &b2.endpoint(&info), &o).unwrap();
+    b2.connect(&info, &a2.endpoint(&info), &o).unwrap();
+    send2.send_now(Msg::send(Local::Inline(b"after"))).unwrap();
+    let mut got = Vec::new();
+    while got.is_empty() {
+        for c in pb.poll().expect("the destroyed QP's CQEs were cleaned") {
+            let m = recv2.on_completion(c).unwrap();
+            got.push(recv2.data(&m).unwrap().to_vec());
+            recv2.release(m).unwrap();
+        }
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(got, [b"after".to_vec()]);
+    assert!(
+        r1.as_slice().unwrap().iter().all(|&x| x == 0xee),
+        "nothing wrote the old region"
+    );
+}

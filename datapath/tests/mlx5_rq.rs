@@ -338,3 +338,188 @@ fn swapped_and_forgotten_queues_stay_with_their_memory() {
     );
     drop(core::mem::ManuallyDrop::into_inner(a));
 }
+
+/// A [`hotverbs_datapath::RecvRing`] on a ConnectX receive queue (`RecvTarget::Mlx5`,
+/// issue 30) with a direct poller, on plain memory: `fill` writes one WQE per slot and one
+/// counter store; responder CQEs (one scattered into the CQE, one in the slot, one
+/// flushed) become `Received`s and an error through the ring's `on_completion`; released
+/// slots are reposted as WQEs with new counters; `mem::swap` of two rings keeps each with
+/// its queue, and a forgotten ring leaves the queue as it was. (The `wr_id`s the poller
+/// reports are the ones the ring wrote into the queue's `wrid` table.)
+#[test]
+fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
+    use hotverbs_datapath::mlx5::DirectCq;
+    use hotverbs_datapath::{
+        Completion, DirectPoller, RecvConfig, RecvError, RecvRing, RecvTarget,
+    };
+    let mut mem = q(4, 32);
+    let desc = DirectRqDesc {
+        buf: mem.buf.as_mut_ptr().cast(),
+        wqe_cnt: 4,
+        stride: 32,
+        dbrec: mem.dbrec.as_mut_ptr(),
+        wrid: mem.wrid.as_mut_ptr(),
+    };
+    // SAFETY: plain C struct; all-zero is valid. Only `qp_num` is read.
+    let mut qp: ibv_qp = unsafe { core::mem::zeroed() };
+    qp.qp_num = 0xabc;
+    let mut slots = vec![0u64; 4 * 8]; // 4 slots of 64 bytes, 8-aligned
+    let region = LocalBuf {
+        addr: slots.as_mut_ptr() as u64,
+        len: 256,
+        lkey: 5,
+    };
+    let target = RecvTarget::Mlx5 {
+        qp: &mut qp,
+        desc,
+        head: 0,
+    };
+    // SAFETY: the queue, the QP struct and the slots outlive the ring, and only it posts;
+    // completions come from the poller below only.
+    let mut ring: RecvRing<4> =
+        unsafe { RecvRing::new(target, region, RecvConfig::new(9, 64, 4).repost_batch(2)) }
+            .unwrap();
+    // The queue is read through the pointers the ring writes through (a read through
+    // `mem` would be a foreign access under Tree Borrows).
+    // SAFETY: the queue's doorbell record, wrid table and bytes, alive and not being
+    // written while read (one thread).
+    let dbr = |d: &DirectRqDesc| u32::from_be(unsafe { d.dbrec.add(RCV_DBR).read() });
+    // SAFETY: as above.
+    let wrid = |d: &DirectRqDesc, i: usize| unsafe { d.wrid.add(i).read() };
+    // SAFETY: as above.
+    let wqe = |d: &DirectRqDesc, off: usize, n: usize| unsafe {
+        core::slice::from_raw_parts(d.buf.add(off), n).to_vec()
+    };
+    assert_eq!(ring.fill().unwrap(), 4);
+    assert_eq!(dbr(&desc), 4, "one counter store for the four");
+    assert_eq!(ring.posted(), 4);
+    for i in 0..4 {
+        assert_eq!(wrid(&desc, i), ring.slot_wr_id(i as u32));
+    }
+    assert_eq!(wqe(&desc, 0, 4), 64u32.to_be_bytes(), "slot 0's segment");
+    assert_eq!(wqe(&desc, 8, 8), region.addr.to_be_bytes());
+    assert_eq!(
+        wqe(&desc, 20, 4),
+        0x100u32.to_be_bytes(),
+        "then the terminator"
+    );
+    // More slots than the queue's WQEs: refused.
+    let mut small = q(2, 32);
+    let small_desc = DirectRqDesc {
+        buf: small.buf.as_mut_ptr().cast(),
+        wqe_cnt: 2,
+        stride: 32,
+        dbrec: small.dbrec.as_mut_ptr(),
+        wrid: small.wrid.as_mut_ptr(),
+    };
+    let too_many = RecvTarget::Mlx5 {
+        qp: &mut qp,
+        desc: small_desc,
+        head: 0,
+    };
+    // SAFETY: as above (refused before anything is posted).
+    let refused = unsafe { RecvRing::<4>::new(too_many, region, RecvConfig::new(9, 64, 4)) };
+    assert!(refused.is_err());
+
+    let mut cq = vec![0u128; 8 * 64 / 16];
+    let mut cq_db = [0u32; 2];
+    for e in cq.chunks_mut(4) {
+        bytemuck_free(e)[63] = 0xf0;
+    }
+    // SAFETY: the test's buffers outlive the poller; it is the CQ's only consumer.
+    let mut poller = unsafe {
+        let mut p = DirectPoller::<8>::new(DirectCq {
+            buf: cq.as_mut_ptr().cast(),
+            cqe_cnt: 8,
+            cqe_size: 64,
+            dbrec: cq_db.as_mut_ptr(),
+            cqn: 1,
+            cons_index: 0,
+        })
+        .unwrap();
+        p.attach_rq(0xabc, &desc).unwrap();
+        p
+    };
+    // WQE 0: "tiny" in the CQE (scatter 32); WQE 1: 40 bytes the device put in the slot;
+    // WQE 2: flushed.
+    let mut c0 = cqe(2, 0x4);
+    c0[60..62].copy_from_slice(&0u16.to_be_bytes());
+    c0[44..48].copy_from_slice(&4u32.to_be_bytes());
+    c0[..4].copy_from_slice(b"tiny");
+    let mut c1 = cqe(2, 0);
+    c1[60..62].copy_from_slice(&1u16.to_be_bytes());
+    c1[44..48].copy_from_slice(&40u32.to_be_bytes());
+    let mut c2 = [0u8; 64];
+    c2[55] = 0x05; // WR_FLUSH_ERR
+    c2[56..60].copy_from_slice(&0xabcu32.to_be_bytes());
+    c2[60..62].copy_from_slice(&2u16.to_be_bytes());
+    c2[63] = 0xe0; // RESP_ERR
+                   // The device's write of slot 1.
+                   // SAFETY: slot 1 is posted: the "device" (this test) writes it before its CQE.
+    unsafe { core::ptr::write_bytes((region.addr as *mut u8).add(64), 0x5a, 40) };
+    for (k, c) in [c0, c1, c2].iter().enumerate() {
+        bytemuck_free(&mut cq[k * 4..k * 4 + 4]).copy_from_slice(c);
+    }
+    let mut out = [Completion::PLACEHOLDER; 8];
+    assert_eq!(poller.poll_into(&mut out).unwrap(), 3);
+    let m0 = ring.on_completion(&mut out[0]).unwrap();
+    assert_eq!(ring.data(&m0).unwrap(), b"tiny");
+    let m1 = ring.on_completion(&mut out[1]).unwrap();
+    assert_eq!(ring.data(&m1).unwrap(), &[0x5a; 40]);
+    match ring.on_completion(&mut out[2]) {
+        Err(RecvError::Completion { slot: 2, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((ring.posted(), ring.held()), (1, 2));
+    ring.release(m0).unwrap();
+    assert_eq!(dbr(&desc), 4, "one released: not reposted yet");
+    ring.release(m1).unwrap();
+    assert_eq!(dbr(&desc), 6, "two released: reposted as WQEs 4 and 5");
+    assert_eq!(wrid(&desc, 0), ring.slot_wr_id(0));
+    assert_eq!(wrid(&desc, 1), ring.slot_wr_id(1));
+    assert_eq!(ring.posted(), 3);
+
+    // A second ring on another queue, swapped with the first: each posts into its own.
+    let mut mem2 = q(4, 32);
+    let desc2 = DirectRqDesc {
+        buf: mem2.buf.as_mut_ptr().cast(),
+        wqe_cnt: 4,
+        stride: 32,
+        dbrec: mem2.dbrec.as_mut_ptr(),
+        wrid: mem2.wrid.as_mut_ptr(),
+    };
+    // SAFETY: as for `qp`.
+    let mut qp2: ibv_qp = unsafe { core::mem::zeroed() };
+    qp2.qp_num = 0xdef;
+    let mut slots2 = vec![0u64; 4 * 8];
+    let region2 = LocalBuf {
+        addr: slots2.as_mut_ptr() as u64,
+        len: 256,
+        lkey: 6,
+    };
+    // SAFETY: as for the first ring.
+    let mut other: RecvRing<4> = unsafe {
+        RecvRing::new(
+            RecvTarget::Mlx5 {
+                qp: &mut qp2,
+                desc: desc2,
+                head: 0,
+            },
+            region2,
+            RecvConfig::new(10, 64, 4),
+        )
+    }
+    .unwrap();
+    core::mem::swap(&mut ring, &mut other);
+    assert_eq!(ring.fill().unwrap(), 4, "the second ring's queue, empty");
+    assert_eq!(dbr(&desc2), 4);
+    assert_eq!(other.fill().unwrap(), 1, "the first ring: slot 2 was idle");
+    assert_eq!(dbr(&desc), 7);
+    let forgotten = core::mem::ManuallyDrop::new(other);
+    assert_eq!(dbr(&desc), 7, "forgetting posts nothing");
+    drop(core::mem::ManuallyDrop::into_inner(forgotten));
+    drop(ring);
+    drop(slots);
+    drop(slots2);
+    drop((mem, mem2, small));
+}

@@ -200,6 +200,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_payload_in_the_cqe_is_scattered_over_the_wqes_segments",
             "the_poller_completes_receives_of_an_attached_queue",
             "swapped_and_forgotten_queues_stay_with_their_memory",
+            "a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions",
         ],
         models: Models::Both,
         why: "issue 30: DirectRq writes receive WQEs and wr_ids through raw pointers into the \

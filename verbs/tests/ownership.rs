@@ -965,3 +965,92 @@ fn srq_rings_against_swap_and_a_panic() {
     s2.destroy().unwrap();
     assert!(m2.as_slice().is_ok());
 }
+
+/// Issue 30, the direct receive ring under the misuses issue 27 tried on the others: two
+/// direct receive rings swapped each keep posting to their own QP (a message to `b` lands
+/// in `b`'s region); a direct poller made again serves the receive queues attached to the
+/// CQ; the verbs resets (`Qp::reset`, `RecvRing::reset_qp`) are refused naming the way
+/// that cleans the CQ; `reset_qp_direct` recovers, and the ring works after a reconnect.
+#[test]
+fn direct_recv_rings_against_swap_a_new_poller_and_a_reset() {
+    let ctx = sim();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq_a = ctx.create_cq(64, None).unwrap();
+    let cq_b = ctx.create_cq(64, None).unwrap();
+    let port = ctx.port_info(None, None).unwrap();
+    let qp = |cq: &Cq| {
+        QpBuilder::new(&pd, cq, cq, QpType::Rc)
+            .max_send_wr(16)
+            .max_recv_wr(4)
+            .max_inline_data(64)
+            .build()
+            .unwrap()
+    };
+    let (a, a2, b, b2) = (qp(&cq_a), qp(&cq_a), qp(&cq_b), qp(&cq_b));
+    let o = ConnectOptions::default();
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let (mut rb, mut rb2) = (
+        pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap(),
+        pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap(),
+    );
+    let (mut recv, mut recv2) = {
+        let mut pb = cq_b.direct_poller::<16>().unwrap();
+        (
+            b.direct_recv_ring::<4, 16>(&mut pb, &mut rb, 0, RecvConfig::new(0, 64, 4))
+                .unwrap(),
+            b2.direct_recv_ring::<4, 16>(&mut pb, &mut rb2, 0, RecvConfig::new(0, 64, 4))
+                .unwrap(),
+        )
+    };
+    // The poller that attached them is gone: a new one serves them.
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    std::mem::swap(&mut recv, &mut recv2);
+    assert_eq!(
+        recv.qp().qp_num(),
+        b2.qp_num(),
+        "the ring moved with its QP"
+    );
+    b.init(&port, &o).unwrap();
+    b2.init(&port, &o).unwrap();
+    recv.fill().unwrap();
+    recv2.fill().unwrap();
+    Qp::connect_pair(&a, &b, &port, &o).unwrap();
+    Qp::connect_pair(&a2, &b2, &port, &o).unwrap();
+    let mut send = a
+        .direct_ring(&mut pa, SendConfig::new(0, 8, 64).signal_every(1))
+        .unwrap();
+    let mut receive =
+        |pb: &mut DirectPoller<'_, 16>, to_b: &mut RecvRing<'_, 4>, to_b2: &mut RecvRing<'_, 4>| {
+            for _ in 0..1000 {
+                for c in pb.poll().unwrap() {
+                    let m = to_b.on_completion(c).expect("b's ring takes b's message");
+                    let got = to_b.data(&m).unwrap().to_vec();
+                    to_b.release(m).unwrap();
+                    assert!(to_b2.posted() == 4, "b2's ring untouched");
+                    return got;
+                }
+            }
+            panic!("nothing arrived");
+        };
+    send.send_now(Msg::send(Local::Inline(b"to b"))).unwrap();
+    assert_eq!(receive(&mut pb, &mut recv2, &mut recv), b"to b");
+    retire_direct(&mut send, &mut pa);
+    // Verbs resets would leave stale CQEs in a direct CQ: refused, naming the way.
+    let e = b.reset().unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    let e = recv2.reset_qp().unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("reset_qp_direct"), "{e}");
+    let wrong = recv2.reset_qp_direct(&mut pa).unwrap_err();
+    assert_eq!(wrong.errno(), libc::EINVAL, "{wrong}");
+    // A message that arrived and was never polled is cleaned with the reset.
+    send.send_now(Msg::send(Local::Inline(b"stale"))).unwrap();
+    retire_direct(&mut send, &mut pa);
+    assert_eq!(recv2.reset_qp_direct(&mut pb).unwrap(), 4);
+    assert_eq!(send.reset_qp(&mut pa).unwrap(), 0);
+    b.init(&port, &o).unwrap();
+    assert_eq!(recv2.fill().unwrap(), 4);
+    Qp::connect_pair(&a, &b, &port, &o).unwrap();
+    send.send_now(Msg::send(Local::Inline(b"again"))).unwrap();
+    assert_eq!(receive(&mut pb, &mut recv2, &mut recv), b"again");
+}

@@ -279,11 +279,12 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_ring_reset_keeps_the_lease",
             "drain_asks_for_the_signal_an_unsignaled_tail_needs",
             "a_direct_ring_reconnects_without_replaying_old_wqes",
+            "direct_recv_rings_against_swap_a_new_poller_and_a_reset",
         ],
         models: Models::Both,
         why: "issue 27 items 1, 3, 4, 11: swap, reset and connect under live rings, a lease \
               kept across a ring's reset, drain; the direct bridge on the simulated ConnectX \
-              (run at each poll, no device thread)",
+              (run at each poll, no device thread), its receive side too (issue 30)",
     },
     MiriTest {
         package: "hotverbs",

@@ -200,6 +200,13 @@ pub struct Side {
     pub timestamps: Option<(*mut ibv_cq_ex, TimestampClock, bool)>,
     /// `--direct`: the send CQ of every QP, read by the direct poller.
     pub direct_cq: Option<DirectCq>,
+    /// `--direct`: [`cq`](Self::cq) (the receives') as the direct path reads it: a second
+    /// direct poller, to which every QP's receive queue is attached.
+    pub direct_recv_cq: Option<DirectCq>,
+    /// The device is softnic's simulated ConnectX: with `--direct` nothing else runs it
+    /// (no `ibv_poll_cq` reaches softnic), so the reaper runs it at every poll
+    /// (`hotverbs_softnic::mlx5_step`), as the setup layer's direct poller does.
+    pub sim: bool,
 }
 
 /// Raw handles of one QP of a [`Side`].
@@ -213,6 +220,9 @@ pub struct QpSide {
     /// `--direct`: the mlx5 send queue, with its `wrid` table (its register as
     /// `register` says).
     pub sq: Option<DirectSq>,
+    /// `--direct`: the mlx5 receive queue (its `wrid` table the side's), written directly
+    /// by the QP's receive ring ([`RecvTarget::Mlx5`]); `None`: `ibv_post_recv`.
+    pub rq: Option<hotverbs_datapath::mlx5::DirectRqDesc>,
     /// `--direct`: how the ring rings the QP's doorbell register
     /// ([`hotverbs::Qp::mlx5_register_use`]).
     pub register: Option<hotverbs::RegisterUse>,
@@ -467,7 +477,14 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
                 // ring touches it (each QP's slots are its own).
                 let mut r = unsafe {
                     RecvRing::new(
-                        RecvTarget::Qp(h.qp),
+                        match h.rq {
+                            Some(desc) => RecvTarget::Mlx5 {
+                                qp: h.qp,
+                                desc,
+                                head: 0,
+                            },
+                            None => RecvTarget::Qp(h.qp),
+                        },
                         region,
                         RecvConfig::new(recv_ring_id(q), slot, rx)
                             .repost_batch(recv_repost_batch(rx)),

@@ -183,8 +183,9 @@ pub struct SideRes {
     pub ahs: Vec<Ah>,
     /// Their CQ (send and receive; receive only with `--direct`).
     pub cq: Cq,
-    /// `--direct`: the send CQ the direct poller reads, and each QP's ring's `wrid` table.
-    pub direct: Option<(Cq, Vec<Box<[u64]>>)>,
+    /// `--direct`: the send CQ the direct poller reads, each QP's send ring's `wrid`
+    /// table, and each QP's receive queue's (the receive CQ is read directly too).
+    pub direct: Option<(Cq, Vec<Box<[u64]>>, Vec<Box<[u64]>>)>,
     /// `--timestamps`: the device clock of the CQ's completion timestamps, and whether the
     /// provider's extended CQ may be drained with `ibv_next_poll`.
     pub ts: Option<(TimestampClock, bool)>,
@@ -370,11 +371,14 @@ impl SideRes {
         let direct = match scq {
             Some(scq) => {
                 let mut wrids = Vec::with_capacity(all.len());
+                let mut rq_wrids = Vec::with_capacity(all.len());
                 for qp in &all {
                     let n = qp.mlx5_sq(std::ptr::null_mut())?.wqe_cnt as usize;
                     wrids.push(vec![0u64; n].into_boxed_slice());
+                    let (rq, _) = qp.mlx5_rq(std::ptr::null_mut())?;
+                    rq_wrids.push(vec![0u64; rq.wqe_cnt as usize].into_boxed_slice());
                 }
-                Some((scq, wrids))
+                Some((scq, wrids, rq_wrids))
             }
             None => None,
         };
@@ -464,18 +468,28 @@ impl SideRes {
         }
         let mut qps = Vec::with_capacity(self.qps.len());
         for (i, (qp, remote)) in self.qps.iter().zip(remotes).enumerate() {
-            let (sq, register) = match &mut self.direct {
-                Some((_, wrids)) => {
+            let (sq, register, rq) = match &mut self.direct {
+                Some((_, wrids, rq_wrids)) => {
                     let sq = qp.mlx5_sq(wrids[i].as_mut_ptr())?;
                     let register = qp.mlx5_register_use()?;
-                    (Some(register.apply_to(sq)), Some(register))
+                    // The receive queue, written directly from counter 0: nothing was
+                    // posted to it through libmlx5 (receives are the engine's).
+                    let (rq, head) = qp.mlx5_rq(rq_wrids[i].as_mut_ptr())?;
+                    if head != 0 {
+                        return Err(PerfError::Internal(format!(
+                            "--direct: QP {i}'s receive queue was posted to through libmlx5"
+                        )));
+                    }
+                    let rq = (rq.wqe_cnt > 0).then_some(rq);
+                    (Some(register.apply_to(sq)), Some(register), rq)
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
             qps.push(QpSide {
                 qp: qp.as_raw(),
                 qpx: qp.as_qp_ex(),
                 sq,
+                rq,
                 register,
                 ud: self
                     .ahs
@@ -503,9 +517,14 @@ impl SideRes {
                 _ => None,
             },
             direct_cq: match &self.direct {
-                Some((scq, _)) => Some(scq.mlx5_cq()?),
+                Some((scq, _, _)) => Some(scq.mlx5_cq()?),
                 None => None,
             },
+            direct_recv_cq: match &self.direct {
+                Some(_) => Some(self.cq.mlx5_cq()?),
+                None => None,
+            },
+            sim: self.cq.context().kind() == hotverbs::DeviceKind::Softnic,
         })
     }
 }

@@ -258,7 +258,9 @@ impl Reap for Stamped {
 /// CQ through `ibv_poll_cq`.
 pub struct DirectCqs {
     send: Box<DirectPoller<POLL_BURST>>,
-    recv: CqPoller<POLL_BURST>,
+    recv: Box<DirectPoller<POLL_BURST>>,
+    /// Runs softnic's simulated ConnectX before each poll ([`Side::sim`]).
+    sim: bool,
 }
 
 impl Reap for DirectCqs {
@@ -280,9 +282,25 @@ impl Reap for DirectCqs {
             // (contract).
             unsafe { send.attach(&sq) }.map_err(direct_err)?;
         }
-        // SAFETY: the receive CQ is live and polled only by this reaper (contract).
-        let recv = unsafe { CqPoller::new(side.cq) };
-        Ok(DirectCqs { send, recv })
+        let rcq = side
+            .direct_recv_cq
+            .ok_or_else(|| PerfError::Internal("--direct without its receive CQ".into()))?;
+        // SAFETY: libmlx5's description of the side's receive CQ, polled only by this
+        // reaper (contract).
+        let mut recv = Box::new(unsafe { DirectPoller::new(rcq) }.map_err(direct_err)?);
+        for q in &side.qps {
+            if let Some(rq) = &q.rq {
+                // SAFETY: the receive queue of a live QP, posted to only by its receive
+                // ring; its wrid table is the side's and outlives the reaper; the slots
+                // its receives name are the ring's (contract).
+                unsafe { recv.attach_rq((*q.qp).qp_num, rq) }.map_err(direct_err)?;
+            }
+        }
+        Ok(DirectCqs {
+            send,
+            recv,
+            sim: side.sim,
+        })
     }
 
     #[inline(always)]
@@ -290,11 +308,18 @@ impl Reap for DirectCqs {
         &mut self,
         mut each: impl FnMut(&mut Completion, Option<u64>) -> Result<(), PerfError>,
     ) -> Result<usize, PerfError> {
+        if self.sim {
+            hotverbs_softnic::mlx5_step();
+        }
         let n = burst(
             &mut *self.send,
             |e| PerfError::Internal(format!("polling the send CQ directly: {e}")),
             &mut each,
         )?;
-        Ok(n + burst(&mut self.recv, PerfError::Poll, each)?)
+        Ok(n + burst(
+            &mut *self.recv,
+            |e| PerfError::Internal(format!("polling the receive CQ directly: {e}")),
+            each,
+        )?)
     }
 }

@@ -686,7 +686,11 @@ impl Fabric {
         }
         self.dv_scan_regs();
         for qi in 0..self.qps.len() {
-            self.dv_sync_rq(qi);
+            if self.dv_sync_rq(qi) {
+                // Sends waiting for a receive (RNR with rnr_retry 7) go on, as after a
+                // post_recv.
+                self.kick_waiters(Some(Qp::qpn(qi)), None);
+            }
         }
         let mut n = 0;
         for qi in 0..self.qps.len() {
@@ -725,24 +729,25 @@ impl Fabric {
     /// Takes the receive WQEs QP `qi`'s receive counter announced since the last look into
     /// the device's receive queue (a WQE counter as each one's `wr_id`); in ERR they are
     /// flushed at once, as the hardware flushes what it finds. Nothing for a QP without a
-    /// receive queue in memory, or in RESET (the counter is 0 there).
-    pub(crate) fn dv_sync_rq(&mut self, qi: usize) {
+    /// receive queue in memory, or in RESET (the counter is 0 there). Returns whether the
+    /// queue gained receives (not in ERR).
+    pub(crate) fn dv_sync_rq(&mut self, qi: usize) -> bool {
         let Some(Some(q)) = self.qps.get_mut(qi) else {
-            return;
+            return false;
         };
         let Some(dv) = q.dv.as_deref() else {
-            return;
+            return false;
         };
         let Some(rq) = dv.rq.as_ref() else {
-            return;
+            return false;
         };
         if q.state == IBV_QPS_RESET {
-            return;
+            return false;
         }
         let target = dv.rcv_dbr() & 0xffff;
         let mut head = rq.dev_head;
         if head & 0xffff == target {
-            return;
+            return false;
         }
         while head & 0xffff != target {
             let mut e = q.rq.spare.pop().unwrap_or_default();
@@ -759,6 +764,7 @@ impl Fabric {
         if err {
             self.flush_rq(qi);
         }
+        !err
     }
 
     /// The bytes of a `len`-byte message QP `pi` receives that its receive CQ's CQE holds
@@ -846,6 +852,12 @@ impl Fabric {
             wr.wr.ud.remote_qpn = rqpn;
             wr.wr.ud.remote_qkey = qkey;
         }
+        // The mlx5 ring bounds the WRs in flight itself: softnic's SQ accounting (slots
+        // released when a completion is polled from its own queue) must not refuse it. Only
+        // WRs still waiting (RNR) occupy slots; ones a receive released since the last
+        // WQE (kick_waiters) are free again.
+        let q = self.qp(qi);
+        q.sq_released = q.sq_posted - q.pending.len() as u64;
         let mut bad = std::ptr::null_mut();
         // SAFETY: a one-WR chain of live locals (the inline bytes and SGEs outlive the
         // call, which copies what it keeps).

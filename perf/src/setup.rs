@@ -185,7 +185,7 @@ pub struct SideRes {
     pub cq: Cq,
     /// `--direct`: the send CQ the direct poller reads, each QP's send ring's `wrid`
     /// table, and each QP's receive queue's (the receive CQ is read directly too).
-    pub direct: Option<(Cq, Vec<Box<[u64]>>, Vec<Box<[u64]>>)>,
+    pub direct: Option<(Cq, WridTables, WridTables)>,
     /// `--timestamps`: the device clock of the CQ's completion timestamps, and whether the
     /// provider's extended CQ may be drained with `ibv_next_poll`.
     pub ts: Option<(TimestampClock, bool)>,
@@ -196,6 +196,9 @@ pub struct SideRes {
     /// `--events`: the completion channel `cq` was created on.
     pub channel: Option<CompChannel>,
 }
+
+/// One `wrid` table per QP (`--direct`).
+pub type WridTables = Vec<Box<[u64]>>;
 
 /// `--direct`: a thread domain (in a parent domain over `pd`) for each of `n` QPs, or none
 /// at all when the device refuses one (its QPs then ring the doorbell only, and the

@@ -79,6 +79,16 @@ fn direct_recv_ring_flushes_and_recovers() {
 }
 
 #[test]
+fn direct_recv_ring_on_ud() {
+    mlx5_cases::direct_recv_ring_on_ud(&sim());
+}
+
+#[test]
+fn a_too_long_message_fails_the_direct_receive() {
+    mlx5_cases::a_too_long_message_fails_the_direct_receive(&sim());
+}
+
+#[test]
 fn destroying_a_direct_receiver_cleans_its_cqes() {
     mlx5_cases::destroying_a_direct_receiver_cleans_its_cqes(&sim());
 }

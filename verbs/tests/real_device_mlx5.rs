@@ -105,3 +105,38 @@ fn fixed_size_apis_on_a_thread_domain_ring() {
         mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&ctx);
     }
 }
+
+#[test]
+fn fully_direct_ping_pong_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::fully_direct_ping_pong(&ctx);
+    }
+}
+
+#[test]
+fn direct_recv_ring_flushes_and_recovers_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_recv_ring_flushes_and_recovers(&ctx);
+    }
+}
+
+#[test]
+fn destroying_a_direct_receiver_cleans_its_cqes_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::destroying_a_direct_receiver_cleans_its_cqes(&ctx);
+    }
+}
+
+#[test]
+fn direct_recv_ring_on_ud_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_recv_ring_on_ud(&ctx);
+    }
+}
+
+#[test]
+fn a_too_long_message_fails_the_direct_receive_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::a_too_long_message_fails_the_direct_receive(&ctx);
+    }
+}

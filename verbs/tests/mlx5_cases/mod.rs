@@ -1304,3 +1304,117 @@ pub fn destroying_a_direct_receiver_cleans_its_cqes(ctx: &Context) {
         "nothing wrote the old region"
     );
 }
+
+/// Issue 30: UD datagrams into a direct receive ring: each arrives once, in order, with
+/// the 40-byte GRH area before its payload, its byte count and the sender's QP number (the
+/// responder CQE's `flags_rqpn`); UD gets no scatter-to-CQE, even for a few bytes.
+pub fn direct_recv_ring_on_ud(ctx: &Context) {
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let (pd, cq_a, cq_b) = setup(ctx, 64);
+    let a = QpBuilder::new(&pd, &cq_a, &cq_a, QpType::Ud)
+        .max_send_wr(32)
+        .max_inline_data(64)
+        .build()
+        .unwrap();
+    let b = QpBuilder::new(&pd, &cq_b, &cq_b, QpType::Ud)
+        .max_recv_wr(16)
+        .build()
+        .unwrap();
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    let mut region = pd.alloc_mr(8 * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut recv = b
+        .direct_recv_ring::<8, 16>(&mut pb, &mut region, 0, RecvConfig::new(0, 128, 8))
+        .unwrap();
+    let o = ConnectOptions::default();
+    b.init(&info, &o).unwrap();
+    assert_eq!(recv.fill().unwrap(), 8);
+    a.connect(&info, &Endpoint::default(), &o).unwrap();
+    b.connect(&info, &Endpoint::default(), &o).unwrap();
+    let ah = pd
+        .create_ah(&AhAttr::from_port(&info, info.gid, info.lid))
+        .unwrap();
+    let mut ring = a
+        .direct_ring_ud(
+            &mut pa,
+            &ah,
+            b.qp_num(),
+            DEFAULT_QKEY,
+            SendConfig::new(0, 16, 64).signal_every(1),
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..24usize {
+        let m: Vec<u8> = (0..1 + i * 2).map(|k| (i + k) as u8).collect();
+        ring.send_now(Msg::send(Local::Inline(&m))).unwrap();
+        let got = loop {
+            for c in pa.poll().unwrap() {
+                ring.on_completion(c).unwrap();
+            }
+            if let Some(c) = pb.poll().unwrap().first_mut() {
+                let r = recv.on_completion(c).expect("a good datagram");
+                assert_eq!(r.src_qp(), a.qp_num(), "datagram {i}");
+                assert_eq!(r.byte_len() as usize, 40 + m.len(), "GRH + datagram {i}");
+                let d = recv.data(&r).unwrap()[40..].to_vec();
+                recv.release(r).unwrap();
+                break d;
+            }
+            assert!(Instant::now() < deadline, "datagram {i} never arrived");
+        };
+        assert_eq!(got, m, "datagram {i}");
+    }
+}
+
+/// Issue 30: a receive error through the direct poller: an RC message longer than the
+/// slot fails the receive (`LOC_LEN_ERR`, the slot idle, the QP in error) and the sender's
+/// WR with a remote error; the receives still posted come back flushed, each once.
+pub fn a_too_long_message_fails_the_direct_receive(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (
+        ctx.create_cq(64, None).unwrap(),
+        ctx.create_cq(64, None).unwrap(),
+    );
+    let (a, b) = (direct_qp(&pd, &cq_a), direct_qp(&pd, &cq_b));
+    let info = ctx.port_info(None, gid_index()).unwrap();
+    let mut pa = cq_a.direct_poller::<16>().unwrap();
+    let mut pb = cq_b.direct_poller::<16>().unwrap();
+    let mut region = pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut recv = b
+        .direct_recv_ring::<4, 16>(&mut pb, &mut region, 0, RecvConfig::new(0, 64, 4))
+        .unwrap();
+    let o = ConnectOptions::default();
+    b.init(&info, &o).unwrap();
+    assert_eq!(recv.fill().unwrap(), 4);
+    a.connect(&info, &b.endpoint(&info), &o).unwrap();
+    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    let mut ring = a
+        .direct_ring(&mut pa, SendConfig::new(0, 8, 256).signal_every(1))
+        .unwrap();
+    ring.send_now(Msg::send(Local::Inline(&[7u8; 100])))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut len_err, mut flushed) = (0, 0);
+    while len_err + flushed < 4 {
+        for c in pb.poll().unwrap() {
+            match recv.on_completion(c) {
+                Err(RecvError::Completion { error, .. }) if error == WcError::LocLen => {
+                    len_err += 1
+                }
+                Err(RecvError::Completion { error, .. }) if error == WcError::WrFlush => {
+                    flushed += 1
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(Instant::now() < deadline, "{len_err} + {flushed} of 4");
+    }
+    assert_eq!((len_err, flushed), (1, 3));
+    assert_eq!(recv.posted(), 0);
+    let e = loop {
+        if let Some(c) = pa.poll().unwrap().first_mut() {
+            break ring.on_completion(c).unwrap_err();
+        }
+        assert!(Instant::now() < deadline, "the sender never heard");
+    };
+    assert_ne!(e, WcError::WrFlush, "the sender's own error first: {e:?}");
+}

@@ -1397,12 +1397,14 @@ pub fn a_too_long_message_fails_the_direct_receive(ctx: &Context) {
     while len_err + flushed < 4 {
         for c in pb.poll().unwrap() {
             match recv.on_completion(c) {
-                Err(RecvError::Completion { error, .. }) if error == WcError::LocLen => {
-                    len_err += 1
-                }
-                Err(RecvError::Completion { error, .. }) if error == WcError::WrFlush => {
-                    flushed += 1
-                }
+                Err(RecvError::Completion {
+                    error: WcError::LocLen,
+                    ..
+                }) => len_err += 1,
+                Err(RecvError::Completion {
+                    error: WcError::WrFlush,
+                    ..
+                }) => flushed += 1,
                 other => panic!("{other:?}"),
             }
         }

@@ -51,7 +51,7 @@ fn main() {
         &src.join("util/udma_barrier.h"),
         &hooked.join("util/udma_barrier.h"),
     );
-    for f in ["qp.c", "cq.c"] {
+    for f in ["qp.c", "cq.c", "srq.c"] {
         println!("cargo:rerun-if-changed={}", mlx5.join(f).display());
     }
     let libs = [
@@ -72,6 +72,7 @@ fn main() {
             .cargo_metadata(false)
             .file(mlx5.join("qp.c"))
             .file(mlx5.join("cq.c"))
+            .file(mlx5.join("srq.c"))
             .file("csrc/stubs.c")
             .file("csrc/shim.c")
             .compile(name);

@@ -193,6 +193,18 @@ const MIRI_TESTS: &[MiriTest] = &[
     },
     MiriTest {
         package: "hotverbs-datapath",
+        target: "mlx5_srq",
+        tests: &[
+            "the_free_list_takes_back_freed_wqes_in_libmlx5s_order",
+            "swapped_srqs_post_into_their_own_memory",
+            "a_description_that_is_no_srq_is_refused",
+        ],
+        models: Models::Both,
+        why: "issue 30: DirectSrq writes SRQ WQEs, their links, wr_ids and the free bitmap \
+              through raw pointers into the SRQ mlx5dv describes",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
         target: "mlx5_rq",
         tests: &[
             "a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish",

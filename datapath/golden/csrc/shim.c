@@ -493,3 +493,68 @@ uint64_t *hv_rq_wrid(struct hv_env *e) { return e->qp->rq.wrid; }
 unsigned hv_rq_head(struct hv_env *e) { return e->qp->rq.head; }
 /* What mlx5_poll_cq does for each receive it completes: the tail moves on. */
 void hv_rq_set_tail(struct hv_env *e, unsigned tail) { e->qp->rq.tail = tail; }
+
+/* ---- SRQ (issue 30): mlx5_alloc_srq_buf's own layout, mlx5_post_srq_recv and
+ * mlx5_free_srq_wqe on it. ---- */
+
+struct hv_srq {
+	struct mlx5_srq srq;
+	struct mlx5_device dev;
+	__be32 db[2];
+};
+
+/* An SRQ of `max_wr` receives of `max_gs` entries, its buffer and list made by libmlx5's
+ * mlx5_alloc_srq_buf (with a wait queue when `have_wq`: the device allows twice the
+ * WQEs). */
+struct hv_srq *hv_srq_new(struct hv_env *e, unsigned max_wr, int max_gs, int have_wq)
+{
+	struct hv_srq *s = calloc(1, sizeof(*s));
+	if (!s)
+		abort();
+	s->dev.page_size = 4096;
+	e->ctx->ibv_ctx.context.device = &s->dev.verbs_dev.device;
+	e->ctx->max_srq_recv_wr = have_wq ? 2 * max_wr + 1 : max_wr + 1;
+	e->ctx->max_recv_wr = 1 << 16;
+	s->srq.max_gs = max_gs;
+	s->srq.vsrq.srq.context = &e->ctx->ibv_ctx.context;
+	if (mlx5_alloc_srq_buf(&e->ctx->ibv_ctx.context, &s->srq, max_wr, NULL))
+		abort();
+	s->srq.db = s->db;
+	return s;
+}
+
+int hv_post_srq_recv(struct hv_srq *s, const struct hv_rwr *w, int n, int *bad_index)
+{
+	struct ibv_recv_wr wr[64];
+	if (n < 1 || n > 64)
+		abort();
+	memset(wr, 0, sizeof(wr));
+	for (int i = 0; i < n; i++) {
+		wr[i].wr_id = w[i].wr_id;
+		wr[i].sg_list = (struct ibv_sge *)w[i].sges;
+		wr[i].num_sge = w[i].num_sge;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+	struct ibv_recv_wr *bad = NULL;
+	int rc = mlx5_post_srq_recv(&s->srq.vsrq.srq, wr, &bad);
+	*bad_index = bad ? (int)(bad - wr) : -1;
+	return rc;
+}
+
+void hv_srq_free_wqe(struct hv_srq *s, int ind) { mlx5_free_srq_wqe(&s->srq, ind); }
+uint8_t *hv_srq_buf(struct hv_srq *s) { return s->srq.buf.buf; }
+uint64_t *hv_srq_wrid(struct hv_srq *s) { return s->srq.wrid; }
+unsigned long *hv_srq_bitmap(struct hv_srq *s) { return s->srq.free_wqe_bitmap; }
+uint32_t hv_srq_db(struct hv_srq *s) { return s->db[0]; }
+/* head, tail, nwqes, max, max_gs, wqe_shift, waitq_head, counter */
+void hv_srq_state(struct hv_srq *s, int out[8])
+{
+	out[0] = s->srq.head;
+	out[1] = s->srq.tail;
+	out[2] = (int)s->srq.nwqes;
+	out[3] = s->srq.max;
+	out[4] = s->srq.max_gs;
+	out[5] = s->srq.wqe_shift;
+	out[6] = s->srq.waitq_head;
+	out[7] = s->srq.counter;
+}

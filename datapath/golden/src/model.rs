@@ -112,6 +112,14 @@ extern "C" {
     fn hv_rq_wrid(e: *mut Env) -> *mut u64;
     fn hv_rq_head(e: *mut Env) -> u32;
     fn hv_rq_set_tail(e: *mut Env, tail: u32);
+    fn hv_srq_new(e: *mut Env, max_wr: u32, max_gs: i32, have_wq: i32) -> *mut SrqC;
+    fn hv_post_srq_recv(s: *mut SrqC, w: *const RecvWr, n: i32, bad: *mut i32) -> i32;
+    fn hv_srq_free_wqe(s: *mut SrqC, ind: i32);
+    fn hv_srq_buf(s: *mut SrqC) -> *mut u8;
+    fn hv_srq_wrid(s: *mut SrqC) -> *mut u64;
+    fn hv_srq_bitmap(s: *mut SrqC) -> *mut u64;
+    fn hv_srq_db(s: *mut SrqC) -> u32;
+    fn hv_srq_state(s: *mut SrqC, out: *mut i32);
     fn hv_measured_c_post_send(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_post_wr(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_poll(e: *mut Env, n: u64) -> i32;
@@ -444,5 +452,106 @@ impl Model {
     pub fn rq_set_tail(&mut self, tail: u32) {
         // SAFETY: a live env.
         unsafe { hv_rq_set_tail(self.e, tail) }
+    }
+}
+
+/// The shim's `struct hv_srq`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SrqC {
+    _opaque: [u8; 0],
+}
+
+/// libmlx5's SRQ state after a call ([`Srq::state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqState {
+    /// `head`.
+    pub head: i32,
+    /// `tail`.
+    pub tail: i32,
+    /// `nwqes`: the main queue.
+    pub nwqes: i32,
+    /// `max`: main and wait queue.
+    pub max: i32,
+    /// `max_gs`.
+    pub max_gs: i32,
+    /// `wqe_shift`.
+    pub wqe_shift: i32,
+    /// `waitq_head` (-1: no wait queue).
+    pub waitq_head: i32,
+    /// `counter`.
+    pub counter: i32,
+}
+
+/// An SRQ laid out by libmlx5's own `mlx5_alloc_srq_buf` on the env's context (issue 30),
+/// posted to with `mlx5_post_srq_recv` and freed with `mlx5_free_srq_wqe`. Lives as long
+/// as the process (the shim does not free it).
+#[derive(Debug)]
+pub struct Srq {
+    s: *mut SrqC,
+    e: *mut Env,
+}
+
+impl Model {
+    /// A new SRQ of `max_wr` receives of `max_gs` scatter entries (libmlx5 rounds both),
+    /// with a wait queue when `have_wq`.
+    pub fn srq_new(&mut self, max_wr: u32, max_gs: i32, have_wq: bool) -> Srq {
+        // SAFETY: a live env; the shim allocates the SRQ.
+        let s = unsafe { hv_srq_new(self.e, max_wr, max_gs, i32::from(have_wq)) };
+        Srq { s, e: self.e }
+    }
+}
+
+impl Srq {
+    /// `mlx5_post_srq_recv` of the chain `wrs`: its return value and the index `*bad_wr`
+    /// names (`None` when NULL). Barriers are recorded into the env's log (call
+    /// [`Model::record`] first).
+    pub fn post(&mut self, wrs: &[RecvWr]) -> (i32, Option<usize>) {
+        let mut bad = -1;
+        let _ = self.e;
+        // SAFETY: a live SRQ; the WRs and their SGE lists are valid for the call.
+        let rc = unsafe { hv_post_srq_recv(self.s, wrs.as_ptr(), wrs.len() as i32, &mut bad) };
+        (rc, usize::try_from(bad).ok())
+    }
+    /// `mlx5_free_srq_wqe(ind)`: what `mlx5_poll_cq` does for each SRQ receive completed.
+    pub fn free_wqe(&mut self, ind: u32) {
+        // SAFETY: a live SRQ.
+        unsafe { hv_srq_free_wqe(self.s, ind as i32) }
+    }
+    /// The buffer (`max << wqe_shift` bytes).
+    pub fn buf(&self) -> *mut u8 {
+        // SAFETY: a live SRQ.
+        unsafe { hv_srq_buf(self.s) }
+    }
+    /// The `wrid` array (`max` entries).
+    pub fn wrid(&self) -> *mut u64 {
+        // SAFETY: a live SRQ.
+        unsafe { hv_srq_wrid(self.s) }
+    }
+    /// The free-WQE bitmap (`max` bits in 64-bit words).
+    pub fn bitmap(&self) -> *mut u64 {
+        // SAFETY: a live SRQ.
+        unsafe { hv_srq_bitmap(self.s) }
+    }
+    /// The doorbell record's first word, as stored (big-endian).
+    pub fn db(&self) -> u32 {
+        // SAFETY: a live SRQ.
+        unsafe { hv_srq_db(self.s) }
+    }
+    /// `head`, `tail` and the rest of libmlx5's bookkeeping.
+    pub fn state(&self) -> SrqState {
+        let mut o = [0i32; 8];
+        // SAFETY: a live SRQ; eight ints written.
+        unsafe { hv_srq_state(self.s, o.as_mut_ptr()) };
+        SrqState {
+            head: o[0],
+            tail: o[1],
+            nwqes: o[2],
+            max: o[3],
+            max_gs: o[4],
+            wqe_shift: o[5],
+            waitq_head: o[6],
+            counter: o[7],
+        }
     }
 }

@@ -1722,6 +1722,261 @@ mod real {
         (posted, refused, wraps, diffs)
     }
 
+    /// SRQ WQEs (issue 30): libmlx5 lays out an SRQ with its own `mlx5_alloc_srq_buf`
+    /// (the linked list, with and without a wait queue); our `DirectSrq` starts from a copy
+    /// of that memory and its `head` / `tail`. Random chains of 1 to 8 receives of 0 to
+    /// `max_gs + 1` entries go through `DirectSrq::post`/`publish` and
+    /// `mlx5_post_srq_recv`, and random outstanding WQEs are freed out of order through
+    /// `DirectSrq::free` and `mlx5_free_srq_wqe` (what a completion does): the same return
+    /// value and `bad_wr`, queue bytes (links renumbered by the free-list search included),
+    /// `wrid`, free bitmap, post counter in the doorbell record, `head`, `tail`, and one
+    /// store barrier per published chain. `HOTVERBS_GOLDEN_WRS` sets the count.
+    #[test]
+    fn a_million_random_srq_receives_equal_libmlx5s() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let target = std::env::var("HOTVERBS_GOLDEN_WRS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1_000_000);
+        let (posted, refused, freed, diffs) = srq_receives(target, RecvPlant::None);
+        println!(
+            "golden: {posted} SRQ receive WQEs compared with mlx5_post_srq_recv ({refused} \
+             chains refused, {freed} WQEs freed out of order), {diffs} differences"
+        );
+        assert_eq!(diffs, 0, "golden SRQ: {diffs} differences (printed above)");
+        assert!(posted >= 1_000_000 || std::env::var("HOTVERBS_GOLDEN_WRS").is_ok());
+    }
+
+    #[test]
+    fn planted_srq_bugs_are_caught() {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        QUIET.store(true, Ordering::Relaxed);
+        for plant in [RecvPlant::WrongByte, RecvPlant::NoPublish] {
+            let (_, _, _, diffs) = srq_receives(20_000, plant);
+            assert!(diffs > 0, "{plant:?} went unseen");
+            println!("planted SRQ bug {plant:?} -> {diffs} differences");
+        }
+        QUIET.store(false, Ordering::Relaxed);
+    }
+
+    /// `target` SRQ receives through both sides; (posted, chains refused, WQEs freed,
+    /// differences).
+    fn srq_receives(target: u64, plant: RecvPlant) -> (u64, u64, u64, u64) {
+        use hotverbs_datapath::mlx5::{DirectSrq, DirectSrqDesc, SrqError};
+        use hotverbs_datapath::LocalBuf;
+        use hotverbs_mlx5_golden::RecvWr;
+        let (mut posted, mut refused, mut freed, mut diffs) = (0u64, 0u64, 0u64, 0u64);
+        let mut chains = 0u64;
+        let shapes = [
+            (63u32, 1i32, true),
+            (100, 3, false),
+            (15, 6, true),
+            (7, 2, false),
+        ];
+        for (shape, (max_wr, max_gs, have_wq)) in shapes.into_iter().enumerate() {
+            let mut model = Model::new(ModelCfg {
+                ud: false,
+                uc: false,
+                wqe_cnt: 64,
+                max_gs: 1,
+                max_inline: 0,
+                qpn: QPN,
+                cqe_cnt: 64,
+                poison: POISON,
+                cqe_size: 64,
+            });
+            let mut m = model.srq_new(max_wr, max_gs, have_wq);
+            let st = m.state();
+            let stride = 1u32 << st.wqe_shift;
+            let nwqes = st.nwqes as u32;
+            let len = st.max as usize * stride as usize;
+            let mut buf = vec![0u128; len / 16];
+            // SAFETY: libmlx5's SRQ buffer of `len` bytes, live.
+            let start = unsafe { std::slice::from_raw_parts(m.buf(), len) };
+            for (w, c) in buf.iter_mut().zip(start.chunks(16)) {
+                *w = u128::from_ne_bytes(c.try_into().unwrap());
+            }
+            let words = (nwqes as usize).div_ceil(64);
+            // libmlx5's wrid array comes from malloc, unwritten: start from its bytes too.
+            // SAFETY: `nwqes` entries of libmlx5's live array.
+            let mut wrid = unsafe { std::slice::from_raw_parts(m.wrid(), nwqes as usize) }.to_vec();
+            let mut free = vec![0u64; words];
+            let mut dbrec = [0u32; 2];
+            let desc = DirectSrqDesc {
+                buf: buf.as_mut_ptr().cast(),
+                stride,
+                nwqes,
+                dbrec: dbrec.as_mut_ptr(),
+                wrid: wrid.as_mut_ptr(),
+                free: free.as_mut_ptr(),
+            };
+            // SAFETY: the vectors outlive the queue and nothing else touches them.
+            let mut q = unsafe {
+                DirectSrq::new(
+                    desc,
+                    st.head as u32,
+                    st.tail as u32,
+                    0,
+                    RecordingDoorbell::new(std::ptr::null_mut()),
+                )
+            }
+            .unwrap();
+            assert_eq!(
+                q.max_segs() as i32,
+                st.max_gs,
+                "shape {shape}: the same max_gs"
+            );
+            let gs = q.max_segs();
+            let mut r = Rng(0x5ca1_ab1e_0000_0001 ^ (shape as u64) << 32);
+            let mut outstanding: Vec<u32> = Vec::new();
+            let per_shape = target / shapes.len() as u64 + 1;
+            let mut shape_posted = 0u64;
+            let mut wr_id = 0u64;
+            while shape_posted < per_shape {
+                if r.below(3) == 0 && !outstanding.is_empty() {
+                    // Completions, in any order: each frees its WQE on both sides.
+                    let k = 1 + r.below(outstanding.len() as u64) as usize;
+                    for _ in 0..k {
+                        let at = r.below(outstanding.len() as u64) as usize;
+                        let idx = outstanding.swap_remove(at);
+                        m.free_wqe(idx);
+                        q.free(idx);
+                        freed += 1;
+                    }
+                    continue;
+                }
+                let n = 1 + r.below(8) as usize;
+                let sges: Vec<Vec<ibv_sge>> = (0..n)
+                    .map(|_| {
+                        let k = if r.below(50) == 0 {
+                            gs as usize + 1
+                        } else {
+                            r.below(u64::from(gs) + 1) as usize
+                        };
+                        (0..k)
+                            .map(|_| ibv_sge {
+                                addr: r.next(),
+                                length: if r.below(6) == 0 { 0 } else { r.next() as u32 },
+                                lkey: r.next() as u32,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let wrs: Vec<RecvWr> = sges
+                    .iter()
+                    .map(|s| {
+                        wr_id += 1;
+                        RecvWr {
+                            wr_id,
+                            sges: s.as_ptr(),
+                            num_sge: s.len() as i32,
+                            pad: 0,
+                        }
+                    })
+                    .collect();
+                model.record();
+                let (rc, bad) = m.post(&wrs);
+                let model_barriers = model.barriers().iter().filter(|b| b.kind == 1).count();
+                let before = q.doorbell().events.len();
+                let (mut ours_rc, mut ours_bad) = (0, None);
+                let mut last = None;
+                for (i, (w, s)) in wrs.iter().zip(&sges).enumerate() {
+                    let segs: Vec<LocalBuf> = s
+                        .iter()
+                        .map(|g| LocalBuf {
+                            addr: g.addr,
+                            len: g.length,
+                            lkey: g.lkey,
+                        })
+                        .collect();
+                    match q.post(w.wr_id, &segs) {
+                        Ok(idx) => {
+                            outstanding.push(idx);
+                            last = Some(idx);
+                        }
+                        Err(e) => {
+                            ours_rc = match e {
+                                SrqError::Full => 12, // ENOMEM
+                                _ => 22,              // EINVAL
+                            };
+                            ours_bad = Some(i);
+                            break;
+                        }
+                    }
+                }
+                chains += 1;
+                let planted = chains == 100;
+                if !(planted && plant == RecvPlant::NoPublish) {
+                    q.publish();
+                }
+                if let (true, RecvPlant::WrongByte, Some(idx)) = (planted, plant, last) {
+                    buf[(idx * stride / 16) as usize + 1] ^= 1 << 9;
+                }
+                let ours_barriers = q.doorbell().events[before..]
+                    .iter()
+                    .filter(|e| **e == MmioEvent::ToDeviceBarrier)
+                    .count();
+                let done = ours_bad.unwrap_or(n);
+                posted += done as u64;
+                shape_posted += done as u64;
+                refused += u64::from(ours_bad.is_some());
+                let ms = m.state();
+                // SAFETY: libmlx5's buffer, wrid array and bitmap are live.
+                let (mbuf, mwrid, mfree) = unsafe {
+                    (
+                        std::slice::from_raw_parts(m.buf(), len),
+                        std::slice::from_raw_parts(m.wrid(), nwqes as usize),
+                        std::slice::from_raw_parts(m.bitmap(), words),
+                    )
+                };
+                let mask = |w: &[u64]| -> Vec<u64> {
+                    w.iter()
+                        .enumerate()
+                        .map(|(i, &x)| {
+                            let bits = (nwqes as usize).saturating_sub(i * 64).min(64);
+                            if bits == 64 {
+                                x
+                            } else {
+                                x & ((1u64 << bits) - 1)
+                            }
+                        })
+                        .collect()
+                };
+                let ours: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                let same = (rc, bad) == (ours_rc, ours_bad)
+                    && mbuf == &ours[..]
+                    && m.db() == dbrec[0]
+                    && mwrid == &wrid[..]
+                    && mask(mfree) == mask(&free)
+                    && (ms.head, ms.tail) == (q.head() as i32, q.tail() as i32)
+                    && ms.counter == i32::from(q.counter())
+                    && model_barriers == ours_barriers;
+                if !same {
+                    diffs += 1;
+                    if diffs <= 3 && !QUIET.load(Ordering::Relaxed) {
+                        eprintln!(
+                            "golden SRQ DIFFERENCE (shape {shape}, wr {wr_id}): libmlx5 \
+                             ({rc}, {bad:?}) head {} tail {} db {:#x} barriers \
+                             {model_barriers}; ours ({ours_rc}, {ours_bad:?}) head {} tail {} \
+                             db {:#x} barriers {ours_barriers}; bytes equal {}, wrid equal {}, \
+                             bitmap equal {}",
+                            ms.head,
+                            ms.tail,
+                            u32::from_be(m.db()),
+                            q.head(),
+                            q.tail(),
+                            u32::from_be(dbrec[0]),
+                            mbuf == &ours[..],
+                            mwrid == &wrid[..],
+                            mask(mfree) == mask(&free)
+                        );
+                    }
+                }
+            }
+        }
+        (posted, refused, freed, diffs)
+    }
+
     /// Responder CQEs (issue 30): random receive completions written into the model's CQ
     /// (every responder opcode, scatter-to-CQE of 0 to 32 bytes in 64-byte CQEs and 0 to 64
     /// in 128-byte ones, the GRH flag, receive error syndromes, owner-bit passes), polled by

@@ -67,10 +67,12 @@
 mod cq;
 mod ring;
 pub mod rq;
+pub mod srq;
 
 pub use cq::DirectPoller;
 pub use ring::{DirectBatch, DirectRing, DirectSession, DirectWindow};
 pub use rq::{DirectRq, DirectRqDesc};
+pub use srq::{DirectSrq, DirectSrqDesc, SrqError};
 
 /// mlx5 send opcodes (`MLX5_OPCODE_*`, PRM "Send WQE opcodes").
 pub mod opcode {

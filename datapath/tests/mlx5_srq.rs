@@ -1,0 +1,170 @@
+//! `mlx5::srq::DirectSrq`, the receive WQEs the direct path writes into a ConnectX SRQ
+//! (issue 30), on plain memory: the linked list, the free bitmap and its search, the
+//! segments and the counter. (`cargo xtask golden` compares it with `mlx5_post_srq_recv`
+//! byte for byte; this file runs under miri.)
+
+use hotverbs_datapath::mlx5::{DirectSrq, DirectSrqDesc, MmioEvent, RecordingDoorbell, SrqError};
+use hotverbs_datapath::LocalBuf;
+
+struct Mem {
+    buf: Vec<u128>,
+    dbrec: [u32; 2],
+    wrid: Vec<u64>,
+    free: Vec<u64>,
+}
+
+/// A new SRQ of `nwqes` WQEs of `stride` bytes, linked in order (head 0, tail `nwqes - 1`).
+fn srq(m: &mut Mem, nwqes: u32, stride: u32) -> (DirectSrq<RecordingDoorbell>, DirectSrqDesc) {
+    let desc = DirectSrqDesc {
+        buf: m.buf.as_mut_ptr().cast(),
+        stride,
+        nwqes,
+        dbrec: m.dbrec.as_mut_ptr(),
+        wrid: m.wrid.as_mut_ptr(),
+        free: m.free.as_mut_ptr(),
+    };
+    // SAFETY: the test's buffers outlive the queue and nothing else touches them.
+    let mut q = unsafe {
+        DirectSrq::new(
+            desc,
+            0,
+            nwqes - 1,
+            0,
+            RecordingDoorbell::new(core::ptr::null_mut()),
+        )
+    }
+    .unwrap();
+    q.link_all();
+    (q, desc)
+}
+
+fn mem(nwqes: usize, stride: usize) -> Mem {
+    Mem {
+        buf: vec![0; nwqes * stride / 16],
+        dbrec: [0; 2],
+        wrid: vec![0; nwqes],
+        free: vec![0; nwqes.div_ceil(64)],
+    }
+}
+
+fn buf(i: u64) -> LocalBuf {
+    LocalBuf {
+        addr: 0x1000 * i,
+        len: 64,
+        lkey: 7,
+    }
+}
+
+/// The device never takes the last linked WQE: `nwqes - 1` posts fill a new SRQ; freed
+/// WQEs come back through the bitmap, the one after the tail first, else the run nearest
+/// after the head (renumbered in order); the WQE layout is a next segment, then the data
+/// segments and a terminator; one counter store per publish.
+#[test]
+fn the_free_list_takes_back_freed_wqes_in_libmlx5s_order() {
+    let mut m = mem(8, 64);
+    let (mut q, desc) = srq(&mut m, 8, 64);
+    assert_eq!(q.max_segs(), 3);
+    let idx: Vec<u32> = (0..7).map(|i| q.post(i, &[buf(i)]).unwrap()).collect();
+    assert_eq!(idx, [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        q.post(99, &[]),
+        Err(SrqError::Full),
+        "the last WQE stays linked"
+    );
+    q.publish();
+    q.publish();
+    assert_eq!(
+        q.doorbell().events,
+        [MmioEvent::ToDeviceBarrier, MmioEvent::Dbr(7)]
+    );
+    // SAFETY: the queue's memory, read through the pointers it writes through.
+    let (db, wr) = unsafe { (desc.dbrec.read(), desc.wrid.add(3).read()) };
+    assert_eq!((u32::from_be(db), wr), (7, 3));
+    // SAFETY: as above: WQE 3's bytes.
+    let w3 = unsafe { core::slice::from_raw_parts(desc.buf.add(3 * 64), 64) };
+    assert_eq!(&w3[2..4], &4u16.to_be_bytes(), "linked to 4");
+    assert_eq!(&w3[16..20], &64u32.to_be_bytes(), "its segment");
+    assert_eq!(&w3[36..40], &0x100u32.to_be_bytes(), "then the terminator");
+    // Completions out of order: 2 and 3, then 0. Head is at 7 (= tail): the next post
+    // links in the WQE after the tail (0) if free.
+    q.free(3);
+    q.free(2);
+    q.free(0);
+    assert_eq!(q.post(10, &[]).unwrap(), 7, "the old tail, now head");
+    assert_eq!(q.tail(), 0, "0 linked after 7");
+    // Head = tail = 0 and WQE 1 is not free: the run 2..=3 is linked in after 0.
+    assert_eq!(q.post(11, &[]), Ok(0));
+    assert_eq!(q.tail(), 3, "the run 2, 3 linked in");
+    assert_eq!(q.post(12, &[]), Ok(2));
+    // Head = tail = 3, nothing free: full.
+    assert_eq!(q.post(13, &[]), Err(SrqError::Full));
+    assert_eq!(
+        q.post(15, &[buf(1); 4]),
+        Err(SrqError::TooManySegs { got: 4, max: 3 })
+    );
+    assert_eq!(q.counter(), 10);
+}
+
+/// Two queues swapped keep their memory; a forgotten one changes nothing.
+#[test]
+fn swapped_srqs_post_into_their_own_memory() {
+    let (mut ma, mut mb) = (mem(4, 32), mem(4, 32));
+    let (mut a, da) = srq(&mut ma, 4, 32);
+    let (mut b, db) = srq(&mut mb, 4, 32);
+    a.post(1, &[]).unwrap();
+    core::mem::swap(&mut a, &mut b);
+    b.post(2, &[]).unwrap(); // queue A's second
+    a.post(3, &[]).unwrap(); // queue B's first
+    a.publish();
+    b.publish();
+    // SAFETY: the queues' memory through the pointers they write through.
+    unsafe {
+        assert_eq!(
+            (da.wrid.read(), da.wrid.add(1).read(), db.wrid.read()),
+            (1, 2, 3)
+        );
+        assert_eq!(
+            (u32::from_be(da.dbrec.read()), u32::from_be(db.dbrec.read())),
+            (2, 1)
+        );
+    }
+    let forgotten = core::mem::ManuallyDrop::new(a);
+    b.post(4, &[]).unwrap();
+    b.publish();
+    // SAFETY: as above.
+    assert_eq!(u32::from_be(unsafe { db.dbrec.read() }), 1, "B untouched");
+    drop(core::mem::ManuallyDrop::into_inner(forgotten));
+    drop((b, ma, mb));
+}
+
+/// Geometry the SRQ cannot have is refused by name.
+#[test]
+fn a_description_that_is_no_srq_is_refused() {
+    let mut m = mem(4, 32);
+    let good = DirectSrqDesc {
+        buf: m.buf.as_mut_ptr().cast(),
+        stride: 32,
+        nwqes: 4,
+        dbrec: m.dbrec.as_mut_ptr(),
+        wrid: m.wrid.as_mut_ptr(),
+        free: m.free.as_mut_ptr(),
+    };
+    for d in [
+        DirectSrqDesc { stride: 16, ..good },
+        DirectSrqDesc { stride: 48, ..good },
+        DirectSrqDesc { nwqes: 3, ..good },
+        DirectSrqDesc {
+            free: core::ptr::null_mut(),
+            ..good
+        },
+    ] {
+        // SAFETY: refused before anything is touched.
+        let r =
+            unsafe { DirectSrq::new(d, 0, 0, 0, RecordingDoorbell::new(core::ptr::null_mut())) };
+        assert!(matches!(r, Err(SrqError::Geometry)), "{d:?}");
+    }
+    // SAFETY: as above.
+    let r = unsafe { DirectSrq::new(good, 4, 0, 0, RecordingDoorbell::new(core::ptr::null_mut())) };
+    assert!(matches!(r, Err(SrqError::Geometry)), "head out of range");
+    assert!(SrqError::Full.to_string().contains("ENOMEM"));
+}

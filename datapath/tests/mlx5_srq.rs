@@ -168,3 +168,90 @@ fn a_description_that_is_no_srq_is_refused() {
     assert!(matches!(r, Err(SrqError::Geometry)), "head out of range");
     assert!(SrqError::Full.to_string().contains("ENOMEM"));
 }
+
+/// The direct poller completes an attached SRQ's receives in any order: each responder
+/// CQE (its `srqn`, its `wqe_counter` the WQE's index) gives the WQE's `wr_id`, marks the
+/// WQE free (so the next post can link it in again), and a payload in the CQE is copied
+/// through the WQE's segments; a CQE of an SRQ nobody attached is refused in place, as is
+/// an ODP page fault (which libmlx5 handles inside its poll).
+#[test]
+fn the_poller_completes_srq_receives_out_of_order() {
+    use hotverbs_datapath::mlx5::{DirectCq, DirectError};
+    use hotverbs_datapath::{Completion, DirectPoller};
+    let mut m = mem(4, 32);
+    let (mut q, desc) = srq(&mut m, 4, 32);
+    let mut rx = [0u8; 3 * 16];
+    for i in 0..3u64 {
+        let b = LocalBuf {
+            addr: rx[i as usize * 16..].as_mut_ptr() as u64,
+            len: 16,
+            lkey: 1,
+        };
+        assert_eq!(q.post(100 + i, &[b]), Ok(i as u32));
+    }
+    q.publish();
+    assert_eq!(q.post(9, &[]), Err(SrqError::Full));
+    let mut cq = vec![0u128; 8 * 4];
+    let mut cq_db = [0u32; 2];
+    let cq_bytes = |cq: &mut Vec<u128>, i: usize| -> &mut [u8] {
+        // SAFETY: the CQ's u128s as bytes: no padding, any byte valid.
+        unsafe { core::slice::from_raw_parts_mut(cq.as_mut_ptr().cast::<u8>().add(i * 64), 64) }
+    };
+    for i in 0..8 {
+        cq_bytes(&mut cq, i)[63] = 0xf0;
+    }
+    // SAFETY: the test's memory outlives the poller; the SRQ is not posted to during polls.
+    let mut poller = unsafe {
+        let mut p = DirectPoller::<4>::new(DirectCq {
+            buf: cq.as_mut_ptr().cast(),
+            cqe_cnt: 8,
+            cqe_size: 64,
+            dbrec: cq_db.as_mut_ptr(),
+            cqn: 1,
+            cons_index: 0,
+        })
+        .unwrap();
+        p.attach_srq(0x77, &desc).unwrap();
+        p
+    };
+    let resp = |op: u8, format: u8, srqn: u32, ctr: u16, len: u32| {
+        let mut c = [0u8; 64];
+        c[32..36].copy_from_slice(&srqn.to_be_bytes());
+        c[44..48].copy_from_slice(&len.to_be_bytes());
+        c[56..60].copy_from_slice(&0x0abcu32.to_be_bytes());
+        c[60..62].copy_from_slice(&ctr.to_be_bytes());
+        c[63] = op << 4 | format;
+        c
+    };
+    // WQE 2 first, its 5 bytes in the CQE; then WQE 0, in its buffer.
+    let mut c = resp(2, 0x4, 0x77, 2, 5);
+    c[..5].copy_from_slice(b"srq!!");
+    cq_bytes(&mut cq, 0).copy_from_slice(&c);
+    cq_bytes(&mut cq, 1).copy_from_slice(&resp(2, 0, 0x77, 0, 9));
+    let mut out = [Completion::PLACEHOLDER; 4];
+    assert_eq!(poller.poll_into(&mut out).unwrap(), 2);
+    assert_eq!((out[0].wr_id(), out[0].byte_len()), (102, 5));
+    assert_eq!((out[1].wr_id(), out[1].byte_len()), (100, 9));
+    assert_eq!(&rx[32..37], b"srq!!");
+    // Both WQEs are free again: two posts fit (and a third does not).
+    assert!(q.post(200, &[]).is_ok());
+    assert!(q.post(201, &[]).is_ok());
+    assert_eq!(q.post(202, &[]), Err(SrqError::Full));
+    // An SRQ nobody attached: refused, left in place.
+    cq_bytes(&mut cq, 2).copy_from_slice(&resp(2, 0, 0x78, 1, 1));
+    assert_eq!(
+        poller.poll_into(&mut out),
+        Err(DirectError::UnknownSrq(0x78))
+    );
+    // An ODP page fault (REMOTE_ABORTED_ERR with the vendor syndrome 0x93): refused.
+    let mut f = resp(14, 0, 0x77, 1, 0);
+    f[54] = 0x93;
+    f[55] = 0x22;
+    cq_bytes(&mut cq, 2).copy_from_slice(&f);
+    assert!(matches!(
+        poller.poll_into(&mut out),
+        Err(DirectError::CqeOpcode { index: 2, .. })
+    ));
+    assert_eq!(poller.cons_index(), 2);
+    drop((poller, q, cq, m));
+}

@@ -198,6 +198,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "the_free_list_takes_back_freed_wqes_in_libmlx5s_order",
             "swapped_srqs_post_into_their_own_memory",
             "a_description_that_is_no_srq_is_refused",
+            "the_poller_completes_srq_receives_out_of_order",
         ],
         models: Models::Both,
         why: "issue 30: DirectSrq writes SRQ WQEs, their links, wr_ids and the free bitmap \

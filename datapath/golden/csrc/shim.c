@@ -558,3 +558,12 @@ void hv_srq_state(struct hv_srq *s, int out[8])
 	out[6] = s->srq.waitq_head;
 	out[7] = s->srq.counter;
 }
+
+/* Makes the SRQ libmlx5's SRQ number `srqn` on the env's context (mlx5_store_srq), so
+ * mlx5_poll_cq finds it for a responder CQE naming it. */
+void hv_srq_store(struct hv_env *e, struct hv_srq *s, uint32_t srqn)
+{
+	s->srq.srqn = srqn;
+	if (mlx5_store_srq(e->ctx, srqn, &s->srq))
+		abort();
+}

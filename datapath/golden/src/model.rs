@@ -120,6 +120,7 @@ extern "C" {
     fn hv_srq_bitmap(s: *mut SrqC) -> *mut u64;
     fn hv_srq_db(s: *mut SrqC) -> u32;
     fn hv_srq_state(s: *mut SrqC, out: *mut i32);
+    fn hv_srq_store(e: *mut Env, s: *mut SrqC, srqn: u32);
     fn hv_measured_c_post_send(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_post_wr(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_poll(e: *mut Env, n: u64) -> i32;
@@ -508,10 +509,15 @@ impl Srq {
     /// [`Model::record`] first).
     pub fn post(&mut self, wrs: &[RecvWr]) -> (i32, Option<usize>) {
         let mut bad = -1;
-        let _ = self.e;
         // SAFETY: a live SRQ; the WRs and their SGE lists are valid for the call.
         let rc = unsafe { hv_post_srq_recv(self.s, wrs.as_ptr(), wrs.len() as i32, &mut bad) };
         (rc, usize::try_from(bad).ok())
+    }
+    /// Registers the SRQ as number `srqn` of the env's context (`mlx5_store_srq`):
+    /// `mlx5_poll_cq` then completes responder CQEs naming it.
+    pub fn store(&mut self, srqn: u32) {
+        // SAFETY: a live env and SRQ.
+        unsafe { hv_srq_store(self.e, self.s, srqn) }
     }
     /// `mlx5_free_srq_wqe(ind)`: what `mlx5_poll_cq` does for each SRQ receive completed.
     pub fn free_wqe(&mut self, ind: u32) {

@@ -47,6 +47,30 @@ struct RqSlot {
     max_gs: u32,
 }
 
+/// An SRQ the poller serves (issue 30): its `wrid` table, WQEs (scatter-to-CQE) and free
+/// bitmap, which the poll marks as `mlx5_poll_cq` does (`mlx5_free_srq_wqe`).
+#[derive(Clone, Copy, Debug)]
+struct SrqSlot {
+    srqn: u32,
+    nwqes: u32,
+    wrid: *const u64,
+    buf: *const u8,
+    shift: u32,
+    free: *mut u64,
+}
+
+const NO_SRQ: SrqSlot = SrqSlot {
+    srqn: 0,
+    nwqes: 0,
+    wrid: core::ptr::null(),
+    buf: core::ptr::null(),
+    shift: 0,
+    free: core::ptr::null_mut(),
+};
+
+/// SRQs one poller serves.
+pub(super) const MAX_SRQS: usize = 4;
+
 const NO_RQ: RqSlot = RqSlot {
     qpn: u32::MAX,
     mask: 0,
@@ -99,6 +123,7 @@ struct CqState {
     last: usize,
     qps: [QpSlot; MAX_QPS],
     rqs: [RqSlot; MAX_QPS],
+    srqs: [SrqSlot; MAX_SRQS],
 }
 
 // SAFETY: the CQ memory is read and its doorbell record written only through `&mut self`
@@ -150,6 +175,7 @@ impl<const B: usize> DirectPoller<B> {
                 last: 0,
                 qps: [NO_QP; MAX_QPS],
                 rqs: [NO_RQ; MAX_QPS],
+                srqs: [NO_SRQ; MAX_SRQS],
             },
             wcs: [Completion::PLACEHOLDER; B],
         })
@@ -235,6 +261,64 @@ impl<const B: usize> DirectPoller<B> {
                 Ok(())
             }
             None => Err(DirectError::TooManyQps),
+        }
+    }
+
+    /// Serves the SRQ `srqn` from now on (issue 30): its responder CQEs (`srqn` in the
+    /// CQE) complete the receive at their `wqe_counter` (its `wr_id` from `srq.wrid`), free
+    /// that WQE in `srq.free` (as `mlx5_poll_cq` calls `mlx5_free_srq_wqe`), and a payload
+    /// scattered into the CQE is copied through the WQE's segments.
+    ///
+    /// # Safety
+    /// While attached: `srq.wrid`, `srq.buf` and `srq.free` stay valid and belong to the
+    /// one [`DirectSrq`](super::DirectSrq) posting to that SRQ, which is not used while a
+    /// poll runs (the poll writes the bitmap it reads); every buffer a posted receive names
+    /// stays writable and is not accessed by anyone else until its completion is polled.
+    pub unsafe fn attach_srq(
+        &mut self,
+        srqn: u32,
+        srq: &super::srq::DirectSrqDesc,
+    ) -> Result<(), DirectError> {
+        if srqn == 0
+            || srq.wrid.is_null()
+            || srq.buf.is_null()
+            || srq.free.is_null()
+            || !srq.nwqes.is_power_of_two()
+            || !srq.stride.is_power_of_two()
+            || srq.stride < 32
+        {
+            return Err(DirectError::Sq(
+                "an SRQ numbered 0, with a NULL buffer, wrid table or bitmap, or an nwqes or \
+                 stride that is not a power of two",
+            ));
+        }
+        let slot = SrqSlot {
+            srqn,
+            nwqes: srq.nwqes,
+            wrid: srq.wrid,
+            buf: srq.buf,
+            shift: srq.stride.trailing_zeros(),
+            free: srq.free,
+        };
+        let at = self
+            .cq
+            .srqs
+            .iter()
+            .position(|s| s.srqn == srqn)
+            .or_else(|| self.cq.srqs.iter().position(|s| s.wrid.is_null()));
+        match at {
+            Some(i) => {
+                self.cq.srqs[i] = slot;
+                Ok(())
+            }
+            None => Err(DirectError::TooManyQps),
+        }
+    }
+
+    /// Stops serving the SRQ `srqn` (its CQEs become [`DirectError::UnknownSrq`]).
+    pub fn detach_srq(&mut self, srqn: u32) {
+        for s in self.cq.srqs.iter_mut().filter(|s| s.srqn == srqn) {
+            *s = NO_SRQ;
         }
     }
 
@@ -409,6 +493,28 @@ impl CqState {
                 u32::from_be(unsafe { c.add(cqe::OFF_SOP_DROP_QPN).cast::<u32>().read_volatile() });
             if sop & 0xff_ffff == qpn {
                 freed += 1;
+                // A receive of an attached SRQ: its WQE is free again (as libmlx5's
+                // `free_res_cqe` with `cqe_version` 0: `srqn` non-zero).
+                // SAFETY: inside the CQE, read after the barrier.
+                let srqn =
+                    u32::from_be(unsafe { c.add(32).cast::<u32>().read_volatile() }) & 0xff_ffff;
+                if srqn != 0 {
+                    if let Some(s) = self
+                        .srqs
+                        .iter()
+                        .find(|s| s.srqn == srqn && !s.wrid.is_null())
+                    {
+                        // SAFETY: inside the CQE.
+                        let ctr = u16::from_be(unsafe { c.add(60).cast::<u16>().read_volatile() });
+                        if u32::from(ctr) < s.nwqes {
+                            // SAFETY: word ctr / 64 of the attached bitmap.
+                            unsafe {
+                                let w = s.free.add(usize::from(ctr) / 64);
+                                w.write(w.read() | 1 << (ctr % 64));
+                            }
+                        }
+                    }
+                }
             } else if freed != 0 {
                 let (d, _) = self.cursor(prod.wrapping_add(freed));
                 // The whole CQE moves (both halves of a 128-byte one, as libmlx5's
@@ -639,6 +745,110 @@ impl CqState {
         Ok(true)
     }
 
+    /// A responder CQE of an SRQ: the WQE at `wqe_counter` (no mask: an SRQ index), its
+    /// bit set in the free bitmap, a scattered payload copied through its segments.
+    #[cold]
+    #[inline(never)]
+    fn responder_srq(
+        &mut self,
+        c: *const u8,
+        b: &[u8; 64],
+        r: &super::rq::RecvCqe,
+        cons: u32,
+        out: &mut Completion,
+    ) -> Result<bool, DirectError> {
+        use super::rq::{scatter_wqe, InlineScatter};
+        let Some(slot) = self
+            .srqs
+            .iter()
+            .find(|s| s.srqn == r.srqn && !s.wrid.is_null())
+            .copied()
+        else {
+            return Err(DirectError::UnknownSrq(r.srqn));
+        };
+        let idx = u32::from(r.wqe_counter);
+        if r.status == IBV_WC_REM_ABORT_ERR && r.vendor_err == 0x93 {
+            // An ODP page fault on an SRQ WQE (`MLX5_CQE_VENDOR_SYNDROME_ODP_PFAULT`):
+            // libmlx5 reposts the WQE through its wait queue inside the poll and reports
+            // nothing; not modelled here: refused, left in place.
+            return Err(DirectError::CqeOpcode {
+                opcode: b[cqe::OFF_OP_OWN] >> 4,
+                index: cons,
+            });
+        }
+        if idx >= slot.nwqes {
+            return Err(DirectError::CqeFormat {
+                op_own: b[cqe::OFF_OP_OWN],
+                index: cons,
+            });
+        }
+        // SAFETY: idx < nwqes entries of the attached table.
+        let wr_id = unsafe { slot.wrid.add(idx as usize).read() };
+        // SAFETY: word idx / 64 of the attached bitmap (attach_srq's contract).
+        unsafe {
+            let w = slot.free.add(idx as usize / 64);
+            w.write(w.read() | 1 << (idx % 64));
+        }
+        let mut status = r.status;
+        if status == IBV_WC_SUCCESS && r.inline != InlineScatter::No {
+            let mut data = [0u8; 64];
+            let len = match r.inline {
+                InlineScatter::In32 => {
+                    data[..32].copy_from_slice(&b[..32]);
+                    32
+                }
+                _ if self.stride == 128 => {
+                    for (i, x) in data.iter_mut().enumerate() {
+                        // SAFETY: the first half of this 128-byte CQE, inside the buffer.
+                        *x = unsafe { c.sub(64).add(i).read_volatile() };
+                    }
+                    64
+                }
+                _ => {
+                    return Err(DirectError::CqeFormat {
+                        op_own: b[cqe::OFF_OP_OWN],
+                        index: cons,
+                    })
+                }
+            };
+            let n = (r.byte_len as usize).min(len);
+            // SAFETY: idx < nwqes: a WQE of the attached SRQ; its data segments follow the
+            // 16-byte next segment (attach_srq's contract: the buffers are writable).
+            let segs = unsafe { slot.buf.add(((idx as usize) << slot.shift) + 16) };
+            // SAFETY: as above; `data` is ours.
+            if let Err(s) = unsafe { scatter_wqe(segs, (1 << slot.shift) / 16 - 1, &data[..n]) } {
+                status = s;
+            }
+        }
+        self.cons = cons.wrapping_add(1);
+        let wc = out.raw_mut();
+        wc.wr_id = wr_id;
+        wc.status = status;
+        wc.qp_num = r.qpn;
+        wc.vendor_err = r.vendor_err;
+        wc.opcode = r.opcode;
+        wc.byte_len = if r.status == IBV_WC_SUCCESS {
+            r.byte_len
+        } else {
+            0
+        };
+        wc.wc_flags = r.wc_flags;
+        // The immediate as the CQE holds it (network order, as `ibv_wc.imm_data`); the
+        // invalidated rkey of a SEND_WITH_INV in host order (libmlx5's
+        // `be32toh(imm_inval_pkey)`).
+        wc.__bindgen_anon_1.imm_data = if r.wc_flags & IBV_WC_WITH_INV != 0 {
+            u32::from_be(r.imm_raw)
+        } else {
+            r.imm_raw
+        };
+        wc.src_qp = r.src_qp;
+        wc.slid = r.slid;
+        wc.sl = r.sl;
+        wc.dlid_path_bits = r.dlid_path_bits;
+        wc.pkey_index = r.pkey_index;
+        Ok(true)
+    }
+
     /// A responder CQE at `cons` (`c`: its 64-byte half, read after the barrier): the
     /// completion of a receive of an attached RQ, as libmlx5's `handle_responder` and
     /// error path make it.
@@ -664,10 +874,7 @@ impl CqState {
             });
         };
         if r.srqn != 0 {
-            return Err(DirectError::CqeOpcode {
-                opcode: op_own >> 4,
-                index: cons,
-            });
+            return self.responder_srq(c, &b, &r, cons, out);
         }
         let Some(slot) = self
             .rqs
@@ -724,7 +931,14 @@ impl CqState {
             0
         };
         wc.wc_flags = r.wc_flags;
-        wc.__bindgen_anon_1.imm_data = r.imm_raw;
+        // The immediate as the CQE holds it (network order, as `ibv_wc.imm_data`); the
+        // invalidated rkey of a SEND_WITH_INV in host order (libmlx5's
+        // `be32toh(imm_inval_pkey)`).
+        wc.__bindgen_anon_1.imm_data = if r.wc_flags & IBV_WC_WITH_INV != 0 {
+            u32::from_be(r.imm_raw)
+        } else {
+            r.imm_raw
+        };
         wc.src_qp = r.src_qp;
         wc.slid = r.slid;
         wc.sl = r.sl;

@@ -350,6 +350,9 @@ pub enum DirectError {
     UnknownQp(u32),
     /// The poller already serves its maximum number of send queues.
     TooManyQps,
+    /// A responder CQE for an SRQ no queue was attached for
+    /// ([`DirectPoller::attach_srq`](cq::DirectPoller::attach_srq)).
+    UnknownSrq(u32),
     /// This target has no [`Mmio`] doorbell (hotverbs writes rdma-core's MMIO barriers for
     /// x86-64, arm64 and riscv64 only): the direct path is refused here, the verbs rings
     /// work.
@@ -399,6 +402,11 @@ impl core::fmt::Display for DirectError {
                 f,
                 "mlx5 direct poller: CQE for QP {qpn:#x}, which no direct ring registered \
                  (DirectPoller::attach)"
+            ),
+            DirectError::UnknownSrq(srqn) => write!(
+                f,
+                "mlx5 direct poller: CQE for SRQ {srqn:#x}, which no direct SRQ registered \
+                 (DirectPoller::attach_srq)"
             ),
             DirectError::TooManyQps => write!(
                 f,

@@ -66,6 +66,33 @@ pub enum RecvTarget {
         /// Receives posted to it so far (wrapping).
         head: u32,
     },
+    /// A ConnectX SRQ written directly (issue 30): each repost writes SRQ WQEs
+    /// ([`DirectSrq`](crate::mlx5::DirectSrq): the linked list and free bitmap) and
+    /// publishes them with one barrier and one counter store. The completions come from a
+    /// [`DirectPoller`](crate::mlx5::DirectPoller) the SRQ is
+    /// [`attach_srq`](crate::mlx5::DirectPoller::attach_srq)ed to, which frees each
+    /// completed WQE in the bitmap. At most `nwqes - 1` slots (the device never takes the
+    /// last linked WQE). Only where the target has the hardware doorbell.
+    Mlx5Srq {
+        /// The SRQ.
+        srq: *mut ibv_srq,
+        /// Its queue, as `mlx5dv_init_obj(3)` describes it, with the owner's `wrid` table
+        /// and bitmap.
+        desc: crate::mlx5::DirectSrqDesc,
+        /// libmlx5's `head`, `tail` and post counter when the ring takes over.
+        head: u32,
+        /// See `head`.
+        tail: u32,
+        /// See `head`.
+        counter: u16,
+    },
+}
+
+/// The queue a direct [`RecvRing`] writes.
+#[derive(Debug)]
+enum DirectQueue {
+    Rq(crate::mlx5::DirectRq<crate::mlx5::Mmio>),
+    Srq(crate::mlx5::DirectSrq<crate::mlx5::Mmio>),
 }
 
 /// Configuration of a [`RecvRing`].
@@ -215,8 +242,9 @@ pub struct RecvRing<const N: usize> {
     brand: usize,
     region: LocalBuf,
     target: RecvTarget,
-    /// The queue a [`RecvTarget::Mlx5`] ring writes; `None` for the others.
-    direct: Option<crate::mlx5::DirectRq<crate::mlx5::Mmio>>,
+    /// The queue a [`RecvTarget::Mlx5`] / [`RecvTarget::Mlx5Srq`] ring writes; `None` for
+    /// the others.
+    direct: Option<DirectQueue>,
 }
 
 /// `wr_id` layout of a receive: ring id (63..56), receive bit (55), generation (54..32),
@@ -312,7 +340,7 @@ impl<const N: usize> RecvRing<N> {
         }
         let null = match target {
             RecvTarget::Qp(q) | RecvTarget::Mlx5 { qp: q, .. } => q.is_null(),
-            RecvTarget::Srq(s) => s.is_null(),
+            RecvTarget::Srq(s) | RecvTarget::Mlx5Srq { srq: s, .. } => s.is_null(),
         };
         if null {
             return Err(ConfigError::Null);
@@ -330,7 +358,27 @@ impl<const N: usize> RecvRing<N> {
                 if cfg.count > rq.capacity() || rq.max_segs() == 0 {
                     return Err(ConfigError::Slots);
                 }
-                Some(rq)
+                Some(DirectQueue::Rq(rq))
+            }
+            RecvTarget::Mlx5Srq {
+                desc,
+                head,
+                tail,
+                counter,
+                ..
+            } => {
+                let Some(mmio) = crate::mlx5::Mmio::available() else {
+                    return Err(ConfigError::Null);
+                };
+                // SAFETY: the caller's contract (`new`): the SRQ is live, this ring's alone
+                // (its wrid table and bitmap too), and outlives the ring.
+                let q = unsafe { crate::mlx5::DirectSrq::new(desc, head, tail, counter, mmio) }
+                    .map_err(|_| ConfigError::Null)?;
+                // The device never takes the last linked WQE: nwqes - 1 receives at most.
+                if cfg.count >= desc.nwqes || q.max_segs() == 0 {
+                    return Err(ConfigError::Slots);
+                }
+                Some(DirectQueue::Srq(q))
             }
             _ => None,
         };
@@ -350,7 +398,7 @@ impl<const N: usize> RecvRing<N> {
         let qp_num = match target {
             // SAFETY: a live QP (the caller's contract); qp_num is set at creation.
             RecvTarget::Qp(q) | RecvTarget::Mlx5 { qp: q, .. } => unsafe { (*q).qp_num },
-            RecvTarget::Srq(_) => 0,
+            _ => 0,
         };
         let brand = NEXT_BRAND.fetch_add(1, Ordering::Relaxed);
         // Spread consecutive brands over the generation space (a 23-bit Weyl sequence), so
@@ -592,7 +640,9 @@ impl<const N: usize> RecvRing<N> {
         // with a valid SGE inside the registered region; the target is live (new's contract).
         let rc = unsafe {
             match self.target {
-                RecvTarget::Srq(srq) => ibv_post_srq_recv(srq, wrs.add(head), &mut bad),
+                RecvTarget::Srq(srq) | RecvTarget::Mlx5Srq { srq, .. } => {
+                    ibv_post_srq_recv(srq, wrs.add(head), &mut bad)
+                }
                 RecvTarget::Qp(qp) | RecvTarget::Mlx5 { qp, .. } => {
                     ibv_post_recv(qp, wrs.add(head), &mut bad)
                 }
@@ -626,7 +676,7 @@ impl<const N: usize> RecvRing<N> {
         } else {
             Err(PostError {
                 verb: match self.target {
-                    RecvTarget::Srq(_) => "ibv_post_srq_recv",
+                    RecvTarget::Srq(_) | RecvTarget::Mlx5Srq { .. } => "ibv_post_srq_recv",
                     _ => "ibv_post_recv",
                 },
                 errno: rc,
@@ -650,8 +700,10 @@ impl<const N: usize> RecvRing<N> {
     /// receive, the queue only needs room, which `count <= wqe_cnt` guarantees.
     #[inline(never)]
     fn repost_direct(&mut self, n: usize) -> Result<usize, PostError> {
-        let Some(rq) = self.direct.as_mut() else {
-            return Ok(0);
+        let rq = match self.direct.as_mut() {
+            Some(DirectQueue::Rq(rq)) => rq,
+            Some(DirectQueue::Srq(_)) => return self.repost_direct_srq(n),
+            None => return Ok(0),
         };
         rq.set_outstanding(self.posted);
         for j in 0..n {
@@ -674,6 +726,53 @@ impl<const N: usize> RecvRing<N> {
         self.posted += n as u32;
         self.npending = 0;
         Ok(n)
+    }
+
+    /// [`repost`](Self::repost) on a [`RecvTarget::Mlx5Srq`]: one SRQ WQE per pending slot
+    /// (each takes a WQE the poller freed), then one barrier and counter store. A refusal
+    /// (no free WQE: completions not polled yet) posts the slots before it and leaves the
+    /// rest pending, named as `ibv_post_srq_recv`'s ENOMEM would be.
+    fn repost_direct_srq(&mut self, n: usize) -> Result<usize, PostError> {
+        let Some(DirectQueue::Srq(q)) = self.direct.as_mut() else {
+            return Ok(0);
+        };
+        let mut done = 0usize;
+        let mut refused = None;
+        for j in 0..n {
+            let i = self.pending[j & Self::MASK] as usize & Self::MASK;
+            let s = self.sges[i];
+            match q.post(
+                self.tag | i as u64,
+                &[LocalBuf::new(s.addr, s.length, s.lkey)],
+            ) {
+                Ok(_) => {
+                    self.state[i] = POSTED;
+                    done += 1;
+                }
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        q.publish();
+        self.posted += done as u32;
+        if done < n {
+            self.pending.copy_within(done..n, 0);
+        }
+        self.npending = (n - done) as u32;
+        match refused {
+            None => Ok(n),
+            Some(e) => Err(PostError {
+                verb: "mlx5 SRQ post (direct)",
+                errno: match e {
+                    crate::mlx5::SrqError::Full => 12,
+                    _ => 22,
+                },
+                first_rejected: done,
+                first_rejected_seq: self.pending[0] as u64,
+            }),
+        }
     }
 
     /// Takes back the slots the device no longer holds and queues them (with the idle
@@ -707,9 +806,9 @@ impl<const N: usize> RecvRing<N> {
     /// its completion was given to `on_completion`. Otherwise a buffer would be posted
     /// twice and the device could write a slot the caller holds.
     pub unsafe fn reset(&mut self) -> usize {
-        let srq = matches!(self.target, RecvTarget::Srq(_));
+        let srq = matches!(self.target, RecvTarget::Srq(_) | RecvTarget::Mlx5Srq { .. });
         if !srq {
-            if let Some(rq) = self.direct.as_mut() {
+            if let Some(DirectQueue::Rq(rq)) = self.direct.as_mut() {
                 // SAFETY: the QP went through RESET (this function's contract), which
                 // zeroed its receive counter.
                 unsafe { rq.reset_after_qp_reset() };

@@ -326,6 +326,8 @@ pub(crate) struct Srq {
     pub(crate) limit: u32,
     pub(crate) users: u32,
     pub(crate) ptr: Ptr<ibv_srq>,
+    /// The mlx5 personality's SRQ in memory, once `mlx5dv_init_obj` described it.
+    pub(crate) dv: Option<Box<dv::DvSrq>>,
 }
 
 /// A send WR copied at post time (its SGE list, and the data itself when inline).
@@ -527,6 +529,9 @@ pub(crate) struct Fabric {
     /// A receive's payload the mlx5 personality puts into its CQE instead of the buffer
     /// (responder scatter-to-CQE), from `deliver` to the CQE's write.
     pub(crate) dv_scatter: Option<(usize, [u8; 64])>,
+    /// The SRQ number a receive's CQE names (the mlx5 personality's SRQs in memory), from
+    /// `deliver` to the CQE's write.
+    pub(crate) dv_srqn: u32,
 }
 
 static FABRIC: OnceLock<Mutex<Fabric>> = OnceLock::new();
@@ -641,6 +646,7 @@ impl Fabric {
             src_segs: Vec::new(),
             dst_segs: Vec::new(),
             dv_scatter: None,
+            dv_srqn: 0,
         }
     }
 
@@ -2012,6 +2018,7 @@ impl Fabric {
 
     fn has_recv(&mut self, pi: usize) -> bool {
         self.dv_sync_rq(pi);
+        self.dv_sync_srq_of(pi);
         let qp = self.qp(pi);
         match qp.srq {
             Some(s) => self.srqs[s as usize]
@@ -2024,6 +2031,7 @@ impl Fabric {
     #[inline(always)]
     fn take_recv(&mut self, pi: usize) -> Option<RecvEntry> {
         self.dv_sync_rq(pi);
+        self.dv_sync_srq_of(pi);
         let qp = self.qp(pi);
         match qp.srq {
             None => qp.rq.q.pop_front(),
@@ -2139,8 +2147,12 @@ impl Fabric {
         } else if rxe {
             rxe_error_wc(&mut wc);
         }
+        if r.dv {
+            self.dv_srqn = self.dv_srqn_of(pi);
+        }
         self.give_back_recv(pi, r);
         let kept = self.push_cqe(cq, wc, solicited);
+        self.dv_srqn = 0;
         match status {
             IBV_WC_SUCCESS if kept || !rxe => (Delivery::Ok, status),
             // rxe S15: a receive completion lost to a full CQ moves the responder to ERR

@@ -664,6 +664,9 @@ pub unsafe fn mlx5dv_init_obj(obj: *mut hotverbs_ffi::mlx5dv::mlx5dv_obj, kind: 
     } else if kind & u64::from(hotverbs_ffi::mlx5dv::MLX5DV_OBJ_AH) != 0 {
         // SAFETY: a live AH (caller).
         unsafe { (*obj.ah.in_).context }
+    } else if kind & u64::from(hotverbs_ffi::mlx5dv::MLX5DV_OBJ_SRQ) != 0 {
+        // SAFETY: a live SRQ (caller).
+        unsafe { (*obj.srq.in_).context }
     } else {
         return libc::EOPNOTSUPP;
     };

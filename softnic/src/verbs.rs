@@ -1259,6 +1259,7 @@ pub(crate) unsafe extern "C" fn create_srq(
             limit: 0,
             users: 0,
             ptr: Ptr(p),
+            dv: None,
         },
     );
     f.provision_scratch(ia.attr.max_sge);

@@ -138,7 +138,24 @@ pub(crate) struct CqRings {
     /// A direct poller of a CQ with direct receive queues is inside a poll (see
     /// [`defer_clean_and_wait`](CqRings::defer_clean_and_wait)).
     polling: AtomicBool,
+    /// The SRQs direct SRQ rings attached (`Srq::direct_recv_ring`), for later pollers.
+    direct_srqs: Mutex<Vec<AttachedSrq>>,
+    /// SRQs destroyed since the last poll: the direct poller stops serving them.
+    to_detach_srq: Mutex<Vec<u32>>,
 }
+
+/// A direct SRQ ring's SRQ, as attached to the CQ's poller: its number and description.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttachedSrq(
+    pub(crate) u32,
+    pub(crate) hotverbs_datapath::mlx5::DirectSrqDesc,
+);
+
+// SAFETY: as AttachedRq's: addresses of a live SRQ's queue and of a wrid table and bitmap
+// the CqRings owns, only handed to `DirectPoller::attach_srq` under the poller slot.
+unsafe impl Send for AttachedSrq {}
+// SAFETY: as above.
+unsafe impl Sync for AttachedSrq {}
 
 /// A direct receive ring's queue, as attached to the CQ's poller: its QP and description.
 #[derive(Debug, Clone, Copy)]
@@ -283,13 +300,19 @@ impl CqRings {
         self.polling.store(false, Ordering::Release);
     }
 
-    /// Direct receive queues were registered on this CQ: its pollers guard their polls.
+    /// Direct receive queues or SRQs were registered on this CQ: its pollers guard their
+    /// polls.
     pub(crate) fn has_direct_rqs(&self) -> bool {
         !self
             .direct_rqs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
+            || !self
+                .direct_srqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
     }
 
     /// True when destroyed QPs wait for [`take_clean`](Self::take_clean).
@@ -380,7 +403,46 @@ impl CqRings {
             // SAFETY: as above, for a receive queue (removed at its QP's destruction).
             unsafe { poller.attach_rq(a.0, &a.1)? };
         }
+        drop(rqs);
+        let srqs = self.direct_srqs.lock().unwrap_or_else(|e| e.into_inner());
+        for a in srqs.iter() {
+            // SAFETY: as above, for an SRQ (removed at its destruction).
+            unsafe { poller.attach_srq(a.0, &a.1)? };
+        }
         Ok(())
+    }
+
+    /// Remembers a direct SRQ ring's SRQ (attached to the current poller) for the pollers
+    /// made after it.
+    pub(crate) fn register_direct_srq(&self, a: AttachedSrq) {
+        let mut v = self.direct_srqs.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|x| x.0 != a.0);
+        v.push(a);
+    }
+
+    /// An SRQ with a direct ring on this CQ is about to be destroyed: the direct poller
+    /// stops serving it at its next poll, and this waits until no poll that began before
+    /// is still running (the poll reads the SRQ's WQEs and writes its leased slots; see
+    /// [`defer_clean_and_wait`](Self::defer_clean_and_wait)).
+    pub(crate) fn defer_detach_srq_and_wait(&self, srqn: u32) {
+        self.direct_srqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|a| a.0 != srqn);
+        self.to_detach_srq
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(srqn);
+        self.clean_due.store(true, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.polling.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The SRQs waiting to be detached (emptied).
+    pub(crate) fn take_detach_srqs(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.to_detach_srq.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Remembers a direct receive ring's queue (attached to the current poller) for the
@@ -1266,6 +1328,98 @@ impl Srq {
                 Err(config_error(VERB, e))
             }
         }
+    }
+}
+
+impl Srq {
+    /// An [`SrqRing`] on this mlx5 SRQ that writes the SRQ's WQEs itself (no
+    /// `ibv_post_srq_recv`; issue 30): the linked list and free bitmap as libmlx5 keeps
+    /// them ([`dp::mlx5::DirectSrq`]), one barrier and one counter store per repost. Its
+    /// completions come from `poller`, the direct poller of the CQ every attached QP
+    /// completes its receives on (the SRQ is attached to it: the poll takes each
+    /// receive's `wr_id` and frees its WQE); otherwise as [`recv_ring`](Self::recv_ring):
+    /// the region is leased to the SRQ until it is destroyed, one ring per SRQ, for its
+    /// life. At most the SRQ's WQEs less one slots (the device never takes the last linked
+    /// WQE). Destroying the SRQ detaches it from the poller first.
+    ///
+    /// # Errors
+    /// `DirectSrqRing: EOPNOTSUPP` "not an mlx5 device" elsewhere; `EBUSY` when receives
+    /// were posted to the SRQ through libmlx5 (its list is not a new one) or as
+    /// `recv_ring`; `EINVAL` / `ENOSPC` as `recv_ring`.
+    pub fn direct_recv_ring<'q, const N: usize, const B: usize>(
+        &'q self,
+        poller: &mut crate::DirectPoller<'_, B>,
+        region: &'q mut Mr<'static>,
+        offset: usize,
+        cfg: RecvConfig,
+    ) -> Result<SrqRing<'q, N>> {
+        const VERB: &str = "DirectSrqRing";
+        let cq: Cq = poller.cq().clone();
+        let cq = &cq;
+        if cq.context().as_raw() != self.pd().context().as_raw() {
+            return Err(Error::new(VERB, libc::EINVAL)
+                .with_hint("the poller's CQ belongs to another device context than the SRQ"));
+        }
+        let (probe, srqn) = crate::direct::mlx5_srq(VERB, self)?;
+        let max_wr = self.query()?.max_wr.min(probe.nwqes - 1);
+        let cfg = resolve_recv(VERB, cfg, N, (max_wr, "SRQ's max_wr"), region, offset)?;
+        let count = cfg.count_of();
+        let len = recv_region(VERB, region, offset, &cfg)?;
+        let mut id = 0;
+        self.take_ring(VERB, cq.as_raw(), || {
+            id = cq.inner.rings.reserve(VERB, cq.capacity(), count)?;
+            Ok(RingReservation {
+                cq: cq.clone(),
+                id,
+                n: count,
+                clean_qpn: None,
+            })
+        })?;
+        let sge = match self.lease_as(VERB, region, offset, len) {
+            Ok(sge) => sge,
+            Err(e) => {
+                self.untake_ring();
+                return Err(e);
+            }
+        };
+        let desc = dp::mlx5::DirectSrqDesc {
+            wrid: cq.inner.rings.wrid_table(probe.nwqes as usize),
+            free: cq
+                .inner
+                .rings
+                .wrid_table((probe.nwqes as usize).div_ceil(64)),
+            ..probe
+        };
+        let target = RecvTarget::Mlx5Srq {
+            srq: self.as_raw(),
+            desc,
+            head: 0,
+            tail: probe.nwqes - 1,
+            counter: 0,
+        };
+        // SAFETY: as in recv_ring, with the SRQ's queue written by this ring alone (nothing
+        // was posted through libmlx5: its list is new, checked by mlx5_srq) and the wrid
+        // table and bitmap owned by the CQ, which outlives every poller of it.
+        let ring =
+            match unsafe { dp::RecvRing::new(target, LocalBuf::from(sge), cfg.with_ring_id(id)) } {
+                Ok(r) => r,
+                Err(e) => {
+                    self.untake_ring();
+                    return Err(config_error(VERB, e));
+                }
+            };
+        // SAFETY: the SRQ's queue and the CQ's tables; every buffer a receive names is a
+        // slot of the leased region, which only the ring's held slots expose.
+        if let Err(e) = unsafe { poller.attach_srq(srqn, &desc) } {
+            return Err(config_error(VERB, dp::ConfigError::Direct(e)));
+        }
+        cq.inner.rings.register_direct_srq(AttachedSrq(srqn, desc));
+        self.set_direct_srqn(srqn);
+        Ok(SrqRing {
+            ring,
+            srq: self,
+            _region: PhantomData,
+        })
     }
 }
 

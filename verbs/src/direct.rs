@@ -145,7 +145,7 @@ impl<const B: usize> Deref for DirectPoller<'_, B> {
     }
 }
 
-impl<const B: usize> DirectPoller<'_, B> {
+impl<'c, const B: usize> DirectPoller<'c, B> {
     /// Arms the CQ (`ibv_req_notify_cq(3)`, as libmlx5's `mlx5_arm_cq` does) from the
     /// consumer index this poller keeps: the next completion (only solicited ones if
     /// `solicited_only`) raises an event on the CQ's channel. From the poller's thread: it
@@ -203,6 +203,26 @@ impl<const B: usize> DirectPoller<'_, B> {
         Ok(())
     }
 
+    /// The CQ this poller polls.
+    pub(crate) fn cq(&self) -> &'c Cq {
+        self.cq
+    }
+
+    /// Attaches a direct SRQ ring's SRQ (as [`attach_rq`](Self::attach_rq)).
+    ///
+    /// # Safety
+    /// As [`dp::DirectPoller::attach_srq`].
+    pub(crate) unsafe fn attach_srq(
+        &mut self,
+        srqn: u32,
+        srq: &dp::mlx5::DirectSrqDesc,
+    ) -> std::result::Result<(), dp::mlx5::DirectError> {
+        self.clean_if_due();
+        self.guard = true;
+        // SAFETY: the caller's contract.
+        unsafe { self.poller.attach_srq(srqn, srq) }
+    }
+
     /// Removes QP `qpn`'s unconsumed CQEs (after its move to RESET).
     pub(crate) fn clean_qp(&mut self, qpn: u32) {
         self.poller.clean(qpn);
@@ -246,6 +266,9 @@ impl<const B: usize> DirectPoller<'_, B> {
         for qpn in self.cq.inner.rings.take_clean() {
             self.poller.clean(qpn);
             self.poller.detach(qpn);
+        }
+        for srqn in self.cq.inner.rings.take_detach_srqs() {
+            self.poller.detach_srq(srqn);
         }
         #[cfg(feature = "softnic")]
         if self.cq.inner.rings.is_sim() {
@@ -890,4 +913,50 @@ impl Qp {
         }
         false
     }
+}
+
+/// `mlx5dv_init_obj(3)` of `srq`: its queue as the datapath's
+/// [`DirectSrqDesc`](dp::mlx5::DirectSrqDesc) (`nwqes` from libmlx5's tail of a new SRQ,
+/// `wrid` and `free` NULL for the caller to give) and its number. `EBUSY` when its list is
+/// not a new one (receives were posted through libmlx5).
+pub(crate) fn mlx5_srq(
+    verb: &'static str,
+    srq: &crate::Srq,
+) -> Result<(dp::mlx5::DirectSrqDesc, u32)> {
+    use hotverbs_ffi::mlx5dv::{mlx5dv_srq, MLX5DV_OBJ_SRQ, MLX5DV_SRQ_MASK_SRQN};
+    if dp::mlx5::Mmio::available().is_none() {
+        return Err(no_mmio(verb));
+    }
+    // SAFETY: plain C structs; all-zero is valid.
+    let mut out: mlx5dv_srq = unsafe { std::mem::zeroed() };
+    out.comp_mask = u64::from(MLX5DV_SRQ_MASK_SRQN);
+    // SAFETY: as above.
+    let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
+    obj.srq.in_ = srq.as_raw();
+    obj.srq.out = &mut out;
+    init_obj(verb, srq.pd().context(), &mut obj, MLX5DV_OBJ_SRQ)?;
+    let dbrec: *mut u32 = out.dbrec.cast();
+    // SAFETY: libmlx5's doorbell record of this live SRQ.
+    let counter = u32::from_be(unsafe { dbrec.read_volatile() });
+    if out.head != 0 || counter != 0 || !(out.tail + 1).is_power_of_two() {
+        return Err(Error::new(verb, libc::EBUSY).with_hint(
+            "receives were posted to this SRQ through libmlx5 (its list is not a new one): a \
+             direct SRQ ring takes over a new SRQ only",
+        ));
+    }
+    if out.comp_mask & u64::from(MLX5DV_SRQ_MASK_SRQN) == 0 {
+        return Err(Error::new(verb, libc::EOPNOTSUPP)
+            .with_hint("libmlx5 does not report the SRQ's number (MLX5DV_SRQ_MASK_SRQN)"));
+    }
+    Ok((
+        dp::mlx5::DirectSrqDesc {
+            buf: out.buf.cast(),
+            stride: out.stride,
+            nwqes: out.tail + 1,
+            dbrec,
+            wrid: std::ptr::null_mut(),
+            free: std::ptr::null_mut(),
+        },
+        out.srqn,
+    ))
 }

@@ -22,6 +22,9 @@ pub(crate) struct SrqInner {
     leases: Mutex<Vec<Lease>>,
     /// Which CQs the SRQ's receives complete on (see [`SrqCqs`]).
     cqs: Mutex<SrqCqs>,
+    /// The SRQ's number when a direct SRQ ring writes it (`Srq::direct_recv_ring`), else 0:
+    /// its destruction first detaches it from the direct poller of the ring's CQ.
+    direct_srqn: std::sync::atomic::AtomicU32,
 }
 
 /// The receive CQs of the QPs attached to an SRQ, and the CQ of its ring: a ring reserves
@@ -54,6 +57,15 @@ impl SrqInner {
             .fns()
             .ibv_destroy_srq
             .ok_or_else(|| Error::missing("ibv_destroy_srq"))?;
+        let srqn = *self.direct_srqn.get_mut();
+        if srqn != 0 {
+            // The direct poller reads this SRQ's WQEs and writes its leased slots: it stops
+            // serving it (and no poll of it is running) before the memory goes.
+            let cqs = self.cqs.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = cqs.ring.as_ref() {
+                r.cq().inner.rings.defer_detach_srq_and_wait(srqn);
+            }
+        }
         // SAFETY: srq came from this table; no QP uses it any more.
         let ret = unsafe { f(srq) };
         if ret != 0 {
@@ -161,6 +173,7 @@ impl Pd {
                 pd: self.clone(),
                 leases: Mutex::new(Vec::new()),
                 cqs: Mutex::new(SrqCqs::default()),
+                direct_srqn: std::sync::atomic::AtomicU32::new(0),
             }),
         })
     }
@@ -235,6 +248,13 @@ impl Srq {
     /// it completes its receives on another CQ than `cq`. `reserve` makes the ring's claim
     /// on `cq`, kept until the SRQ is destroyed; it runs under the lock that
     /// [`attach`](Self::attach) takes, so no QP with another CQ slips in.
+    /// Records that a direct SRQ ring writes this SRQ, numbered `srqn`.
+    pub(crate) fn set_direct_srqn(&self, srqn: u32) {
+        self.inner
+            .direct_srqn
+            .store(srqn, std::sync::atomic::Ordering::Release);
+    }
+
     pub(crate) fn take_ring(
         &self,
         verb: &'static str,

@@ -89,6 +89,11 @@ fn a_too_long_message_fails_the_direct_receive() {
 }
 
 #[test]
+fn direct_srq_ring_serves_several_qps() {
+    mlx5_cases::direct_srq_ring_serves_several_qps(&sim());
+}
+
+#[test]
 fn destroying_a_direct_receiver_cleans_its_cqes() {
     mlx5_cases::destroying_a_direct_receiver_cleans_its_cqes(&sim());
 }
@@ -197,6 +202,7 @@ fn the_direct_path_on_128_byte_cqes() {
     // `MLX5_INLINE_SCATTER_64`).
     mlx5_cases::fully_direct_ping_pong(&ctx());
     mlx5_cases::direct_recv_ring_flushes_and_recovers(&ctx());
+    mlx5_cases::direct_srq_ring_serves_several_qps(&ctx());
 }
 
 /// A CQE size libmlx5 does not make is refused when the CQ is described, not guessed.

@@ -140,3 +140,10 @@ fn a_too_long_message_fails_the_direct_receive_on_connectx() {
         mlx5_cases::a_too_long_message_fails_the_direct_receive(&ctx);
     }
 }
+
+#[test]
+fn direct_srq_ring_serves_several_qps_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::direct_srq_ring_serves_several_qps(&ctx);
+    }
+}

@@ -68,6 +68,16 @@ const NO_SRQ: SrqSlot = SrqSlot {
     free: core::ptr::null_mut(),
 };
 
+/// Marks SRQ WQE `idx` free in the bitmap at `free` (`mlx5_free_srq_wqe`): an atomic OR
+/// with Release, as the queue that posts reads the bitmap atomically, maybe on another
+/// thread (see `DirectSrq`).
+fn free_srq_wqe(free: *mut u64, idx: u32) {
+    // SAFETY: idx < nwqes of an attached SRQ: word idx / 64 of its bitmap, 8-aligned and
+    // accessed only atomically (attach_srq's contract).
+    let w = unsafe { core::sync::atomic::AtomicU64::from_ptr(free.add(idx as usize / 64)) };
+    w.fetch_or(1 << (idx % 64), core::sync::atomic::Ordering::Release);
+}
+
 /// SRQs one poller serves.
 pub(super) const MAX_SRQS: usize = 4;
 
@@ -271,9 +281,11 @@ impl<const B: usize> DirectPoller<B> {
     ///
     /// # Safety
     /// While attached: `srq.wrid`, `srq.buf` and `srq.free` stay valid and belong to the
-    /// one [`DirectSrq`](super::DirectSrq) posting to that SRQ, which is not used while a
-    /// poll runs (the poll writes the bitmap it reads); every buffer a posted receive names
-    /// stays writable and is not accessed by anyone else until its completion is polled.
+    /// one [`DirectSrq`](super::DirectSrq) posting to that SRQ (which may post from
+    /// another thread: the bitmap is accessed atomically on both sides, and the poll reads
+    /// only the `wrid` entries and WQEs of outstanding receives, which the queue does not
+    /// write); every buffer a posted receive names stays writable and is not accessed by
+    /// anyone else until its completion is polled.
     pub unsafe fn attach_srq(
         &mut self,
         srqn: u32,
@@ -507,11 +519,7 @@ impl CqState {
                         // SAFETY: inside the CQE.
                         let ctr = u16::from_be(unsafe { c.add(60).cast::<u16>().read_volatile() });
                         if u32::from(ctr) < s.nwqes {
-                            // SAFETY: word ctr / 64 of the attached bitmap.
-                            unsafe {
-                                let w = s.free.add(usize::from(ctr) / 64);
-                                w.write(w.read() | 1 << (ctr % 64));
-                            }
+                            free_srq_wqe(s.free, u32::from(ctr));
                         }
                     }
                 }
@@ -784,11 +792,7 @@ impl CqState {
         }
         // SAFETY: idx < nwqes entries of the attached table.
         let wr_id = unsafe { slot.wrid.add(idx as usize).read() };
-        // SAFETY: word idx / 64 of the attached bitmap (attach_srq's contract).
-        unsafe {
-            let w = slot.free.add(idx as usize / 64);
-            w.write(w.read() | 1 << (idx % 64));
-        }
+        free_srq_wqe(slot.free, idx);
         let mut status = r.status;
         if status == IBV_WC_SUCCESS && r.inline != InlineScatter::No {
             let mut data = [0u8; 64];

@@ -24,6 +24,8 @@
 //! Not built yet: the SRQ's responder CQEs on the direct poller (routing by `srqn`), a
 //! safe SRQ ring in the setup layer, softnic's SRQs in memory.
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 use super::ring::data_seg;
 use super::rq::INVALID_LKEY;
 use super::Doorbell;
@@ -45,8 +47,9 @@ pub struct DirectSrqDesc {
     pub dbrec: *mut u32,
     /// `nwqes` entries: the `wr_id` of the WQE at each index.
     pub wrid: *mut u64,
-    /// `nwqes.div_ceil(64)` words, zeroed for a new SRQ: the free-WQE bitmap (bit `i % 64`
-    /// of word `i / 64` for WQE `i`).
+    /// `nwqes.div_ceil(64)` words, zeroed for a new SRQ, 8-aligned: the free-WQE bitmap
+    /// (bit `i % 64` of word `i / 64` for WQE `i`), accessed atomically only (the poller
+    /// that completes the SRQ's receives sets bits while the queue posts).
     pub free: *mut u64,
 }
 
@@ -199,19 +202,29 @@ impl<D: Doorbell> DirectSrq<D> {
         }
     }
 
+    /// Word `i / 64` of the free bitmap, as an atomic: a poller on another thread sets
+    /// bits of it while this queue posts (libmlx5 takes the SRQ's lock for both; an atomic
+    /// word makes the two sound without one).
+    #[inline(always)]
+    fn word(&self, i: u32) -> &AtomicU64 {
+        // SAFETY: i < nwqes: word i / 64 of the bitmap (`new`'s contract), 8-aligned;
+        // AtomicU64 has u64's layout, and every access to the bitmap is atomic.
+        unsafe { AtomicU64::from_ptr(self.free.add(i as usize / 64)) }
+    }
+
     #[inline(always)]
     fn is_free(&self, i: u32) -> bool {
-        // SAFETY: i < nwqes: word i / 64 of the bitmap (`new`'s contract).
-        unsafe { self.free.add(i as usize / 64).read() >> (i % 64) & 1 != 0 }
+        // Acquire: the receive of a WQE the poller freed is over before it is rewritten.
+        self.word(i).load(Ordering::Acquire) >> (i % 64) & 1 != 0
     }
 
     #[inline(always)]
     fn set_free(&mut self, i: u32, on: bool) {
-        // SAFETY: as in `is_free`.
-        unsafe {
-            let w = self.free.add(i as usize / 64);
-            let bit = 1u64 << (i % 64);
-            w.write(if on { w.read() | bit } else { w.read() & !bit });
+        let bit = 1u64 << (i % 64);
+        if on {
+            self.word(i).fetch_or(bit, Ordering::Release);
+        } else {
+            self.word(i).fetch_and(!bit, Ordering::Relaxed);
         }
     }
 

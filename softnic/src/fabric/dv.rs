@@ -57,7 +57,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use hotverbs_ffi::mlx5dv::{
-    mlx5dv_ah, mlx5dv_cq, mlx5dv_obj, mlx5dv_qp, MLX5DV_OBJ_AH, MLX5DV_OBJ_CQ, MLX5DV_OBJ_QP,
+    mlx5dv_ah, mlx5dv_cq, mlx5dv_obj, mlx5dv_qp, mlx5dv_srq, MLX5DV_OBJ_AH, MLX5DV_OBJ_CQ,
+    MLX5DV_OBJ_QP, MLX5DV_OBJ_SRQ, MLX5DV_SRQ_MASK_SRQN,
 };
 use hotverbs_ffi::*;
 
@@ -135,6 +136,65 @@ pub(crate) struct DvRq {
 impl Drop for DvQp {
     fn drop(&mut self) {
         DV_QPS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The simulated SRQ: WQEs of `stride` bytes (a next segment, then data segments), a linked
+/// list the device walks from `dev_head` along each WQE's `next_wqe_index` as the post
+/// counter (the doorbell record) announces them, as a ConnectX does; `mlx5dv_init_obj`
+/// hands it out with every WQE linked to the next (libmlx5's `set_srq_buf_ll`).
+pub(crate) struct DvSrq {
+    buf: Region,
+    db: Region,
+    stride: u32,
+    nwqes: u32,
+    /// The SRQ number its CQEs carry (never 0).
+    pub(crate) srqn: u32,
+    /// The next WQE the device takes.
+    dev_head: u32,
+    /// Posts the device has taken (16 bits, as the counter).
+    dev_count: u16,
+}
+
+impl Drop for DvSrq {
+    fn drop(&mut self) {
+        DV_QPS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl DvSrq {
+    fn counter(&self) -> u16 {
+        // SAFETY: the doorbell region's first u32.
+        u32::from_be(unsafe { self.db.ptr.cast::<u32>().read_volatile() }) as u16
+    }
+
+    fn byte(&self, off: usize) -> u8 {
+        // SAFETY: callers read inside the queue (an index < nwqes times the stride plus an
+        // offset below the stride).
+        unsafe { self.buf.ptr.add(off).read_volatile() }
+    }
+
+    /// WQE `idx`'s scatter entries, and the index it links to.
+    fn wqe(&self, idx: u32, out: &mut Vec<ibv_sge>) -> u32 {
+        let base = (idx * self.stride) as usize;
+        let next = u32::from(u16::from_be_bytes([
+            self.byte(base + 2),
+            self.byte(base + 3),
+        ]));
+        out.clear();
+        for k in 1..(self.stride / 16) as usize {
+            let seg: [u8; 16] = std::array::from_fn(|i| self.byte(base + k * 16 + i));
+            let lkey = u32::from_be_bytes(seg[4..8].try_into().expect("4 bytes"));
+            if lkey == RQ_INVALID_LKEY {
+                break;
+            }
+            out.push(ibv_sge {
+                length: u32::from_be_bytes(seg[0..4].try_into().expect("4 bytes")),
+                lkey,
+                addr: u64::from_be_bytes(seg[8..16].try_into().expect("8 bytes")),
+            });
+        }
+        next
     }
 }
 
@@ -252,7 +312,13 @@ impl DvCq {
     /// Writes the CQE of `wc`, a requester CQE if `send` (else a responder one, whatever
     /// `wc.opcode` says: the Rxe profile gives error completions opcode 0); false when the
     /// CQ has no room (an overflow).
-    fn write(&mut self, wc: &ibv_wc, send: bool, scatter: Option<(usize, [u8; 64])>) -> bool {
+    fn write(
+        &mut self,
+        wc: &ibv_wc,
+        send: bool,
+        scatter: Option<(usize, [u8; 64])>,
+        srqn: u32,
+    ) -> bool {
         if self.pi.wrapping_sub(self.ci()) & 0xff_ffff >= self.cqe_cnt {
             return false;
         }
@@ -281,6 +347,8 @@ impl DvCq {
             c[36..40].copy_from_slice(&imm.to_ne_bytes());
         }
         c[44..48].copy_from_slice(&wc.byte_len.to_be_bytes());
+        // srqn_uidx: the SRQ a receive of an SRQ in memory came from.
+        c[32..36].copy_from_slice(&(srqn & 0xff_ffff).to_be_bytes());
         if !send && ok {
             // flags_rqpn: GRH present (bits 28..29), the sender's QP.
             let g = u32::from(wc.wc_flags & IBV_WC_GRH != 0) << 28;
@@ -518,8 +586,15 @@ impl Fabric {
     /// `obj`'s `in` fields of those kinds are live softnic objects and its `out` pointers
     /// writable.
     pub(crate) unsafe fn dv_init_obj(&mut self, obj: &mut mlx5dv_obj, kind: u64) -> i32 {
-        if kind & !u64::from(MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ | MLX5DV_OBJ_AH) != 0 {
+        if kind & !u64::from(MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ | MLX5DV_OBJ_AH | MLX5DV_OBJ_SRQ) != 0 {
             return libc::EOPNOTSUPP;
+        }
+        if kind & u64::from(MLX5DV_OBJ_SRQ) != 0 {
+            // SAFETY: the caller's contract.
+            let (srq, out) = unsafe { (&*obj.srq.in_, &mut *obj.srq.out) };
+            if let Err(e) = self.dv_srq(srq.handle as usize, out) {
+                return e;
+            }
         }
         if kind & u64::from(MLX5DV_OBJ_QP) != 0 {
             // SAFETY: the caller's contract.
@@ -612,6 +687,107 @@ impl Fabric {
         Ok(())
     }
 
+    fn dv_srq(&mut self, si: usize, out: &mut mlx5dv_srq) -> Result<(), i32> {
+        let Some(Some(srq)) = self.srqs.get_mut(si) else {
+            return Err(libc::EINVAL);
+        };
+        if srq.dv.is_none() {
+            // libmlx5's geometry (`mlx5_alloc_srq_buf`, without the wait queue): a next
+            // segment and max_sge data segments, at least 32 bytes, rounded up to a power
+            // of two; max_wr + 1 WQEs rounded up, every one linked to the next.
+            let stride = pow2((16 + 16 * u64::from(srq.rq.max_sge)).max(32));
+            let nwqes = pow2(u64::from(srq.rq.cap) + 1);
+            if nwqes > 1 << 16 {
+                return Err(libc::ENOMEM);
+            }
+            let buf = Region::new(nwqes as usize * stride as usize, 0);
+            for i in 0..nwqes - 1 {
+                let b = ((i + 1) as u16).to_be_bytes();
+                // SAFETY: bytes 2..4 of WQE i, inside the buffer.
+                unsafe {
+                    buf.ptr.add((i * stride) as usize + 2).write(b[0]);
+                    buf.ptr.add((i * stride) as usize + 3).write(b[1]);
+                }
+            }
+            srq.dv = Some(Box::new(DvSrq {
+                buf,
+                db: Region::new(64, 0),
+                stride,
+                nwqes,
+                srqn: si as u32 + 1,
+                dev_head: 0,
+                dev_count: 0,
+            }));
+            DV_QPS.fetch_add(1, Ordering::Relaxed);
+        }
+        let dv = srq.dv.as_ref().expect("just made");
+        out.buf = dv.buf.ptr.cast();
+        out.dbrec = dv.db.ptr.cast();
+        out.stride = dv.stride;
+        out.head = 0;
+        out.tail = dv.nwqes - 1;
+        if out.comp_mask & u64::from(MLX5DV_SRQ_MASK_SRQN) != 0 {
+            out.srqn = dv.srqn;
+            out.comp_mask = u64::from(MLX5DV_SRQ_MASK_SRQN);
+        } else {
+            out.comp_mask = 0;
+        }
+        Ok(())
+    }
+
+    /// The SRQ number a receive of QP `pi`'s SRQ in memory carries (0: none).
+    pub(crate) fn dv_srqn_of(&self, pi: usize) -> u32 {
+        let Some(Some(q)) = self.qps.get(pi) else {
+            return 0;
+        };
+        q.srq
+            .and_then(|s| {
+                self.srqs
+                    .get(s as usize)?
+                    .as_ref()?
+                    .dv
+                    .as_ref()
+                    .map(|d| d.srqn)
+            })
+            .unwrap_or(0)
+    }
+
+    /// [`dv_sync_srq`](Self::dv_sync_srq) of QP `pi`'s SRQ, if it has one.
+    pub(crate) fn dv_sync_srq_of(&mut self, pi: usize) {
+        if let Some(Some(q)) = self.qps.get(pi) {
+            if let Some(s) = q.srq {
+                self.dv_sync_srq(s as usize);
+            }
+        }
+    }
+
+    /// Takes the WQEs the SRQ's post counter announced since the last look into the
+    /// device's queue, walking the list from its head (each WQE's index as its `wr_id`).
+    /// Returns whether it took any.
+    pub(crate) fn dv_sync_srq(&mut self, si: usize) -> bool {
+        let Some(Some(srq)) = self.srqs.get_mut(si) else {
+            return false;
+        };
+        let Some(dv) = srq.dv.as_deref_mut() else {
+            return false;
+        };
+        let target = dv.counter();
+        if dv.dev_count == target {
+            return false;
+        }
+        while dv.dev_count != target {
+            let mut e = srq.rq.spare.pop().unwrap_or_default();
+            let idx = dv.dev_head;
+            let next = dv.wqe(idx, &mut e.sges);
+            e.wr_id = u64::from(idx);
+            e.dv = true;
+            srq.rq.q.push_back(e);
+            dv.dev_head = next % dv.nwqes;
+            dv.dev_count = dv.dev_count.wrapping_add(1);
+        }
+        true
+    }
+
     fn dv_cq(&mut self, i: u32, out: &mut mlx5dv_cq) -> Result<(), i32> {
         let ctx = match self.cqs.get(i as usize) {
             Some(Some(c)) => c.ctx,
@@ -685,6 +861,11 @@ impl Fabric {
             return 0;
         }
         self.dv_scan_regs();
+        for si in 0..self.srqs.len() {
+            if self.dv_sync_srq(si) {
+                self.kick_waiters(None, Some(si as u32));
+            }
+        }
         for qi in 0..self.qps.len() {
             if self.dv_sync_rq(qi) {
                 // Sends waiting for a receive (RNR with rnr_retry 7) go on, as after a
@@ -894,13 +1075,14 @@ impl Fabric {
     /// one if `send`) goes to its buffer. Returns false when it overflowed.
     pub(crate) fn dv_push(&mut self, cq: u32, wc: &ibv_wc, solicited: bool, send: bool) -> bool {
         let scatter = if send { None } else { self.dv_scatter.take() };
+        let srqn = if send { 0 } else { self.dv_srqn };
         let Some(Some(c)) = self.cqs.get_mut(cq as usize) else {
             return false;
         };
         let Some(d) = c.dv.as_mut() else {
             return false;
         };
-        if !d.write(wc, send, scatter) {
+        if !d.write(wc, send, scatter, srqn) {
             let ctx = c.ctx;
             let ptr = c.ptr.0 as usize;
             self.raise(ctx, IBV_EVENT_CQ_ERR, ptr);
@@ -969,8 +1151,8 @@ mod tests {
             qp_num: 0x11,
             ..Default::default()
         };
-        assert!(c.write(&wc, false, None));
-        assert!(c.write(&wc, true, None));
+        assert!(c.write(&wc, false, None, 0));
+        assert!(c.write(&wc, true, None, 0));
         let (recv, send) = (cqe(&c, 0), cqe(&c, 1));
         assert_eq!(recv[63] >> 4, cqe_op::RESP_ERR);
         assert_eq!(send[63] >> 4, cqe_op::REQ_ERR);
@@ -1048,12 +1230,12 @@ mod tests {
     fn a_full_cq_overflows_until_the_consumer_index_moves() {
         let mut c = cq(2);
         let wc = ibv_wc::default();
-        assert!(c.write(&wc, true, None));
-        assert!(c.write(&wc, true, None));
-        assert!(!c.write(&wc, true, None), "no room");
+        assert!(c.write(&wc, true, None, 0));
+        assert!(c.write(&wc, true, None, 0));
+        assert!(!c.write(&wc, true, None, 0), "no room");
         // SAFETY: the doorbell record's first u32.
         unsafe { c.db.ptr.cast::<u32>().write_volatile(1u32.to_be()) };
-        assert!(c.write(&wc, true, None), "one consumed, one free");
+        assert!(c.write(&wc, true, None, 0), "one consumed, one free");
         assert_eq!(cqe(&c, 0)[63] & 1, 1, "second pass: owner bit 1");
     }
 }

@@ -472,3 +472,153 @@ mod tests {
         }
     }
 }
+
+/// Issue 30's receive rows: a [`RecvRing`](hotverbs_datapath::RecvRing) on a direct
+/// receive queue (`RecvTarget::Mlx5`, repost batch 1) and a [`DirectPoller`] serving it,
+/// on plain memory: a CQ of [`FILL`] 64-byte CQEs and an RQ of [`FILL`] one-segment WQEs,
+/// its slots of 256 bytes. The "device" ([`DirectRecv::deliver`], outside the measured
+/// function) writes responder SEND CQEs in order: with `scatter`, 16 bytes in the CQE
+/// (`MLX5_INLINE_SCATTER_32`), else 256 bytes said to be in the slot.
+pub struct DirectRecv {
+    cq: Vec<u128>,
+    _cq_db: Box<[u32; 2]>,
+    _rq: Vec<u128>,
+    _rq_db: Box<[u32; 2]>,
+    _wrid: Vec<u64>,
+    _slots: Vec<u64>,
+    _qp: Box<hotverbs_ffi::ibv_qp>,
+    poller: DirectPoller<1>,
+    ring: hotverbs_datapath::RecvRing<FILL>,
+    out: [Completion; 1],
+    /// CQEs written (the next one's index and owner pass).
+    prod: u32,
+    scatter: bool,
+}
+
+impl DirectRecv {
+    /// A filled ring (every slot posted) with nothing delivered yet.
+    pub fn new(scatter: bool) -> Result<Box<DirectRecv>, String> {
+        use hotverbs_datapath::mlx5::DirectRqDesc;
+        use hotverbs_datapath::{LocalBuf, RecvConfig, RecvRing, RecvTarget};
+        let n = FILL as u32;
+        let mut cq = vec![0u128; FILL * 4];
+        for e in cq.chunks_mut(4) {
+            e[3] = u128::from(0xf0u8) << 120; // INVALID, owner 0: the device's
+        }
+        let mut cq_db = Box::new([0u32; 2]);
+        let mut rq = vec![0u128; FILL];
+        let mut rq_db = Box::new([0u32; 2]);
+        let mut wrid = vec![0u64; FILL];
+        let mut slots = vec![0u64; FILL * 32];
+        // SAFETY: plain C struct; all-zero is valid. Only `qp_num` is read.
+        let mut qp: Box<hotverbs_ffi::ibv_qp> = Box::new(unsafe { core::mem::zeroed() });
+        qp.qp_num = QPN;
+        let desc = DirectRqDesc {
+            buf: rq.as_mut_ptr().cast(),
+            wqe_cnt: n,
+            stride: 16,
+            dbrec: rq_db.as_mut_ptr(),
+            wrid: wrid.as_mut_ptr(),
+        };
+        // SAFETY: the vectors and boxes move into the returned value with their heap
+        // memory in place, outliving the poller and the ring, which alone use them.
+        let mut poller = unsafe {
+            DirectPoller::<1>::new(DirectCq {
+                buf: cq.as_mut_ptr().cast(),
+                cqe_cnt: n,
+                cqe_size: 64,
+                dbrec: cq_db.as_mut_ptr(),
+                cqn: 1,
+                cons_index: 0,
+            })
+        }
+        .map_err(s)?;
+        // SAFETY: as above.
+        unsafe { poller.attach_rq(QPN, &desc) }.map_err(s)?;
+        let region = LocalBuf::new(slots.as_mut_ptr() as u64, n * 256, 1);
+        let target = RecvTarget::Mlx5 {
+            qp: &mut *qp,
+            desc,
+            head: 0,
+        };
+        // SAFETY: as above; completions come only from `poller`.
+        let mut ring = unsafe {
+            RecvRing::<FILL>::new(
+                target,
+                region,
+                RecvConfig::new(0x81, 256, n).repost_batch(1),
+            )
+        }
+        .map_err(s)?;
+        ring.fill().map_err(s)?;
+        Ok(Box::new(DirectRecv {
+            cq,
+            _cq_db: cq_db,
+            _rq: rq,
+            _rq_db: rq_db,
+            _wrid: wrid,
+            _slots: slots,
+            _qp: qp,
+            poller,
+            ring,
+            out: [Completion::PLACEHOLDER; 1],
+            prod: 0,
+            scatter,
+        }))
+    }
+
+    /// The device: `k` responder CQEs, one per receive posted, in order.
+    pub fn deliver(&mut self, k: usize) {
+        for _ in 0..k {
+            let mut c = [0u8; 64];
+            let (format, len) = if self.scatter {
+                c[..16].copy_from_slice(&[0x5a; 16]);
+                (0x4u8, 16u32)
+            } else {
+                (0, 256)
+            };
+            c[44..48].copy_from_slice(&len.to_be_bytes());
+            c[56..60].copy_from_slice(&QPN.to_be_bytes());
+            c[60..62].copy_from_slice(&(self.prod as u16).to_be_bytes());
+            let owner = ((self.prod / FILL as u32) & 1) as u8;
+            c[63] = 2 << 4 | format | owner; // MLX5_CQE_RESP_SEND
+            let at = (self.prod as usize % FILL) * 4;
+            for (w, b) in self.cq[at..at + 4].iter_mut().zip(c.chunks(16)) {
+                *w = u128::from_ne_bytes(b.try_into().expect("16 bytes"));
+            }
+            self.prod = self.prod.wrapping_add(1);
+        }
+    }
+}
+
+/// Issue 30's receive rows, hotverbs' side: `k` received messages, each polled alone
+/// (`DirectPoller::poll_into` of one), taken by the ring (`on_completion`), its first
+/// byte read in place (`data`), and released (the slot reposted as a WQE at once).
+#[inline(never)]
+pub fn hv_measured_recv_direct(r: &mut DirectRecv, k: usize) -> Result<u64, String> {
+    for _ in 0..k {
+        let n = r.poller.poll_into(&mut r.out).map_err(s)?;
+        if n != 1 {
+            return Err(format!("polled {n} completions, 1 expected"));
+        }
+        let m = r.ring.on_completion(&mut r.out[0]).map_err(s)?;
+        let first = r.ring.data(&m).map_err(s)?.first().copied();
+        core::hint::black_box(first);
+        r.ring.release(m).map_err(s)?;
+    }
+    Ok(k as u64)
+}
+
+/// `n` received messages through [`hv_measured_recv_direct`], the device delivering
+/// [`FILL`] at a time between calls.
+pub fn recv_direct(n: u64, scatter: bool) -> Result<u64, String> {
+    let mut r = DirectRecv::new(scatter)?;
+    let mut done = 0u64;
+    while done < n {
+        let k = FILL.min((n - done) as usize);
+        r.deliver(k);
+        hv_measured_recv_direct(&mut r, k)?;
+        done += k as u64;
+    }
+    Ok(done)
+}

@@ -567,3 +567,29 @@ void hv_srq_store(struct hv_env *e, struct hv_srq *s, uint32_t srqn)
 	if (mlx5_store_srq(e->ctx, srqn, &s->srq))
 		abort();
 }
+
+/* Issue 30's receive rows: per received message, what an application does with libmlx5:
+ * poll one completion (mlx5_poll_cq: the CQE, the wr_id, a scattered payload copied into
+ * the buffer), read the message's first byte (hand it on), repost the buffer
+ * (mlx5_post_recv of one WR). `sges[i]` is slot i's buffer (wr_id i). */
+__attribute__((noinline)) int hv_measured_c_recv(struct hv_env *e, unsigned long n,
+						 const struct ibv_sge *sges, unsigned slots)
+{
+	struct ibv_wc wc;
+	struct ibv_recv_wr wr, *bad;
+	volatile uint8_t sink;
+	memset(&wr, 0, sizeof(wr));
+	wr.num_sge = 1;
+	for (unsigned long k = 0; k < n; k++) {
+		if (mlx5_poll_cq(&e->cq->verbs_cq.cq, 1, &wc) != 1 || wc.status != IBV_WC_SUCCESS)
+			return -1;
+		const struct ibv_sge *s = &sges[wc.wr_id % slots];
+		sink = *(const volatile uint8_t *)(uintptr_t)s->addr;
+		(void)sink;
+		wr.wr_id = wc.wr_id;
+		wr.sg_list = (struct ibv_sge *)s;
+		if (mlx5_post_recv(&e->qp->verbs_qp.qp, &wr, &bad))
+			return -2;
+	}
+	return 0;
+}

@@ -124,6 +124,7 @@ extern "C" {
     fn hv_measured_c_post_send(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_post_wr(e: *mut Env, msg: *const u8, len: u32, n: u64, chain: u32) -> i32;
     fn hv_measured_c_poll(e: *mut Env, n: u64) -> i32;
+    fn hv_measured_c_recv(e: *mut Env, n: u64, sges: *const ibv_sge, slots: u32) -> i32;
 }
 
 /// The shape of a fake QP / CQ.
@@ -395,6 +396,15 @@ impl Model {
         // SAFETY: a live env.
         let rc = unsafe { hv_measured_c_poll(self.e, n) };
         assert_eq!(rc, 0);
+    }
+
+    /// Issue 30's receive baseline (`hv_measured_c_recv`): `n` times, `mlx5_poll_cq` of one
+    /// completion, a read of its first byte, `mlx5_post_recv` of its buffer again (`sges`:
+    /// slot `wr_id`'s buffer). Every poll must find a successful receive.
+    pub fn bench_recv(&mut self, n: u64, sges: &[ibv_sge]) {
+        // SAFETY: a live env with an RQ; the SGEs name live buffers.
+        let rc = unsafe { hv_measured_c_recv(self.e, n, sges.as_ptr(), sges.len() as u32) };
+        assert_eq!(rc, 0, "hv_measured_c_recv");
     }
 
     /// The raw env, for code that needs it as `*mut c_void`.

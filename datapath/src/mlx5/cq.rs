@@ -866,9 +866,11 @@ impl CqState {
     ) -> Result<bool, DirectError> {
         use super::rq::{scatter_wqe, InlineScatter, RecvCqe};
         let mut b = [0u8; 64];
-        for (i, x) in b.iter_mut().enumerate() {
-            // SAFETY: the CQE's 64 bytes are inside the buffer (new's contract).
-            *x = unsafe { c.add(i).read_volatile() };
+        for (i, x) in b.chunks_exact_mut(8).enumerate() {
+            // SAFETY: the CQE's 64 bytes are inside the buffer (new's contract), 8-aligned
+            // (the buffer is page-aligned, CQEs 64 or 128 bytes): eight 8-byte reads.
+            let w = unsafe { c.cast::<u64>().add(i).read_volatile() };
+            x.copy_from_slice(&w.to_ne_bytes());
         }
         let op_own = b[cqe::OFF_OP_OWN];
         let Some(r) = RecvCqe::decode(&b) else {

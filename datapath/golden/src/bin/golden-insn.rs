@@ -33,7 +33,7 @@ mod real {
         hv_measured_floor_32, hv_measured_floor_now, hv_measured_stream_direct,
         hv_measured_stream_direct_list, hv_measured_stream_direct_now,
         hv_measured_stream_direct_now_fixed, hv_measured_stream_direct_session,
-        hv_measured_stream_direct_window, poll_direct, DirectStream, Floor,
+        hv_measured_stream_direct_window, poll_direct, recv_direct, DirectStream, Floor,
     };
     use hotverbs_benches::naive::NaivePoster;
     use hotverbs_benches::{
@@ -141,6 +141,26 @@ mod real {
             "-",
             "completion",
         ),
+        // Issue 30's receive target: per received message (poll it, hand it on, repost
+        // its buffer) <= 1/3 of libmlx5's mlx5_poll_cq + mlx5_post_recv, for a 16-byte
+        // SEND in the CQE (scatter-to-CQE) and a 256-byte one in the slot. A goal until met
+        // (the generic RecvRing + DirectPoller path is 1.3-1.45x libmlx5 today).
+        (
+            "receive 16 B (CQE): direct vs libmlx5",
+            "c-recv-16",
+            "direct-recv-16",
+            "~0.334",
+            "-",
+            "msg",
+        ),
+        (
+            "receive 256 B (slot): direct vs libmlx5",
+            "c-recv-256",
+            "direct-recv-256",
+            "~0.334",
+            "-",
+            "msg",
+        ),
         (
             "lone post: naive vs libmlx5 post_send",
             "c-post-1",
@@ -228,6 +248,22 @@ mod real {
         ("direct-list", "DirectRing::post_list of 32 [u8; 32]"),
         ("direct-window", "DirectWindow::<32> of 32"),
         ("direct-poll", "DirectPoller, 32 per poll"),
+        (
+            "c-recv-16",
+            "libmlx5 mlx5_poll_cq (1) + read + mlx5_post_recv (1), 16 B in the CQE (C loop)",
+        ),
+        (
+            "c-recv-256",
+            "libmlx5 mlx5_poll_cq (1) + read + mlx5_post_recv (1), 256 B in the slot (C loop)",
+        ),
+        (
+            "direct-recv-16",
+            "DirectPoller::poll_into (1) + RecvRing on_completion/data/release, 16 B in the CQE",
+        ),
+        (
+            "direct-recv-256",
+            "DirectPoller::poll_into (1) + RecvRing on_completion/data/release, 256 B in the slot",
+        ),
         (
             "floor-now",
             "the direct lone post's stores alone: no check, no counter, no completion",
@@ -331,6 +367,62 @@ mod real {
             retire(r, p)?;
         }
         Ok(n)
+    }
+
+    /// Issue 30's receive baseline: libmlx5's RQ and CQ on the golden model, every slot
+    /// posted, the "device" writing responder SEND CQEs ([`FILL`] at a time, outside the
+    /// measured C loop) with 16 bytes in the CQE (`scatter`) or 256 in the slot.
+    fn c_recv(n: u64, scatter: bool) -> Result<u64, String> {
+        use hotverbs_ffi::ibv_sge;
+        use hotverbs_mlx5_golden::RecvWr;
+        let mut m = model();
+        m.rq_init(FILL as u32, 16, 0);
+        let mut bufs = vec![0u8; FILL * 256];
+        let sges: Vec<ibv_sge> = (0..FILL)
+            .map(|i| ibv_sge {
+                addr: bufs[i * 256..].as_mut_ptr() as u64,
+                length: 256,
+                lkey: 1,
+            })
+            .collect();
+        for (i, g) in sges.iter().enumerate() {
+            let (rc, _) = m.post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sges: g,
+                num_sge: 1,
+                pad: 0,
+            }]);
+            if rc != 0 {
+                return Err(format!("mlx5_post_recv: {rc}"));
+            }
+        }
+        let mut prod = 0u32;
+        let mut done = 0u64;
+        while done < n {
+            let k = FILL.min((n - done) as usize);
+            for _ in 0..k {
+                let at = (prod as usize % FILL) * 64;
+                // SAFETY: the model's CQ holds FILL CQEs of 64 bytes.
+                let c = unsafe { std::slice::from_raw_parts_mut(m.cq_buf().add(at), 64) };
+                c.fill(0);
+                let (format, len) = if scatter {
+                    c[..16].copy_from_slice(&[0x5a; 16]);
+                    (0x4u8, 16u32)
+                } else {
+                    (0, 256)
+                };
+                c[44..48].copy_from_slice(&len.to_be_bytes());
+                c[56..60].copy_from_slice(&QPN.to_be_bytes());
+                c[60..62].copy_from_slice(&(prod as u16).to_be_bytes());
+                let owner = ((prod / FILL as u32) & 1) as u8;
+                c[63] = 2 << 4 | format | owner;
+                prod = prod.wrapping_add(1);
+            }
+            m.bench_recv(k as u64, &sges);
+            done += k as u64;
+        }
+        drop(bufs);
+        Ok(done)
     }
 
     fn run(w: &str, n: u64) -> Result<u64, String> {
@@ -453,6 +545,9 @@ mod real {
                 hv_measured_stream_direct_window(&mut r, &MSG, n)
             }
             "direct-poll" => poll_direct(n),
+            "direct-recv-16" => recv_direct(n, true),
+            "direct-recv-256" => recv_direct(n, false),
+            "c-recv-16" | "c-recv-256" => c_recv(n, w == "c-recv-16"),
             "floor-now" | "floor-32" => {
                 let mut f = Floor::new(0);
                 let g = if w == "floor-now" {

@@ -417,62 +417,6 @@ pub fn hv_measured_floor_32(f: &mut Floor, msg: &[u8; 32], n: u64) -> u64 {
     n
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::MSG;
-    use hotverbs_datapath::wr_id;
-
-    /// The simulator's SQ, `wrid` table, send doorbell record and both BlueFlame buffers,
-    /// the ctrl segments' `fm_ce_se` bytes cleared (the ring signals every 32nd WR, the
-    /// floor none).
-    fn snapshot(sim: &mut Mlx5Sim) -> (Vec<u8>, Vec<u64>, u32, Vec<u8>) {
-        let p = sim.ptrs();
-        let n = sim.wqe_cnt as usize;
-        // SAFETY: the simulator's regions, of these sizes, not written meanwhile.
-        unsafe {
-            let mut sq = core::slice::from_raw_parts(p.sq, n * 64).to_vec();
-            for b in 0..n {
-                sq[b * 64 + 11] = 0;
-            }
-            let mut bf = core::slice::from_raw_parts(p.bf_reg, 512).to_vec();
-            bf[11] = 0;
-            bf[256 + 11] = 0;
-            (
-                sq,
-                core::slice::from_raw_parts(p.wrid, n).to_vec(),
-                p.qp_dbrec.add(1).read(),
-                bf,
-            )
-        }
-    }
-
-    /// The floor rows measure the same stores as the direct rows: equal SQ bytes, `wrid`
-    /// entries, doorbell record and BlueFlame buffers after a stream that wraps the SQ.
-    #[test]
-    fn the_floor_writes_what_the_direct_ring_writes() {
-        for (lone, n) in [(true, 288u64), (false, 320)] {
-            let mut r = DirectStream::new(if lone { SIGNAL_EVERY } else { 32 }).unwrap();
-            let mut f = Floor::new(wr_id::encode(r.ring.ring_id(), 0));
-            if lone {
-                hv_measured_stream_direct_now(&mut r, &MSG, n).unwrap();
-                hv_measured_floor_now(&mut f, &MSG, n);
-            } else {
-                hv_measured_stream_direct(&mut r, &MSG, n).unwrap();
-                hv_measured_floor_32(&mut f, &MSG, n);
-            }
-            let (a, b) = (snapshot(&mut r.sim), snapshot(&mut f.sim));
-            assert_eq!(a.2, (n as u32).to_be(), "lone {lone}: doorbell record");
-            for (blk, (x, y)) in a.0.chunks(64).zip(b.0.chunks(64)).enumerate() {
-                assert_eq!(x, y, "lone {lone}: SQ block {blk}");
-            }
-            assert_eq!(a.1, b.1, "lone {lone}: wrid table");
-            assert_eq!(a.2, b.2, "lone {lone}: doorbell record");
-            assert_eq!(a.3, b.3, "lone {lone}: BlueFlame buffers");
-        }
-    }
-}
-
 /// Issue 30's receive rows: a [`RecvRing`](hotverbs_datapath::RecvRing) on a direct
 /// receive queue (`RecvTarget::Mlx5`, repost batch 1) and a [`DirectPoller`] serving it,
 /// on plain memory: a CQ of [`FILL`] 64-byte CQEs and an RQ of [`FILL`] one-segment WQEs,
@@ -621,4 +565,60 @@ pub fn recv_direct(n: u64, scatter: bool) -> Result<u64, String> {
         done += k as u64;
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MSG;
+    use hotverbs_datapath::wr_id;
+
+    /// The simulator's SQ, `wrid` table, send doorbell record and both BlueFlame buffers,
+    /// the ctrl segments' `fm_ce_se` bytes cleared (the ring signals every 32nd WR, the
+    /// floor none).
+    fn snapshot(sim: &mut Mlx5Sim) -> (Vec<u8>, Vec<u64>, u32, Vec<u8>) {
+        let p = sim.ptrs();
+        let n = sim.wqe_cnt as usize;
+        // SAFETY: the simulator's regions, of these sizes, not written meanwhile.
+        unsafe {
+            let mut sq = core::slice::from_raw_parts(p.sq, n * 64).to_vec();
+            for b in 0..n {
+                sq[b * 64 + 11] = 0;
+            }
+            let mut bf = core::slice::from_raw_parts(p.bf_reg, 512).to_vec();
+            bf[11] = 0;
+            bf[256 + 11] = 0;
+            (
+                sq,
+                core::slice::from_raw_parts(p.wrid, n).to_vec(),
+                p.qp_dbrec.add(1).read(),
+                bf,
+            )
+        }
+    }
+
+    /// The floor rows measure the same stores as the direct rows: equal SQ bytes, `wrid`
+    /// entries, doorbell record and BlueFlame buffers after a stream that wraps the SQ.
+    #[test]
+    fn the_floor_writes_what_the_direct_ring_writes() {
+        for (lone, n) in [(true, 288u64), (false, 320)] {
+            let mut r = DirectStream::new(if lone { SIGNAL_EVERY } else { 32 }).unwrap();
+            let mut f = Floor::new(wr_id::encode(r.ring.ring_id(), 0));
+            if lone {
+                hv_measured_stream_direct_now(&mut r, &MSG, n).unwrap();
+                hv_measured_floor_now(&mut f, &MSG, n);
+            } else {
+                hv_measured_stream_direct(&mut r, &MSG, n).unwrap();
+                hv_measured_floor_32(&mut f, &MSG, n);
+            }
+            let (a, b) = (snapshot(&mut r.sim), snapshot(&mut f.sim));
+            assert_eq!(a.2, (n as u32).to_be(), "lone {lone}: doorbell record");
+            for (blk, (x, y)) in a.0.chunks(64).zip(b.0.chunks(64)).enumerate() {
+                assert_eq!(x, y, "lone {lone}: SQ block {blk}");
+            }
+            assert_eq!(a.1, b.1, "lone {lone}: wrid table");
+            assert_eq!(a.2, b.2, "lone {lone}: doorbell record");
+            assert_eq!(a.3, b.3, "lone {lone}: BlueFlame buffers");
+        }
+    }
 }

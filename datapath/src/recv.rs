@@ -614,6 +614,20 @@ impl<const N: usize> RecvRing<N> {
         if n == 0 {
             return Ok(0);
         }
+        if let Some(DirectQueue::Rq(rq)) = self.direct.as_mut() {
+            // One slot released in the order it was posted (a receive ring's steady state):
+            // its WQE is at the head, already written, so the repost is the counter alone.
+            let i = self.pending[0] as usize & Self::MASK;
+            let wr_id = self.tag | i as u64;
+            rq.set_outstanding(self.posted);
+            if n == 1 && rq.repost_same(wr_id) {
+                rq.publish();
+                self.state[i] = POSTED;
+                self.posted += 1;
+                self.npending = 0;
+                return Ok(1);
+            }
+        }
         if self.direct.is_some() {
             return self.repost_direct(n);
         }
@@ -708,17 +722,20 @@ impl<const N: usize> RecvRing<N> {
         rq.set_outstanding(self.posted);
         for j in 0..n {
             let i = self.pending[j & Self::MASK] as usize & Self::MASK;
-            let s = self.sges[i];
-            // One entry of at least one byte (slot_len > 0) into a queue with room for
-            // every slot (checked in init_in): `post` cannot refuse it.
-            if rq
-                .post(
-                    self.tag | i as u64,
-                    &[LocalBuf::new(s.addr, s.length, s.lkey)],
-                )
-                .is_err()
-            {
-                unreachable!("a direct receive queue with fewer WQEs than the ring's slots");
+            let wr_id = self.tag | i as u64;
+            // Slots released in the order they were posted find their own WQE at the
+            // head, already written (a preformatted ring): only the head moves. Otherwise
+            // the WQE is written.
+            if !rq.repost_same(wr_id) {
+                let s = self.sges[i];
+                // One entry of at least one byte (slot_len > 0) into a queue with room for
+                // every slot (checked in init_in): `post` cannot refuse it.
+                if rq
+                    .post(wr_id, &[LocalBuf::new(s.addr, s.length, s.lkey)])
+                    .is_err()
+                {
+                    unreachable!("a direct receive queue with fewer WQEs than the ring's slots");
+                }
             }
             self.state[i] = POSTED;
         }

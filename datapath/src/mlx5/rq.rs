@@ -207,6 +207,25 @@ impl<D: Doorbell> DirectRq<D> {
         Ok(())
     }
 
+    /// Posts again the receive the WQE at the head last held, if its `wrid` entry is
+    /// `wr_id` (and there is room): no byte of the WQE is written, only the head moves. For
+    /// an owner whose `wr_id`s name their buffers (a [`RecvRing`](crate::RecvRing) slot
+    /// and its generation): the same `wr_id` at the same index means the WQE already
+    /// describes that buffer, as this queue wrote it. `false`: nothing done (post it).
+    #[inline(always)]
+    pub fn repost_same(&mut self, wr_id: u64) -> bool {
+        if self.outstanding() > self.mask {
+            return false;
+        }
+        let slot = self.head & self.mask;
+        // SAFETY: slot < wqe_cnt entries of `wrid` (`new`'s contract).
+        if unsafe { self.wrid.add(slot as usize).read() } != wr_id {
+            return false;
+        }
+        self.head = self.head.wrapping_add(1);
+        true
+    }
+
     /// Hands the WQEs posted since the last call to the device: a store barrier, then the
     /// receive counter. Nothing when none were posted (as `mlx5_post_recv` with `nreq` 0).
     #[inline]

@@ -18,9 +18,12 @@
 //! - **The CQ is the poller's alone**: `Cq::poll`, a `CqPoller` and an `ExCqPoller` are
 //!   refused while it lives (libmlx5's own consumer index would fall behind). Its
 //!   consumer index starts where libmlx5's left it (read from the CQ's doorbell record).
-//! - **Send CQs only**: give receives their own CQ. (The datapath's
-//!   `DirectPoller::attach_rq` reads receive completions too, issue 30's first part; the
-//!   setup layer does not offer a direct receive queue yet.)
+//! - **Receives too** (issue 30): [`Qp::direct_recv_ring`] and [`Srq::direct_recv_ring`]
+//!   write receive WQEs directly and attach their queues to the poller, so one direct poller
+//!   serves a CQ shared by sends and receives. Verbs rings (`recv_ring`, `send_ring`, ...)
+//!   still need a verbs CQ.
+//!
+//! [`Srq::direct_recv_ring`]: crate::Srq::direct_recv_ring
 //! - **A QP posted on before**: the ring starts at the QP's `cur_post` (its doorbell
 //!   record).
 //!

@@ -16,8 +16,10 @@
 //! compares the queue bytes, the doorbell record, the `wrid` array and the refusals with
 //! `mlx5_post_recv` itself (`datapath/golden/tests/golden.rs`, receive queue).
 //!
-//! Not built yet (issue 30): the SRQ's WQEs and free list, the responder CQEs on the
-//! direct poller, scatter-to-CQE, and the safe ring over this queue.
+//! The SRQ's WQEs are [`super::srq`]; the responder CQEs (scatter-to-CQE included) are
+//! read by [`DirectPoller`](super::DirectPoller) (`attach_rq`, `attach_srq`); the ring over
+//! either is the datapath's [`RecvRing`](crate::RecvRing) with
+//! [`RecvTarget::Mlx5`](crate::RecvTarget::Mlx5) / `Mlx5Srq`.
 
 use super::ring::data_seg;
 use super::Doorbell;

@@ -21,8 +21,9 @@
 //! record. `cargo xtask golden` compares all of it (queue bytes, `wrid`, counter, `head`,
 //! `tail`, bitmap, refusals) with `mlx5_post_srq_recv` and `mlx5_free_srq_wqe`.
 //!
-//! Not built yet: the SRQ's responder CQEs on the direct poller (routing by `srqn`), a
-//! safe SRQ ring in the setup layer, softnic's SRQs in memory.
+//! Its completions: [`DirectPoller::attach_srq`](super::DirectPoller::attach_srq); its ring:
+//! [`RecvTarget::Mlx5Srq`](crate::RecvTarget::Mlx5Srq); the setup layer's
+//! `Srq::direct_recv_ring`. Not modelled: libmlx5's wait queue (ODP page faults).
 
 use core::sync::atomic::{AtomicU64, Ordering};
 

@@ -50,9 +50,19 @@
 //!   simulated libmlx5's own posts) is logged for tests
 //!   ([`crate::mlx5sim::register_writes`]).
 //!
+//! - **Receive queues and SRQs in memory** (issue 30): `init_obj` gives a QP without an SRQ a
+//!   receive queue (`max_recv_wr` WQEs of `max_recv_sge` segments, rounded up to powers of
+//!   two, as libmlx5) and an SRQ its WQEs, linked in order. The device takes the WQEs the
+//!   receive counter (dword 0 of the QP's doorbell record) or the SRQ's post counter
+//!   announced, an SRQ's by walking its list from its head, when a message arrives and at
+//!   every step (waking sends that waited for a receive); a receive's CQE carries the WQE's
+//!   counter or index, the SRQ's number, the sender's QP and the GRH flag; an RC or UC
+//!   message of up to 32 bytes (64 with 128-byte CQEs) goes into the CQE instead of the
+//!   buffer (responder scatter-to-CQE, `docs/mlx5-receive.md` §1). Receives posted with
+//!   `ibv_post_recv` go to softnic's own queue, as before.
+//!
 //! Not modelled: BlueFlame execution (the device reads WQEs from the send queue the doorbell
-//! record announces; the register is only observed), receive queues in memory (receives are posted with `ibv_post_recv`),
-//! CQE compression.
+//! record announces; the register is only observed), an SRQ's wait queue, CQE compression.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

@@ -232,7 +232,8 @@ fuzz_target!(|input: Input| {
                     14 => (hotverbs_datapath::mlx5::syndrome_status(synd), 0, 0, 0),
                     1 => (IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM, imm.to_be()),
                     3 => (IBV_WC_SUCCESS, IBV_WC_RECV, IBV_WC_WITH_IMM, imm.to_be()),
-                    4 => (IBV_WC_SUCCESS, IBV_WC_RECV, IBV_WC_WITH_INV, imm.to_be()),
+                    // The invalidated rkey in host order, as libmlx5 gives it.
+                    4 => (IBV_WC_SUCCESS, IBV_WC_RECV, IBV_WC_WITH_INV, imm),
                     _ => (IBV_WC_SUCCESS, IBV_WC_RECV, 0, 0),
                 };
                 let grh_bits = if cfg!(feature = "planted-bug") {

@@ -1253,6 +1253,38 @@ impl<'q, const N: usize> SrqRing<'q, N> {
 }
 
 impl Srq {
+    /// Takes the SRQ's one ring slot, with `count` completions reserved on `cq` (where
+    /// every attached QP completes from then on), and leases `len` bytes of `region` at
+    /// `offset` to the SRQ; returns the ring id and the lease. Undone (the slot given back)
+    /// when the lease is refused.
+    fn claim_ring(
+        &self,
+        verb: &'static str,
+        cq: &Cq,
+        count: u32,
+        region: &Mr<'static>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(u8, Sge)> {
+        let mut id = 0;
+        self.take_ring(verb, cq.as_raw(), || {
+            id = cq.inner.rings.reserve(verb, cq.capacity(), count)?;
+            Ok(RingReservation {
+                cq: cq.clone(),
+                id,
+                n: count,
+                clean_qpn: None,
+            })
+        })?;
+        match self.lease_as(verb, region, offset, len) {
+            Ok(sge) => Ok((id, sge)),
+            Err(e) => {
+                self.untake_ring();
+                Err(e)
+            }
+        }
+    }
+
     /// A receive ring of `N` slots on this SRQ over `[offset, offset + cfg.region_len())`
     /// of `region`, its completions on `cq`: the receive CQ of every QP attached to the
     /// SRQ, now and while the SRQ lives. The region is leased to the SRQ until the SRQ is
@@ -1285,23 +1317,7 @@ impl Srq {
         let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.
         cq.inner.rings.refuse_if_direct(VERB)?;
-        let mut id = 0;
-        self.take_ring(VERB, cq.as_raw(), || {
-            id = cq.inner.rings.reserve(VERB, cq.capacity(), count)?;
-            Ok(RingReservation {
-                cq: cq.clone(),
-                id,
-                n: count,
-                clean_qpn: None,
-            })
-        })?;
-        let sge = match self.lease_as(VERB, region, offset, len) {
-            Ok(sge) => sge,
-            Err(e) => {
-                self.untake_ring();
-                return Err(e);
-            }
-        };
+        let (id, sge) = self.claim_ring(VERB, cq, count, region, offset, len)?;
         // SAFETY: the SRQ outlives the ring (borrowed) and this is its one ring (take_ring),
         // so no other code posts into it safely; the region is registered owned memory with
         // LOCAL_WRITE (lease_as checked it) borrowed for the ring's life and leased to the
@@ -1365,23 +1381,7 @@ impl Srq {
         let cfg = resolve_recv(VERB, cfg, N, (max_wr, "SRQ's max_wr"), region, offset)?;
         let count = cfg.count_of();
         let len = recv_region(VERB, region, offset, &cfg)?;
-        let mut id = 0;
-        self.take_ring(VERB, cq.as_raw(), || {
-            id = cq.inner.rings.reserve(VERB, cq.capacity(), count)?;
-            Ok(RingReservation {
-                cq: cq.clone(),
-                id,
-                n: count,
-                clean_qpn: None,
-            })
-        })?;
-        let sge = match self.lease_as(VERB, region, offset, len) {
-            Ok(sge) => sge,
-            Err(e) => {
-                self.untake_ring();
-                return Err(e);
-            }
-        };
+        let (id, sge) = self.claim_ring(VERB, cq, count, region, offset, len)?;
         let desc = dp::mlx5::DirectSrqDesc {
             wrid: cq.inner.rings.wrid_table(probe.nwqes as usize),
             free: cq
@@ -2136,23 +2136,10 @@ impl Qp {
         let len = recv_region(VERB, region, offset, &cfg)?;
         // The direct poller parses no responder CQEs: receives need a verbs CQ.
         self.recv_cq().inner.rings.refuse_if_direct(VERB)?;
-        if self.rq_taken().swap(true, Ordering::AcqRel) {
-            return Err(Error::new(VERB, libc::EBUSY).with_hint(
-                "this QP's receive queue already has its ring (one ring per receive queue, \
-                 for the QP's life)",
-            ));
-        }
         let cq = self.recv_cq();
-        let id = match cq.inner.rings.reserve(VERB, cq.capacity(), count) {
-            Ok(id) => id,
-            Err(e) => {
-                self.rq_taken().store(false, Ordering::Release);
-                return Err(e);
-            }
-        };
+        let id = self.claim_recv_queue(VERB, count)?;
         let undo = |e: Error| {
-            cq.inner.rings.release(id, count);
-            self.rq_taken().store(false, Ordering::Release);
+            self.unclaim_recv_queue(id, count);
             e
         };
         let sge = self.lease_recv(region, offset, len).map_err(undo)?;
@@ -2248,23 +2235,10 @@ impl Qp {
         let cfg = resolve_recv(VERB, cfg, N, (max_wr, "QP's max_recv_wr"), region, offset)?;
         let count = cfg.count_of();
         let len = recv_region(VERB, region, offset, &cfg)?;
-        if self.rq_taken().swap(true, Ordering::AcqRel) {
-            return Err(Error::new(VERB, libc::EBUSY).with_hint(
-                "this QP's receive queue already has its ring (one ring per receive queue, \
-                 for the QP's life)",
-            ));
-        }
         let cq = self.recv_cq();
-        let id = match cq.inner.rings.reserve(VERB, cq.capacity(), count) {
-            Ok(id) => id,
-            Err(e) => {
-                self.rq_taken().store(false, Ordering::Release);
-                return Err(e);
-            }
-        };
+        let id = self.claim_recv_queue(VERB, count)?;
         let undo = |e: Error| {
-            cq.inner.rings.release(id, count);
-            self.rq_taken().store(false, Ordering::Release);
+            self.unclaim_recv_queue(id, count);
             e
         };
         let sge = self.lease_recv(region, offset, len).map_err(undo)?;
@@ -2309,6 +2283,34 @@ impl Qp {
             direct: true,
             _region: PhantomData,
         })
+    }
+}
+
+impl Qp {
+    /// Takes the receive queue for a ring (once for the QP's life) and reserves `count`
+    /// completions on the receive CQ; returns the ring id. Undone by
+    /// [`unclaim_recv_queue`](Self::unclaim_recv_queue) if the ring is not built.
+    fn claim_recv_queue(&self, verb: &'static str, count: u32) -> Result<u8> {
+        if self.rq_taken().swap(true, Ordering::AcqRel) {
+            return Err(Error::new(verb, libc::EBUSY).with_hint(
+                "this QP's receive queue already has its ring (one ring per receive queue, \
+                 for the QP's life)",
+            ));
+        }
+        let cq = self.recv_cq();
+        match cq.inner.rings.reserve(verb, cq.capacity(), count) {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                self.rq_taken().store(false, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives back what [`claim_recv_queue`](Self::claim_recv_queue) took.
+    fn unclaim_recv_queue(&self, id: u8, count: u32) {
+        self.recv_cq().inner.rings.release(id, count);
+        self.rq_taken().store(false, Ordering::Release);
     }
 }
 

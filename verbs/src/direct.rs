@@ -632,18 +632,7 @@ impl Qp {
     /// # Errors
     /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
     pub fn mlx5_sq(&self, wrid: *mut u64) -> Result<DirectSq> {
-        // SAFETY: plain C structs; all-zero is valid.
-        let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut obj: mlx5dv_obj = unsafe { std::mem::zeroed() };
-        obj.qp.in_ = self.as_raw();
-        obj.qp.out = &mut out;
-        init_obj(
-            "mlx5dv_init_obj",
-            self.pd().context(),
-            &mut obj,
-            MLX5DV_OBJ_QP,
-        )?;
+        let out = self.mlx5_qp()?;
         Ok(DirectSq {
             buf: out.sq.buf.cast(),
             wqe_cnt: out.sq.wqe_cnt,
@@ -661,17 +650,8 @@ impl Qp {
         })
     }
 
-    /// This mlx5 QP's receive queue as the datapath's
-    /// [`DirectRqDesc`](dp::mlx5::DirectRqDesc) (`mlx5dv_init_obj(3)`), with `wrid` as its
-    /// `wrid` table (`rq.wqe_cnt` entries, which the caller provides), and the receive
-    /// counter its doorbell record holds now: for code that builds a
-    /// [`dp::mlx5::DirectRq`] or a direct [`dp::RecvRing`] itself (both `unsafe`; the safe
-    /// way is [`direct_recv_ring`](Self::direct_recv_ring)). `wqe_cnt` 0: the QP has no
-    /// receive queue of its own (an SRQ's QP).
-    ///
-    /// # Errors
-    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
-    pub fn mlx5_rq(&self, wrid: *mut u64) -> Result<(dp::mlx5::DirectRqDesc, u32)> {
+    /// `mlx5dv_init_obj(3)` of this QP: libmlx5's description of its queues.
+    fn mlx5_qp(&self) -> Result<mlx5dv_qp> {
         // SAFETY: plain C structs; all-zero is valid.
         let mut out: mlx5dv_qp = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -684,6 +664,21 @@ impl Qp {
             &mut obj,
             MLX5DV_OBJ_QP,
         )?;
+        Ok(out)
+    }
+
+    /// This mlx5 QP's receive queue as the datapath's
+    /// [`DirectRqDesc`](dp::mlx5::DirectRqDesc) (`mlx5dv_init_obj(3)`), with `wrid` as its
+    /// `wrid` table (`rq.wqe_cnt` entries, which the caller provides), and the receive
+    /// counter its doorbell record holds now: for code that builds a
+    /// [`dp::mlx5::DirectRq`] or a direct [`dp::RecvRing`] itself (both `unsafe`; the safe
+    /// way is [`direct_recv_ring`](Self::direct_recv_ring)). `wqe_cnt` 0: the QP has no
+    /// receive queue of its own (an SRQ's QP).
+    ///
+    /// # Errors
+    /// `mlx5dv_init_obj: EOPNOTSUPP` "not an mlx5 device" anywhere but on a ConnectX.
+    pub fn mlx5_rq(&self, wrid: *mut u64) -> Result<(dp::mlx5::DirectRqDesc, u32)> {
+        let out = self.mlx5_qp()?;
         let dbrec: *mut u32 = out.dbrec.cast();
         // SAFETY: libmlx5's doorbell record of this live QP.
         let head = u32::from_be(unsafe { dbrec.add(dp::mlx5::rq::RCV_DBR).read_volatile() });

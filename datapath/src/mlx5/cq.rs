@@ -78,6 +78,36 @@ fn free_srq_wqe(free: *mut u64, idx: u32) {
     w.fetch_or(1 << (idx % 64), core::sync::atomic::Ordering::Release);
 }
 
+/// Fills `out` with a receive's completion: its `wr_id`, its `status` (the CQE's, or a
+/// scatter's failure) and the fields of `r` as `handle_responder` sets them.
+fn recv_wc(out: &mut Completion, wr_id: u64, status: u32, r: &super::rq::RecvCqe) {
+    let wc = out.raw_mut();
+    wc.wr_id = wr_id;
+    wc.status = status;
+    wc.qp_num = r.qpn;
+    wc.vendor_err = r.vendor_err;
+    wc.opcode = r.opcode;
+    wc.byte_len = if r.status == IBV_WC_SUCCESS {
+        r.byte_len
+    } else {
+        0
+    };
+    wc.wc_flags = r.wc_flags;
+    // The immediate as the CQE holds it (network order, as `ibv_wc.imm_data`); the
+    // invalidated rkey of a SEND_WITH_INV in host order (libmlx5's
+    // `be32toh(imm_inval_pkey)`).
+    wc.__bindgen_anon_1.imm_data = if r.wc_flags & IBV_WC_WITH_INV != 0 {
+        u32::from_be(r.imm_raw)
+    } else {
+        r.imm_raw
+    };
+    wc.src_qp = r.src_qp;
+    wc.slid = r.slid;
+    wc.sl = r.sl;
+    wc.dlid_path_bits = r.dlid_path_bits;
+    wc.pkey_index = r.pkey_index;
+}
+
 /// SRQs one poller serves.
 pub(super) const MAX_SRQS: usize = 4;
 
@@ -870,6 +900,42 @@ impl CqState {
         Ok(true)
     }
 
+    /// The payload the device scattered into a responder CQE (`inline`: where), as
+    /// bytes and how many the CQE holds: 32 from the 64-byte half `c` (its bytes `b`), or
+    /// the 64 before it in a 128-byte CQE; a 64-byte scatter in a 64-byte CQE is refused.
+    ///
+    /// # Safety
+    /// `c` is a CQE's 64-byte half inside the buffer, read after the barrier.
+    unsafe fn inline_payload(
+        &self,
+        c: *const u8,
+        b: &[u8; 64],
+        inline: super::rq::InlineScatter,
+        cons: u32,
+    ) -> Result<([u8; 64], usize), DirectError> {
+        let mut data = [0u8; 64];
+        let len = match inline {
+            super::rq::InlineScatter::In32 => {
+                data[..32].copy_from_slice(&b[..32]);
+                32
+            }
+            _ if self.stride == 128 => {
+                for (i, x) in data.iter_mut().enumerate() {
+                    // SAFETY: the first half of this 128-byte CQE, inside the buffer.
+                    *x = unsafe { c.sub(64).add(i).read_volatile() };
+                }
+                64
+            }
+            _ => {
+                return Err(DirectError::CqeFormat {
+                    op_own: b[cqe::OFF_OP_OWN],
+                    index: cons,
+                })
+            }
+        };
+        Ok((data, len))
+    }
+
     /// A responder CQE of an SRQ: the WQE at `wqe_counter` (no mask: an SRQ index), its
     /// bit set in the free bitmap, a scattered payload copied through its segments.
     #[cold]
@@ -912,26 +978,8 @@ impl CqState {
         free_srq_wqe(slot.free, idx);
         let mut status = r.status;
         if status == IBV_WC_SUCCESS && r.inline != InlineScatter::No {
-            let mut data = [0u8; 64];
-            let len = match r.inline {
-                InlineScatter::In32 => {
-                    data[..32].copy_from_slice(&b[..32]);
-                    32
-                }
-                _ if self.stride == 128 => {
-                    for (i, x) in data.iter_mut().enumerate() {
-                        // SAFETY: the first half of this 128-byte CQE, inside the buffer.
-                        *x = unsafe { c.sub(64).add(i).read_volatile() };
-                    }
-                    64
-                }
-                _ => {
-                    return Err(DirectError::CqeFormat {
-                        op_own: b[cqe::OFF_OP_OWN],
-                        index: cons,
-                    })
-                }
-            };
+            // SAFETY: `c` is this CQE's 64-byte half, read after the barrier.
+            let (data, len) = unsafe { self.inline_payload(c, b, r.inline, cons)? };
             let n = (r.byte_len as usize).min(len);
             // SAFETY: idx < nwqes: a WQE of the attached SRQ; its data segments follow the
             // 16-byte next segment (attach_srq's contract: the buffers are writable).
@@ -942,31 +990,7 @@ impl CqState {
             }
         }
         self.cons = cons.wrapping_add(1);
-        let wc = out.raw_mut();
-        wc.wr_id = wr_id;
-        wc.status = status;
-        wc.qp_num = r.qpn;
-        wc.vendor_err = r.vendor_err;
-        wc.opcode = r.opcode;
-        wc.byte_len = if r.status == IBV_WC_SUCCESS {
-            r.byte_len
-        } else {
-            0
-        };
-        wc.wc_flags = r.wc_flags;
-        // The immediate as the CQE holds it (network order, as `ibv_wc.imm_data`); the
-        // invalidated rkey of a SEND_WITH_INV in host order (libmlx5's
-        // `be32toh(imm_inval_pkey)`).
-        wc.__bindgen_anon_1.imm_data = if r.wc_flags & IBV_WC_WITH_INV != 0 {
-            u32::from_be(r.imm_raw)
-        } else {
-            r.imm_raw
-        };
-        wc.src_qp = r.src_qp;
-        wc.slid = r.slid;
-        wc.sl = r.sl;
-        wc.dlid_path_bits = r.dlid_path_bits;
-        wc.pkey_index = r.pkey_index;
+        recv_wc(out, wr_id, status, r);
         Ok(true)
     }
 
@@ -1010,26 +1034,8 @@ impl CqState {
         let idx = u32::from(r.wqe_counter) & slot.mask;
         let mut status = r.status;
         if status == IBV_WC_SUCCESS && r.inline != InlineScatter::No {
-            let mut data = [0u8; 64];
-            let len = match r.inline {
-                InlineScatter::In32 => {
-                    data[..32].copy_from_slice(&b[..32]);
-                    32
-                }
-                _ if self.stride == 128 => {
-                    for (i, x) in data.iter_mut().enumerate() {
-                        // SAFETY: the first half of this 128-byte CQE, inside the buffer.
-                        *x = unsafe { c.sub(64).add(i).read_volatile() };
-                    }
-                    64
-                }
-                _ => {
-                    return Err(DirectError::CqeFormat {
-                        op_own,
-                        index: cons,
-                    })
-                }
-            };
+            // SAFETY: `c` is this CQE's 64-byte half, read after the barrier.
+            let (data, len) = unsafe { self.inline_payload(c, &b, r.inline, cons)? };
             let n = (r.byte_len as usize).min(len);
             // SAFETY: idx < wqe_cnt: a WQE of the attached queue, whose buffers are
             // writable and the device's until this completion (attach_rq's contract).
@@ -1042,31 +1048,7 @@ impl CqState {
         // SAFETY: idx < wqe_cnt entries of the attached table.
         let wr_id = unsafe { slot.wrid.add(idx as usize).read() };
         self.cons = cons.wrapping_add(1);
-        let wc = out.raw_mut();
-        wc.wr_id = wr_id;
-        wc.status = status;
-        wc.qp_num = r.qpn;
-        wc.vendor_err = r.vendor_err;
-        wc.opcode = r.opcode;
-        wc.byte_len = if r.status == IBV_WC_SUCCESS {
-            r.byte_len
-        } else {
-            0
-        };
-        wc.wc_flags = r.wc_flags;
-        // The immediate as the CQE holds it (network order, as `ibv_wc.imm_data`); the
-        // invalidated rkey of a SEND_WITH_INV in host order (libmlx5's
-        // `be32toh(imm_inval_pkey)`).
-        wc.__bindgen_anon_1.imm_data = if r.wc_flags & IBV_WC_WITH_INV != 0 {
-            u32::from_be(r.imm_raw)
-        } else {
-            r.imm_raw
-        };
-        wc.src_qp = r.src_qp;
-        wc.slid = r.slid;
-        wc.sl = r.sl;
-        wc.dlid_path_bits = r.dlid_path_bits;
-        wc.pkey_index = r.pkey_index;
+        recv_wc(out, wr_id, status, &r);
         Ok(true)
     }
 }

@@ -191,19 +191,12 @@ impl DvSrq {
             self.byte(base + 2),
             self.byte(base + 3),
         ]));
-        out.clear();
-        for k in 1..(self.stride / 16) as usize {
-            let seg: [u8; 16] = std::array::from_fn(|i| self.byte(base + k * 16 + i));
-            let lkey = u32::from_be_bytes(seg[4..8].try_into().expect("4 bytes"));
-            if lkey == RQ_INVALID_LKEY {
-                break;
-            }
-            out.push(ibv_sge {
-                length: u32::from_be_bytes(seg[0..4].try_into().expect("4 bytes")),
-                lkey,
-                addr: u64::from_be_bytes(seg[8..16].try_into().expect("8 bytes")),
-            });
-        }
+        read_segs(
+            |o| self.byte(o),
+            base + 16,
+            (self.stride / 16 - 1) as usize,
+            out,
+        );
         next
     }
 }
@@ -239,23 +232,10 @@ impl DvQp {
             return;
         };
         let base = ((ctr & (rq.wqe_cnt - 1)) * rq.stride) as usize;
-        out.clear();
-        for k in 0..(rq.stride / 16) as usize {
-            let mut seg = [0u8; 16];
-            for (i, b) in seg.iter_mut().enumerate() {
-                // SAFETY: inside WQE `ctr`'s stride bytes of the queue.
-                *b = unsafe { rq.buf.ptr.add(base + k * 16 + i).read_volatile() };
-            }
-            let lkey = u32::from_be_bytes(seg[4..8].try_into().expect("4 bytes"));
-            if lkey == RQ_INVALID_LKEY {
-                break;
-            }
-            out.push(ibv_sge {
-                length: u32::from_be_bytes(seg[0..4].try_into().expect("4 bytes")),
-                lkey,
-                addr: u64::from_be_bytes(seg[8..16].try_into().expect("8 bytes")),
-            });
-        }
+        // SAFETY: inside WQE `ctr`'s stride bytes of the queue (read_segs reads below
+        // base + stride).
+        let byte = |o: usize| unsafe { rq.buf.ptr.add(o).read_volatile() };
+        read_segs(byte, base, (rq.stride / 16) as usize, out);
     }
 
     /// `n` bytes of the SQ from byte `off` (modulo its size), wrapping at its end.
@@ -265,6 +245,25 @@ impl DvQp {
             // SAFETY: the index is reduced modulo the SQ's size.
             *b = unsafe { self.sq.ptr.add((off + i) % size).read_volatile() };
         }
+    }
+}
+
+/// The scatter entries of a receive WQE's `n` data segments from byte `first` (`byte`
+/// reads the queue), up to the one with the `MLX5_INVALID_LKEY` lkey that ends a shorter
+/// list.
+fn read_segs(byte: impl Fn(usize) -> u8, first: usize, n: usize, out: &mut Vec<ibv_sge>) {
+    out.clear();
+    for k in 0..n {
+        let seg: [u8; 16] = std::array::from_fn(|i| byte(first + k * 16 + i));
+        let lkey = u32::from_be_bytes(seg[4..8].try_into().expect("4 bytes"));
+        if lkey == RQ_INVALID_LKEY {
+            break;
+        }
+        out.push(ibv_sge {
+            length: u32::from_be_bytes(seg[0..4].try_into().expect("4 bytes")),
+            lkey,
+            addr: u64::from_be_bytes(seg[8..16].try_into().expect("8 bytes")),
+        });
     }
 }
 

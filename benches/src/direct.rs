@@ -514,18 +514,7 @@ impl DirectRecv {
     /// The device: `k` responder CQEs, one per receive posted, in order.
     pub fn deliver(&mut self, k: usize) {
         for _ in 0..k {
-            let mut c = [0u8; 64];
-            let (format, len) = if self.scatter {
-                c[..16].copy_from_slice(&[0x5a; 16]);
-                (0x4u8, 16u32)
-            } else {
-                (0, 256)
-            };
-            c[44..48].copy_from_slice(&len.to_be_bytes());
-            c[56..60].copy_from_slice(&QPN.to_be_bytes());
-            c[60..62].copy_from_slice(&(self.prod as u16).to_be_bytes());
-            let owner = ((self.prod / FILL as u32) & 1) as u8;
-            c[63] = 2 << 4 | format | owner; // MLX5_CQE_RESP_SEND
+            let c = recv_cqe(self.prod, self.scatter, QPN);
             let at = (self.prod as usize % FILL) * 4;
             for (w, b) in self.cq[at..at + 4].iter_mut().zip(c.chunks(16)) {
                 *w = u128::from_ne_bytes(b.try_into().expect("16 bytes"));
@@ -533,6 +522,27 @@ impl DirectRecv {
             self.prod = self.prod.wrapping_add(1);
         }
     }
+}
+
+/// The 64-byte responder SEND CQE (`MLX5_CQE_RESP_SEND`) the receive rows' device writes
+/// for the `prod`-th receive of QP `qpn` on a CQ of [`FILL`] CQEs: 16 bytes in the CQE
+/// (`MLX5_INLINE_SCATTER_32`) with `scatter`, else 256 bytes said to be in the slot; the
+/// WQE counter `prod`, the owner bit of its pass. Shared with the libmlx5 side of the rows
+/// (`golden-insn`), so both receive the same messages.
+pub fn recv_cqe(prod: u32, scatter: bool, qpn: u32) -> [u8; 64] {
+    let mut c = [0u8; 64];
+    let (format, len) = if scatter {
+        c[..16].copy_from_slice(&[0x5a; 16]);
+        (0x4u8, 16u32)
+    } else {
+        (0, 256)
+    };
+    c[44..48].copy_from_slice(&len.to_be_bytes());
+    c[56..60].copy_from_slice(&qpn.to_be_bytes());
+    c[60..62].copy_from_slice(&(prod as u16).to_be_bytes());
+    let owner = ((prod / FILL as u32) & 1) as u8;
+    c[63] = 2 << 4 | format | owner;
+    c
 }
 
 /// Issue 30's receive rows, hotverbs' side: `k` received messages, each polled alone

@@ -522,3 +522,92 @@ fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
     drop(slots2);
     drop((mem, mem2, small));
 }
+
+/// A slot released alone, in the order it was posted (repost batch 1), is reposted by the
+/// receive counter only: its WQE's bytes and `wrid` entry are already its own. A panic
+/// between taking a receive and releasing it (caught) leaves the slot held and the ring
+/// consistent; the release after it reposts the slot.
+#[test]
+fn a_slot_released_in_order_is_reposted_by_the_counter_alone() {
+    use hotverbs_datapath::mlx5::DirectCq;
+    use hotverbs_datapath::{Completion, DirectPoller, RecvConfig, RecvRing, RecvTarget};
+    let mut mem = q(2, 16);
+    let desc = DirectRqDesc {
+        buf: mem.buf.as_mut_ptr().cast(),
+        wqe_cnt: 2,
+        stride: 16,
+        dbrec: mem.dbrec.as_mut_ptr(),
+        wrid: mem.wrid.as_mut_ptr(),
+    };
+    // SAFETY: plain C struct; all-zero is valid. Only `qp_num` is read.
+    let mut qp: ibv_qp = unsafe { core::mem::zeroed() };
+    qp.qp_num = 0xabc;
+    let mut slots = vec![0u64; 2 * 8];
+    let region = LocalBuf {
+        addr: slots.as_mut_ptr() as u64,
+        len: 128,
+        lkey: 5,
+    };
+    let target = RecvTarget::Mlx5 {
+        qp: &mut qp,
+        desc,
+        head: 0,
+    };
+    // SAFETY: the queue, the QP struct and the slots outlive the ring; completions come
+    // from the poller below only.
+    let mut ring: RecvRing<2> =
+        unsafe { RecvRing::new(target, region, RecvConfig::new(9, 64, 2).repost_batch(1)) }
+            .unwrap();
+    ring.fill().unwrap();
+    // SAFETY: the queue's bytes and counter, read through the pointers it writes through.
+    let wqes = |d: &DirectRqDesc| unsafe { core::slice::from_raw_parts(d.buf, 32).to_vec() };
+    // SAFETY: as above.
+    let dbr = |d: &DirectRqDesc| u32::from_be(unsafe { d.dbrec.add(RCV_DBR).read() });
+    let before = wqes(&desc);
+    assert_eq!(dbr(&desc), 2);
+    let mut cq = vec![0u128; 4 * 4];
+    let mut cq_db = [0u32; 2];
+    for e in cq.chunks_mut(4) {
+        bytemuck_free(e)[63] = 0xf0;
+    }
+    // SAFETY: the test's memory outlives the poller, the CQ's only consumer.
+    let mut poller = unsafe {
+        let mut p = DirectPoller::<4>::new(DirectCq {
+            buf: cq.as_mut_ptr().cast(),
+            cqe_cnt: 4,
+            cqe_size: 64,
+            dbrec: cq_db.as_mut_ptr(),
+            cqn: 1,
+            cons_index: 0,
+        })
+        .unwrap();
+        p.attach_rq(0xabc, &desc).unwrap();
+        p
+    };
+    let mut c = cqe(2, 0);
+    c[60..62].copy_from_slice(&0u16.to_be_bytes());
+    c[44..48].copy_from_slice(&8u32.to_be_bytes());
+    bytemuck_free(&mut cq[..4]).copy_from_slice(&c);
+    let mut out = [Completion::PLACEHOLDER; 4];
+    assert_eq!(poller.poll_into(&mut out).unwrap(), 1);
+    let m = ring.on_completion(&mut out[0]).unwrap();
+    // A panic while the slot is held: nothing is reposted, the slot stays held.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ring.data(&m).unwrap();
+        panic!("the application fails while holding the receive");
+    }));
+    assert!(r.is_err());
+    assert_eq!((ring.held(), ring.posted(), dbr(&desc)), (1, 1, 2));
+    // A mark in WQE 0 (the high byte of its segment's byte count, 0 for 64 bytes): a
+    // repost that rewrote the WQE would erase it. (No device reads it here.)
+    // SAFETY: byte 0 of the queue: WQE 0, completed, not the device's until reposted.
+    unsafe { desc.buf.write(0xaa) };
+    ring.release(m).unwrap();
+    assert_eq!((ring.held(), ring.posted(), dbr(&desc)), (0, 2, 3));
+    let mut marked = before.clone();
+    marked[0] = 0xaa;
+    assert_eq!(wqes(&desc), marked, "no byte of the WQEs rewritten");
+    // SAFETY: the queue's wrid table, through the pointer it writes through.
+    assert_eq!(unsafe { desc.wrid.read() }, ring.slot_wr_id(0));
+    drop((poller, ring, slots, mem));
+}

@@ -255,3 +255,47 @@ fn the_poller_completes_srq_receives_out_of_order() {
     assert_eq!(poller.cons_index(), 2);
     drop((poller, q, cq, m));
 }
+
+/// `DirectPoller::clean` of a QP whose SRQ receive CQEs were not polled removes them and
+/// frees their WQEs (as libmlx5's `free_res_cqe`): the SRQ takes them again.
+#[test]
+fn a_cleaned_srq_receive_frees_its_wqe() {
+    use hotverbs_datapath::mlx5::DirectCq;
+    use hotverbs_datapath::DirectPoller;
+    let mut m = mem(4, 32);
+    let (mut q, desc) = srq(&mut m, 4, 32);
+    for i in 0..3 {
+        q.post(i, &[]).unwrap();
+    }
+    assert_eq!(q.post(9, &[]), Err(SrqError::Full));
+    let mut cq = vec![0u128; 8 * 4];
+    let mut cq_db = [0u32; 2];
+    // SAFETY: the CQ's u128s as bytes: no padding, any byte valid.
+    let bytes = unsafe { core::slice::from_raw_parts_mut(cq.as_mut_ptr().cast::<u8>(), 8 * 64) };
+    for i in 0..8 {
+        bytes[i * 64 + 63] = 0xf0;
+    }
+    // A receive of WQE 1 of SRQ 0x77, for QP 0xabc, written and not polled.
+    bytes[32..36].copy_from_slice(&0x77u32.to_be_bytes());
+    bytes[56..60].copy_from_slice(&0x0abcu32.to_be_bytes());
+    bytes[60..62].copy_from_slice(&1u16.to_be_bytes());
+    bytes[63] = 2 << 4;
+    // SAFETY: the test's memory outlives the poller; the SRQ is not posted to meanwhile.
+    let mut poller = unsafe {
+        let mut p = DirectPoller::<4>::new(DirectCq {
+            buf: cq.as_mut_ptr().cast(),
+            cqe_cnt: 8,
+            cqe_size: 64,
+            dbrec: cq_db.as_mut_ptr(),
+            cqn: 1,
+            cons_index: 0,
+        })
+        .unwrap();
+        p.attach_srq(0x77, &desc).unwrap();
+        p
+    };
+    assert_eq!(poller.clean(0xabc), 1);
+    assert!(poller.poll().unwrap().is_empty(), "the CQE is gone");
+    assert!(q.post(10, &[]).is_ok(), "WQE 1 is free again");
+    drop((poller, q, cq, m));
+}

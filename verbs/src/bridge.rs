@@ -281,6 +281,12 @@ impl CqRings {
     /// stores `polling` and reads `clean_due`, both sequentially consistent.)
     pub(crate) fn defer_clean_and_wait(&self, qpn: u32) {
         self.defer_clean(qpn);
+        self.wait_for_polls();
+    }
+
+    /// After `clean_due` was set: waits until no guarded poll that may not have seen it is
+    /// still running (the Dekker handshake with [`enter_poll`](Self::enter_poll)).
+    fn wait_for_polls(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
         while self.polling.load(Ordering::SeqCst) {
             std::thread::yield_now();
@@ -434,10 +440,7 @@ impl CqRings {
             .unwrap_or_else(|e| e.into_inner())
             .push(srqn);
         self.clean_due.store(true, Ordering::Release);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        while self.polling.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        self.wait_for_polls();
     }
 
     /// The SRQs waiting to be detached (emptied).

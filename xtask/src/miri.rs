@@ -199,6 +199,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "swapped_srqs_post_into_their_own_memory",
             "a_description_that_is_no_srq_is_refused",
             "the_poller_completes_srq_receives_out_of_order",
+            "a_cleaned_srq_receive_frees_its_wqe",
         ],
         models: Models::Both,
         why: "issue 30: DirectSrq writes SRQ WQEs, their links, wr_ids and the free bitmap \
@@ -214,6 +215,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "the_poller_completes_receives_of_an_attached_queue",
             "swapped_and_forgotten_queues_stay_with_their_memory",
             "a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions",
+            "a_slot_released_in_order_is_reposted_by_the_counter_alone",
         ],
         models: Models::Both,
         why: "issue 30: DirectRq writes receive WQEs and wr_ids through raw pointers into the \

@@ -33,7 +33,7 @@ mod real {
         hv_measured_floor_32, hv_measured_floor_now, hv_measured_stream_direct,
         hv_measured_stream_direct_list, hv_measured_stream_direct_now,
         hv_measured_stream_direct_now_fixed, hv_measured_stream_direct_session,
-        hv_measured_stream_direct_window, poll_direct, recv_direct, DirectStream, Floor,
+        hv_measured_stream_direct_window, poll_direct, recv_cqe, recv_direct, DirectStream, Floor,
     };
     use hotverbs_benches::naive::NaivePoster;
     use hotverbs_benches::{
@@ -404,18 +404,7 @@ mod real {
                 let at = (prod as usize % FILL) * 64;
                 // SAFETY: the model's CQ holds FILL CQEs of 64 bytes.
                 let c = unsafe { std::slice::from_raw_parts_mut(m.cq_buf().add(at), 64) };
-                c.fill(0);
-                let (format, len) = if scatter {
-                    c[..16].copy_from_slice(&[0x5a; 16]);
-                    (0x4u8, 16u32)
-                } else {
-                    (0, 256)
-                };
-                c[44..48].copy_from_slice(&len.to_be_bytes());
-                c[56..60].copy_from_slice(&QPN.to_be_bytes());
-                c[60..62].copy_from_slice(&(prod as u16).to_be_bytes());
-                let owner = ((prod / FILL as u32) & 1) as u8;
-                c[63] = 2 << 4 | format | owner;
+                c.copy_from_slice(&recv_cqe(prod, scatter, QPN));
                 prod = prod.wrapping_add(1);
             }
             m.bench_recv(k as u64, &sges);

@@ -563,15 +563,39 @@ pub fn hv_measured_recv_direct(r: &mut DirectRecv, k: usize) -> Result<u64, Stri
     Ok(k as u64)
 }
 
-/// `n` received messages through [`hv_measured_recv_direct`], the device delivering
-/// [`FILL`] at a time between calls.
-pub fn recv_direct(n: u64, scatter: bool) -> Result<u64, String> {
+/// Issue 30's receive rows on the fused path: `k` received messages through one
+/// [`RecvSession`](hotverbs_datapath::mlx5::RecvSession) of the same ring and poller (opened
+/// and closed inside the measured function), each message's first byte read where it is
+/// (in the CQE for 16 bytes, in the slot for 256) and given back at the next `recv`.
+#[inline(never)]
+pub fn hv_measured_recv_session(r: &mut DirectRecv, k: usize) -> Result<u64, String> {
+    use hotverbs_datapath::mlx5::Polled;
+    let mut ses = r.ring.session(&mut r.poller).map_err(s)?;
+    for _ in 0..k {
+        match ses.recv().map_err(s)? {
+            Polled::Msg(m) => {
+                core::hint::black_box(m.bytes().first().copied());
+            }
+            other => return Err(format!("{other:?}, a message expected")),
+        }
+    }
+    Ok(k as u64)
+}
+
+/// `n` received messages through [`hv_measured_recv_direct`] (or, with `session`,
+/// [`hv_measured_recv_session`]), the device delivering [`FILL`] at a time between calls.
+pub fn recv_direct(n: u64, scatter: bool, session: bool) -> Result<u64, String> {
     let mut r = DirectRecv::new(scatter)?;
+    let f = if session {
+        hv_measured_recv_session
+    } else {
+        hv_measured_recv_direct
+    };
     let mut done = 0u64;
     while done < n {
         let k = FILL.min((n - done) as usize);
         r.deliver(k);
-        hv_measured_recv_direct(&mut r, k)?;
+        f(&mut r, k)?;
         done += k as u64;
     }
     Ok(done)

@@ -473,7 +473,10 @@ impl<const N: usize> RecvRing<N> {
     ///   [`reset`](Self::reset)) or given a second time. Ignore it.
     /// - [`RecvError::Misrouted`]: not this ring's at all (another ring id, a send
     ///   completion, another QP): nothing changes; give it to the ring the error names.
-    #[inline]
+    // Always inlined: with the receive session's cold path as a second caller LLVM
+    // stopped inlining it into a receive loop (36 instructions more per message in
+    // `cargo xtask insn`'s ring + poller receive rows).
+    #[inline(always)]
     pub fn on_completion(&mut self, c: &mut Completion) -> Result<Received, RecvError> {
         let slot = c.wr_id() & 0xFFFF_FFFF;
         // One compare for ring id, kind and generation, one for the QP: another ring's
@@ -627,8 +630,9 @@ impl<const N: usize> RecvRing<N> {
                 // counter alone.
                 let i = self.pending[0] as usize & Self::MASK;
                 let wr_id = self.tag | i as u64;
-                rq.set_outstanding(self.posted);
-                if !rq.repost_same(wr_id) {
+                // Room is the ring's invariant (no more slots than WQEs); a session's
+                // counter (`in_session`) takes the general path.
+                if !rq.repost_same_in_ring(wr_id) {
                     return self.repost_direct(n);
                 }
                 rq.publish();
@@ -727,6 +731,7 @@ impl<const N: usize> RecvRing<N> {
             Some(DirectQueue::Srq(_)) => return self.repost_direct_srq(n),
             None => return Ok(0),
         };
+        rq.end_leaked_session();
         rq.set_outstanding(self.posted);
         for j in 0..n {
             let i = self.pending[j & Self::MASK] as usize & Self::MASK;
@@ -902,5 +907,72 @@ impl<const N: usize> RecvRing<N> {
     #[inline(always)]
     pub fn slot_wr_id(&self, slot: u32) -> u64 {
         self.tag | slot as u64
+    }
+
+    // What a `RecvSession` (`crate::mlx5::recv_session`) needs of the ring.
+
+    /// The direct RQ a [`RecvTarget::Mlx5`] ring writes.
+    pub(crate) fn direct_rq(&self) -> Option<&crate::mlx5::DirectRq<crate::mlx5::Mmio>> {
+        match self.direct.as_ref() {
+            Some(DirectQueue::Rq(rq)) => Some(rq),
+            _ => None,
+        }
+    }
+
+    /// The QP number of a QP target (0 for an SRQ).
+    #[inline(always)]
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The region's first byte and lkey.
+    pub(crate) fn region_addr(&self) -> u64 {
+        self.region.addr
+    }
+
+    /// See [`region_addr`](Self::region_addr).
+    pub(crate) fn region_lkey(&self) -> u32 {
+        self.region.lkey
+    }
+
+    /// True when `wr_id` carries this ring's id, kind and current generation.
+    #[inline(always)]
+    pub(crate) fn is_current(&self, wr_id: u64) -> bool {
+        (wr_id ^ self.tag) >> GEN_SHIFT == 0
+    }
+
+    /// One more receive given back by the device (a session's message).
+    #[inline(always)]
+    pub(crate) fn count_completed(&mut self) {
+        self.completed += 1;
+    }
+
+    /// A session opens: it keeps the receive counter, returned here, until
+    /// [`close_session`](Self::close_session). Only for a ring with a direct RQ and
+    /// nothing pending (the session reposts first).
+    pub(crate) fn open_session(&mut self) -> u32 {
+        match self.direct.as_mut() {
+            Some(DirectQueue::Rq(rq)) => rq.open_session(),
+            _ => 0,
+        }
+    }
+
+    /// The session ends with the receive counter at `head` (every receive it posted was
+    /// published).
+    pub(crate) fn close_session(&mut self, head: u32) {
+        if let Some(DirectQueue::Rq(rq)) = self.direct.as_mut() {
+            rq.close_session(head);
+        }
+    }
+
+    /// A session takes a message the general path completed (`m`, its slot now HELD): the
+    /// slot goes back to `POSTED` in the books (the session posts it again before anything
+    /// else can look). Returns the bytes of the message in the slot.
+    pub(crate) fn session_take(&mut self, m: Received) -> u32 {
+        let i = m.slot as usize & Self::MASK;
+        self.state[i] = POSTED;
+        self.held -= 1;
+        self.posted += 1;
+        m.in_slot
     }
 }

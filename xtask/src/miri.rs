@@ -193,6 +193,20 @@ const MIRI_TESTS: &[MiriTest] = &[
     },
     MiriTest {
         package: "hotverbs-datapath",
+        target: "mlx5_recv_session",
+        tests: &[
+            "a_session_hands_out_payloads_where_they_are_and_reposts_by_the_counter",
+            "fewer_slots_than_wqes_rewrite_the_head_wqe",
+            "the_general_path_routes_copies_and_fails",
+            "a_session_needs_the_poller_serving_its_queue",
+            "sessions_survive_swap_forget_and_panic",
+        ],
+        models: Models::Both,
+        why: "issue 30: RecvSession hands out slices of the CQ and the slots, reads the \
+              wrid table and writes WQEs and doorbell records through raw pointers",
+    },
+    MiriTest {
+        package: "hotverbs-datapath",
         target: "mlx5_srq",
         tests: &[
             "the_free_list_takes_back_freed_wqes_in_libmlx5s_order",

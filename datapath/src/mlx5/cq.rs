@@ -422,6 +422,80 @@ impl<const B: usize> DirectPoller<B> {
     }
 }
 
+/// The CQ as a [`RecvSession`](super::RecvSession) reads it: where CQE `cons` is, its
+/// owner bit on that pass, and the doorbell record.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RxView {
+    buf64: *const u8,
+    shift: u32,
+    mask: u32,
+    /// `log2(cqe_cnt)`: the owner bit of index `cons` is `cons >> pass_shift & 1`.
+    pass_shift: u32,
+    dbrec: *mut u32,
+}
+
+impl RxView {
+    /// The 64-byte half of CQE `cons` (inside the buffer: the index is masked).
+    #[inline(always)]
+    pub(super) fn cqe(&self, cons: u32) -> *const u8 {
+        self.buf64
+            .wrapping_add(((cons & self.mask) as usize) << self.shift)
+    }
+
+    /// The owner bit software owns CQE `cons` with.
+    #[inline(always)]
+    pub(super) fn owner(&self, cons: u32) -> u8 {
+        (cons >> self.pass_shift) as u8 & 1
+    }
+
+    /// Publishes the consumer index `cons` (`update_cons_index`).
+    ///
+    /// # Safety
+    /// The CQ is live and this poller's (its `new` contract).
+    #[inline(always)]
+    pub(super) unsafe fn publish(&self, cons: u32) {
+        // SAFETY: the CQ's doorbell record (the caller's contract).
+        unsafe {
+            self.dbrec
+                .add(super::CQ_SET_CI)
+                .write_volatile((cons & 0xff_ffff).to_be())
+        };
+    }
+}
+
+impl<const B: usize> DirectPoller<B> {
+    /// The CQ's geometry for a receive session.
+    pub(super) fn rx_view(&self) -> RxView {
+        RxView {
+            buf64: self.cq.buf64,
+            shift: self.cq.shift,
+            mask: self.cq.mask,
+            pass_shift: self.cq.cqe_cnt.trailing_zeros(),
+            dbrec: self.cq.dbrec,
+        }
+    }
+
+    /// The consumer index.
+    #[inline(always)]
+    pub(super) fn rx_cons(&self) -> u32 {
+        self.cq.cons
+    }
+
+    /// A session consumed up to `cons` (the doorbell record follows at its next publish).
+    #[inline(always)]
+    pub(super) fn set_rx_cons(&mut self, cons: u32) {
+        self.cq.cons = cons;
+    }
+
+    /// True when the receive queue of QP `qpn` with this `wrid` table is attached.
+    pub(super) fn serves_rq(&self, qpn: u32, wrid: *const u64) -> bool {
+        self.cq
+            .rqs
+            .iter()
+            .any(|s| s.qpn == qpn && core::ptr::eq(s.wrid, wrid))
+    }
+}
+
 /// Per WQE opcode (the low 5 bits of a requester CQE's `sop_drop_qpn >> 24`), as libmlx5's
 /// `handle_good_req`: `ibv_wc_opcode` in bits 0..8, `wc_flags` in 8..16, and the byte_len
 /// rule in 16..24 (0: left 0; 1: the CQE's `byte_cnt` (READ); 2: 8 (atomics)).

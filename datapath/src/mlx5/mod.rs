@@ -65,11 +65,13 @@
 //! responder CQEs (a direct poller serves send CQs); send queues whose stride is not 64.
 
 mod cq;
+pub mod recv_session;
 mod ring;
 pub mod rq;
 pub mod srq;
 
 pub use cq::DirectPoller;
+pub use recv_session::{Delivered, Polled, RecvHooks, RecvSession, RecvSessionError};
 pub use ring::{DirectBatch, DirectRing, DirectSession, DirectWindow};
 pub use rq::{DirectRq, DirectRqDesc};
 pub use srq::{DirectSrq, DirectSrqDesc, SrqError};

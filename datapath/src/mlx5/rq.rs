@@ -102,6 +102,10 @@ pub struct DirectRq<D: Doorbell> {
     tail: u32,
     /// `head` when the counter was last stored.
     published: u32,
+    /// A [`RecvSession`](super::RecvSession) keeps the counter (`head` is stale until it
+    /// closes; leaked, until [`end_leaked_session`](Self::end_leaked_session) takes it
+    /// from the doorbell record).
+    in_session: bool,
     db: D,
 }
 
@@ -137,6 +141,7 @@ impl<D: Doorbell> DirectRq<D> {
             head,
             tail: head,
             published: head,
+            in_session: false,
             db,
         })
     }
@@ -244,6 +249,58 @@ impl<D: Doorbell> DirectRq<D> {
         self.published = self.head;
     }
 
+    /// The queue's description (`wrid` and doorbell record included).
+    pub(crate) fn geometry(&self) -> DirectRqDesc {
+        DirectRqDesc {
+            buf: self.buf,
+            wqe_cnt: self.mask + 1,
+            stride: 1 << self.shift,
+            dbrec: self.dbrec,
+            wrid: self.wrid,
+        }
+    }
+
+    /// A [`RecvSession`](super::RecvSession) takes the counter; returns it.
+    pub(crate) fn open_session(&mut self) -> u32 {
+        self.in_session = true;
+        self.head
+    }
+
+    /// The session ends with the counter at `head`, every receive published.
+    pub(crate) fn close_session(&mut self, head: u32) {
+        self.tail = self.tail.wrapping_add(head.wrapping_sub(self.head));
+        self.head = head;
+        self.published = head;
+        self.in_session = false;
+    }
+
+    /// If a session was leaked (`mem::forget`), its counter is the one it last published
+    /// in the doorbell record: the low 16 bits, all the device and the WQE index use.
+    #[inline(always)]
+    pub(crate) fn end_leaked_session(&mut self) {
+        if self.in_session {
+            // SAFETY: element RCV_DBR of the QP's doorbell record (`new`'s contract).
+            let db = u32::from_be(unsafe { self.dbrec.add(RCV_DBR).read_volatile() });
+            let head = self.head.wrapping_add(db.wrapping_sub(self.head) & 0xffff);
+            self.close_session(head);
+        }
+    }
+
+    /// [`repost_same`](Self::repost_same) for a [`RecvRing`](crate::RecvRing), whose
+    /// slots never outnumber the WQEs (room is its invariant): the `wrid` entry at the
+    /// head alone decides, unless a session holds the counter (`false`: the ring's general
+    /// path catches up first).
+    #[inline(always)]
+    pub(crate) fn repost_same_in_ring(&mut self, wr_id: u64) -> bool {
+        let slot = self.head & self.mask;
+        // SAFETY: slot < wqe_cnt entries of `wrid` (`new`'s contract).
+        if self.in_session || unsafe { self.wrid.add(slot as usize).read() } != wr_id {
+            return false;
+        }
+        self.head = self.head.wrapping_add(1);
+        true
+    }
+
     /// Sets how many receives are outstanding to `n` (at most those posted): for an owner
     /// that accounts for its receives itself ([`RecvRing`](crate::RecvRing) with
     /// [`RecvTarget::Mlx5`](crate::RecvTarget::Mlx5)) instead of calling
@@ -263,6 +320,7 @@ impl<D: Doorbell> DirectRq<D> {
         self.head = 0;
         self.tail = 0;
         self.published = 0;
+        self.in_session = false;
     }
 
     /// Retires the oldest outstanding receive and returns its `wr_id` (the poller's side:

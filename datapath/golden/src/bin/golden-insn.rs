@@ -143,21 +143,37 @@ mod real {
         ),
         // Issue 30's receive target: per received message (poll it, hand it on, repost
         // its buffer) <= 1/3 of libmlx5's mlx5_poll_cq + mlx5_post_recv, for a 16-byte
-        // SEND in the CQE (scatter-to-CQE) and a 256-byte one in the slot. A goal until met
-        // (the generic RecvRing + DirectPoller path is 1.3-1.45x libmlx5 today).
+        // SEND in the CQE (scatter-to-CQE) and a 256-byte one in the slot, on the fused
+        // RecvSession; the general RecvRing + DirectPoller path beside it, reported.
         (
-            "receive 16 B (CQE): direct vs libmlx5",
+            "receive 16 B (CQE): RecvSession vs libmlx5",
             "c-recv-16",
-            "direct-recv-16",
-            "~0.334",
+            "session-recv-16",
+            "0.334",
             "-",
             "msg",
         ),
         (
-            "receive 256 B (slot): direct vs libmlx5",
+            "receive 256 B (slot): RecvSession vs libmlx5",
+            "c-recv-256",
+            "session-recv-256",
+            "0.334",
+            "-",
+            "msg",
+        ),
+        (
+            "receive 16 B (CQE): ring + poller vs libmlx5",
+            "c-recv-16",
+            "direct-recv-16",
+            "-",
+            "-",
+            "msg",
+        ),
+        (
+            "receive 256 B (slot): ring + poller vs libmlx5",
             "c-recv-256",
             "direct-recv-256",
-            "~0.334",
+            "-",
             "-",
             "msg",
         ),
@@ -263,6 +279,14 @@ mod real {
         (
             "direct-recv-256",
             "DirectPoller::poll_into (1) + RecvRing on_completion/data/release, 256 B in the slot",
+        ),
+        (
+            "session-recv-16",
+            "RecvSession::recv per message (bytes read in the CQE), 16 B in the CQE",
+        ),
+        (
+            "session-recv-256",
+            "RecvSession::recv per message (bytes read in the slot), 256 B in the slot",
         ),
         (
             "floor-now",
@@ -534,8 +558,10 @@ mod real {
                 hv_measured_stream_direct_window(&mut r, &MSG, n)
             }
             "direct-poll" => poll_direct(n),
-            "direct-recv-16" => recv_direct(n, true),
-            "direct-recv-256" => recv_direct(n, false),
+            "direct-recv-16" => recv_direct(n, true, false),
+            "direct-recv-256" => recv_direct(n, false, false),
+            "session-recv-16" => recv_direct(n, true, true),
+            "session-recv-256" => recv_direct(n, false, true),
             "c-recv-16" | "c-recv-256" => c_recv(n, w == "c-recv-16"),
             "floor-now" | "floor-32" => {
                 let mut f = Floor::new(0);

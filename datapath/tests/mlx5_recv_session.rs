@@ -18,12 +18,15 @@ const SLOT: u32 = 64;
 /// RQ's receives in order.
 struct Rig {
     _rq: Vec<u128>,
-    _rq_db: Box<[u32; 2]>,
+    _rq_db: Vec<u32>,
     _wrid: Vec<u64>,
     _slots: Vec<u64>,
     _cq: Vec<u128>,
-    _cq_db: Box<[u32; 2]>,
-    _qp: Box<ibv_qp>,
+    _cq_db: Vec<u32>,
+    /// One `ibv_qp` (in a `Vec`: moving a `Box` would retag it, and the ring keeps a
+    /// pointer to it).
+    _qp: Vec<ibv_qp>,
+    qpn: u32,
     desc: DirectRqDesc,
     cq_buf: *mut u8,
     cq_dbr: *mut u32,
@@ -40,14 +43,14 @@ struct Rig {
 impl Rig {
     fn new(qpn: u32, wqe_cnt: u32, stride: u32, nslots: u32, ncqe: u32, cqe_size: usize) -> Rig {
         let mut rq = vec![0u128; (wqe_cnt * stride / 16) as usize];
-        let mut rq_db = Box::new([0u32; 2]);
+        let mut rq_db = vec![0u32; 2];
         let mut wrid = vec![0u64; wqe_cnt as usize];
         let mut slots = vec![0u64; (nslots * SLOT / 8) as usize];
         let mut cq = vec![0u128; ncqe as usize * cqe_size / 16];
-        let mut cq_db = Box::new([0u32; 2]);
+        let mut cq_db = vec![0u32; 2];
         // SAFETY: plain C struct; all-zero is valid. Only `qp_num` is read.
-        let mut qp: Box<ibv_qp> = Box::new(unsafe { core::mem::zeroed() });
-        qp.qp_num = qpn;
+        let mut qp: Vec<ibv_qp> = vec![unsafe { core::mem::zeroed() }];
+        qp[0].qp_num = qpn;
         let cq_buf: *mut u8 = cq.as_mut_ptr().cast();
         for i in 0..ncqe as usize {
             // SAFETY: the op_own byte of CQE i (its last byte), inside `cq`.
@@ -72,6 +75,7 @@ impl Rig {
             _cq: cq,
             _cq_db: cq_db,
             _qp: qp,
+            qpn,
             cq_buf,
             cqe_size,
             ncqe,
@@ -96,11 +100,11 @@ impl Rig {
             })
         }
         .unwrap();
-        let qpn = self._qp.qp_num;
+        let qpn = self.qpn;
         // SAFETY: as above; the queue is the ring's alone.
         unsafe { poller.attach_rq(qpn, &self.desc) }.unwrap();
         let target = RecvTarget::Mlx5 {
-            qp: &mut *self._qp,
+            qp: self._qp.as_mut_ptr(),
             desc: self.desc,
             head: 0,
         };
@@ -150,7 +154,7 @@ impl Rig {
             half.add(63).write_volatile(c[63]);
         }
         self.prod += 1;
-        if qpn == self._qp.qp_num {
+        if qpn == self.qpn {
             self.wqe += 1;
         }
     }
@@ -296,10 +300,11 @@ fn fewer_slots_than_wqes_rewrite_the_head_wqe() {
     assert_eq!(rig.rq_counter(), 10);
 }
 
-/// What is not a good receive of the ring's QP: another QP's receive is handed out as
-/// `Other` (its ring takes it), a 64-byte payload in a 128-byte CQE comes through the
-/// general path copied into the slot, and a flushed receive is the ring's error with its
-/// slot idle.
+/// On 128-byte CQEs, what is not a good receive of the ring's QP: another QP's receive
+/// is handed out as `Other` (its ring takes it), a SEND with invalidate comes through the
+/// general path, its payload in the CQE copied into the slot, and a flushed receive is the
+/// ring's error with its slot idle. Payloads in the CQE's first half (64-byte scatter) and
+/// in its last 64 bytes (32) are handed out in place.
 #[test]
 fn the_general_path_routes_copies_and_fails() {
     let mut rig = Rig::new(QPN, 4, 16, 4, 8, 128);
@@ -307,7 +312,7 @@ fn the_general_path_routes_copies_and_fails() {
     // A second QP on the same CQ, its RQ in its own memory.
     let mut other = Rig::new(0xdef, 2, 16, 2, 2, 64);
     let other_target = RecvTarget::Mlx5 {
-        qp: &mut *other._qp,
+        qp: other._qp.as_mut_ptr(),
         desc: other.desc,
         head: 0,
     };
@@ -327,29 +332,34 @@ fn the_general_path_routes_copies_and_fails() {
     let m2 = ring2.on_completion(&mut c).unwrap();
     assert_eq!(ring2.data(&m2).unwrap(), &[0x42; 5]);
     ring2.release(m2).unwrap();
-    rig.complete(QPN, 2, 2, 50, 0x33, 0);
+    rig.complete(QPN, 4, 2, 50, 0x33, 0); // SEND with invalidate
     let m = msg(s.recv());
     assert_eq!((m.slot(), m.bytes()), (0, &[0x33; 50][..]));
     assert!(!m.in_cqe(), "copied into the slot, as libmlx5 does");
-    assert_eq!(m.byte_len(), 50);
-    rig.complete(QPN, 2, 1, 20, 0x44, 0);
+    assert_eq!((m.byte_len(), m.imm()), (50, None));
+    rig.complete(QPN, 2, 2, 60, 0x44, 0);
     let m = msg(s.recv());
-    assert_eq!((m.slot(), m.bytes()), (1, &[0x44; 20][..]));
+    assert_eq!((m.slot(), m.bytes()), (1, &[0x44; 60][..]));
+    assert!(m.in_cqe(), "64 bytes in the CQE's first half, in place");
+    rig.complete(QPN, 2, 1, 20, 0x55, 0);
+    let m = msg(s.recv());
+    assert_eq!((m.slot(), m.bytes()), (2, &[0x55; 20][..]));
+    assert!(m.in_cqe());
     rig.complete(QPN, 0, 0, 0, 0, 0x05); // WR_FLUSH_ERR
     match s.recv() {
-        Err(RecvSessionError::Recv(RecvError::Completion { slot: 2, error })) => {
+        Err(RecvSessionError::Recv(RecvError::Completion { slot: 3, error })) => {
             assert_eq!(error.status(), IBV_WC_WR_FLUSH_ERR)
         }
-        other => panic!("{other:?}: the flushed receive of slot 2 expected"),
+        other => panic!("{other:?}: the flushed receive of slot 3 expected"),
     }
     assert!(matches!(s.recv().unwrap(), Polled::Empty));
     drop(s);
     assert_eq!(
         (ring.posted(), ring.held()),
         (3, 0),
-        "slot 2 idle, the rest posted"
+        "slot 3 idle, the rest posted"
     );
-    assert_eq!(rig.rq_counter(), 6, "slots 0 and 1 posted again");
+    assert_eq!(rig.rq_counter(), 7, "slots 0 to 2 posted again");
 }
 
 /// The session refuses a ring whose queue the poller does not serve.

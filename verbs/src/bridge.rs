@@ -1157,6 +1157,11 @@ impl<'q, const N: usize> RecvRing<'q, N> {
         unsafe { self.ring.reset() }
     }
 
+    /// The datapath ring, for a direct receive session ([`crate::DirectPoller::recv_session`]).
+    pub(crate) fn dp_mut(&mut self) -> &mut dp::RecvRing<N> {
+        &mut self.ring
+    }
+
     /// Posts every free slot (one chained post). Returns how many were posted. Receives
     /// can be posted from INIT on: fill after [`Qp::init`] and before [`Qp::connect`] (which
     /// keeps them), so the first message finds them.

@@ -255,6 +255,44 @@ impl<'c, const B: usize> DirectPoller<'c, B> {
         }
     }
 
+    /// A fused receive loop of `ring` (a direct receive ring of a QP whose receive CQ this
+    /// poller polls): [`dp::mlx5::RecvSession`], issue 30's per-message path. Each
+    /// [`recv`](dp::mlx5::RecvSession::recv) gives back the message before, then takes the
+    /// next one where the device put it (in the slot, or in the CQE: no copy); completions
+    /// that are not the ring's come out as [`Polled::Other`](dp::mlx5::Polled::Other) (a
+    /// send's: give it to its ring). What is not the fast path runs under this poller's
+    /// guard and clean, as [`poll`](Self::poll) does; on softnic's mlx5 personality an
+    /// empty poll runs the simulated device.
+    ///
+    /// # Errors
+    /// `EINVAL` (`DirectPoller::recv_session`) when `ring` is not a direct receive ring or
+    /// this is not the poller of its QP's receive CQ; the ring's repost error when posting
+    /// its released slots fails.
+    pub fn recv_session<'s, const N: usize>(
+        &'s mut self,
+        ring: &'s mut crate::RecvRing<'_, N>,
+    ) -> Result<dp::mlx5::RecvSession<'s, N, B, SessionHooks<'c>>> {
+        const VERB: &str = "DirectPoller::recv_session";
+        if !ring.is_direct() {
+            return Err(Error::new(VERB, libc::EINVAL).with_hint(
+                "not a direct receive ring: build it with Qp::direct_recv_ring, or poll and \
+                 use on_completion",
+            ));
+        }
+        self.clean_recv_of(VERB, ring.qp())?;
+        self.clean_if_due();
+        if let Err(e) = ring.dp_mut().repost() {
+            return Err(ring.explain(e).into());
+        }
+        let hooks = SessionHooks {
+            cq: self.cq,
+            guard: self.guard,
+        };
+        ring.dp_mut()
+            .session_with(&mut self.poller, hooks)
+            .map_err(|e| Error::new(VERB, libc::EINVAL).with_hint(e.to_string()))
+    }
+
     /// Removes from the CQ the CQEs of QPs with a direct ring that were destroyed since
     /// the last call ([`hotverbs_datapath::DirectPoller::clean`]; libmlx5 skips that clean
     /// on a CQ of the direct path) and stops serving them. Left there, a stale CQE would be
@@ -266,16 +304,65 @@ impl<'c, const B: usize> DirectPoller<'c, B> {
     /// device ([`hotverbs_softnic::mlx5_step`]), so every poll finds what the device did.
     #[cold]
     pub fn clean_destroyed(&mut self) {
-        for qpn in self.cq.inner.rings.take_clean() {
-            self.poller.clean(qpn);
-            self.poller.detach(qpn);
+        clean_destroyed_of(self.cq, &mut self.poller);
+    }
+}
+
+/// Removes from `poller` the CQEs of the QPs destroyed since the last call (and SRQs
+/// detached); on softnic's mlx5 personality runs the simulated device. The body of
+/// [`DirectPoller::clean_destroyed`], shared with a receive session's hooks.
+fn clean_destroyed_of<const B: usize>(cq: &Cq, poller: &mut dp::DirectPoller<B>) {
+    for qpn in cq.inner.rings.take_clean() {
+        poller.clean(qpn);
+        poller.detach(qpn);
+    }
+    for srqn in cq.inner.rings.take_detach_srqs() {
+        poller.detach_srq(srqn);
+    }
+    #[cfg(feature = "softnic")]
+    if cq.inner.rings.is_sim() {
+        hotverbs_softnic::mlx5_step();
+    }
+}
+
+/// The setup layer's side of a [`dp::mlx5::RecvSession`] ([`DirectPoller::recv_session`]):
+/// the CQ's poll guard and clean around the session's cold path, and softnic's device on
+/// an empty poll.
+#[derive(Debug)]
+pub struct SessionHooks<'c> {
+    cq: &'c Cq,
+    guard: bool,
+}
+
+impl<const B: usize> dp::mlx5::RecvHooks<B> for SessionHooks<'_> {
+    #[inline]
+    fn enter_slow(&mut self, poller: &mut dp::DirectPoller<B>) {
+        if self.guard {
+            self.cq.inner.rings.enter_poll();
         }
-        for srqn in self.cq.inner.rings.take_detach_srqs() {
-            self.poller.detach_srq(srqn);
+        if self.cq.inner.rings.clean_due() {
+            clean_destroyed_of(self.cq, poller);
         }
-        #[cfg(feature = "softnic")]
-        if self.cq.inner.rings.is_sim() {
-            hotverbs_softnic::mlx5_step();
+    }
+
+    #[inline]
+    fn exit_slow(&mut self) {
+        if self.guard {
+            self.cq.inner.rings.exit_poll();
+        }
+    }
+
+    #[inline]
+    fn empty(&mut self, poller: &mut dp::DirectPoller<B>) {
+        // Only a simulated CQ keeps `clean_due` set: there it runs the device.
+        if self.cq.inner.rings.clean_due() {
+            if self.guard {
+                self.cq.inner.rings.enter_poll();
+            }
+            clean_destroyed_of(self.cq, poller);
+            if self.guard {
+                self.cq.inner.rings.exit_poll();
+            }
         }
     }
 }

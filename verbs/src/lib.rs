@@ -119,7 +119,7 @@ pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
     GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC, SOFTNIC_MLX5,
 };
-pub use direct::{DirectPoller, DirectRing, DoorbellOnly, RegisterUse};
+pub use direct::{DirectPoller, DirectRing, DoorbellOnly, RegisterUse, SessionHooks};
 pub use error::{take_drop_errors, ChainError, Error, RecvPostError, Result};
 pub use exchange::{Endpoint, ExchangeError};
 /// The datapath crate (`no_std` rings and poller), re-exported for its message and

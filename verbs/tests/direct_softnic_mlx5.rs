@@ -74,6 +74,11 @@ fn fully_direct_ping_pong() {
 }
 
 #[test]
+fn recv_session_ping_pong() {
+    mlx5_cases::recv_session_ping_pong(&sim());
+}
+
+#[test]
 fn direct_recv_ring_flushes_and_recovers() {
     mlx5_cases::direct_recv_ring_flushes_and_recovers(&sim());
 }
@@ -201,6 +206,7 @@ fn the_direct_path_on_128_byte_cqes() {
     // Receives: payloads up to 64 bytes arrive in the CQE's first half (scatter-to-CQE,
     // `MLX5_INLINE_SCATTER_64`).
     mlx5_cases::fully_direct_ping_pong(&ctx());
+    mlx5_cases::recv_session_ping_pong(&ctx());
     mlx5_cases::direct_recv_ring_flushes_and_recovers(&ctx());
     mlx5_cases::direct_srq_ring_serves_several_qps(&ctx());
 }

@@ -114,6 +114,13 @@ fn fully_direct_ping_pong_on_connectx() {
 }
 
 #[test]
+fn recv_session_ping_pong_on_connectx() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::recv_session_ping_pong(&ctx);
+    }
+}
+
+#[test]
 fn direct_recv_ring_flushes_and_recovers_on_connectx() {
     if let Some(ctx) = mlx5() {
         mlx5_cases::direct_recv_ring_flushes_and_recovers(&ctx);

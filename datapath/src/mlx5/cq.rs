@@ -442,6 +442,11 @@ impl RxView {
             .wrapping_add(((cons & self.mask) as usize) << self.shift)
     }
 
+    /// True for 128-byte CQEs.
+    pub(super) fn is_128(&self) -> bool {
+        self.shift == 7
+    }
+
     /// The owner bit software owns CQE `cons` with.
     #[inline(always)]
     pub(super) fn owner(&self, cons: u32) -> u8 {

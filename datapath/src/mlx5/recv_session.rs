@@ -20,13 +20,14 @@
 //! (preformatted: the slot's WQE is normally still at the head, so only the receive
 //! counter moves) and the CQ's consumer index is published. Then it looks at the next CQE:
 //! - a good SEND, SEND with immediate or RDMA WRITE with immediate of the ring's QP, in
-//!   the slot or 32 bytes in the CQE: [`Polled::Msg`], on the fast path;
+//!   the slot or in the CQE (32 bytes, or 64 in the first half of a 128-byte CQE):
+//!   [`Polled::Msg`], on the fast path;
 //! - nothing written yet: [`Polled::Empty`];
 //! - anything else goes through the poller's general path (one CQE): another ring's or a
 //!   send's completion is [`Polled::Other`] (give it to its ring), a failed receive of
 //!   this ring is [`RecvSessionError::Recv`] (its slot idle, as `on_completion` leaves
-//!   it), a stale one is skipped, and a receive the general path completes (a 64-byte
-//!   scatter in a 128-byte CQE, copied into the slot as libmlx5 does) is a
+//!   it), a stale one is skipped, and a receive the general path completes (a SEND with
+//!   invalidate, whose payload in the CQE it copies into the slot as libmlx5 does) is a
 //!   [`Polled::Msg`] too.
 //!
 //! While a message is out its CQE is not released to the device (the CQ's doorbell record
@@ -56,16 +57,21 @@ use crate::recv::RecvRing;
 /// No message held.
 const NONE: u32 = u32::MAX;
 
-/// `op_own ^ owner` values the fast path takes: owner bit of this pass (bit 0 clear), not
-/// a 64-byte scatter nor compressed (bit 3 clear; bit 2, 32 bytes in the CQE, and bit 1,
-/// solicited, either), opcode RDMA WRITE with immediate, SEND or SEND with immediate.
-const FAST: [bool; 256] = {
-    let mut t = [false; 256];
+/// `op_own ^ owner` values the fast path takes on a CQ of 64-byte CQEs (`FAST[0]`) and of
+/// 128-byte ones (`FAST[1]`): owner bit of this pass (bit 0 clear), opcode RDMA WRITE
+/// with immediate, SEND or SEND with immediate, solicited or not (bit 1), the payload in
+/// the slot or 32 bytes in the CQE (bits 3..2: 0 or 1), or 64 bytes in the first half of
+/// a 128-byte CQE (2, on 128-byte CQEs only: elsewhere that half is the CQE before).
+static FAST: [[bool; 256]; 2] = {
+    let mut t = [[false; 256]; 2];
     let mut x = 0;
     while x < 256 {
         let op = (x >> 4) as u8;
-        t[x] = x & 0x09 == 0
+        let fmt = (x >> 2) & 3;
+        let ok = x & 1 == 0
             && (op == cqe::RESP_WR_IMM || op == cqe::RESP_SEND || op == cqe::RESP_SEND_IMM);
+        t[0][x] = ok && fmt <= 1;
+        t[1][x] = ok && fmt <= 2;
         x += 1;
     }
     t
@@ -173,12 +179,13 @@ impl<'s> Delivered<'s> {
         u32::from_be(unsafe { self.cqe.add(off).cast::<u32>().read_volatile() })
     }
 
-    /// The message's bytes: in the slot, or in the CQE. Empty for an RDMA WRITE with
+    /// The message's bytes: in the slot, or in the CQE (32 bytes in a 64-byte CQE, 64 in
+    /// the first half of a 128-byte one). Empty for an RDMA WRITE with
     /// immediate (its data went to the remote buffer). For UD, the 40-byte GRH first.
     #[inline(always)]
     pub fn bytes(&self) -> &'s [u8] {
-        // SAFETY: `data .. + len` is inside the slot (len <= slot_len) or the CQE's 32
-        // payload bytes (len <= 32), neither written by the device while the message is
+        // SAFETY: `data .. + len` is inside the slot (len <= slot_len) or the CQE's 32 or
+        // 64 payload bytes (len <= 32 or 64, the latter only in a 128-byte CQE), neither written by the device while the message is
         // out (the slot is not posted again nor the CQE released until the next recv,
         // which ends `'s`).
         unsafe { core::slice::from_raw_parts(self.data, self.len as usize) }
@@ -221,7 +228,7 @@ impl<'s> Delivered<'s> {
     /// True when the bytes are in the CQE (responder scatter-to-CQE), not in the slot.
     #[inline(always)]
     pub fn in_cqe(&self) -> bool {
-        core::ptr::eq(self.data, self.cqe)
+        core::ptr::eq(self.data, self.cqe) || core::ptr::eq(self.data, self.cqe.wrapping_sub(64))
     }
 }
 
@@ -230,6 +237,8 @@ impl<'s> Delivered<'s> {
 #[derive(Clone, Copy, Debug)]
 struct Hot {
     cq: RxView,
+    /// `FAST[0]` or `FAST[1]`, by the CQE size.
+    fast: &'static [bool; 256],
     /// The receive queue: its WQEs, `wqe_cnt - 1`, `log2(stride)`, its `wrid` table and
     /// the QP's doorbell record.
     rq_buf: *mut u8,
@@ -309,8 +318,10 @@ impl<const N: usize> RecvRing<N> {
         self.repost().map_err(RecvSessionError::Post)?;
         let head = self.open_session();
         let qpn_mask_raw = 0x00ff_ffffu32.to_be();
+        let cq = poller.rx_view();
         let h = Hot {
-            cq: poller.rx_view(),
+            fast: &FAST[usize::from(cq.is_128())],
+            cq,
             rq_buf: desc.buf,
             rq_mask: desc.wqe_cnt - 1,
             rq_shift: desc.stride.trailing_zeros(),
@@ -356,7 +367,7 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
         // index); the device writes op_own last, so it is read first.
         let op_own = unsafe { c.add(cqe::OFF_OP_OWN).read_volatile() };
         let x = op_own ^ h.cq.owner(cons);
-        if FAST[x as usize] {
+        if h.fast[x as usize] {
             from_device_barrier();
             // SAFETY: fields inside the CQE, read after the barrier; 4- and 2-aligned.
             let (sop, ctr) = unsafe {
@@ -374,13 +385,15 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
                 // SAFETY: inside the CQE, after the barrier.
                 let byte_len =
                     u32::from_be(unsafe { c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile() });
-                let (data, cap) = if op_own & 0x04 != 0 {
-                    (c, 32)
-                } else {
-                    (
+                let (data, cap) = match op_own & cqe::FORMAT_MASK {
+                    0 => (
                         (h.slots + u64::from(slot) * u64::from(h.slot_len)) as usize as *const u8,
                         h.slot_len,
-                    )
+                    ),
+                    4 => (c, 32),
+                    // 64 bytes in the first half of this 128-byte CQE (`fast` takes format
+                    // 2 on 128-byte CQEs only).
+                    _ => (c.wrapping_sub(64), 64),
                 };
                 let len = if x >> 4 == cqe::RESP_WR_IMM {
                     0

@@ -448,3 +448,30 @@ fn sessions_survive_swap_forget_and_panic() {
     // SAFETY: a stands for a QP that went through RESET (its receives are gone).
     assert_eq!(unsafe { ra.reset() }, 2);
 }
+
+/// A session opened after a leaked one (no ring call between them) starts from the
+/// counter the leaked one published, not from the stale one the ring kept: found by the
+/// `recv_session` fuzz target (the device saw a repost go back to an index it had taken).
+#[test]
+fn a_session_after_a_leaked_one_catches_up_the_counter() {
+    let mut rig = Rig::new(QPN, 4, 16, 4, 8, 64);
+    let (mut ring, mut poller) = rig.ring_and_poller::<4>(4);
+    rig.complete(QPN, 2, 1, 1, 0x1, 0);
+    rig.complete(QPN, 2, 1, 1, 0x2, 0);
+    {
+        let mut s = ring.session(&mut poller).unwrap();
+        assert_eq!(msg(s.recv()).bytes(), &[0x1]);
+        assert_eq!(msg(s.recv()).bytes(), &[0x2]); // slot 0 posted again: WQE 4
+        core::mem::forget(s);
+    }
+    assert_eq!(rig.rq_counter(), 5);
+    rig.complete(QPN, 2, 1, 1, 0x3, 0);
+    let mut s = ring.session(&mut poller).unwrap();
+    assert_eq!(msg(s.recv()).bytes(), &[0x3]); // slot 2
+    assert!(matches!(s.recv().unwrap(), Polled::Empty));
+    // Slot 2 went back at WQE 5, after the leaked session's WQE 4: the counter moved on.
+    assert_eq!(rig.rq_counter(), 6);
+    drop(s);
+    // SAFETY: the wrid table, through the pointer the ring writes through.
+    assert_eq!(unsafe { rig.desc.wrid.add(1).read() }, ring.slot_wr_id(2));
+}

@@ -200,6 +200,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "the_general_path_routes_copies_and_fails",
             "a_session_needs_the_poller_serving_its_queue",
             "sessions_survive_swap_forget_and_panic",
+            "a_session_after_a_leaked_one_catches_up_the_counter",
         ],
         models: Models::Both,
         why: "issue 30: RecvSession hands out slices of the CQ and the slots, reads the \

@@ -262,6 +262,8 @@ impl<D: Doorbell> DirectRq<D> {
 
     /// A [`RecvSession`](super::RecvSession) takes the counter; returns it.
     pub(crate) fn open_session(&mut self) -> u32 {
+        // A session leaked before this one left its counter in the doorbell record.
+        self.end_leaked_session();
         self.in_session = true;
         self.head
     }

@@ -267,7 +267,8 @@ pub struct Args {
     /// instead of `ibv_wr_*` / `ibv_post_send`. Run the same test with and without it to
     /// compare the two paths on your NIC. Sends and receives get a CQ each; each QP gets
     /// a thread domain of its own (its doorbell register: BlueFlame). send_lat / send_bw
-    /// of 2, 4, 8, 16, 32 or 44 bytes use the fixed-size session / post list. RC or UC.
+    /// of 2, 4, 8, 16, 32 or 44 bytes use the fixed-size session / post list (send_lat's
+    /// receives: a receive session, the payload read where the device put it). RC or UC.
     /// Any other device fails fast, naming it; not with --timestamps or
     /// --use_old_post_send.
     #[arg(long = "direct")]

@@ -10,12 +10,18 @@
 //! While a session is open it owns the ring: send completions of QP 0 go to its
 //! `on_completion` (the loops here poll the reaper themselves), receives to the QP's
 //! receive ring as [`route`](super::route) would. Closing it (at the end of a size) gives
-//! the ring back with its counters up to date.
+//! the ring back with its counters up to date. On the direct path (`--direct`: a receive
+//! CQ of its own, read directly) `send_lat`'s receives go through a
+//! [`RecvSession`](hotverbs_datapath::mlx5::RecvSession) of QP 0's direct receive ring
+//! (issue 30): each message taken where the device put it and its slot posted again at the
+//! next receive, the send CQ polled on its own.
 
 use std::time::Instant;
 
-use hotverbs_datapath::{Completion, Local, Msg, SendError};
+use hotverbs_datapath::mlx5::{Polled, RecvSession, RecvSessionError};
+use hotverbs_datapath::{Completion, DirectPoller, Local, Msg, SendError};
 
+use super::path::DirectSplit;
 use super::{
     latency_loop, on_recv, unknown_ring, Hot, Lane, Measured, PostPath, Reap, Watchdog, LAST,
     SEND_RING,
@@ -97,7 +103,16 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
             ..
         } = self;
         let (mut s, recv) = open_session::<R, LEN>(&mut lanes[0])?;
-        latency_loop(clock, None, p, counter, true, |_, last| {
+        // The iteration, with `poll` one poll of everything (send completions to the
+        // session, receives counted).
+        let mut round = |last: bool,
+                         s: &mut Session<'_, LEN>,
+                         tally: &mut super::Tally,
+                         poll: &mut dyn FnMut(
+            &mut Session<'_, LEN>,
+            &mut super::Tally,
+        ) -> Result<usize, PerfError>|
+         -> Result<Option<u64>, PerfError> {
             let want = tally.received + 1;
             loop {
                 let r = if last {
@@ -108,19 +123,38 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
                 match r {
                     Ok(_) => break,
                     Err(SendError::WouldBlock) => {
-                        if reap(reaper, &mut s, recv, tally)? == 0 {
-                            wd.idle(mark(&s, tally), "a send completion")?;
+                        if poll(s, tally)? == 0 {
+                            wd.idle(mark(s, tally), "a send completion")?;
                         }
                     }
                     Err(e) => return Err(e.into()),
                 }
             }
             while tally.received < want {
-                if reap(reaper, &mut s, recv, tally)? == 0 {
-                    wd.idle(mark(&s, tally), "a message from the peer")?;
+                if poll(s, tally)? == 0 {
+                    wd.idle(mark(s, tally), "a message from the peer")?;
                 }
             }
             Ok(None)
+        };
+        if let Some(DirectSplit {
+            send,
+            recv: rp,
+            sim,
+        }) = reaper.direct_split()
+        {
+            // The direct receive side (issue 30): QP 0's receives through a session.
+            let mut rs = recv.session(rp).map_err(session_error)?;
+            let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| {
+                reap_split(send, sim, s, &mut rs, t)
+            };
+            return latency_loop(clock, None, p, counter, true, |_, last| {
+                round(last, &mut s, tally, &mut poll)
+            });
+        }
+        let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| reap(reaper, s, recv, t);
+        latency_loop(clock, None, p, counter, true, |_, last| {
+            round(last, &mut s, tally, &mut poll)
         })
     }
 
@@ -138,32 +172,54 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
             ..
         } = self;
         let (mut s, recv) = open_session::<R, LEN>(&mut lanes[0])?;
-        let mut n = 0u64;
-        loop {
-            let want = tally.received + 1;
-            tally.last_imm = None;
-            while tally.received < want {
-                if reap(reaper, &mut s, recv, tally)? == 0 {
-                    wd.idle(mark(&s, tally), "a message from the peer")?;
-                }
-            }
-            let last = tally.last_imm == Some(LAST as u32);
+        let mut answer = |s: &mut Session<'_, LEN>,
+                          tally: &mut super::Tally,
+                          poll: &mut dyn FnMut(
+            &mut Session<'_, LEN>,
+            &mut super::Tally,
+        ) -> Result<usize, PerfError>|
+         -> Result<u64, PerfError> {
+            let mut n = 0u64;
             loop {
-                match s.send(&data) {
-                    Ok(_) => break,
-                    Err(SendError::WouldBlock) => {
-                        if reap(reaper, &mut s, recv, tally)? == 0 {
-                            wd.idle(mark(&s, tally), "a send completion")?;
-                        }
+                let want = tally.received + 1;
+                tally.last_imm = None;
+                while tally.received < want {
+                    if poll(s, tally)? == 0 {
+                        wd.idle(mark(s, tally), "a message from the peer")?;
                     }
-                    Err(e) => return Err(e.into()),
+                }
+                let last = tally.last_imm == Some(LAST as u32);
+                loop {
+                    match s.send(&data) {
+                        Ok(_) => break,
+                        Err(SendError::WouldBlock) => {
+                            if poll(s, tally)? == 0 {
+                                wd.idle(mark(s, tally), "a send completion")?;
+                            }
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                n += 1;
+                if last {
+                    return Ok(n);
                 }
             }
-            n += 1;
-            if last {
-                return Ok(n);
-            }
+        };
+        if let Some(DirectSplit {
+            send,
+            recv: rp,
+            sim,
+        }) = reaper.direct_split()
+        {
+            let mut rs = recv.session(rp).map_err(session_error)?;
+            let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| {
+                reap_split(send, sim, s, &mut rs, t)
+            };
+            return answer(&mut s, tally, &mut poll);
         }
+        let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| reap(reaper, s, recv, t);
+        answer(&mut s, tally, &mut poll)
     }
 
     /// `send_bw`'s stream as [`stream_phase`](Hot::stream_phase) runs it, through post
@@ -306,6 +362,66 @@ fn reap<C: Reap, const LEN: usize>(
             Err(unknown_ring(c))
         }
     })
+}
+
+/// One poll while a session owns QP 0's ring and a [`RecvSession`] its receive ring (the
+/// direct path's two CQs): send completions from the send CQ to the session, then every
+/// message waiting, each given back at the next receive. Returns the number of
+/// completions and messages.
+#[inline(always)]
+fn reap_split<const LEN: usize>(
+    send: &mut DirectPoller<{ super::POLL_BURST }>,
+    sim: bool,
+    s: &mut Session<'_, LEN>,
+    rs: &mut RecvSession<'_, { super::RING_N }, { super::POLL_BURST }>,
+    tally: &mut super::Tally,
+) -> Result<usize, PerfError> {
+    if sim {
+        hotverbs_softnic::mlx5_step();
+    }
+    let batch = send
+        .poll()
+        .map_err(|e| PerfError::Internal(format!("polling the send CQ directly: {e}")))?;
+    let mut n = batch.len();
+    for c in batch {
+        if c.ring() != SEND_RING {
+            return Err(unknown_ring(c));
+        }
+        s.on_completion(c).map_err(|error| PerfError::Completion {
+            queue: "send queue",
+            error,
+        })?;
+    }
+    loop {
+        match rs.recv().map_err(session_error)? {
+            Polled::Msg(m) => {
+                if let Some(imm) = m.imm() {
+                    tally.last_imm = Some(imm);
+                    if imm == LAST as u32 {
+                        tally.lasts += 1;
+                    }
+                }
+                tally.received += 1;
+                n += 1;
+            }
+            Polled::Empty => return Ok(n),
+            Polled::Other(c) => return Err(unknown_ring(&c)),
+        }
+    }
+}
+
+/// A receive session's error as the engine reports errors.
+#[cold]
+fn session_error(e: RecvSessionError) -> PerfError {
+    match e {
+        RecvSessionError::Recv(hotverbs_datapath::RecvError::Completion { error, .. }) => {
+            PerfError::Completion {
+                queue: "receive queue",
+                error,
+            }
+        }
+        e => PerfError::Internal(format!("the direct receive session: {e}")),
+    }
 }
 
 #[cfg(test)]

@@ -178,6 +178,21 @@ pub trait Reap: Sized {
     fn timestamp_clock(&self) -> Option<TimestampClock> {
         None
     }
+
+    /// `--direct`'s two pollers, for a fixed-size loop that takes QP 0's receives through
+    /// a [`RecvSession`](hotverbs_datapath::mlx5::RecvSession) (issue 30) and its send
+    /// completions from the send CQ alone. `None` for the other reapers.
+    fn direct_split(&mut self) -> Option<DirectSplit<'_>> {
+        None
+    }
+}
+
+/// [`Reap::direct_split`]: the send CQ's poller, the receive CQ's, and whether softnic's
+/// simulated ConnectX runs before each poll.
+pub struct DirectSplit<'a> {
+    pub send: &'a mut DirectPoller<POLL_BURST>,
+    pub recv: &'a mut DirectPoller<POLL_BURST>,
+    pub sim: bool,
 }
 
 /// One poll of `p` through the datapath's [`PollCq`], each completion to `each`.
@@ -321,5 +336,13 @@ impl Reap for DirectCqs {
             |e| PerfError::Internal(format!("polling the receive CQ directly: {e}")),
             each,
         )?)
+    }
+
+    fn direct_split(&mut self) -> Option<DirectSplit<'_>> {
+        Some(DirectSplit {
+            send: &mut self.send,
+            recv: &mut self.recv,
+            sim: self.sim,
+        })
     }
 }

@@ -281,6 +281,14 @@ pub struct Args {
     #[arg(long = "compare_direct")]
     pub compare_direct: bool,
 
+    /// write_lat only (perftest's `--write_with_imm`): each WRITE carries an immediate,
+    /// so it consumes a receive on the peer and raises a receive completion there; each
+    /// side waits for that completion instead of watching memory. With --direct the whole
+    /// round trip skips libmlx5: the WRITE posted as an mlx5 WQE, the receive posted
+    /// directly, its responder CQE read directly.
+    #[arg(long = "write_with_imm")]
+    pub write_with_imm: bool,
+
     /// Sleep on completion events instead of busy polling (perftest's `-e`): after a poll
     /// that finds nothing, arm the CQ (`ibv_req_notify_cq`), poll once more, then block in
     /// `ibv_get_cq_event` on its completion channel. Latency then includes the interrupt
@@ -355,6 +363,17 @@ pub struct Params {
     /// QPs per side (`-q`).
     #[serde(default = "one_qp")]
     pub qps: u32,
+    /// `write_lat --write_with_imm`: WRITEs with immediate, each side waiting for the
+    /// receive completion the peer's raises.
+    #[serde(default)]
+    pub write_imm: bool,
+}
+
+impl Params {
+    /// The test posts receives: SENDs, or WRITEs with immediate.
+    pub fn uses_recv(&self) -> bool {
+        self.test.uses_recv() || self.write_imm
+    }
 }
 
 fn one_qp() -> u32 {
@@ -420,7 +439,14 @@ impl Args {
                     .into(),
             ));
         }
-        if self.events && test == TestKind::WriteLat {
+        if self.write_with_imm && test != TestKind::WriteLat {
+            return Err(PerfError::Usage(format!(
+                "--write_with_imm makes write_lat wait for a receive completion instead of \
+                 memory; {test} does not WRITE that way: drop --write_with_imm or run \
+                 write_lat"
+            )));
+        }
+        if self.events && test == TestKind::WriteLat && !self.write_with_imm {
             return Err(PerfError::Usage(
                 "--events sleeps on completions, and write_lat waits for the peer's WRITE in \
                  memory, which raises none: drop -e, or measure event-driven latency with \
@@ -554,6 +580,7 @@ impl Args {
             atomic: self.atomic,
             connection: self.connection,
             qps: self.qps,
+            write_imm: self.write_with_imm,
         })
     }
 }

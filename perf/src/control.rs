@@ -315,6 +315,7 @@ mod tests {
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
             qps: 1,
+            write_imm: false,
         }
     }
 

@@ -147,7 +147,7 @@ pub fn run_slot(p: &Params) -> u32 {
 /// Receive slots per QP for a run: `rx_depth`, capped by [`RING_N`] and by [`RECV_BUDGET`]
 /// shared among the QPs, at least 2.
 pub fn recv_count(p: &Params) -> u32 {
-    if !p.test.uses_recv() {
+    if !p.uses_recv() {
         return 0;
     }
     let s = run_slot(p) as u64;
@@ -662,6 +662,34 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
         })
     }
 
+    /// Posts one WRITE with immediate of `size` bytes on QP 0 (`write_lat
+    /// --write_with_imm`), the immediate [`LAST`] for the final one, 0 otherwise: the peer
+    /// learns of it from the receive completion it raises. The source (the payload, or the
+    /// registered buffer's first slot) is never written in this mode.
+    #[inline(always)]
+    fn write_imm_one(
+        &mut self,
+        size: u32,
+        last: bool,
+        wd: &mut Watchdog<'_>,
+    ) -> Result<u64, PerfError> {
+        let imm = if last { LAST as u32 } else { 0 };
+        self.post_retrying(wd, "a send completion", |h| {
+            if size <= h.side.max_inline {
+                h.lanes[0].send.send_now(Msg::write_imm(
+                    Local::Inline(&h.payload[..size as usize]),
+                    0,
+                    imm,
+                ))
+            } else {
+                let msg = Msg::write_imm(Local::Buf(h.local(size)), 0, imm);
+                // SAFETY: the source is the registered buffer's first slot, which this side
+                // never writes in this mode; it stays valid for the Hot's lifetime.
+                unsafe { h.stage_and_flush(msg) }
+            }
+        })
+    }
+
     /// Posts one WRITE of `size` bytes on QP 0 whose final byte is `mark`; waits for the
     /// previous zero-copy WRITE to retire before rewriting the source.
     #[inline(always)]
@@ -769,6 +797,10 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
             if p.test == TestKind::SendLat {
                 let want = h.tally.received + 1;
                 h.send_one(size, last, wd)?;
+                h.wait_recv(want, wd)
+            } else if p.write_imm {
+                let want = h.tally.received + 1;
+                h.write_imm_one(size, last, wd)?;
                 h.wait_recv(want, wd)
             } else {
                 let mark = if last { LAST } else { mark_of(i) };
@@ -1013,6 +1045,17 @@ impl<R: PostPath, C: Reap> Engine for Hot<R, C> {
                 self.wait_recv(want, &mut wd)?;
                 let last = self.tally.last_imm == Some(LAST as u32);
                 self.send_one(size, false, &mut wd)?;
+                n += 1;
+                if last {
+                    break;
+                }
+            },
+            TestKind::WriteLat if p.write_imm => loop {
+                let want = self.tally.received + 1;
+                self.tally.last_imm = None;
+                self.wait_recv(want, &mut wd)?;
+                let last = self.tally.last_imm == Some(LAST as u32);
+                self.write_imm_one(size, false, &mut wd)?;
                 n += 1;
                 if last {
                     break;
@@ -1271,6 +1314,7 @@ mod tests {
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
             qps: 1,
+            write_imm: false,
         }
     }
 

@@ -190,6 +190,9 @@ pub fn header(p: &Params, info: &RunInfo) -> String {
     if p.test == TestKind::AtomicLat {
         s.push_str(&format!(" Atomic type    : {:?}\n", p.atomic));
     }
+    if p.write_imm {
+        s.push_str(" Write mode     : WRITE with immediate (each side waits for the receive completion it raises)\n");
+    }
     s.push_str(&format!(" Clock          : {}\n", info.clock));
     s.push_str(&format!(" Post path      : {}\n", info.post_path));
     if !info.direct_paths.is_empty() {
@@ -367,6 +370,7 @@ pub fn json(p: &Params, info: &RunInfo, results: &[SizeResult]) -> Value {
             "tx_depth": p.tx_depth,
             "rx_depth": p.rx_depth,
             "qps": p.qps,
+            "write_with_imm": p.write_imm,
             "warmup": p.warmup,
             "amount": p.amount,
         },
@@ -398,6 +402,7 @@ mod tests {
             atomic: AtomicKind::FetchAndAdd,
             connection: Default::default(),
             qps: 1,
+            write_imm: false,
         }
     }
 

@@ -538,6 +538,7 @@ pub fn send_ops(p: &Params) -> SendOps {
     use crate::cli::TestKind;
     match p.test {
         TestKind::SendLat | TestKind::SendBw => SendOps::SEND | SendOps::SEND_WITH_IMM,
+        TestKind::WriteLat if p.write_imm => SendOps::RDMA_WRITE | SendOps::RDMA_WRITE_WITH_IMM,
         TestKind::WriteLat | TestKind::WriteBw => SendOps::RDMA_WRITE,
         TestKind::ReadLat | TestKind::ReadBw => SendOps::RDMA_READ,
         TestKind::AtomicLat => SendOps::ATOMIC_FETCH_AND_ADD | SendOps::ATOMIC_CMP_AND_SWP,

@@ -655,3 +655,39 @@ fn qps_are_refused_by_name_where_they_cannot_work() {
     let o = perf(&["write_bw", "-d", "softnic", "-q", "65"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
 }
+
+/// `write_lat --write_with_imm` (perftest's option): each WRITE carries an immediate and
+/// each side waits for the receive completion the peer's raises, on the verbs path and on
+/// the direct path (softnic's simulated ConnectX: the WRITE posted as an mlx5 WQE, the
+/// receive posted and its responder CQE read directly); the header and `--json` say so,
+/// and every iteration completes. Other tests refuse the option by name.
+#[test]
+fn write_lat_with_immediate_runs_on_both_paths() {
+    for extra in [
+        &["-d", "softnic"][..],
+        &["-d", "softnic_mlx5", "--direct"][..],
+    ] {
+        let mut args = vec!["write_lat", "--write_with_imm", "-s", "64", "-n", "300"];
+        args.extend(extra);
+        let o = perf(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(
+            out.contains(" Write mode     : WRITE with immediate"),
+            "{out}"
+        );
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(" 64 "))
+            .unwrap_or_else(|| panic!("{args:?}: no row for 64 B: {out}"));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f[1], "300", "{args:?}: every iteration completed: {row}");
+        let v = json(&args);
+        assert_eq!(v["params"]["write_with_imm"], true, "{v}");
+        assert_eq!(v["results"][0]["iterations"], 300, "{v}");
+    }
+    let o = perf(&["send_lat", "--write_with_imm", "-d", "softnic"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("--write_with_imm"), "{err}");
+}

@@ -108,10 +108,7 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
         let mut round = |last: bool,
                          s: &mut Session<'_, LEN>,
                          tally: &mut super::Tally,
-                         poll: &mut dyn FnMut(
-            &mut Session<'_, LEN>,
-            &mut super::Tally,
-        ) -> Result<usize, PerfError>|
+                         poll: &mut PollFn<'_, LEN>|
          -> Result<Option<u64>, PerfError> {
             let want = tally.received + 1;
             loop {
@@ -137,24 +134,10 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
             }
             Ok(None)
         };
-        if let Some(DirectSplit {
-            send,
-            recv: rp,
-            sim,
-        }) = reaper.direct_split()
-        {
-            // The direct receive side (issue 30): QP 0's receives through a session.
-            let mut rs = recv.session(rp).map_err(session_error)?;
-            let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| {
-                reap_split(send, sim, s, &mut rs, t)
-            };
-            return latency_loop(clock, None, p, counter, true, |_, last| {
-                round(last, &mut s, tally, &mut poll)
-            });
-        }
-        let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| reap(reaper, s, recv, t);
-        latency_loop(clock, None, p, counter, true, |_, last| {
-            round(last, &mut s, tally, &mut poll)
+        with_poll(reaper, recv, |poll| {
+            latency_loop(clock, None, p, counter, true, |_, last| {
+                round(last, &mut s, tally, poll)
+            })
         })
     }
 
@@ -174,10 +157,7 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
         let (mut s, recv) = open_session::<R, LEN>(&mut lanes[0])?;
         let mut answer = |s: &mut Session<'_, LEN>,
                           tally: &mut super::Tally,
-                          poll: &mut dyn FnMut(
-            &mut Session<'_, LEN>,
-            &mut super::Tally,
-        ) -> Result<usize, PerfError>|
+                          poll: &mut PollFn<'_, LEN>|
          -> Result<u64, PerfError> {
             let mut n = 0u64;
             loop {
@@ -206,20 +186,7 @@ impl<R: PostPath, C: Reap> Hot<R, C> {
                 }
             }
         };
-        if let Some(DirectSplit {
-            send,
-            recv: rp,
-            sim,
-        }) = reaper.direct_split()
-        {
-            let mut rs = recv.session(rp).map_err(session_error)?;
-            let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| {
-                reap_split(send, sim, s, &mut rs, t)
-            };
-            return answer(&mut s, tally, &mut poll);
-        }
-        let mut poll = |s: &mut Session<'_, LEN>, t: &mut super::Tally| reap(reaper, s, recv, t);
-        answer(&mut s, tally, &mut poll)
+        with_poll(reaper, recv, |poll| answer(&mut s, tally, poll))
     }
 
     /// `send_bw`'s stream as [`stream_phase`](Hot::stream_phase) runs it, through post
@@ -362,6 +329,31 @@ fn reap<C: Reap, const LEN: usize>(
             Err(unknown_ring(c))
         }
     })
+}
+
+/// One poll of everything while a session owns QP 0's ring.
+type PollFn<'a, const LEN: usize> =
+    dyn for<'s> FnMut(&mut Session<'s, LEN>, &mut super::Tally) -> Result<usize, PerfError> + 'a;
+
+/// Runs `body` with the fixed loops' poll: on the direct path (`--direct`: the receive CQ
+/// read directly) a [`RecvSession`] of QP 0's receive ring held for the whole loop and
+/// [`reap_split`]; elsewhere [`reap`] of the reaper and the ring.
+fn with_poll<C: Reap, const LEN: usize, T>(
+    reaper: &mut C,
+    recv: &mut Recv,
+    body: impl FnOnce(&mut PollFn<'_, LEN>) -> Result<T, PerfError>,
+) -> Result<T, PerfError> {
+    if let Some(DirectSplit {
+        send,
+        recv: rp,
+        sim,
+    }) = reaper.direct_split()
+    {
+        // The direct receive side (issue 30): QP 0's receives through a session.
+        let mut rs = recv.session(rp).map_err(session_error)?;
+        return body(&mut |s, t| reap_split(send, sim, s, &mut rs, t));
+    }
+    body(&mut |s, t| reap(reaper, s, recv, t))
 }
 
 /// One poll while a session owns QP 0's ring and a [`RecvSession`] its receive ring (the

@@ -1038,6 +1038,39 @@ impl Side<'_, '_> {
 /// copied into the slot by the poll, the others in the slot; each arrives once, in order,
 /// with its bytes and immediate; every send retires; nothing is left outstanding.
 pub fn fully_direct_ping_pong(ctx: &Context) {
+    direct_ping_pong(ctx, false);
+}
+
+/// Issue 30: the same ping-pong on `RecvSession`s (`DirectPoller::recv_session`), the
+/// fused receive loop: each side's session takes its messages where the device put them,
+/// in the CQE when they fit (no copy; at least one does on an mlx5 CQ, which has
+/// scatter-to-CQE) or in the slot; send completions come out of the same session and
+/// retire their ring. After the sessions close every slot is posted again and the plain
+/// poller path goes on where they stopped. A session is refused for a verbs ring and on
+/// the poller of another CQ.
+pub fn recv_session_ping_pong(ctx: &Context) {
+    direct_ping_pong(ctx, true);
+}
+
+/// The `i`-th ping of the direct ping-pongs: its bytes (0 to 256) and immediate.
+fn ping_of(i: usize) -> (Vec<u8>, Option<u32>) {
+    let sizes = [0usize, 1, 8, 31, 32, 33, 64, 100, 255, 256];
+    let len = sizes[i % sizes.len()];
+    let msg = (0..len).map(|k| (i * 7 + k) as u8).collect();
+    (msg, (i % 3 == 0).then_some(i as u32))
+}
+
+/// Posts `msg` (with `imm`) now, signaled.
+fn send_signaled(send: &mut DirectRing<'_>, msg: &[u8], imm: Option<u32>) {
+    send.signal_next();
+    send.send_now(match imm {
+        Some(v) => Msg::send_imm(Local::Inline(msg), v),
+        None => Msg::send(Local::Inline(msg)),
+    })
+    .unwrap();
+}
+
+fn direct_ping_pong(ctx: &Context, sessions: bool) {
     let pd = ctx.alloc_pd().unwrap();
     let (cq_a, cq_b) = (
         ctx.create_cq(64, None).unwrap(),
@@ -1080,42 +1113,50 @@ pub fn fully_direct_ping_pong(ctx: &Context) {
         .unwrap();
     b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
         .unwrap();
-    let sizes = [0usize, 1, 8, 31, 32, 33, 64, 100, 255, 256];
     let deadline = Instant::now() + Duration::from_secs(60);
     let rounds = 200;
-    for i in 0..rounds {
-        let len = sizes[i % sizes.len()];
-        let msg: Vec<u8> = (0..len).map(|k| (i * 7 + k) as u8).collect();
-        let imm = (i % 3 == 0).then_some(i as u32);
-        let ping = match imm {
-            Some(v) => Msg::send_imm(Local::Inline(&msg), v),
-            None => Msg::send(Local::Inline(&msg)),
-        };
-        sa.send.signal_next();
-        sa.send.send_now(ping).unwrap();
-        while sb.received.len() <= i {
-            sb.poll();
-            assert!(Instant::now() < deadline, "ping {i} never arrived");
+    if sessions {
+        session_rounds(ctx, &pd, &mut sa, &mut sb, rounds, deadline);
+    } else {
+        for i in 0..rounds {
+            let (msg, imm) = ping_of(i);
+            send_signaled(&mut sa.send, &msg, imm);
+            while sb.received.len() <= i {
+                sb.poll();
+                assert!(Instant::now() < deadline, "ping {i} never arrived");
+            }
+            assert_eq!(sb.received[i], (msg.clone(), imm), "ping {i}");
+            // The pong: the same bytes back.
+            send_signaled(&mut sb.send, &msg, None);
+            while sa.received.len() <= i {
+                sa.poll();
+                assert!(Instant::now() < deadline, "pong {i} never arrived");
+            }
+            assert_eq!(sa.received[i], (msg, None), "pong {i}");
         }
-        assert_eq!(sb.received[i], (msg.clone(), imm), "ping {i} ({len} bytes)");
-        // The pong: the same bytes back.
-        sb.send.signal_next();
-        sb.send.send_now(Msg::send(Local::Inline(&msg))).unwrap();
-        while sa.received.len() <= i {
-            sa.poll();
-            assert!(Instant::now() < deadline, "pong {i} never arrived");
-        }
-        assert_eq!(sa.received[i], (msg, None), "pong {i} ({len} bytes)");
+        assert_eq!((sa.received.len(), sb.received.len()), (rounds, rounds));
     }
     while sa.send.outstanding() > 0 || sb.send.outstanding() > 0 {
         sa.poll();
         sb.poll();
         assert!(Instant::now() < deadline, "sends never retired");
     }
-    assert_eq!((sa.received.len(), sb.received.len()), (rounds, rounds));
     // Every slot is posted again (released ones reposted), none held.
     assert_eq!(sa.recv.held() + sb.recv.held(), 0);
     assert_eq!(sa.recv.posted() + sa.recv.pending(), 16);
+    assert_eq!(sb.recv.posted() + sb.recv.pending(), 16);
+    if sessions {
+        // The plain path goes on after the sessions.
+        send_signaled(&mut sa.send, b"after", None);
+        while sb.received.is_empty() {
+            sb.poll();
+            assert!(
+                Instant::now() < deadline,
+                "the message after the sessions never came"
+            );
+        }
+        assert_eq!(sb.received[0], (b"after".to_vec(), None));
+    }
 }
 
 /// Waits on a receive session for the next message of its ring (copied out with its
@@ -1138,126 +1179,63 @@ fn session_next<const N: usize, const B: usize, H: hotverbs_datapath::mlx5::Recv
     }
 }
 
-/// Issue 30: the fully direct ping-pong on `RecvSession`s (`DirectPoller::recv_session`),
-/// the fused receive loop: each side's session takes its messages (0 to 256 bytes, with
-/// and without immediate) where the device put them, in the CQE when they fit (no copy;
-/// at least one does on an mlx5 CQ with scatter-to-CQE) or in the slot; send completions
-/// come out of the same session and retire their ring. After the sessions close, every
-/// slot is posted again and the plain poller path goes on where they stopped. A session
-/// is refused for a verbs ring and on the poller of another CQ.
-pub fn recv_session_ping_pong(ctx: &Context) {
-    let pd = ctx.alloc_pd().unwrap();
-    let (cq_a, cq_b) = (
-        ctx.create_cq(64, None).unwrap(),
-        ctx.create_cq(64, None).unwrap(),
-    );
-    let (a, b) = (direct_qp(&pd, &cq_a), direct_qp(&pd, &cq_b));
-    let info = ctx.port_info(None, gid_index()).unwrap();
-    let mut pa = cq_a.direct_poller::<16>().unwrap();
-    let mut pb = cq_b.direct_poller::<16>().unwrap();
-    let mut ra = pd.alloc_mr(16 * 256, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut rb = pd.alloc_mr(16 * 256, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut recv_a = a
-        .direct_recv_ring::<16, 16>(&mut pa, &mut ra, 0, RecvConfig::new(0, 256, 16))
-        .unwrap();
-    let mut recv_b = b
-        .direct_recv_ring::<16, 16>(&mut pb, &mut rb, 0, RecvConfig::new(0, 256, 16))
-        .unwrap();
-    a.init(&info, &ConnectOptions::default()).unwrap();
-    b.init(&info, &ConnectOptions::default()).unwrap();
-    let mut send_a = a
-        .direct_ring(&mut pa, SendConfig::new(0, 32, 256).signal_every(4))
-        .unwrap();
-    let mut send_b = b
-        .direct_ring(&mut pb, SendConfig::new(0, 32, 256).signal_every(4))
-        .unwrap();
-    recv_a.fill().unwrap();
-    recv_b.fill().unwrap();
-    a.connect(&info, &b.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
-    b.connect(&info, &a.endpoint(&info), &ConnectOptions::default())
-        .unwrap();
+/// [`recv_session_ping_pong`]'s rounds, each side receiving through a session, and its
+/// refusals.
+fn session_rounds(
+    ctx: &Context,
+    pd: &Pd,
+    sa: &mut Side<'_, '_>,
+    sb: &mut Side<'_, '_>,
+    rounds: usize,
+    deadline: Instant,
+) {
     // Refusals: the poller of the other side's CQ, and a verbs receive ring.
-    let e = pb.recv_session(&mut recv_a).unwrap_err();
+    let e = sb.poller.recv_session(&mut sa.recv).unwrap_err();
     assert_eq!(e.errno(), libc::EINVAL, "{e}");
     {
         let cq_c = ctx.create_cq(8, None).unwrap();
-        let c = direct_qp(&pd, &cq_c);
+        let c = direct_qp(pd, &cq_c);
         let mut rc = pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE).unwrap();
         let mut verbs_ring = c
             .recv_ring::<4>(&mut rc, 0, RecvConfig::new(0, 64, 4))
             .unwrap();
         // (A verbs ring's CQ never has a direct poller: the setup layer refuses one.)
-        let e = pa.recv_session(&mut verbs_ring).unwrap_err();
+        let e = sa.poller.recv_session(&mut verbs_ring).unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL, "{e}");
     }
-    let sizes = [0usize, 1, 8, 31, 32, 33, 64, 100, 255, 256];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let rounds = 200;
     let mut in_cqe = 0;
-    {
-        let mut sa = pa.recv_session(&mut recv_a).unwrap();
-        let mut sb = pb.recv_session(&mut recv_b).unwrap();
-        for i in 0..rounds {
-            let len = sizes[i % sizes.len()];
-            let msg: Vec<u8> = (0..len).map(|k| (i * 7 + k) as u8).collect();
-            let imm = (i % 3 == 0).then_some(i as u32);
-            let ping = match imm {
-                Some(v) => Msg::send_imm(Local::Inline(&msg), v),
-                None => Msg::send(Local::Inline(&msg)),
-            };
-            send_a.signal_next();
-            send_a.send_now(ping).unwrap();
-            let (got, got_imm, cqe) = session_next(&mut sb, &mut send_b, deadline, "a ping");
-            assert_eq!((got, got_imm), (msg.clone(), imm), "ping {i} ({len} bytes)");
-            in_cqe += usize::from(cqe);
-            assert!(!cqe || len <= 64, "only what fits a CQE is in one");
-            send_b.signal_next();
-            send_b.send_now(Msg::send(Local::Inline(&msg))).unwrap();
-            let (got, got_imm, cqe) = session_next(&mut sa, &mut send_a, deadline, "a pong");
-            assert_eq!((got, got_imm), (msg, None), "pong {i} ({len} bytes)");
-            in_cqe += usize::from(cqe);
-        }
-        // The sends' last completions, through the sessions.
-        use hotverbs_datapath::mlx5::Polled;
-        while send_a.outstanding() > 0 || send_b.outstanding() > 0 {
-            for (s, send) in [(&mut sa, &mut send_a), (&mut sb, &mut send_b)] {
-                match s.recv().unwrap() {
-                    Polled::Other(c) => {
-                        send.on_completion(&c).expect("a good send");
-                    }
-                    Polled::Empty => {}
-                    Polled::Msg(m) => panic!("an unexpected message in slot {}", m.slot()),
-                }
-            }
-            assert!(Instant::now() < deadline, "sends never retired");
-        }
-        assert_eq!(sa.ring().progress().retired, rounds as u64);
-    }
-    if ctx.is_mlx5() && cq_a.mlx5_cq().is_ok() {
-        // Scatter-to-CQE is on for RC by default: the short messages came in their CQEs.
-        assert!(in_cqe > 0, "no message was handed out from its CQE");
-    }
-    assert_eq!((recv_a.held(), recv_b.held()), (0, 0));
-    assert_eq!(recv_a.posted() + recv_a.pending(), 16);
-    assert_eq!(recv_b.posted() + recv_b.pending(), 16);
-    // The plain path goes on after the sessions.
-    let mut side_b = Side {
+    let mlx5 = ctx.is_mlx5();
+    let Side {
+        poller: pa,
+        send: send_a,
+        recv: recv_a,
+        ..
+    } = sa;
+    let Side {
         poller: pb,
         send: send_b,
         recv: recv_b,
-        received: Vec::new(),
-    };
-    send_a.signal_next();
-    send_a.send_now(Msg::send(Local::Inline(b"after"))).unwrap();
-    while side_b.received.is_empty() {
-        side_b.poll();
-        assert!(
-            Instant::now() < deadline,
-            "the message after the sessions never arrived"
-        );
+        ..
+    } = sb;
+    let mut xa = pa.recv_session(recv_a).unwrap();
+    let mut xb = pb.recv_session(recv_b).unwrap();
+    for i in 0..rounds {
+        let (msg, imm) = ping_of(i);
+        send_signaled(send_a, &msg, imm);
+        let (got, got_imm, cqe) = session_next(&mut xb, send_b, deadline, "a ping");
+        assert_eq!((got, got_imm), (msg.clone(), imm), "ping {i}");
+        assert!(!cqe || msg.len() <= 64, "only what fits a CQE is in one");
+        in_cqe += usize::from(cqe);
+        send_signaled(send_b, &msg, None);
+        let (got, got_imm, cqe) = session_next(&mut xa, send_a, deadline, "a pong");
+        assert_eq!((got, got_imm), (msg, None), "pong {i}");
+        in_cqe += usize::from(cqe);
     }
-    assert_eq!(side_b.received[0], (b"after".to_vec(), None));
+    assert_eq!(xa.ring().progress().retired, rounds as u64);
+    if mlx5 {
+        // Scatter-to-CQE is on for RC by default: the short messages came in their CQEs.
+        assert!(in_cqe > 0, "no message was handed out from its CQE");
+    }
 }
 
 /// Issue 30: a direct receive ring through an error and a recovery. The QP goes to ERR:

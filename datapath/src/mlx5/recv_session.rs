@@ -493,7 +493,7 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
                 Ok(_) => {}
             }
             let [mut wc] = one;
-            match self.ring.on_completion(&mut wc) {
+            match self.ring.on_completion_cold(&mut wc) {
                 Ok(m) => {
                     let slot = m.slot();
                     let in_slot = self.ring.session_take(m);

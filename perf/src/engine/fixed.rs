@@ -12,7 +12,7 @@
 //! receive ring as [`route`](super::route) would. Closing it (at the end of a size) gives
 //! the ring back with its counters up to date. On the direct path (`--direct`: a receive
 //! CQ of its own, read directly) `send_lat`'s receives go through a
-//! [`RecvSession`](hotverbs_datapath::mlx5::RecvSession) of QP 0's direct receive ring
+//! [`RecvSession`] of QP 0's direct receive ring
 //! (issue 30): each message taken where the device put it and its slot posted again at the
 //! next receive, the send CQ polled on its own.
 

@@ -27,8 +27,8 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RCV_DBR};
-use hotverbs_datapath::LocalBuf;
 use hotverbs_datapath::mlx5::{DirectCq, RecordingDoorbell};
+use hotverbs_datapath::LocalBuf;
 use hotverbs_datapath::{Completion, DirectPoller};
 use hotverbs_ffi::*;
 use libfuzzer_sys::fuzz_target;
@@ -184,7 +184,11 @@ fuzz_target!(|input: Input| {
                 };
                 let op = [1u8, 2, 3, 4, 14][kind as usize % 5];
                 let cap: u32 = p.segs.iter().map(|s| s.1).sum();
-                let inline_max = if cqe_size == 128 && kind & 0x80 != 0 { 64 } else { 32 };
+                let inline_max = if cqe_size == 128 && kind & 0x80 != 0 {
+                    64
+                } else {
+                    32
+                };
                 let format = if op != 14 && scatter {
                     if inline_max == 64 {
                         0x8
@@ -202,7 +206,8 @@ fuzz_target!(|input: Input| {
                 let at = (produced % NCQE) as usize * cqe_size as usize;
                 // SAFETY: the CQE's bytes inside the CQ buffer; the poller reads it only
                 // in poll_into, after this write.
-                let e = unsafe { std::slice::from_raw_parts_mut(cq_bytes.add(at), cqe_size as usize) };
+                let e =
+                    unsafe { std::slice::from_raw_parts_mut(cq_bytes.add(at), cqe_size as usize) };
                 let payload: Vec<u8> = (0..64u8).map(|i| i ^ (produced as u8)).collect();
                 e.fill(0x5a);
                 let off = cqe_size as usize - 64;
@@ -230,7 +235,12 @@ fuzz_target!(|input: Input| {
                 produced += 1;
                 let (status, opcode, flags, imm_w) = match op {
                     14 => (hotverbs_datapath::mlx5::syndrome_status(synd), 0, 0, 0),
-                    1 => (IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM, imm.to_be()),
+                    1 => (
+                        IBV_WC_SUCCESS,
+                        IBV_WC_RECV_RDMA_WITH_IMM,
+                        IBV_WC_WITH_IMM,
+                        imm.to_be(),
+                    ),
                     3 => (IBV_WC_SUCCESS, IBV_WC_RECV, IBV_WC_WITH_IMM, imm.to_be()),
                     // The invalidated rkey in host order, as libmlx5 gives it.
                     4 => (IBV_WC_SUCCESS, IBV_WC_RECV, IBV_WC_WITH_INV, imm),
@@ -247,7 +257,11 @@ fuzz_target!(|input: Input| {
                     flags
                 };
                 let scatter = (format != 0).then(|| {
-                    let src = if format == 0x4 { &payload[..32] } else { &payload[..] };
+                    let src = if format == 0x4 {
+                        &payload[..32]
+                    } else {
+                        &payload[..]
+                    };
                     (p.slot, src[..byte_len as usize].to_vec())
                 });
                 expect.push_back(Expect {
@@ -266,7 +280,11 @@ fuzz_target!(|input: Input| {
             Op::Poll { max } => {
                 let k = (max % 8 + 1) as usize;
                 let n = poller.poll_into(&mut out[..k]).expect("a modelled CQE");
-                assert!(n <= expect.len(), "{n} completions, {} written", expect.len());
+                assert!(
+                    n <= expect.len(),
+                    "{n} completions, {} written",
+                    expect.len()
+                );
                 for c in &out[..n] {
                     let want = expect.pop_front().unwrap();
                     let segs = SEGS.with(|s| s.borrow_mut().pop_front().unwrap());
@@ -289,7 +307,11 @@ fuzz_target!(|input: Input| {
             assert_eq!(rq.complete(), Some(want.wr_id));
         }
     }
-    assert!(expect.is_empty(), "{} written CQEs never polled", expect.len());
+    assert!(
+        expect.is_empty(),
+        "{} written CQEs never polled",
+        expect.len()
+    );
     assert_eq!(poller.cons_index(), produced);
     SEGS.with(|s| s.borrow_mut().clear());
     // The poller and the queue go before the memory they point into (declared after it).

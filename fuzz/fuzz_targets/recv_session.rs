@@ -6,7 +6,10 @@
 //! (every posted receive flushed), a QP reset (the device forgets everything, the CQ is
 //! cleaned, the ring reset and refilled); sessions of receives with deliveries while a
 //! message is out, closed or leaked (`mem::forget`); polls through the poller and
-//! `on_completion`, `Received`s held and released in any order, reposts.
+//! `on_completion`, `Received`s held and released in any order, reposts. Or, as the input
+//! picks, the ring on an SRQ (`RecvTarget::Mlx5Srq`, linked as libmlx5 makes a new one):
+//! the device takes its WQEs along the list, the poller frees them in the bitmap, a repost
+//! may be refused with `ENOMEM` while none is free; sessions are refused.
 //!
 //! The device is a model that reads what the ring wrote: it takes the next posted WQE
 //! (the receive counter in the doorbell record says how many there are), finds the slot
@@ -38,7 +41,7 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use hotverbs_datapath::mlx5::rq::{DirectRqDesc, RCV_DBR};
-use hotverbs_datapath::mlx5::{DirectCq, Polled, RecvSessionError};
+use hotverbs_datapath::mlx5::{DirectCq, DirectSrqDesc, Polled, RecvSessionError};
 use hotverbs_datapath::{
     Completion, DirectPoller, LocalBuf, Received, RecvConfig, RecvError, RecvRing, RecvTarget,
 };
@@ -51,6 +54,7 @@ const SLOT: u32 = 64;
 const LKEY: u32 = 0x55;
 const NCQE: u32 = 16;
 const FOREIGN_WQES: u32 = 16;
+const SRQN: u32 = 0x2c;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Step {
@@ -76,6 +80,10 @@ enum Op {
 #[derive(Arbitrary, Debug)]
 struct Input {
     cqe128: bool,
+    /// The ring on an SRQ (`RecvTarget::Mlx5Srq`, of 4, 8 or 16 WQEs of 32 or 64 bytes, at
+    /// most WQEs - 1 slots) instead of the QP's RQ: no session (refused), no QP error or
+    /// reset (a QP's error leaves the SRQ's receives posted).
+    srq: bool,
     /// WQEs: 4 << (w % 3); slots 1..=WQEs; stride 16 or 32.
     w: u8,
     slots: u8,
@@ -103,6 +111,9 @@ struct Device {
     cq_dbr: *const u32,
     cqe_size: usize,
     rq: DirectRqDesc,
+    /// The SRQ mode: its queue, and the device's place in its list (the next WQE to take).
+    srq: Option<DirectSrqDesc>,
+    srq_head: u32,
     region: u64,
     nslots: u32,
     /// CQEs written, WQEs taken, foreign receives completed.
@@ -138,26 +149,59 @@ impl Device {
     }
 
     fn posted(&self) -> u32 {
-        // SAFETY: the RQ's doorbell record.
-        let db = u32::from_be(unsafe { self.rq.dbrec.add(RCV_DBR).read_volatile() });
+        let dbr = match &self.srq {
+            Some(q) => q.dbrec,
+            // SAFETY: element RCV_DBR of the RQ's doorbell record.
+            None => unsafe { self.rq.dbrec.add(RCV_DBR) },
+        };
+        // SAFETY: the queue's doorbell record, alive for the input.
+        let db = u32::from_be(unsafe { dbr.read_volatile() });
         db.wrapping_sub(self.wqe) & 0xffff
     }
 
+    /// The next WQE to take: its index, its data segment's bytes and its `wr_id` (an SRQ's
+    /// from the list, advancing along `next_wqe_index`; an RQ's in order).
+    fn next_wqe(&mut self) -> (u32, Vec<u8>, u64) {
+        match self.srq {
+            Some(q) => {
+                let idx = self.srq_head;
+                assert!(idx < q.nwqes, "the SRQ's list leaves the queue at {idx}");
+                // SAFETY: WQE idx of the SRQ (its next segment and first data segment)
+                // and its wrid entry.
+                unsafe {
+                    let w = q.buf.add((idx * q.stride) as usize);
+                    self.srq_head =
+                        u32::from(u16::from_be_bytes([w.add(2).read(), w.add(3).read()]));
+                    (
+                        idx,
+                        std::slice::from_raw_parts(w.add(16), 16).to_vec(),
+                        q.wrid.add(idx as usize).read(),
+                    )
+                }
+            }
+            None => {
+                let idx = self.wqe & (self.rq.wqe_cnt - 1);
+                // SAFETY: WQE idx of the queue and its wrid entry.
+                unsafe {
+                    let w = self.rq.buf.add((idx * self.rq.stride) as usize);
+                    (
+                        self.wqe,
+                        std::slice::from_raw_parts(w, 16).to_vec(),
+                        self.rq.wrid.add(idx as usize).read(),
+                    )
+                }
+            }
+        }
+    }
+
     /// Takes the next posted WQE: its slot (checked against `out`, the slots the device
-    /// must not see) and `wr_id`.
-    fn take(&mut self, out: &[u32], tag: u64) -> Option<u32> {
+    /// must not see) and `wr_id`, and the WQE counter its CQE carries (an SRQ's: the WQE's
+    /// index).
+    fn take(&mut self, out: &[u32], tag: u64) -> Option<(u32, u32)> {
         if self.posted() == 0 || !self.room() {
             return None;
         }
-        let idx = self.wqe & (self.rq.wqe_cnt - 1);
-        // SAFETY: WQE idx of the queue and its wrid entry.
-        let (seg, wr_id) = unsafe {
-            let w = self.rq.buf.add((idx * self.rq.stride) as usize);
-            (
-                std::slice::from_raw_parts(w, 16).to_vec(),
-                self.rq.wrid.add(idx as usize).read(),
-            )
-        };
+        let (counter, seg, wr_id) = self.next_wqe();
         let len = u32::from_be_bytes(seg[0..4].try_into().unwrap());
         let lkey = u32::from_be_bytes(seg[4..8].try_into().unwrap());
         let addr = u64::from_be_bytes(seg[8..16].try_into().unwrap());
@@ -177,7 +221,7 @@ impl Device {
             self.wqe
         );
         self.wqe += 1;
-        Some(slot)
+        Some((slot, counter))
     }
 
     fn base_cqe(&self, qpn: u32, counter: u32, byte_len: u32) -> [u8; 64] {
@@ -186,6 +230,9 @@ impl Device {
         c[36..40].copy_from_slice(&(0xabc0_0000 | u32::from(self.seq)).to_be_bytes());
         c[44..48].copy_from_slice(&byte_len.to_be_bytes());
         c[56..60].copy_from_slice(&(0x7700_0000 | qpn).to_be_bytes());
+        if self.srq.is_some() && qpn == QPN {
+            c[32..36].copy_from_slice(&SRQN.to_be_bytes());
+        }
         c[60..62].copy_from_slice(&(counter as u16).to_be_bytes());
         c
     }
@@ -195,8 +242,7 @@ impl Device {
         if self.error {
             return self.flush(out, tag);
         }
-        let counter = self.wqe;
-        let Some(slot) = self.take(out, tag) else {
+        let Some((slot, counter)) = self.take(out, tag) else {
             return Vec::new();
         };
         self.seq = self.seq.wrapping_add(1);
@@ -252,8 +298,9 @@ impl Device {
             bytes,
             byte_len,
             imm: (op == 1 || op == 3).then_some(0xabc0_0000 | u32::from(self.seq)),
-            // SEND with invalidate goes through the general path: copied into the slot.
-            in_cqe: op != 4 && fmt != 0,
+            // SEND with invalidate goes through the general path, and an SRQ's receives:
+            // copied into the slot.
+            in_cqe: op != 4 && fmt != 0 && self.srq.is_none(),
         }]
     }
 
@@ -262,8 +309,7 @@ impl Device {
         self.error = true;
         let mut v = Vec::new();
         while self.posted() > 0 && self.room() {
-            let counter = self.wqe;
-            let slot = self.take(out, tag).unwrap();
+            let (slot, counter) = self.take(out, tag).unwrap();
             let mut c = self.base_cqe(QPN, counter, 0);
             c[55] = 0x05; // WR_FLUSH_ERR
             c[63] = 14 << 4;
@@ -312,6 +358,12 @@ impl Model {
     }
 }
 
+/// A refused repost: only an SRQ's, and only for want of a free WQE (`ENOMEM`, named as
+/// `ibv_post_srq_recv` names it); the slots not posted stay pending.
+fn enomem(e: &hotverbs_datapath::PostError, srq: bool) {
+    assert!(srq && e.errno == 12, "a refused repost: {e}");
+}
+
 fn check_books(ring: &RecvRing<16>, held: &[Received], model: &Model) {
     assert_eq!(ring.held() as usize, held.len(), "held()");
     assert_eq!(
@@ -328,8 +380,12 @@ fn check_books(ring: &RecvRing<16>, held: &[Received], model: &Model) {
 
 fuzz_target!(|input: Input| {
     let wqe_cnt = 4u32 << (input.w % 3);
-    let nslots = u32::from(input.slots) % wqe_cnt + 1;
-    let stride = if input.wide { 32u32 } else { 16 };
+    // An SRQ never lets the device take its last linked WQE: WQEs - 1 slots at most.
+    let nslots = u32::from(input.slots) % (wqe_cnt - u32::from(input.srq)) + 1;
+    let stride = match (input.srq, input.wide) {
+        (false, w) => 16u32 << u32::from(w),
+        (true, w) => 32u32 << u32::from(w),
+    };
     let cqe_size = if input.cqe128 { 128usize } else { 64 };
     let mut rq = vec![0u128; (wqe_cnt * stride / 16) as usize];
     let mut rq_db = vec![0u32; 2];
@@ -364,6 +420,30 @@ fuzz_target!(|input: Input| {
         dbrec: frq_db.as_mut_ptr(),
         wrid: fwrid.as_mut_ptr(),
     };
+    // The SRQ (its WQEs in `rq`, linked in order as libmlx5 makes a new SRQ: head 0, tail
+    // WQEs - 1), its wrid table in `wrid`, its free bitmap.
+    let mut free = vec![0u64; 1];
+    // SAFETY: plain C struct; all-zero is valid. The ring only checks the pointer.
+    let mut srq: Vec<ibv_srq> = vec![unsafe { std::mem::zeroed() }];
+    let sdesc = DirectSrqDesc {
+        buf: desc.buf,
+        stride,
+        nwqes: wqe_cnt,
+        dbrec: rq_db.as_mut_ptr(),
+        wrid: desc.wrid,
+        free: free.as_mut_ptr(),
+    };
+    if input.srq {
+        for i in 0..wqe_cnt - 1 {
+            // SAFETY: the next segment's next_wqe_index of WQE i, inside the queue.
+            unsafe {
+                let b = ((i + 1) as u16).to_be_bytes();
+                let w = sdesc.buf.add((i * stride) as usize);
+                w.add(2).write(b[0]);
+                w.add(3).write(b[1]);
+            }
+        }
+    }
     let region = slots.as_mut_ptr() as u64;
     // SAFETY: every buffer above outlives the poller and the ring (declared before them),
     // and is touched otherwise only through these pointers by the device model, on the
@@ -378,14 +458,28 @@ fuzz_target!(|input: Input| {
             cons_index: 0,
         })
         .unwrap();
-        p.attach_rq(QPN, &desc).unwrap();
+        if input.srq {
+            p.attach_srq(SRQN, &sdesc).unwrap();
+        } else {
+            p.attach_rq(QPN, &desc).unwrap();
+        }
         p.attach_rq(FOREIGN, &fdesc).unwrap();
         p
     };
-    let target = RecvTarget::Mlx5 {
-        qp: qp.as_mut_ptr(),
-        desc,
-        head: 0,
+    let target = if input.srq {
+        RecvTarget::Mlx5Srq {
+            srq: srq.as_mut_ptr(),
+            desc: sdesc,
+            head: 0,
+            tail: wqe_cnt - 1,
+            counter: 0,
+        }
+    } else {
+        RecvTarget::Mlx5 {
+            qp: qp.as_mut_ptr(),
+            desc,
+            head: 0,
+        }
     };
     // SAFETY: as above.
     let mut ring: RecvRing<16> = unsafe {
@@ -401,6 +495,8 @@ fuzz_target!(|input: Input| {
         cq_dbr: cq_db.as_ptr(),
         cqe_size,
         rq: desc,
+        srq: input.srq.then_some(sdesc),
+        srq_head: 0,
         region,
         nslots,
         prod: 0,
@@ -429,6 +525,12 @@ fuzz_target!(|input: Input| {
                 model.expect.extend(e);
             }
             Op::Foreign => model.foreign.extend(dev.foreign()),
+            // A QP's error or reset leaves an SRQ's receives posted: nothing to model.
+            Op::Flush | Op::Reset if input.srq => {}
+            Op::Session { .. } if input.srq => {
+                let e = ring.session(&mut poller).unwrap_err();
+                assert_eq!(e, RecvSessionError::NotDirect);
+            }
             Op::Flush => {
                 let out = model.out(&held, None);
                 let e = dev.flush(&out, tag);
@@ -576,18 +678,53 @@ fuzz_target!(|input: Input| {
             Op::Release { i } => {
                 if !held.is_empty() {
                     let m = held.swap_remove(usize::from(*i) % held.len());
-                    ring.release(m).unwrap();
+                    match ring.release(m) {
+                        Ok(()) => {}
+                        Err(RecvError::Post(e)) => enomem(&e, input.srq),
+                        Err(e) => panic!("release: {e}"),
+                    }
                 }
             }
             Op::Repost => {
-                ring.repost().unwrap();
+                if let Err(e) = ring.repost() {
+                    enomem(&e, input.srq);
+                }
             }
         }
         check_books(&ring, &held, &model);
     }
     // Everything waiting comes out, once.
     for m in held.drain(..) {
-        ring.release(m).unwrap();
+        if let Err(e) = ring.release(m) {
+            assert!(
+                input.srq && matches!(e, RecvError::Post(p) if p.errno == 12),
+                "{e}"
+            );
+        }
+    }
+    if input.srq {
+        let mut out = [Completion::PLACEHOLDER; 8];
+        loop {
+            let k = poller.poll_into(&mut out).unwrap();
+            if k == 0 {
+                break;
+            }
+            for c in out.iter_mut().take(k) {
+                match ring.on_completion(c) {
+                    Ok(m) => {
+                        let slot = m.slot();
+                        assert!(matches!(model.next(), Expect::Msg { slot: s2, .. } if s2 == slot));
+                        let _ = ring.release(m);
+                    }
+                    Err(RecvError::Misrouted(_)) => {
+                        assert_eq!(Some(c.wr_id()), model.foreign.pop_front());
+                    }
+                    Err(e) => panic!("draining: {e}"),
+                }
+            }
+        }
+        assert!(model.expect.is_empty() && model.foreign.is_empty());
+        return;
     }
     let mut s = ring.session(&mut poller).unwrap();
     loop {

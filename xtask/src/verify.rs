@@ -121,8 +121,9 @@ fn fuzz_tuning(target: &str) -> FuzzTuning {
         // The direct receive side (issue 30): 7,000/s measured, planted bug found in about
         // 4,000 runs; 80,000 (recv_session shares its ground) keeps the lanes under two minutes.
         "direct_recv" => (80_000, 7_000, Some(384), false),
-        // The direct receive ring, poller and RecvSession (issue 30): 7,300/s measured (a
-        // 60 s run), planted bug found in 6.6 k-9.7 k runs; about 7 s (the lanes are full).
+        // The direct receive ring (RQ or SRQ), poller and RecvSession (issue 30): 4,500 to
+        // 7,300/s measured, planted bug found in 7 k-12 k runs; about 7 s (the lanes are
+        // full).
         "recv_session" => (50_000, 7_000, Some(384), false),
         // The safe API on softnic (a world of QPs, rings and pollers per input): slow per
         // execution, and slower as the process ages (softnic's mlx5 simulation scans every

@@ -271,7 +271,7 @@ impl<'c, const B: usize> DirectPoller<'c, B> {
     pub fn recv_session<'s, const N: usize>(
         &'s mut self,
         ring: &'s mut crate::RecvRing<'_, N>,
-    ) -> Result<dp::mlx5::RecvSession<'s, N, B, SessionHooks<'c>>> {
+    ) -> Result<DirectRecvSession<'s, 'c, N, B>> {
         const VERB: &str = "DirectPoller::recv_session";
         if !ring.is_direct() {
             return Err(Error::new(VERB, libc::EINVAL).with_hint(
@@ -324,6 +324,12 @@ fn clean_destroyed_of<const B: usize>(cq: &Cq, poller: &mut dp::DirectPoller<B>)
         hotverbs_softnic::mlx5_step();
     }
 }
+
+/// The fused receive loop [`DirectPoller::recv_session`] gives: a
+/// [`dp::mlx5::RecvSession`] of a direct receive ring of `N` slots and a poller of `B`,
+/// with the setup layer's hooks.
+pub type DirectRecvSession<'s, 'c, const N: usize, const B: usize> =
+    dp::mlx5::RecvSession<'s, N, B, SessionHooks<'c>>;
 
 /// The setup layer's side of a [`dp::mlx5::RecvSession`] ([`DirectPoller::recv_session`]):
 /// the CQ's poll guard and clean around the session's cold path, and softnic's device on

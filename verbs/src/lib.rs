@@ -119,13 +119,16 @@ pub use device::{
     devices, devices_report, Context, DeviceAttr, DeviceInfo, DeviceKind, DevicesReport, Gid,
     GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortInfo, SOFTNIC, SOFTNIC_MLX5,
 };
-pub use direct::{DirectPoller, DirectRing, DoorbellOnly, RegisterUse, SessionHooks};
+pub use direct::{
+    DirectPoller, DirectRecvSession, DirectRing, DoorbellOnly, RegisterUse, SessionHooks,
+};
 pub use error::{take_drop_errors, ChainError, Error, RecvPostError, Result};
 pub use exchange::{Endpoint, ExchangeError};
 /// The datapath crate (`no_std` rings and poller), re-exported for its message and
 /// configuration types; build its rings safely with [`Qp::send_ring`], [`Qp::recv_ring`],
 /// [`Qp::wr_ring`], [`Cq::poller`] and [`Cq::ex_poller`].
 pub use hotverbs_datapath as datapath;
+pub use hotverbs_datapath::mlx5::{Delivered, Polled, RecvSessionError};
 pub use hotverbs_datapath::{
     Completion, ConfigError, ExFields, ExPollError, Local, LocalBuf, Misrouted, Msg, Opcode,
     PollCq, PollError, PostBatch, PostError, PostRing, Progress, Received, RecvConfig, RecvError,

@@ -753,8 +753,9 @@ impl<const N: usize> RecvRing<N> {
             let wr_id = self.tag | i as u64;
             // Slots released in the order they were posted find their own WQE at the
             // head, already written (a preformatted ring): only the head moves. Otherwise
-            // the WQE is written.
-            if !rq.repost_same(wr_id) {
+            // the WQE is written. (Room is the ring's invariant; no session holds the
+            // counter after `end_leaked_session`.)
+            if !rq.repost_same_in_ring(wr_id) {
                 let s = self.sges[i];
                 // One entry of at least one byte (slot_len > 0) into a queue with room for
                 // every slot (checked in init_in): `post` cannot refuse it.
@@ -945,11 +946,6 @@ impl<const N: usize> RecvRing<N> {
         self.region.addr
     }
 
-    /// See [`region_addr`](Self::region_addr).
-    pub(crate) fn region_lkey(&self) -> u32 {
-        self.region.lkey
-    }
-
     /// True when `wr_id` carries this ring's id, kind and current generation.
     #[inline(always)]
     pub(crate) fn is_current(&self, wr_id: u64) -> bool {
@@ -977,6 +973,24 @@ impl<const N: usize> RecvRing<N> {
     pub(crate) fn close_session(&mut self, head: u32) {
         if let Some(DirectQueue::Rq(rq)) = self.direct.as_mut() {
             rq.close_session(head);
+        }
+    }
+
+    /// A session gives `slot` back at receive counter `head` and the WQE there describes
+    /// another slot: it is written for this one (segment, terminator, `wrid` entry).
+    ///
+    /// # Safety
+    /// `head` is the counter of an open session of this ring (the session posts no more
+    /// receives than the ring has slots, so that WQE holds no posted receive).
+    #[cold]
+    #[inline(never)]
+    pub(crate) unsafe fn session_rewrite(&mut self, head: u32, slot: u32) {
+        let i = slot as usize & Self::MASK;
+        let s = self.sges[i];
+        let wr_id = self.tag | i as u64;
+        if let Some(DirectQueue::Rq(rq)) = self.direct.as_mut() {
+            // SAFETY: the caller's contract; one entry, and every WQE holds one.
+            unsafe { rq.write_at(head, wr_id, &[LocalBuf::new(s.addr, s.length, s.lkey)]) };
         }
     }
 

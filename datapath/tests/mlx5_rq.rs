@@ -37,6 +37,27 @@ fn bytes(q: &Q) -> Vec<u8> {
     q.buf.iter().flat_map(|w| w.to_ne_bytes()).collect()
 }
 
+/// A poller of the test's CQ of `cqe_cnt` 64-byte CQEs at `buf`, doorbell record `dbrec`.
+///
+/// # Safety
+/// As `DirectPoller::new`: the memory outlives the poller, the CQ's only consumer.
+unsafe fn cq_poller<const B: usize>(
+    buf: *mut u8,
+    dbrec: *mut u32,
+    cqe_cnt: u32,
+) -> hotverbs_datapath::DirectPoller<B> {
+    let cq = hotverbs_datapath::mlx5::DirectCq {
+        buf,
+        cqe_cnt,
+        cqe_size: 64,
+        dbrec,
+        cqn: 1,
+        cons_index: 0,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { hotverbs_datapath::DirectPoller::new(cq) }.unwrap()
+}
+
 #[test]
 fn a_wqe_is_data_segments_then_a_terminator_and_one_counter_store_per_publish() {
     let mut mem = q(4, 64);
@@ -229,8 +250,8 @@ fn a_payload_in_the_cqe_is_scattered_over_the_wqes_segments() {
 /// receive queue is not attached is refused and left in place.
 #[test]
 fn the_poller_completes_receives_of_an_attached_queue() {
-    use hotverbs_datapath::mlx5::{DirectCq, DirectError};
-    use hotverbs_datapath::{Completion, DirectPoller};
+    use hotverbs_datapath::mlx5::DirectError;
+    use hotverbs_datapath::Completion;
     let mut mem = q(4, 64);
     let desc = DirectRqDesc {
         buf: mem.buf.as_mut_ptr().cast(),
@@ -257,15 +278,7 @@ fn the_poller_completes_receives_of_an_attached_queue() {
     let mut cq_db = [0u32; 2];
     // SAFETY: as above.
     let mut poller = unsafe {
-        let mut p = DirectPoller::<4>::new(DirectCq {
-            buf: cq.as_mut_ptr().cast(),
-            cqe_cnt: 4,
-            cqe_size: 64,
-            dbrec: cq_db.as_mut_ptr(),
-            cqn: 1,
-            cons_index: 0,
-        })
-        .unwrap();
+        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };
@@ -348,10 +361,7 @@ fn swapped_and_forgotten_queues_stay_with_their_memory() {
 /// reports are the ones the ring wrote into the queue's `wrid` table.)
 #[test]
 fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
-    use hotverbs_datapath::mlx5::DirectCq;
-    use hotverbs_datapath::{
-        Completion, DirectPoller, RecvConfig, RecvError, RecvRing, RecvTarget,
-    };
+    use hotverbs_datapath::{Completion, RecvConfig, RecvError, RecvRing, RecvTarget};
     let mut mem = q(4, 32);
     let desc = DirectRqDesc {
         buf: mem.buf.as_mut_ptr().cast(),
@@ -428,15 +438,7 @@ fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
     }
     // SAFETY: the test's buffers outlive the poller; it is the CQ's only consumer.
     let mut poller = unsafe {
-        let mut p = DirectPoller::<8>::new(DirectCq {
-            buf: cq.as_mut_ptr().cast(),
-            cqe_cnt: 8,
-            cqe_size: 64,
-            dbrec: cq_db.as_mut_ptr(),
-            cqn: 1,
-            cons_index: 0,
-        })
-        .unwrap();
+        let mut p = cq_poller::<8>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };
@@ -529,8 +531,7 @@ fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
 /// consistent; the release after it reposts the slot.
 #[test]
 fn a_slot_released_in_order_is_reposted_by_the_counter_alone() {
-    use hotverbs_datapath::mlx5::DirectCq;
-    use hotverbs_datapath::{Completion, DirectPoller, RecvConfig, RecvRing, RecvTarget};
+    use hotverbs_datapath::{Completion, RecvConfig, RecvRing, RecvTarget};
     let mut mem = q(2, 16);
     let desc = DirectRqDesc {
         buf: mem.buf.as_mut_ptr().cast(),
@@ -572,15 +573,7 @@ fn a_slot_released_in_order_is_reposted_by_the_counter_alone() {
     }
     // SAFETY: the test's memory outlives the poller, the CQ's only consumer.
     let mut poller = unsafe {
-        let mut p = DirectPoller::<4>::new(DirectCq {
-            buf: cq.as_mut_ptr().cast(),
-            cqe_cnt: 4,
-            cqe_size: 64,
-            dbrec: cq_db.as_mut_ptr(),
-            cqn: 1,
-            cons_index: 0,
-        })
-        .unwrap();
+        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };

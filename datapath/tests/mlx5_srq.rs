@@ -55,6 +55,27 @@ fn buf(i: u64) -> LocalBuf {
     }
 }
 
+/// A poller of the test's CQ of `cqe_cnt` 64-byte CQEs at `buf`, doorbell record `dbrec`.
+///
+/// # Safety
+/// As `DirectPoller::new`: the memory outlives the poller, the CQ's only consumer.
+unsafe fn cq_poller<const B: usize>(
+    buf: *mut u8,
+    dbrec: *mut u32,
+    cqe_cnt: u32,
+) -> hotverbs_datapath::DirectPoller<B> {
+    let cq = hotverbs_datapath::mlx5::DirectCq {
+        buf,
+        cqe_cnt,
+        cqe_size: 64,
+        dbrec,
+        cqn: 1,
+        cons_index: 0,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { hotverbs_datapath::DirectPoller::new(cq) }.unwrap()
+}
+
 /// The device never takes the last linked WQE: `nwqes - 1` posts fill a new SRQ; freed
 /// WQEs come back through the bitmap, the one after the tail first, else the run nearest
 /// after the head (renumbered in order); the WQE layout is a next segment, then the data
@@ -176,8 +197,8 @@ fn a_description_that_is_no_srq_is_refused() {
 /// an ODP page fault (which libmlx5 handles inside its poll).
 #[test]
 fn the_poller_completes_srq_receives_out_of_order() {
-    use hotverbs_datapath::mlx5::{DirectCq, DirectError};
-    use hotverbs_datapath::{Completion, DirectPoller};
+    use hotverbs_datapath::mlx5::DirectError;
+    use hotverbs_datapath::Completion;
     let mut m = mem(4, 32);
     let (mut q, desc) = srq(&mut m, 4, 32);
     let mut rx = [0u8; 3 * 16];
@@ -202,15 +223,7 @@ fn the_poller_completes_srq_receives_out_of_order() {
     }
     // SAFETY: the test's memory outlives the poller; the SRQ is not posted to during polls.
     let mut poller = unsafe {
-        let mut p = DirectPoller::<4>::new(DirectCq {
-            buf: cq.as_mut_ptr().cast(),
-            cqe_cnt: 8,
-            cqe_size: 64,
-            dbrec: cq_db.as_mut_ptr(),
-            cqn: 1,
-            cons_index: 0,
-        })
-        .unwrap();
+        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_srq(0x77, &desc).unwrap();
         p
     };
@@ -260,8 +273,6 @@ fn the_poller_completes_srq_receives_out_of_order() {
 /// frees their WQEs (as libmlx5's `free_res_cqe`): the SRQ takes them again.
 #[test]
 fn a_cleaned_srq_receive_frees_its_wqe() {
-    use hotverbs_datapath::mlx5::DirectCq;
-    use hotverbs_datapath::DirectPoller;
     let mut m = mem(4, 32);
     let (mut q, desc) = srq(&mut m, 4, 32);
     for i in 0..3 {
@@ -282,15 +293,7 @@ fn a_cleaned_srq_receive_frees_its_wqe() {
     bytes[63] = 2 << 4;
     // SAFETY: the test's memory outlives the poller; the SRQ is not posted to meanwhile.
     let mut poller = unsafe {
-        let mut p = DirectPoller::<4>::new(DirectCq {
-            buf: cq.as_mut_ptr().cast(),
-            cqe_cnt: 8,
-            cqe_size: 64,
-            dbrec: cq_db.as_mut_ptr(),
-            cqn: 1,
-            cons_index: 0,
-        })
-        .unwrap();
+        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_srq(0x77, &desc).unwrap();
         p
     };

@@ -239,12 +239,8 @@ struct Hot {
     cq: RxView,
     /// `FAST[0]` or `FAST[1]`, by the CQE size.
     fast: &'static [bool; 256],
-    /// The receive queue: its WQEs, `wqe_cnt - 1`, `log2(stride)`, its `wrid` table and
-    /// the QP's doorbell record.
-    rq_buf: *mut u8,
+    /// The receive queue: `wqe_cnt - 1`, its `wrid` table and the QP's doorbell record.
     rq_mask: u32,
-    rq_shift: u32,
-    max_gs: u32,
     wrid: *mut u64,
     rq_dbr: *mut u32,
     /// `sop_drop_qpn`'s QP bits of the ring's QP as they are in memory, and their mask.
@@ -253,7 +249,14 @@ struct Hot {
     slots: u64,
     slot_len: u32,
     count: u32,
-    lkey: u32,
+}
+
+impl Hot {
+    /// The first byte of `slot` (< `count`) in the region.
+    #[inline(always)]
+    fn slot_ptr(&self, slot: u32) -> *const u8 {
+        (self.slots + u64::from(slot) * u64::from(self.slot_len)) as usize as *const u8
+    }
 }
 
 /// A [`RecvRing`] on a direct receive queue and the [`DirectPoller`] serving it, held
@@ -322,10 +325,7 @@ impl<const N: usize> RecvRing<N> {
         let h = Hot {
             fast: &FAST[usize::from(cq.is_128())],
             cq,
-            rq_buf: desc.buf,
             rq_mask: desc.wqe_cnt - 1,
-            rq_shift: desc.stride.trailing_zeros(),
-            max_gs: desc.stride / 16,
             wrid: desc.wrid,
             rq_dbr: desc.dbrec,
             qpn_raw: self.qp_num().to_be() & qpn_mask_raw,
@@ -333,7 +333,6 @@ impl<const N: usize> RecvRing<N> {
             slots: self.region_addr(),
             slot_len: self.slot_len(),
             count: self.count(),
-            lkey: self.region_lkey(),
         };
         Ok(RecvSession {
             ring: self,
@@ -386,10 +385,7 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
                 let byte_len =
                     u32::from_be(unsafe { c.add(cqe::OFF_BYTE_CNT).cast::<u32>().read_volatile() });
                 let (data, cap) = match op_own & cqe::FORMAT_MASK {
-                    0 => (
-                        (h.slots + u64::from(slot) * u64::from(h.slot_len)) as usize as *const u8,
-                        h.slot_len,
-                    ),
+                    0 => (h.slot_ptr(slot), h.slot_len),
                     4 => (c, 32),
                     // 64 bytes in the first half of this 128-byte CQE (`fast` takes format
                     // 2 on 128-byte CQEs only).
@@ -429,7 +425,10 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
         let wr_id = self.ring.slot_wr_id(slot);
         // SAFETY: idx < wqe_cnt entries of the `wrid` table.
         if unsafe { h.wrid.add(idx as usize).read() } != wr_id {
-            self.write_wqe(idx, slot, wr_id);
+            // The head WQE describes another slot (slots released out of order, or fewer
+            // slots than WQEs): written for this one, as `DirectRq::post` writes it.
+            // SAFETY: `head` is this session's counter.
+            unsafe { self.ring.session_rewrite(self.head, slot) };
         }
         self.head = self.head.wrapping_add(1);
         to_device_barrier();
@@ -440,37 +439,6 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
                 .add(super::rq::RCV_DBR)
                 .write_volatile((self.head & 0xffff).to_be());
             h.cq.publish(self.poller.rx_cons());
-        }
-    }
-
-    /// Writes the WQE at `idx` for `slot` (its one data segment and, when the WQE has room
-    /// for more, the terminator), as [`DirectRq::post`](super::DirectRq::post) does: the
-    /// head WQE describes another slot (slots released out of order, or a ring with fewer
-    /// slots than WQEs).
-    #[cold]
-    #[inline(never)]
-    fn write_wqe(&self, idx: u32, slot: u32, wr_id: u64) {
-        let h = &self.h;
-        let wqe = h.rq_buf.wrapping_add((idx as usize) << h.rq_shift);
-        let b = crate::LocalBuf::new(
-            h.slots + u64::from(slot) * u64::from(h.slot_len),
-            h.slot_len,
-            h.lkey,
-        );
-        // SAFETY: idx < wqe_cnt: the WQE's `stride` bytes are inside the queue, which the
-        // ring alone writes; its receive is not posted (the head is past every posted one
-        // and the ring has no more slots than WQEs). wrid entry idx likewise.
-        unsafe {
-            super::ring::data_seg(wqe, b, false);
-            if h.max_gs > 1 {
-                let end = crate::LocalBuf {
-                    addr: 0,
-                    len: 0,
-                    lkey: super::rq::INVALID_LKEY,
-                };
-                super::ring::data_seg(wqe.add(16), end, false);
-            }
-            h.wrid.add(idx as usize).write(wr_id);
         }
     }
 
@@ -514,8 +482,7 @@ impl<'a, const N: usize, const B: usize, H: RecvHooks<B>> RecvSession<'a, N, B, 
                     self.meta[15] = u32::from_ne_bytes([0, 0, 0, op << 4]);
                     let h = &self.h;
                     return Ok(Polled::Msg(Delivered {
-                        data: (h.slots + u64::from(slot) * u64::from(h.slot_len)) as usize
-                            as *const u8,
+                        data: h.slot_ptr(slot),
                         len: in_slot.min(h.slot_len),
                         slot,
                         cqe: self.meta.as_ptr().cast(),

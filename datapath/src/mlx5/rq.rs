@@ -187,7 +187,23 @@ impl<D: Doorbell> DirectRq<D> {
                 max: self.max_gs,
             });
         }
-        let slot = self.head & self.mask;
+        // SAFETY: the head's WQE holds no outstanding receive (room, checked above), and
+        // the entries fit (checked above).
+        unsafe { self.write_at(self.head, wr_id, segs) };
+        self.head = self.head.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Writes the WQE of receive counter `counter` for `segs` (data segments, then the
+    /// terminator when fewer than `max_gs`) and its `wrid` entry: what [`post`](Self::post)
+    /// writes once it found room, and what a [`RecvSession`](super::RecvSession) rewrites
+    /// at its own counter.
+    ///
+    /// # Safety
+    /// That WQE holds no posted receive, and `segs.len() <= max_gs`.
+    #[inline(always)]
+    pub(crate) unsafe fn write_at(&mut self, counter: u32, wr_id: u64, segs: &[LocalBuf]) {
+        let slot = counter & self.mask;
         // SAFETY: `slot < wqe_cnt`, so the WQE's `stride` bytes are inside `buf` (`new`'s
         // contract); a WQE is 16-byte aligned (the queue is page-aligned, the stride a
         // power of two >= 16).
@@ -210,8 +226,6 @@ impl<D: Doorbell> DirectRq<D> {
         }
         // SAFETY: slot < wqe_cnt entries of `wrid` (`new`'s contract).
         unsafe { self.wrid.add(slot as usize).write(wr_id) };
-        self.head = self.head.wrapping_add(1);
-        Ok(())
     }
 
     /// Posts again the receive the WQE at the head last held, if its `wrid` entry is
@@ -221,16 +235,7 @@ impl<D: Doorbell> DirectRq<D> {
     /// describes that buffer, as this queue wrote it. `false`: nothing done (post it).
     #[inline(always)]
     pub fn repost_same(&mut self, wr_id: u64) -> bool {
-        if self.outstanding() > self.mask {
-            return false;
-        }
-        let slot = self.head & self.mask;
-        // SAFETY: slot < wqe_cnt entries of `wrid` (`new`'s contract).
-        if unsafe { self.wrid.add(slot as usize).read() } != wr_id {
-            return false;
-        }
-        self.head = self.head.wrapping_add(1);
-        true
+        self.outstanding() <= self.mask && self.repost_same_in_ring(wr_id)
     }
 
     /// Hands the WQEs posted since the last call to the device: a store barrier, then the

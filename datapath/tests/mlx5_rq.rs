@@ -3,6 +3,8 @@
 //! barrier, refusals and wraps. (`cargo xtask golden` compares it with `mlx5_post_recv`
 //! byte for byte; this file runs under miri.)
 
+mod common;
+
 use hotverbs_datapath::mlx5::rq::{DirectRq, DirectRqDesc, RqError, RCV_DBR};
 use hotverbs_datapath::mlx5::{MmioEvent, RecordingDoorbell};
 use hotverbs_datapath::LocalBuf;
@@ -35,27 +37,6 @@ fn rq(q: &mut Q, stride: u32) -> DirectRq<RecordingDoorbell> {
 
 fn bytes(q: &Q) -> Vec<u8> {
     q.buf.iter().flat_map(|w| w.to_ne_bytes()).collect()
-}
-
-/// A poller of the test's CQ of `cqe_cnt` 64-byte CQEs at `buf`, doorbell record `dbrec`.
-///
-/// # Safety
-/// As `DirectPoller::new`: the memory outlives the poller, the CQ's only consumer.
-unsafe fn cq_poller<const B: usize>(
-    buf: *mut u8,
-    dbrec: *mut u32,
-    cqe_cnt: u32,
-) -> hotverbs_datapath::DirectPoller<B> {
-    let cq = hotverbs_datapath::mlx5::DirectCq {
-        buf,
-        cqe_cnt,
-        cqe_size: 64,
-        dbrec,
-        cqn: 1,
-        cons_index: 0,
-    };
-    // SAFETY: the caller's contract.
-    unsafe { hotverbs_datapath::DirectPoller::new(cq) }.unwrap()
 }
 
 #[test]
@@ -278,7 +259,7 @@ fn the_poller_completes_receives_of_an_attached_queue() {
     let mut cq_db = [0u32; 2];
     // SAFETY: as above.
     let mut poller = unsafe {
-        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
+        let mut p = common::mlx5::cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };
@@ -438,7 +419,7 @@ fn a_recv_ring_on_a_direct_queue_posts_and_takes_its_completions() {
     }
     // SAFETY: the test's buffers outlive the poller; it is the CQ's only consumer.
     let mut poller = unsafe {
-        let mut p = cq_poller::<8>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
+        let mut p = common::mlx5::cq_poller::<8>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };
@@ -573,7 +554,7 @@ fn a_slot_released_in_order_is_reposted_by_the_counter_alone() {
     }
     // SAFETY: the test's memory outlives the poller, the CQ's only consumer.
     let mut poller = unsafe {
-        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
+        let mut p = common::mlx5::cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 4);
         p.attach_rq(0xabc, &desc).unwrap();
         p
     };

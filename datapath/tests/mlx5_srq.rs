@@ -3,6 +3,8 @@
 //! segments and the counter. (`cargo xtask golden` compares it with `mlx5_post_srq_recv`
 //! byte for byte; this file runs under miri.)
 
+mod common;
+
 use hotverbs_datapath::mlx5::{DirectSrq, DirectSrqDesc, MmioEvent, RecordingDoorbell, SrqError};
 use hotverbs_datapath::LocalBuf;
 
@@ -53,27 +55,6 @@ fn buf(i: u64) -> LocalBuf {
         len: 64,
         lkey: 7,
     }
-}
-
-/// A poller of the test's CQ of `cqe_cnt` 64-byte CQEs at `buf`, doorbell record `dbrec`.
-///
-/// # Safety
-/// As `DirectPoller::new`: the memory outlives the poller, the CQ's only consumer.
-unsafe fn cq_poller<const B: usize>(
-    buf: *mut u8,
-    dbrec: *mut u32,
-    cqe_cnt: u32,
-) -> hotverbs_datapath::DirectPoller<B> {
-    let cq = hotverbs_datapath::mlx5::DirectCq {
-        buf,
-        cqe_cnt,
-        cqe_size: 64,
-        dbrec,
-        cqn: 1,
-        cons_index: 0,
-    };
-    // SAFETY: the caller's contract.
-    unsafe { hotverbs_datapath::DirectPoller::new(cq) }.unwrap()
 }
 
 /// The device never takes the last linked WQE: `nwqes - 1` posts fill a new SRQ; freed
@@ -223,7 +204,7 @@ fn the_poller_completes_srq_receives_out_of_order() {
     }
     // SAFETY: the test's memory outlives the poller; the SRQ is not posted to during polls.
     let mut poller = unsafe {
-        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
+        let mut p = common::mlx5::cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_srq(0x77, &desc).unwrap();
         p
     };
@@ -293,7 +274,7 @@ fn a_cleaned_srq_receive_frees_its_wqe() {
     bytes[63] = 2 << 4;
     // SAFETY: the test's memory outlives the poller; the SRQ is not posted to meanwhile.
     let mut poller = unsafe {
-        let mut p = cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
+        let mut p = common::mlx5::cq_poller::<4>(cq.as_mut_ptr().cast(), cq_db.as_mut_ptr(), 8);
         p.attach_srq(0x77, &desc).unwrap();
         p
     };

@@ -37,3 +37,25 @@ pub fn sim_cq(sim: &mut Mlx5Sim, cqn: u32) -> DirectCq {
         cons_index: 0,
     }
 }
+
+/// A poller of a test's CQ on plain memory: `cqe_cnt` 64-byte CQEs at `buf`, doorbell
+/// record `dbrec`.
+///
+/// # Safety
+/// As `DirectPoller::new`: the memory outlives the poller, the CQ's only consumer.
+pub unsafe fn cq_poller<const B: usize>(
+    buf: *mut u8,
+    dbrec: *mut u32,
+    cqe_cnt: u32,
+) -> hotverbs_datapath::DirectPoller<B> {
+    let cq = hotverbs_datapath::mlx5::DirectCq {
+        buf,
+        cqe_cnt,
+        cqe_size: 64,
+        dbrec,
+        cqn: 1,
+        cons_index: 0,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { hotverbs_datapath::DirectPoller::new(cq) }.unwrap()
+}

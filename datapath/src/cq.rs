@@ -162,6 +162,14 @@ impl Completion {
     pub fn src_qp(&self) -> u32 {
         self.0.src_qp
     }
+    /// The `wqe_counter` of a send error completion from
+    /// [`DirectPoller`](crate::DirectPoller) (which puts it in `pkey_index`, a field send
+    /// completions do not define): where a [`DirectSession`](crate::DirectSession)'s WR
+    /// whose `wrid` entry the fast path left unwritten is found again.
+    #[inline(always)]
+    pub(crate) fn sq_wqe_counter(&self) -> u16 {
+        self.0.pkey_index
+    }
 }
 
 /// What a send ring's `on_completion` (and the split-mode retirer's) returns for a

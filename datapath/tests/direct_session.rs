@@ -293,19 +293,94 @@ fn a_completion_for_a_leaked_sessions_wr_is_not_lost() {
     let mut b = bed(64, cfg());
     {
         let mut s = b.ring.session::<32>().unwrap();
-        for i in 0..5 {
+        for i in 0..10 {
             s.send(&msg(i)).unwrap();
         }
         std::mem::forget(s);
     }
-    // The device completes the 5th (wqe_counter 4) before any ring call: the ring's
-    // counters say nothing past the first was posted; the doorbell record says 5.
+    // The device completes the 8th (wqe_counter 7, the first signaled: `signal_every(8)`)
+    // before any ring call: the ring's counters say only what the session wrote back at
+    // its last slow path; the doorbell record says 10.
     b.sim
-        .write_cqe(0, hotverbs_datapath::mlx5::opcode::SEND, 4, 0, 0);
+        .write_cqe(0, hotverbs_datapath::mlx5::opcode::SEND, 7, 0, 0);
     let Bed { ring, poller, .. } = &mut b;
     let c = &poller.poll().unwrap()[0];
-    assert_eq!(ring.on_completion(c).unwrap(), 5);
-    assert_eq!(b.ring.outstanding(), 0);
+    assert_eq!(ring.on_completion(c).unwrap(), 8);
+    assert_eq!(b.ring.outstanding(), 2);
+    assert_eq!(b.ring.posted_total(), 10);
+}
+
+/// The session's fast path writes no `wrid` entry: an error CQE for one of its unsignaled
+/// WRs, and the flush of every later one, find their WRs at the CQE's `wqe_counter` (open,
+/// closed and leaked sessions), and every WR retires exactly once with the error named.
+#[test]
+fn error_completions_of_unsignaled_session_wrs_name_their_wrs() {
+    for end in ["open", "closed", "leaked"] {
+        let mut b = bed(64, cfg());
+        let Bed { sim, ring, poller } = &mut b;
+        // A WR the ring posted before the session, so the session's entries are not the
+        // table's first: wr 0 (send_now, unsignaled), then the session from wr 1.
+        ring.send_now(Msg::send(Local::Inline(&msg(0)))).unwrap();
+        let mut s = ring.session::<32>().unwrap();
+        for i in 1..5 {
+            s.send(&msg(i)).unwrap();
+        }
+        // The device executes 0..=4 (none signaled: no CQE), then wr 5 (unsignaled, fast
+        // path) fails and 6..=11 are flushed.
+        sim.process();
+        sim.fail_next(0x04, 0x51);
+        for i in 5..12 {
+            s.send(&msg(i)).unwrap();
+        }
+        sim.process();
+        let mut retired = 0;
+        let mut errors = Vec::new();
+        let mut seen = 0;
+        match end {
+            "open" => {
+                for c in poller.poll().unwrap() {
+                    seen += 1;
+                    match s.on_completion(c) {
+                        Ok(n) => retired += n,
+                        Err(e) => errors.push(e),
+                    }
+                }
+                assert!(matches!(s.send(&msg(12)), Err(SendError::QpError(_))));
+                drop(s);
+            }
+            "closed" => {
+                drop(s);
+            }
+            _ => std::mem::forget(s),
+        }
+        if end != "open" {
+            for c in poller.poll().unwrap() {
+                seen += 1;
+                match ring.on_completion(c) {
+                    Ok(n) => retired += n,
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        // wr 7 was signaled and is flushed like the rest: one CQE per WR from 5 (the
+        // failing one) to 11, and the first names the protection error.
+        assert_eq!(
+            seen, 7,
+            "{end}: CQEs (errors {errors:?}, retired {retired})"
+        );
+        assert_eq!(
+            errors.first().copied(),
+            Some(hotverbs_datapath::WcError::LocProt),
+            "{end}: the first error names the failing WR's status"
+        );
+        assert_eq!(retired, 0, "{end}: nothing completed successfully");
+        // Every WR is accounted: 0..=11 retired by the error CQEs (the one of wr 5 retires
+        // 0..=5), nothing left outstanding, nothing retired twice.
+        assert_eq!(ring.posted_total(), 12, "{end}");
+        assert_eq!(ring.retired_total(), 12, "{end}: every WR retired once");
+        assert_eq!(ring.outstanding(), 0, "{end}");
+        assert!(ring.error().is_some(), "{end}");
+    }
 }
 
 #[test]

@@ -976,6 +976,9 @@ impl CqState {
         wc.byte_len = byte_len;
         wc.qp_num = qpn;
         wc.wc_flags = flags;
+        // Undefined for a send completion: the CQE's `wqe_counter`, where a session's WR
+        // is found when its `wrid` entry is not written yet (`DirectRing::on_completion`).
+        wc.pkey_index = ctr;
         Ok(true)
     }
 

@@ -111,6 +111,10 @@ struct State {
     /// A [`DirectSession`] is open (or was leaked): `batch_open` is set too, so that every
     /// call after a leak takes the slow path, which catches up from the doorbell record.
     session_open: bool,
+    /// The sequence number of the open (or leaked) session's first WR. The session's fast
+    /// path writes no `wrid` entry; [`write_session_ids`](DirectRing::write_session_ids)
+    /// writes those of `sess_s0..` when the session closes or a completion needs one.
+    sess_s0: u64,
     posted: u64,
     retired: u64,
     limit: u64,
@@ -771,6 +775,7 @@ impl<D: Doorbell> DirectRing<D> {
                 id_bits: wr_id::encode(cfg.ring_id, 0),
                 batch_open: false,
                 session_open: false,
+                sess_s0: 0,
                 posted: 0,
                 retired: 0,
                 limit: depth,
@@ -1234,8 +1239,10 @@ impl<D: Doorbell> DirectRing<D> {
     fn drop_leaked_batch(&mut self) {
         self.st.batch_open = false;
         if self.st.session_open {
-            // A leaked session posted every message it wrote: count them, drop nothing.
+            // A leaked session posted every message it wrote: count them, drop nothing,
+            // and write the `wrid` entries its fast path did not.
             self.catch_up_session();
+            self.write_session_ids();
             self.st.session_open = false;
             self.set_event(self.event_at());
         } else {
@@ -1311,12 +1318,33 @@ impl<D: Doorbell> DirectRing<D> {
     #[cold]
     #[inline(never)]
     fn stale_or_session(&mut self, c: &Completion) -> Result<u64, WcError> {
-        if self.session_delta() == 0 {
+        if !self.st.session_open {
             return Ok(0);
         }
+        // Counters from the doorbell record, and the entries the session's fast path left
+        // unwritten.
         self.catch_up_session();
+        self.write_session_ids();
+        // Only a signaled WR completes successfully, and the session's slow path wrote its
+        // entry; an error CQE (the failing WR, then a flush of every later one) may be for
+        // any WR: its entry is read again, at the CQE's `wqe_counter`.
+        let seq55 = if c.status().is_ok() {
+            c.seq()
+        } else {
+            let st = &self.st;
+            // SAFETY: `wqe_counter & mask` < wqe_cnt: an entry of the table.
+            let id = unsafe {
+                st.f.wrid
+                    .add((u32::from(c.sq_wqe_counter()) & st.f.mask) as usize)
+                    .read()
+            };
+            if (id ^ st.id_bits) >> wr_id::KIND_SHIFT != 0 {
+                return Ok(0);
+            }
+            wr_id::seq_of(id)
+        };
         let st = &mut self.st;
-        let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
+        let Some(s) = wr_id::full_seq(st.posted, st.retired, seq55) else {
             return Ok(0);
         };
         let n = s + 1 - st.retired;
@@ -1335,7 +1363,12 @@ impl<D: Doorbell> DirectRing<D> {
     /// the ring and the completion only (see `cq::refuse_send`).
     #[cold]
     #[inline(never)]
-    fn refuse(&self, c: &Completion) -> Result<u64, WcError> {
+    fn refuse(&mut self, c: &Completion) -> Result<u64, WcError> {
+        // An error CQE for a session's WR whose entry was never written (another ring's,
+        // or none yet): found at its `wqe_counter`.
+        if self.st.session_open && c.qp_num() == self.st.qp_num && c.status().is_err() {
+            return self.stale_or_session(c);
+        }
         crate::cq::refuse_send(c, self.ring_id())
     }
 

@@ -15,11 +15,23 @@
 //! session's state escape either.
 //!
 //! # The ring's promises, kept
-//! Exact retirement (every WR has its `wrid` entry, completions go through the ring's
+//! Exact retirement (completions go through the ring's
 //! [`on_completion`](DirectRing::on_completion)), back-pressure (`WouldBlock` when
 //! `depth` WRs are outstanding), a signal every `signal_every` and on the WR that fills the
 //! ring, the same SQ bytes, doorbell record and BlueFlame buffers as the ring's own lone
 //! path (a test compares them), the error state (`QpError`).
+//!
+//! # `wrid` entries, written late
+//! The session's fast path writes no `wrid` entry (a store, and two registers for the
+//! table and the `wr_id` epoch: 5 instructions a message in `cargo xtask insn`). Its slow
+//! path writes the entry of the WR it posts, so every signaled WR has its entry when it is
+//! posted, and only a signaled WR completes successfully. The others are written by
+//! [`DirectRing::write_session_ids`]: when the session closes (or the ring repairs a
+//! leaked one), and before an error CQE is resolved. An error CQE (the failing WR, then the
+//! flush of every later one) may name any WR; [`DirectPoller`](crate::DirectPoller) puts
+//! its `wqe_counter` in the completion, and the ring reads the entry there again once the
+//! entries are written. When the session closes, the table is as if every post had
+//! written its own entry (the golden comparison checks it against libmlx5's).
 //!
 //! # Leaks (`mem::forget`)
 //! While a session or window is open the ring's own `event` is 0 and `batch_open` is set,
@@ -80,12 +92,9 @@ struct Hot {
     c: u64,
     /// The first `c` that takes the slow path (0 until the first post decides it).
     ev: u64,
-    /// The `wrid` entry of `c` is `c + wid_off` (the ring's `id_off` minus `cur_off`).
-    wid_off: u64,
     /// `seq = c - cur_off`.
     cur_off: u64,
     sq: *mut u8,
-    wrid: *mut u64,
     /// The send counter of the doorbell record.
     dbr: *mut u32,
     /// The address of the BlueFlame buffer of the next doorbell. An address, toggled by one
@@ -138,7 +147,6 @@ struct List {
 #[derive(Clone, Copy)]
 struct Decided {
     ev: u64,
-    wid_off: u64,
     /// The ctrl segment's second word's signal bits (`fm_ce_se << 24`).
     fm: u64,
 }
@@ -171,10 +179,8 @@ impl<D: Doorbell> DirectRing<D> {
         let h = Hot {
             c: seq.wrapping_add(cur_off),
             ev: 0,
-            wid_off: 0,
             cur_off,
             sq: st.f.sq,
-            wrid: st.f.wrid,
             // SAFETY: the QP's doorbell record has the send counter at SND_DBR (new's
             // contract).
             dbr: unsafe { st.dbrec.add(SND_DBR) },
@@ -186,6 +192,7 @@ impl<D: Doorbell> DirectRing<D> {
         };
         self.st.batch_open = true;
         self.st.session_open = true;
+        self.st.sess_s0 = seq;
         self.park_event();
         Ok(DirectSession { ring: self, h })
     }
@@ -217,13 +224,19 @@ impl<D: Doorbell> DirectRing<D> {
         st.posted = seq + 1;
         st.f.cur = (c as u32).wrapping_add(1);
         st.bf_cur = st.bf_cur.with_addr(bf ^ st.bf_size as usize);
-        let id_off = st.id_bits.wrapping_sub(seq & !wr_id::SEQ_MASK);
-        let cap = (st.retired + st.limit).saturating_sub(1);
+        // This WR's `wrid` entry (the fast path writes none: see `write_session_ids`).
+        // SAFETY: `c & mask` < wqe_cnt: an entry of the table; the WR has room.
+        unsafe {
+            st.f.wrid
+                .add((c as u32 & st.f.mask) as usize)
+                .write(st.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
+        };
+        // There is room, so `limit >= 1`: no underflow.
+        let cap = st.retired + st.limit - 1;
         let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
         let ev = st.next_signal.min(cap).min(epoch_end).max(seq + 1);
         Ok(Decided {
             ev: ev.wrapping_add(cur_off),
-            wid_off: id_off.wrapping_sub(cur_off),
             fm: if scheduled || full {
                 u64::from(CTRL_CQ_UPDATE) << 24
             } else {
@@ -241,9 +254,39 @@ impl<D: Doorbell> DirectRing<D> {
         st.posted = seq;
         st.f.cur = c as u32;
         st.bf_cur = st.bf_cur.with_addr(bf);
+        self.write_session_ids();
+        let st = &mut self.st;
         st.session_open = false;
         st.batch_open = false;
         self.set_event(self.event_at());
+    }
+
+    /// Writes the `wrid` entries of the session's WRs (`sess_s0` up to the ring's `seq`)
+    /// that its fast path did not: those of the newest `wqe_cnt` at most, whose blocks no
+    /// later WR reused (every session WQE is one block, and the session's WRs are the
+    /// newest). Each is the entry the ring's own paths write (`id_bits` and the sequence
+    /// number's 55 bits), so afterwards the table is as if every post had written its
+    /// own. The fast path saves its store and the registers for the table and the epoch;
+    /// a CQE can only need an entry the slow path did not write when it is an error CQE
+    /// (only signaled WRs, whose entries the slow path writes, complete successfully), and
+    /// then [`on_completion`](Self::on_completion) calls this first.
+    #[cold]
+    pub(super) fn write_session_ids(&mut self) {
+        let st = &self.st;
+        let end = st.f.seq;
+        let start = st.sess_s0.max(end.saturating_sub(u64::from(st.f.mask) + 1));
+        // `cur - seq`, the same for every WR of the session (each one block).
+        let cur_off = st.f.cur.wrapping_sub(end as u32);
+        for seq in start..end {
+            let c = (seq as u32).wrapping_add(cur_off);
+            // SAFETY: `c & mask` < wqe_cnt: an entry of the table, of a WR of this session
+            // (see above), which nothing else writes.
+            unsafe {
+                st.f.wrid
+                    .add((c & st.f.mask) as usize)
+                    .write(st.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
+            };
+        }
     }
 
     /// The messages a session posted since it last wrote the ring's counters back (each
@@ -455,7 +498,7 @@ impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
         }
         let h = &mut self.h;
         // SAFETY: `c < ev`: room, no signal due, BlueFlame in use (`ev` stays 0 without
-        // it: every post decides), the WR's `wr_id` epoch is `wid_off`'s.
+        // it: every post decides).
         let ctrl = unsafe { write_wqe::<LEN>(h, data, op_delta, w1) };
         // SAFETY: the one block just written, BlueFlame in use.
         unsafe { doorbell(&mut self.ring.db, h, ctrl, true) };
@@ -473,8 +516,7 @@ impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
         let h = &mut self.h;
         let bf = h.bf_one;
         h.ev = if bf { d.ev } else { 0 };
-        h.wid_off = d.wid_off;
-        // SAFETY: session_decide found room and set the epoch.
+        // SAFETY: session_decide found room (and wrote the WR's `wrid` entry).
         let ctrl = unsafe { write_wqe::<LEN>(h, data, op_delta, w1 | d.fm) };
         // SAFETY: the one block just written.
         unsafe { doorbell(&mut self.ring.db, h, ctrl, bf) };
@@ -514,14 +556,11 @@ impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
 }
 
 /// Writes the one-block WQE of a `LEN`-byte inline SEND with counter `c` at `ctrl` and
-/// its `wrid` entry at `id`: inline header, the bytes (a copy of a constant size: moves at
-/// fixed offsets from `data`, no length test), the ctrl segment (`w0`: opcode and
-/// `qpn_ds`; `w1`: signal bits and immediate). The one writer of the session, the window
-/// and `post_list`.
+/// its `wrid` entry at `id`: [`one_wqe`] and the entry. The writer of the window and
+/// `post_list`.
 ///
 /// # Safety
-/// `ctrl` is a basic block of the SQ no outstanding WQE uses, `id` its `wrid` entry, and
-/// `1 <= LEN <= 44`.
+/// As [`one_wqe`]; `id` is the block's `wrid` entry.
 #[inline(always)]
 unsafe fn one_block<const LEN: usize>(
     ctrl: *mut u8,
@@ -533,13 +572,28 @@ unsafe fn one_block<const LEN: usize>(
 ) {
     // SAFETY: the caller's contract: the block's 64 bytes and the entry are ours.
     unsafe {
+        one_wqe(ctrl, data, word0, w1);
+        id.write(wr_id);
+    }
+}
+
+/// Writes the one-block WQE of a `LEN`-byte inline SEND at `ctrl`: inline header, the
+/// bytes (a copy of a constant size: moves at fixed offsets from `data`, no length test),
+/// the ctrl segment (`w0`: opcode, counter and `qpn_ds`; `w1`: signal bits and
+/// immediate). The one WQE writer of the session, the window and `post_list`.
+///
+/// # Safety
+/// `ctrl` is a basic block of the SQ no outstanding WQE uses, and `1 <= LEN <= 44`.
+#[inline(always)]
+unsafe fn one_wqe<const LEN: usize>(ctrl: *mut u8, data: &[u8; LEN], word0: u64, w1: u64) {
+    // SAFETY: the caller's contract: the block's 64 bytes are ours.
+    unsafe {
         ctrl.add(16)
             .cast::<u32>()
             .write((LEN as u32 | INLINE_SEG).to_be());
         core::ptr::copy_nonoverlapping(data.as_ptr(), ctrl.add(20), LEN);
         ctrl.cast::<u64>().write(word0);
         ctrl.add(8).cast::<u64>().write(w1);
-        id.write(wr_id);
     }
 }
 
@@ -579,12 +633,11 @@ fn opaque(x: u32) -> u32 {
 }
 
 /// Writes the one-block WQE of a `LEN`-byte inline SEND at `h.c` (`w1`: the ctrl
-/// segment's second word: signal bits and immediate), its `wrid` entry, and advances
-/// `h.c`. Returns its ctrl segment.
+/// segment's second word: signal bits and immediate) and advances `h.c`. No `wrid` entry:
+/// see [`DirectRing::write_session_ids`]. Returns its ctrl segment.
 ///
 /// # Safety
-/// The WR has room (no outstanding WQE in its block), `h.wid_off` is its epoch's, and
-/// `1 <= LEN <= 44`.
+/// The WR has room (no outstanding WQE in its block) and `1 <= LEN <= 44`.
 #[inline(always)]
 unsafe fn write_wqe<const LEN: usize>(
     h: &mut Hot,
@@ -594,18 +647,10 @@ unsafe fn write_wqe<const LEN: usize>(
 ) -> *mut u8 {
     let c = h.c;
     let idx = (c & h.mask) as usize;
-    // SAFETY: idx < wqe_cnt: the block and its entry are in the SQ and the table; the
-    // caller's contract for the rest.
+    // SAFETY: idx < wqe_cnt: the block is in the SQ; the caller's contract for the rest.
     unsafe {
         let ctrl = h.sq.add(idx << 6);
-        one_block(
-            ctrl,
-            h.wrid.add(idx),
-            data,
-            word0(c, h.w0 + op_delta),
-            w1,
-            c.wrapping_add(h.wid_off),
-        );
+        one_wqe(ctrl, data, word0(c, h.w0 + op_delta), w1);
         h.c = c + 1;
         ctrl
     }

@@ -1673,8 +1673,15 @@ mod tests {
     /// epoch's event sends to the slow path), the posts after staged WRs that crossed it
     /// were rewound by a leaked batch (`set_event` resets the epoch), and the completions,
     /// which retire exactly everything.
-    #[test]
-    fn sequence_numbers_cross_the_wr_id_epoch() {
+    /// A ring (id 5, depth 16, a signal every 4, batches of 8) and its poller on a
+    /// simulator of 64 blocks, its counters set as a ring that has retired everything has
+    /// them 6 WRs before the end of the first `wr_id` epoch; and that sequence number.
+    fn ring_before_the_epoch_end() -> (
+        Mlx5Sim,
+        DirectRing<RecordingDoorbell>,
+        DirectPoller<16>,
+        u64,
+    ) {
         let mut sim = Mlx5Sim::new(64, 64, 0xabc);
         let p = sim.ptrs();
         let sq = DirectSq {
@@ -1701,9 +1708,9 @@ mod tests {
             cons_index: 0,
         };
         let cfg = SendConfig::new(5, 16, 64).signal_every(4).batch(8);
-        // SAFETY: the simulator's memory outlives the ring and the poller; nothing else
-        // posts or polls.
-        let (mut r, mut poll) = unsafe {
+        // SAFETY: the simulator's memory (heap regions, which stay where they are when the
+        // simulator moves) outlives the ring and the poller; nothing else posts or polls.
+        let (mut r, poll) = unsafe {
             let r = DirectRing::with_doorbell(sq, cfg, None, RecordingDoorbell::new(sq.bf_reg))
                 .unwrap();
             let mut poll = DirectPoller::<16>::new(cq).unwrap();
@@ -1718,6 +1725,13 @@ mod tests {
         r.st.next_signal = start + 3;
         let e = r.event_at();
         r.set_event(e);
+        (sim, r, poll, start)
+    }
+
+    #[test]
+    fn sequence_numbers_cross_the_wr_id_epoch() {
+        let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();
+        let p = sim.ptrs();
         // Every WQE here is one block, so sequence `s` is at block `s - start`.
         let wrid = |s: u64| {
             // SAFETY: an entry of the simulator's 64-entry wrid table.
@@ -1784,6 +1798,66 @@ mod tests {
             end + 1 - start,
             "everything retired, by its own completions"
         );
+        assert_eq!(r.outstanding(), 0);
+    }
+
+    /// A session across the end of a `wr_id` epoch: its fast path writes no `wrid` entry
+    /// and its event does not stop at the boundary, yet every entry is `encode(ring, seq)`
+    /// once the session closes, an error CQE past the boundary (of an unsignaled WR) is
+    /// resolved to its WR, and everything retires exactly once.
+    #[test]
+    fn a_session_crosses_the_wr_id_epoch() {
+        let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();
+        let p = sim.ptrs();
+        let wrid = |s: u64| {
+            // SAFETY: an entry of the simulator's 64-entry wrid table.
+            unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
+        };
+        let mut retired = 0;
+        {
+            let mut ses = r.session::<16>().unwrap();
+            for i in 0..12u64 {
+                assert_eq!(ses.send(&[i as u8; 16]).unwrap(), start + i);
+                if i % 4 == 3 {
+                    sim.process();
+                    for c in poll.poll().unwrap().iter() {
+                        retired += ses.on_completion(c).unwrap();
+                    }
+                }
+            }
+        }
+        for s in start..start + 12 {
+            assert_eq!(wrid(s), wr_id::encode(5, s), "wrid of seq {s:#x}");
+        }
+        assert_eq!(retired, 12);
+        // Past the boundary: start + 14 (unsignaled, fast path) fails, the rest flush.
+        let mut errors = 0;
+        {
+            let mut ses = r.session::<16>().unwrap();
+            for i in 12..14u64 {
+                ses.send(&[i as u8; 16]).unwrap();
+            }
+            sim.process();
+            sim.fail_next(0x04, 0x51);
+            for i in 14..18u64 {
+                ses.send(&[i as u8; 16]).unwrap();
+            }
+            sim.process();
+            for c in poll.poll().unwrap().iter() {
+                match ses.on_completion(c) {
+                    Ok(n) => panic!("a success after the failure ({n} retired)"),
+                    Err(e) => {
+                        if errors == 0 {
+                            assert_eq!(e, WcError::LocProt, "the failing WR's status first");
+                        }
+                        errors += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(errors, 4, "the failing WR and the three after it");
+        assert_eq!(r.posted_total(), start + 18);
+        assert_eq!(r.retired_total(), start + 18, "every WR retired once");
         assert_eq!(r.outstanding(), 0);
     }
 }

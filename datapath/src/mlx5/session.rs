@@ -10,9 +10,8 @@
 //! into itself (a value the caller holds in registers: nothing takes its address, so the
 //! barriers cannot touch it) and knows the message's size at compile time (`[u8; LEN]`):
 //! the `ds`, the inline header and the ctrl word's constant half are constants. Its slow
-//! path (the signal every `signal_every`, a full ring, the error state, the end of a
-//! `wr_id` epoch) is a cold function that takes and returns values, so it never makes the
-//! session's state escape either.
+//! path (the signal every `signal_every`, a full ring, the error state) is a cold function
+//! that takes and returns values, so it never makes the session's state escape either.
 //!
 //! # The ring's promises, kept
 //! Exact retirement (completions go through the ring's
@@ -198,10 +197,10 @@ impl<D: Doorbell> DirectRing<D> {
     }
 
     /// The session's slow path, before the WQE at `c` (`seq = c - cur_off`) is written:
-    /// room, the signal, the `wr_id` epoch and the next event. On success the ring's
-    /// counters are written back as they will be once this WR is posted (the session posts
-    /// it right after; nothing can look at the ring in between). Takes and returns values:
-    /// the session's state never escapes (see the [module docs](self)).
+    /// room, the signal and the next event, and this WR's `wrid` entry. On success the
+    /// ring's counters are written back as they will be once this WR is posted (the session
+    /// posts it right after; nothing can look at the ring in between). Takes and returns
+    /// values: the session's state never escapes (see the [module docs](self)).
     #[cold]
     #[inline(never)]
     fn session_decide(&mut self, c: u64, cur_off: u64, bf: usize) -> Result<Decided, SendError> {
@@ -231,10 +230,11 @@ impl<D: Doorbell> DirectRing<D> {
                 .add((c as u32 & st.f.mask) as usize)
                 .write(st.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
         };
-        // There is room, so `limit >= 1`: no underflow.
+        // There is room, so `limit >= 1`: no underflow. No end of a `wr_id` epoch (as the
+        // ring's own event has): the fast path writes no `wrid` entry, and every entry
+        // written (here and in `write_session_ids`) is computed for its own WR.
         let cap = st.retired + st.limit - 1;
-        let epoch_end = (seq | wr_id::SEQ_MASK).wrapping_add(1);
-        let ev = st.next_signal.min(cap).min(epoch_end).max(seq + 1);
+        let ev = st.next_signal.min(cap).max(seq + 1);
         Ok(Decided {
             ev: ev.wrapping_add(cur_off),
             fm: if scheduled || full {

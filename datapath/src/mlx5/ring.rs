@@ -115,6 +115,9 @@ struct State {
     /// path writes no `wrid` entry; [`write_session_ids`](DirectRing::write_session_ids)
     /// writes those of `sess_s0..` when the session closes or a completion needs one.
     sess_s0: u64,
+    /// `cur_post` when the session opened: the ring's BlueFlame buffer is the one of that
+    /// doorbell until the session gives the ring back.
+    sess_cur0: u32,
     posted: u64,
     retired: u64,
     limit: u64,
@@ -776,6 +779,7 @@ impl<D: Doorbell> DirectRing<D> {
                 batch_open: false,
                 session_open: false,
                 sess_s0: 0,
+                sess_cur0: 0,
                 posted: 0,
                 retired: 0,
                 limit: depth,
@@ -1241,9 +1245,7 @@ impl<D: Doorbell> DirectRing<D> {
         if self.st.session_open {
             // A leaked session posted every message it wrote: count them, drop nothing,
             // and write the `wrid` entries its fast path did not.
-            self.catch_up_session();
-            self.write_session_ids();
-            self.st.session_open = false;
+            self.end_leaked_session();
             self.set_event(self.event_at());
         } else {
             self.unstage_to_posted();
@@ -1443,8 +1445,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// retired.
     pub unsafe fn reset(&mut self) -> u64 {
         if self.st.session_open {
-            self.catch_up_session();
-            self.st.session_open = false;
+            self.end_leaked_session();
         }
         self.st.batch_open = false;
         let dropped = self.st.f.seq - self.st.retired;

@@ -192,6 +192,7 @@ impl<D: Doorbell> DirectRing<D> {
         self.st.batch_open = true;
         self.st.session_open = true;
         self.st.sess_s0 = seq;
+        self.st.sess_cur0 = self.st.f.cur;
         self.park_event();
         Ok(DirectSession { ring: self, h })
     }
@@ -203,7 +204,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// values: the session's state never escapes (see the [module docs](self)).
     #[cold]
     #[inline(never)]
-    fn session_decide(&mut self, c: u64, cur_off: u64, bf: usize) -> Result<Decided, SendError> {
+    fn session_decide(&mut self, c: u64, cur_off: u64) -> Result<Decided, SendError> {
         let seq = c.wrapping_sub(cur_off);
         let st = &mut self.st;
         if !crate::split::has_room(seq, st.retired, st.limit) {
@@ -211,7 +212,6 @@ impl<D: Doorbell> DirectRing<D> {
             st.f.seq = seq;
             st.posted = seq;
             st.f.cur = c as u32;
-            st.bf_cur = st.bf_cur.with_addr(bf);
             return Err(self.blocked());
         }
         // One past the last sequence number with room (`seq < end`: room, checked above).
@@ -239,7 +239,6 @@ impl<D: Doorbell> DirectRing<D> {
         st.f.seq = seq + 1;
         st.posted = seq + 1;
         st.f.cur = (c as u32).wrapping_add(1);
-        st.bf_cur = st.bf_cur.with_addr(bf ^ st.bf_size as usize);
         // This WR's `wrid` entry (the fast path writes none: see `write_session_ids`).
         // SAFETY: `c & mask` < wqe_cnt: an entry of the table; the WR has room.
         unsafe {
@@ -307,7 +306,10 @@ impl<D: Doorbell> DirectRing<D> {
         u64::from(dbr.wrapping_sub(self.st.f.cur) & 0xffff)
     }
 
-    /// Brings the ring's counters up to what an open (or leaked) session posted.
+    /// Brings the ring's counters up to what an open (or leaked) session posted. Not the
+    /// BlueFlame buffer: while the session is open it keeps its own, and the ring's stays
+    /// where the session found it ([`end_leaked_session`](Self::end_leaked_session) sets
+    /// it).
     #[cold]
     pub(super) fn catch_up_session(&mut self) {
         let d = self.session_delta();
@@ -315,9 +317,23 @@ impl<D: Doorbell> DirectRing<D> {
         st.f.seq += d;
         st.posted = st.f.seq;
         st.f.cur = st.f.cur.wrapping_add(d as u32);
+    }
+
+    /// Takes the ring back from a leaked session: its counters and `wrid` entries
+    /// ([`catch_up_session`](Self::catch_up_session),
+    /// [`write_session_ids`](Self::write_session_ids)), and its BlueFlame buffer: the one
+    /// the session opened with, switched once per doorbell since (one per WQE, each one
+    /// block).
+    #[cold]
+    pub(super) fn end_leaked_session(&mut self) {
+        self.catch_up_session();
+        self.write_session_ids();
+        let st = &mut self.st;
+        let rung = st.f.cur.wrapping_sub(st.sess_cur0);
         st.bf_cur = st
             .bf_cur
-            .map_addr(|a| a ^ ((d as usize & 1) * st.bf_size as usize));
+            .map_addr(|a| a ^ ((rung as usize & 1) * st.bf_size as usize));
+        st.session_open = false;
     }
 
     /// What a window and `post_list` start from: `LEN` checked, a leaked batch or session
@@ -517,7 +533,7 @@ impl<D: Doorbell, const LEN: usize> DirectSession<'_, D, LEN> {
     #[inline(always)]
     fn post_decided(&mut self, data: &[u8; LEN], op_delta: u64, w1: u64) -> Result<u64, SendError> {
         let c = self.h.c;
-        let d = self.ring.session_decide(c, self.h.cur_off, self.h.bf)?;
+        let d = self.ring.session_decide(c, self.h.cur_off)?;
         let h = &mut self.h;
         let bf = h.bf_one;
         h.ev = if bf { d.ev } else { 0 };

@@ -270,9 +270,12 @@ fn a_leaked_session_is_caught_up_from_the_doorbell_record() {
         }
         std::mem::forget(s);
     }
-    // Posted, never written back by the session: the ring counts them from the record.
+    // Posted, never written back by the session: the ring counts them from the record,
+    // and its `cur_post` and BlueFlame buffer are the session's (13 doorbells: odd).
     assert_eq!(b.ring.outstanding(), 13);
     assert_eq!(b.ring.posted_total(), 13);
+    assert_eq!(b.ring.cur_post(), 13);
+    assert_eq!(b.ring.bf_offset(), 256);
     // The next post continues after them (no WQE overwritten, sequence numbers go on).
     assert_eq!(
         b.ring.send_now(Msg::send(Local::Inline(&msg(13)))).unwrap(),

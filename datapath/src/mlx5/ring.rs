@@ -1567,15 +1567,25 @@ impl<D: Doorbell> DirectRing<D> {
     pub fn ring_id(&self) -> u8 {
         wr_id::ring_of(self.st.id_bits)
     }
-    /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE.
-    #[inline(always)]
+    /// libmlx5's `sq.cur_post`: the basic-block counter of the next WQE (after a leaked
+    /// session, from the doorbell record, as the ring's next call takes it back).
+    #[inline]
     pub fn cur_post(&self) -> u32 {
+        if self.st.session_open {
+            return self.session_cur().wrapping_add(self.session_delta() as u32);
+        }
         self.st.f.cur
     }
-    /// The BlueFlame buffer offset the next doorbell uses.
-    #[inline(always)]
+    /// The BlueFlame buffer offset the next doorbell uses (after a leaked session: the
+    /// session's first, switched once per doorbell it rang).
+    #[inline]
     pub fn bf_offset(&self) -> u32 {
-        (self.st.bf_cur.addr() - self.st.bf_reg.addr()) as u32
+        let mut off = self.st.bf_cur.addr() - self.st.bf_reg.addr();
+        if self.st.session_open {
+            let rung = self.cur_post().wrapping_sub(self.st.sess_cur0);
+            off ^= (rung as usize & 1) * self.st.bf_size as usize;
+        }
+        off as u32
     }
 }
 

@@ -211,7 +211,6 @@ impl<D: Doorbell> DirectRing<D> {
             // Counters as they are: the messages sent since the last slow path.
             st.f.seq = seq;
             st.posted = seq;
-            st.f.cur = c as u32;
             return Err(self.blocked());
         }
         // One past the last sequence number with room (`seq < end`: room, checked above).
@@ -238,7 +237,6 @@ impl<D: Doorbell> DirectRing<D> {
         let ev = ns.min(end - 1).max(seq + 1).wrapping_add(cur_off);
         st.f.seq = seq + 1;
         st.posted = seq + 1;
-        st.f.cur = (c as u32).wrapping_add(1);
         // This WR's `wrid` entry (the fast path writes none: see `write_session_ids`).
         // SAFETY: `c & mask` < wqe_cnt: an entry of the table; the WR has room.
         unsafe {
@@ -280,7 +278,7 @@ impl<D: Doorbell> DirectRing<D> {
         let end = st.f.seq;
         let start = st.sess_s0.max(end.saturating_sub(u64::from(st.f.mask) + 1));
         // `cur - seq`, the same for every WR of the session (each one block).
-        let cur_off = st.f.cur.wrapping_sub(end as u32);
+        let cur_off = st.sess_cur0.wrapping_sub(st.sess_s0 as u32);
         for seq in start..end {
             let c = (seq as u32).wrapping_add(cur_off);
             // SAFETY: `c & mask` < wqe_cnt: an entry of the table, of a WR of this session
@@ -303,11 +301,21 @@ impl<D: Doorbell> DirectRing<D> {
         // SAFETY: the QP's doorbell record (new's contract), which only this ring (through
         // its session) writes.
         let dbr = u32::from_be(unsafe { self.st.dbrec.add(SND_DBR).read_volatile() });
-        u64::from(dbr.wrapping_sub(self.st.f.cur) & 0xffff)
+        u64::from(dbr.wrapping_sub(self.session_cur()) & 0xffff)
     }
 
-    /// Brings the ring's counters up to what an open (or leaked) session posted. Not the
-    /// BlueFlame buffer: while the session is open it keeps its own, and the ring's stays
+    /// `cur_post` after the WRs the ring's counters count (`seq`), while a session is open
+    /// (or leaked): every session WQE is one block. The session's slow path keeps `seq`
+    /// and `posted` up to date, not `cur`, which is this until the session ends.
+    #[inline]
+    pub(super) fn session_cur(&self) -> u32 {
+        let st = &self.st;
+        st.sess_cur0
+            .wrapping_add(st.f.seq.wrapping_sub(st.sess_s0) as u32)
+    }
+
+    /// Brings the ring's counters up to what an open (or leaked) session posted (and
+    /// `cur_post`, which the session's slow path does not keep). Not the BlueFlame buffer: while the session is open it keeps its own, and the ring's stays
     /// where the session found it ([`end_leaked_session`](Self::end_leaked_session) sets
     /// it).
     #[cold]
@@ -316,7 +324,7 @@ impl<D: Doorbell> DirectRing<D> {
         let st = &mut self.st;
         st.f.seq += d;
         st.posted = st.f.seq;
-        st.f.cur = st.f.cur.wrapping_add(d as u32);
+        self.st.f.cur = self.session_cur();
     }
 
     /// Takes the ring back from a leaked session: its counters and `wrid` entries

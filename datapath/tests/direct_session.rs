@@ -19,8 +19,13 @@ struct Bed {
 }
 
 fn bed(wqe_cnt: u32, cfg: SendConfig) -> Bed {
+    bed_inline(wqe_cnt, cfg, 64)
+}
+
+/// [`bed`] on a QP whose `max_inline` is `max_inline`.
+fn bed_inline(wqe_cnt: u32, cfg: SendConfig, max_inline: u32) -> Bed {
     let mut sim = Box::new(Mlx5Sim::new(wqe_cnt, 256, QPN));
-    let sq = common::mlx5::sim_sq(&mut sim, QPN, 64, 1);
+    let sq = common::mlx5::sim_sq(&mut sim, QPN, max_inline, 1);
     let cq = common::mlx5::sim_cq(&mut sim, 1);
     // SAFETY: the boxed simulator outlives the ring and the poller, its only users.
     let (ring, poller) = unsafe {
@@ -233,6 +238,13 @@ fn sizes_a_session_cannot_send_are_named() {
         Err(SendError::Config(ConfigError::Fixed(why))) => assert!(why.contains("split")),
         other => panic!("{other:?}"),
     }
+    // An RC QP without inline data (max_inline 0): the inline limit, not UD's refusal
+    // (found by the direct_ring fuzz target's sessions).
+    let mut b = bed_inline(64, SendConfig::new(1, 32, 0), 0);
+    assert_eq!(
+        b.ring.session::<16>().map(|_| ()),
+        Err(SendError::InlineTooLong { len: 16, max: 0 })
+    );
 }
 
 #[test]

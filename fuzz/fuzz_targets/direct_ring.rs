@@ -20,7 +20,12 @@
 //!   ctrl segment carries the WQE index the device expects, so a WQE of the wrong size or
 //!   a doorbell past what was written aborts the run);
 //! - at the end one signaled message (or a reset after an error) retires every posted WR:
-//!   no deadlock, nothing lost.
+//!   no deadlock, nothing lost;
+//! - a session's sends get the model's answers too (`WouldBlock` at depth, `QpError` once
+//!   an error completion came back), its completions (error CQEs of WRs whose `wrid` entry
+//!   its fast path never wrote among them) retire what the ring counts, and after it ends
+//!   (finished, dropped or leaked) the ring's counters, `cur_post` and doorbell record
+//!   agree.
 //!
 //! Planted bug (`--features planted-bug`): the model checks the message before the ring's
 //! room, so a bad message on a full ring is expected to get its own error instead of
@@ -85,6 +90,17 @@ enum Op {
     FailNext(u8),
     Reset,
     SignalNext,
+    /// A held `DirectSession::<16>`: `count` SENDs (SEND_WITH_IMM for odd `imm`), the
+    /// device run and the poller reaped through the session after every `(every % 8) + 1`
+    /// (an injected error first when `fail` is odd), then `end % 3`: 0 finish, 1 drop,
+    /// 2 leak (`mem::forget`).
+    Session {
+        count: u8,
+        every: u8,
+        imm: u8,
+        fail: u8,
+        end: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -465,8 +481,106 @@ impl World {
                 .fail_next(SYNDROMES[*s as usize % SYNDROMES.len()], 0),
             Op::Reset => self.reset(),
             Op::SignalNext => self.r.signal_next(),
+            Op::Session {
+                count,
+                every,
+                imm,
+                fail,
+                end,
+            } => self.session(*count, *every, *imm, *fail, *end),
         }
         self.check();
+    }
+
+    /// [`Op::Session`].
+    fn session(&mut self, count: u8, every: u8, imm: u8, fail: u8, end: u8) {
+        let World {
+            sim,
+            r,
+            p,
+            j,
+            processed,
+            leaked,
+            ..
+        } = self;
+        let mut error = r.error();
+        let mut s = match r.session::<16>() {
+            // Opening a session drops a leaked batch and posts what is staged (a refused
+            // size changes nothing).
+            Ok(s) => {
+                *leaked = false;
+                s
+            }
+            Err(e) => {
+                assert!(
+                    j.max_inline < 16,
+                    "session::<16> with max_inline {}: {e}",
+                    j.max_inline
+                );
+                assert_eq!(
+                    e,
+                    SendError::InlineTooLong {
+                        len: 16,
+                        max: j.max_inline as u32
+                    }
+                );
+                return;
+            }
+        };
+        let every = 1 + u64::from(every % 8);
+        for i in 0..u64::from(count % 48) {
+            let want = s.next_seq();
+            let expected = match error {
+                Some(e) => Err(SendError::QpError(e)),
+                None if s.outstanding() >= j.depth => Err(SendError::WouldBlock),
+                None => Ok(want),
+            };
+            let data = [i as u8; 16];
+            let got = if imm % 2 == 1 {
+                s.send_imm(&data, u32::from(imm))
+            } else {
+                s.send(&data)
+            };
+            assert_eq!(got, expected, "session send {i}");
+            assert!(s.outstanding() <= j.depth, "session over depth");
+            if (i + 1) % every == 0 {
+                if fail % 2 == 1 && i / every == 1 {
+                    sim.fail_next(SYNDROMES[fail as usize / 2 % SYNDROMES.len()], 0);
+                }
+                sim.process();
+                *processed = s.next_seq();
+                for _ in 0..64 {
+                    let cs = p.poll().expect("poll");
+                    if cs.is_empty() {
+                        break;
+                    }
+                    for c in cs.iter() {
+                        let before = s.outstanding();
+                        match s.on_completion(c) {
+                            Ok(n) => assert_eq!(s.outstanding() + n, before, "retired"),
+                            Err(e) => {
+                                // The first error is the failing WR's own status (an
+                                // injected syndrome is never a flush), also when that WR
+                                // is one whose `wrid` entry the session's fast path left
+                                // unwritten: its error CQE is not lost as stale.
+                                if error.is_none() {
+                                    assert_ne!(e, WcError::WrFlush, "the failure's own CQE lost");
+                                }
+                                error.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        match end % 3 {
+            0 => s.finish(),
+            1 => drop(s),
+            _ => std::mem::forget(s),
+        }
+        // Open, closed or leaked, the ring counts what the session posted: its doorbell
+        // record holds `cur_post`.
+        assert_eq!(sim.sq_dbr(), r.cur_post() & 0xffff, "session announced");
     }
 
     /// The device runs and the poller reaps until nothing is outstanding; a signaled

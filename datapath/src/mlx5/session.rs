@@ -63,15 +63,15 @@ const fn inline_ds(len: usize) -> u64 {
 fn check_len<D: Doorbell>(ring: &DirectRing<D>, len: usize) -> Result<(), SendError> {
     let max = ring.st.f.one_max;
     if len == 0 || len > max as usize {
-        return Err(len_error(len, max));
+        return Err(len_error(len, max, ring.st.f.ud.is_some()));
     }
     Ok(())
 }
 
-/// [`check_len`]'s error.
+/// [`check_len`]'s error (`ud`: the ring's QP is UD).
 #[cold]
-fn len_error(len: usize, max: u32) -> SendError {
-    if max == 0 {
+fn len_error(len: usize, max: u32, ud: bool) -> SendError {
+    if ud {
         // A UD ring: its WQEs carry the datagram segment, never one block with 44 bytes.
         return SendError::Config(ConfigError::Fixed(
             "a UD ring's WQEs carry the datagram segment and are never one basic block: use \

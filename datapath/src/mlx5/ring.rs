@@ -1739,15 +1739,18 @@ mod tests {
         (sim, r, poll, start)
     }
 
+    /// The `wrid` entry of sequence `s` on [`ring_before_the_epoch_end`]'s ring (`start`),
+    /// whose WQEs are all one block: `s` is at block `s - start`.
+    fn wrid_at(p: &hotverbs_softnic::mlx5sim::SimPtrs, start: u64, s: u64) -> u64 {
+        // SAFETY: an entry of the simulator's 64-entry wrid table.
+        unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
+    }
+
     #[test]
     fn sequence_numbers_cross_the_wr_id_epoch() {
         let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();
         let p = sim.ptrs();
-        // Every WQE here is one block, so sequence `s` is at block `s - start`.
-        let wrid = |s: u64| {
-            // SAFETY: an entry of the simulator's 64-entry wrid table.
-            unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
-        };
+        let wrid = |s: u64| wrid_at(&p, start, s);
         let check = |from: u64, to: u64| {
             for s in from..=to {
                 assert_eq!(wrid(s), wr_id::encode(5, s), "wrid of seq {s:#x}");
@@ -1820,10 +1823,7 @@ mod tests {
     fn a_session_crosses_the_wr_id_epoch() {
         let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();
         let p = sim.ptrs();
-        let wrid = |s: u64| {
-            // SAFETY: an entry of the simulator's 64-entry wrid table.
-            unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
-        };
+        let wrid = |s: u64| wrid_at(&p, start, s);
         let mut retired = 0;
         {
             let mut ses = r.session::<16>().unwrap();

@@ -164,10 +164,12 @@ const MIRI_TESTS: &[MiriTest] = &[
             "a_post_list_writes_what_a_window_writes_across_the_sq_wrap",
             "sessions_swapped_between_rings_stay_with_their_rings",
             "a_panic_with_a_window_or_session_open_leaves_the_ring_consistent",
+            "error_completions_of_unsignaled_session_wrs_name_their_wrs",
         ],
         models: Models::Stacked,
         why: "issue 29: the fixed-size session, window and post list write WQEs through raw \
-              SQ pointers and catch a leaked session up from the doorbell record",
+              SQ pointers and catch a leaked session up from the doorbell record; the \
+              session's late `wrid` entries, read again at an error CQE's `wqe_counter`",
     },
     MiriTest {
         package: "hotverbs",

@@ -167,14 +167,27 @@ fn direct_ring_on_uc_sends_and_writes() {
 /// BlueFlames there, as on a ConnectX.
 #[test]
 fn fixed_size_apis_on_a_thread_domain_ring() {
-    let ctx = Context::open_softnic_with(SoftnicConfig {
-        name: "softnic_mlx5_td".into(),
+    mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&spec_sim("softnic_mlx5_td"));
+}
+
+/// A simulated ConnectX named `name` in softnic's Spec profile (which has thread domains).
+fn spec_sim(name: &str) -> Context {
+    Context::open_softnic_with(SoftnicConfig {
+        name: name.into(),
         mlx5: true,
         profile: hotverbs_softnic::Profile::Spec,
         ..Default::default()
     })
-    .unwrap();
-    mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&ctx);
+    .unwrap()
+}
+
+/// On the simulated ConnectX (Spec profile, for the thread domain whose register
+/// BlueFlames): a session's unsignaled WRs, flushed by the QP's move to ERR, retire once.
+#[test]
+fn a_sessions_unsignaled_wrs_retire_once_when_flushed() {
+    mlx5_cases::a_sessions_unsignaled_wrs_retire_once_when_flushed(&spec_sim(
+        "softnic_mlx5_td_flush",
+    ));
 }
 
 /// A softnic device whose mlx5 CQs have 128-byte CQEs (`SoftnicConfig::mlx5_cqe_size`,

@@ -6,7 +6,9 @@
 //! proved them equal to libmlx5's bytes and stores), BlueFlame over write-combining MMIO (a
 //! QP in a thread domain: `fixed_size_apis_on_a_thread_domain_ring`, whose session and
 //! post lists are the fixed-size fast path), the CQEs the device writes, and an error
-//! CQE's retirement.
+//! CQE's retirement, also of a session's unsignaled WRs flushed by a move to ERR
+//! (`a_sessions_unsignaled_wrs_retire_once_when_flushed`: their flush CQEs' `wqe_counter`
+//! names WRs whose `wrid` entry the session's fast path never wrote).
 
 mod mlx5_cases;
 
@@ -103,6 +105,13 @@ fn direct_ring_on_uc_sends_and_writes() {
 fn fixed_size_apis_on_a_thread_domain_ring() {
     if let Some(ctx) = mlx5() {
         mlx5_cases::fixed_size_apis_on_a_thread_domain_ring(&ctx);
+    }
+}
+
+#[test]
+fn a_sessions_unsignaled_wrs_retire_once_when_flushed() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::a_sessions_unsignaled_wrs_retire_once_when_flushed(&ctx);
     }
 }
 

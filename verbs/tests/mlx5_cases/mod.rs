@@ -809,16 +809,21 @@ impl Peer {
     }
 }
 
-/// The fixed-size APIs on a ring that BlueFlames: an RC QP in a thread domain of its own
-/// (a parent domain over the PD) gets a ring whose `register_use` is BlueFlame (doorbell
-/// only under `MLX5_SHUT_UP_BF`, saying so), and a stream of 32-byte SENDs goes through
-/// `session::<32>()` (retiring through the session's `on_completion`), then `post_list`,
-/// then `window`, then one signaled `send_now` that retires the rest: every message
-/// arrives at the peer whole and in order, every WR retires exactly once, and the
-/// sequence numbers run on without a gap across the three APIs.
-pub fn fixed_size_apis_on_a_thread_domain_ring(ctx: &Context) {
-    const PHASE: u64 = 300;
-    const TOTAL: u64 = 3 * PHASE + 1;
+/// An RC pair whose sender `a` is in a thread domain of its own (a parent domain over the
+/// PD: its register BlueFlames) with 64 send WRs and 64 inline bytes, and a receiver `b`
+/// with `RX` receive WRs, connected with `o`.
+struct TdPair {
+    pd: Pd,
+    cq_a: Cq,
+    cq_b: Cq,
+    a: Qp,
+    b: Qp,
+    /// Kept alive for `a`.
+    _pdom: ParentDomain,
+    _td: ThreadDomain,
+}
+
+fn td_pair(ctx: &Context, o: &ConnectOptions) -> TdPair {
     let info = ctx.port_info(None, gid_index()).unwrap();
     let (pd, cq_a, cq_b) = setup(ctx, 256);
     let td = ctx.alloc_td().unwrap();
@@ -832,9 +837,104 @@ pub fn fixed_size_apis_on_a_thread_domain_ring(ctx: &Context) {
         .max_recv_wr(RX as u32)
         .build()
         .unwrap();
-    let o = ConnectOptions::default();
-    a.connect(&info, &b.endpoint(&info), &o).unwrap();
-    b.connect(&info, &a.endpoint(&info), &o).unwrap();
+    a.connect(&info, &b.endpoint(&info), o).unwrap();
+    b.connect(&info, &a.endpoint(&info), o).unwrap();
+    TdPair {
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+        _pdom: pdom,
+        _td: td,
+    }
+}
+
+/// A held session's unsignaled WRs flushed by the QP's move to ERR: the peer posted no
+/// receive and the sender retries RNR for ever (`rnr_retry` 7), so the session's SENDs
+/// wait; `to_error` then flushes them, each with an error CQE whose `wrid` entry the
+/// session's fast path never wrote (a ring that BlueFlames, in a thread domain, so the
+/// fast path runs). Every WR retires exactly once, through the session, each error a
+/// flush, and the ring counts them all; after the session the ring resets and works.
+pub fn a_sessions_unsignaled_wrs_retire_once_when_flushed(ctx: &Context) {
+    const N: u64 = 6;
+    let o = ConnectOptions {
+        rnr_retry: 7,
+        ..ConnectOptions::default()
+    };
+    // Everything of the pair lives to the end (the peer with it: RNR, not a departure;
+    // `_`-prefixed bindings still hold their values).
+    let TdPair {
+        cq_a,
+        a,
+        pd: _pd,
+        cq_b: _cq_b,
+        b: _b,
+        _pdom,
+        _td,
+    } = td_pair(ctx, &o);
+    let mut poller = cq_a.direct_poller::<32>().unwrap();
+    let mut ring = a
+        .direct_ring(&mut poller, SendConfig::new(0, 32, 64).signal_every(16))
+        .unwrap();
+    let (posted0, retired0) = (ring.posted_total(), ring.retired_total());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut flushed = 0u64;
+    {
+        let mut s = ring.session::<32>().unwrap();
+        // All unsignaled (the first signal is the 16th); only the first goes through the
+        // session's slow path, which writes its `wrid` entry.
+        for i in 0..N {
+            assert_eq!(s.send(&fixed_msg(i)).unwrap(), posted0 + i);
+        }
+        // The device runs (softnic: in the poll) and finds no receive at the peer.
+        for _ in 0..4 {
+            let cs = poller.poll().unwrap();
+            assert!(cs.is_empty(), "a completion before the flush: {cs:?}");
+        }
+        a.to_error().unwrap();
+        while s.outstanding() > 0 {
+            for c in poller.poll().unwrap() {
+                match s.on_completion(c) {
+                    Ok(n) => panic!("{n} retired by a success after the move to ERR"),
+                    Err(e) => {
+                        assert_eq!(e, WcError::WrFlush, "a flushed WR's error");
+                        flushed += 1;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the flush never retired the session's WRs: {s:?}"
+            );
+        }
+        assert!(matches!(s.send(&fixed_msg(N)), Err(SendError::QpError(_))));
+    }
+    assert!(flushed >= 1, "at least the WR the others follow is flushed");
+    assert_eq!(ring.posted_total() - posted0, N);
+    assert_eq!(ring.retired_total() - retired0, N, "every WR retired once");
+    assert_eq!(ring.outstanding(), 0);
+}
+
+/// The fixed-size APIs on a ring that BlueFlames: an RC QP in a thread domain of its own
+/// (a parent domain over the PD) gets a ring whose `register_use` is BlueFlame (doorbell
+/// only under `MLX5_SHUT_UP_BF`, saying so), and a stream of 32-byte SENDs goes through
+/// `session::<32>()` (retiring through the session's `on_completion`), then `post_list`,
+/// then `window`, then one signaled `send_now` that retires the rest: every message
+/// arrives at the peer whole and in order, every WR retires exactly once, and the
+/// sequence numbers run on without a gap across the three APIs.
+pub fn fixed_size_apis_on_a_thread_domain_ring(ctx: &Context) {
+    const PHASE: u64 = 300;
+    const TOTAL: u64 = 3 * PHASE + 1;
+    let TdPair {
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+        _pdom,
+        _td,
+    } = td_pair(ctx, &ConnectOptions::default());
     let mut peer = Peer {
         rx: pd
             .alloc_mr(RX as usize * 64, AccessFlags::LOCAL_WRITE)

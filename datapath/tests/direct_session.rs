@@ -79,6 +79,19 @@ fn assert_same(a: &mut Bed, b: &mut Bed) {
     assert_eq!(sa.3, sb.3, "register stores and barriers");
 }
 
+/// The `wrid` entries of WRs `0..n` of a bed's ring (id 1) whose WQEs are all one block
+/// (WR `s` at block `s`): `encode(1, s)`, for the newest `wqe_cnt` of them, also those a
+/// session's fast path left to be written later.
+fn assert_ids(b: &mut Bed, n: u64) {
+    let p = b.sim.ptrs();
+    let cnt = u64::from(b.sim.wqe_cnt);
+    for s in n.saturating_sub(cnt)..n {
+        // SAFETY: an entry of the simulator's table of wqe_cnt entries.
+        let id = unsafe { p.wrid.add((s % cnt) as usize).read() };
+        assert_eq!(id, hotverbs_datapath::wr_id::encode(1, s), "wrid of WR {s}");
+    }
+}
+
 /// SQ, `wrid` table, send doorbell record and every register store and barrier.
 fn snapshot(b: &mut Bed) -> (Vec<u8>, Vec<u64>, u32, Vec<MmioEvent>) {
     let p = b.sim.ptrs();
@@ -293,6 +306,8 @@ fn a_leaked_session_is_caught_up_from_the_doorbell_record() {
         b.ring.send_now(Msg::send(Local::Inline(&msg(13)))).unwrap(),
         13
     );
+    // Its repair wrote the entries the leaked session's fast path had not.
+    assert_ids(&mut b, 14);
     b.ring.signal_next();
     b.ring.send_now(Msg::send(Local::Inline(&msg(14)))).unwrap();
     let mut n = 0;
@@ -470,6 +485,9 @@ fn sessions_swapped_between_rings_stay_with_their_rings() {
         assert_eq!(sb.send(&msg(3)).unwrap(), 3);
     }
     assert_eq!((a.ring.posted_total(), b.ring.posted_total()), (4, 6));
+    // Each ring has the entries of its own WRs, the swapped session's included.
+    assert_ids(&mut a, 4);
+    assert_ids(&mut b, 6);
     for x in [&mut a, &mut b] {
         x.ring.signal_next();
         x.ring
@@ -502,6 +520,8 @@ fn a_panic_with_a_window_or_session_open_leaves_the_ring_consistent() {
     }));
     assert!(r.is_err());
     assert_eq!(b.ring.posted_total(), 5);
+    // The session's drop wrote the entries its fast path had not.
+    assert_ids(&mut b, 5);
     assert_eq!(
         b.ring.send_now(Msg::send(Local::Inline(&msg(5)))).unwrap(),
         5

@@ -115,6 +115,9 @@ struct State {
     /// path writes no `wrid` entry; [`write_session_ids`](DirectRing::write_session_ids)
     /// writes those of `sess_s0..` when the session closes or a completion needs one.
     sess_s0: u64,
+    /// The session's WRs from `sess_s0` up to this one have their `wrid` entries (set by
+    /// `write_session_ids`).
+    sess_ids: u64,
     /// `cur_post` when the session opened: the ring's BlueFlame buffer is the one of that
     /// doorbell until the session gives the ring back.
     sess_cur0: u32,
@@ -146,6 +149,25 @@ struct State {
     /// `event` when nothing is staged and no batch is open, else 0 (see
     /// [`set_event`](DirectRing::set_event)). One test instead of three.
     lone_event: u64,
+}
+
+impl State {
+    /// Writes the `wrid` entry of sequence number `seq` at `cur_post` `cur`: what the
+    /// ring's own paths write there (`encode(ring, seq)`), for a session's WR.
+    ///
+    /// # Safety
+    /// The entry at `cur & mask` (in the table: `new`'s contract) belongs to no
+    /// outstanding WR but `seq`'s.
+    #[inline(always)]
+    pub(super) unsafe fn write_id(&self, cur: u32, seq: u64) {
+        // SAFETY: `cur & mask` < wqe_cnt entries of the table; the caller's contract.
+        unsafe {
+            self.f
+                .wrid
+                .add((cur & self.f.mask) as usize)
+                .write(self.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
+        };
+    }
 }
 
 impl Fast {
@@ -779,6 +801,7 @@ impl<D: Doorbell> DirectRing<D> {
                 batch_open: false,
                 session_open: false,
                 sess_s0: 0,
+                sess_ids: 0,
                 sess_cur0: 0,
                 posted: 0,
                 retired: 0,
@@ -1677,13 +1700,6 @@ mod tests {
     use crate::{Local, Msg};
     use hotverbs_softnic::mlx5sim::Mlx5Sim;
 
-    /// The fast path's `wr_id` is `seq + id_off`, valid within one epoch of 2^55 sequence
-    /// numbers: a ring started just before the end of the first epoch (counters set as a
-    /// ring that has retired everything has them) crosses it, and every WQE's `wrid` entry
-    /// is `encode(ring, seq)`: an unsignaled WQE in a batch at the boundary (which the
-    /// epoch's event sends to the slow path), the posts after staged WRs that crossed it
-    /// were rewound by a leaked batch (`set_event` resets the epoch), and the completions,
-    /// which retire exactly everything.
     /// A ring (id 5, depth 16, a signal every 4, batches of 8) and its poller on a
     /// simulator of 64 blocks, its counters set as a ring that has retired everything has
     /// them 6 WRs before the end of the first `wr_id` epoch; and that sequence number.
@@ -1746,6 +1762,13 @@ mod tests {
         unsafe { p.wrid.add(((s - start) & 63) as usize).read() }
     }
 
+    /// The fast path's `wr_id` is `seq + id_off`, valid within one epoch of 2^55 sequence
+    /// numbers: a ring started just before the end of the first epoch (counters set as a
+    /// ring that has retired everything has them) crosses it, and every WQE's `wrid` entry
+    /// is `encode(ring, seq)`: an unsignaled WQE in a batch at the boundary (which the
+    /// epoch's event sends to the slow path), the posts after staged WRs that crossed it
+    /// were rewound by a leaked batch (`set_event` resets the epoch), and the completions,
+    /// which retire exactly everything.
     #[test]
     fn sequence_numbers_cross_the_wr_id_epoch() {
         let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();

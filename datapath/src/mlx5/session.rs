@@ -192,6 +192,7 @@ impl<D: Doorbell> DirectRing<D> {
         self.st.batch_open = true;
         self.st.session_open = true;
         self.st.sess_s0 = seq;
+        self.st.sess_ids = seq;
         self.st.sess_cur0 = self.st.f.cur;
         self.park_event();
         Ok(DirectSession { ring: self, h })
@@ -239,11 +240,7 @@ impl<D: Doorbell> DirectRing<D> {
         st.posted = seq + 1;
         // This WR's `wrid` entry (the fast path writes none: see `write_session_ids`).
         // SAFETY: `c & mask` < wqe_cnt: an entry of the table; the WR has room.
-        unsafe {
-            st.f.wrid
-                .add((c as u32 & st.f.mask) as usize)
-                .write(st.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
-        };
+        unsafe { st.write_id(c as u32, seq) };
         Ok(Decided { ev, fm })
     }
 
@@ -272,23 +269,25 @@ impl<D: Doorbell> DirectRing<D> {
     /// a CQE can only need an entry the slow path did not write when it is an error CQE
     /// (only signaled WRs, whose entries the slow path writes, complete successfully), and
     /// then [`on_completion`](Self::on_completion) calls this first.
+    ///
+    /// Those written once are not written again (`sess_ids`): a flush of N WRs resolves N
+    /// error CQEs, each after this call.
     #[cold]
+    #[inline(never)]
     pub(super) fn write_session_ids(&mut self) {
-        let st = &self.st;
+        let st = &mut self.st;
         let end = st.f.seq;
-        let start = st.sess_s0.max(end.saturating_sub(u64::from(st.f.mask) + 1));
+        let start = st
+            .sess_ids
+            .max(end.saturating_sub(u64::from(st.f.mask) + 1));
         // `cur - seq`, the same for every WR of the session (each one block).
         let cur_off = st.sess_cur0.wrapping_sub(st.sess_s0 as u32);
         for seq in start..end {
-            let c = (seq as u32).wrapping_add(cur_off);
-            // SAFETY: `c & mask` < wqe_cnt: an entry of the table, of a WR of this session
-            // (see above), which nothing else writes.
-            unsafe {
-                st.f.wrid
-                    .add((c & st.f.mask) as usize)
-                    .write(st.id_bits.wrapping_add(seq & wr_id::SEQ_MASK))
-            };
+            // SAFETY: an entry of a WR of this session (see above), which nothing else
+            // writes.
+            unsafe { st.write_id((seq as u32).wrapping_add(cur_off), seq) };
         }
+        st.sess_ids = end;
     }
 
     /// The messages a session posted since it last wrote the ring's counters back (each
@@ -315,9 +314,9 @@ impl<D: Doorbell> DirectRing<D> {
     }
 
     /// Brings the ring's counters up to what an open (or leaked) session posted (and
-    /// `cur_post`, which the session's slow path does not keep). Not the BlueFlame buffer: while the session is open it keeps its own, and the ring's stays
-    /// where the session found it ([`end_leaked_session`](Self::end_leaked_session) sets
-    /// it).
+    /// `cur_post`, which the session's slow path does not keep). Not the BlueFlame buffer:
+    /// while the session is open it keeps its own, and the ring's stays where the session
+    /// found it ([`end_leaked_session`](Self::end_leaked_session) sets it).
     #[cold]
     pub(super) fn catch_up_session(&mut self) {
         let d = self.session_delta();

@@ -94,6 +94,9 @@ fn assert_ids(b: &mut Bed, n: u64) {
 
 /// SQ, `wrid` table, send doorbell record and every register store and barrier.
 fn snapshot(b: &mut Bed) -> (Vec<u8>, Vec<u64>, u32, Vec<MmioEvent>) {
+    // `send_now`'s lone run writes its `wrid` entries when it ends, as a session does when
+    // it closes: `flush` ends it (nothing is staged, so it rings nothing).
+    b.ring.flush().unwrap();
     let p = b.sim.ptrs();
     let n = b.sim.wqe_cnt as usize;
     // SAFETY: the simulator's regions, of these sizes, not written meanwhile.

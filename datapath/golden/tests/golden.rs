@@ -77,7 +77,9 @@ mod real {
     /// WRs posted by each way (staged, `send_now` last, batch, staged), and lone `send_now`s.
     static HOW: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
     /// WRs posted through a `DirectSession`, a `DirectWindow` and `post_list` ([`Fixed`]).
-    static FIXED: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+    static FIXED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+    /// `send_now`s of the lone runs that found the lone path open (`lone_ready`).
+    static LONE_FAST: AtomicU64 = AtomicU64::new(0);
     static CQES: AtomicU64 = AtomicU64::new(0);
     /// WRs posted fenced, solicited, on a UC QP; completions read from 128-byte CQEs.
     static FENCED: AtomicU64 = AtomicU64::new(0);
@@ -390,13 +392,19 @@ mod real {
         Window,
         /// `ring.post_list(&[[u8; LEN]])`: as a window.
         PostList,
+        /// `ring.send_now` of each (`Msg::send` / `send_imm` of the `LEN` bytes): a lone run
+        /// (the first post opens it unless one is open), each WR its own doorbell;
+        /// libmlx5 posts each WR alone. The run is ended (`flush`) before the comparison:
+        /// its `wrid` entries are written then.
+        LoneRun,
     }
 
     /// The sizes the fixed-size paths are compiled for: one and two 16-byte inline units
     /// and the edges of each `ds` (2: up to 12 bytes, 3: up to 28, 4: up to 44).
     const FIXED_LENS: [usize; 9] = [1, 8, 12, 13, 16, 28, 29, 32, 44];
 
-    /// Posts `gens` (inline SENDs, and SEND_IMMs for a session, of `LEN` bytes, no flags)
+    /// Posts `gens` (inline SENDs, and SEND_IMMs for a session or lone run, of `LEN` bytes,
+    /// no flags)
     /// through `way`; returns each WR's `cur_post` and sequence number.
     fn post_fixed<const LEN: usize>(
         ring: &mut DirectRing<TestDoorbell>,
@@ -456,6 +464,27 @@ mod real {
                 } else {
                     drop(w);
                 }
+                seqs
+            }
+            Fixed::LoneRun => {
+                let seqs = gens
+                    .iter()
+                    .map(|g| {
+                        if ring.lone_ready() {
+                            LONE_FAST.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let d = data(g);
+                        let m = if g.msg_op == Opcode::SendImm {
+                            Msg::send_imm(Local::Inline(&d), g.imm)
+                        } else {
+                            Msg::send(Local::Inline(&d))
+                        };
+                        ring.send_now(m).unwrap_or_else(fail)
+                    })
+                    .collect();
+                ring.flush().unwrap_or_else(|e| {
+                    fail(e);
+                });
                 seqs
             }
             Fixed::PostList => {
@@ -675,14 +704,20 @@ mod real {
             // One simple chain in four on an RC / UC QP is the fixed-size paths': inline
             // SENDs (and SEND_IMMs for a session) of one length in FIXED_LENS, no flags.
             let fixed = (simple_chain && !s.ud && r.below(4) == 0).then(|| {
-                let way = [Fixed::Session, Fixed::Window, Fixed::PostList][r.below(3) as usize];
+                let way = [
+                    Fixed::Session,
+                    Fixed::Window,
+                    Fixed::PostList,
+                    Fixed::LoneRun,
+                ][r.below(4) as usize];
                 let len = FIXED_LENS[r.below(FIXED_LENS.len() as u64) as usize];
                 (way, len)
             });
             let gens: Vec<Gen> = match fixed {
                 Some((way, len)) => (0..n)
                     .map(|_| Gen {
-                        msg_op: if way == Fixed::Session && r.below(4) == 0 {
+                        msg_op: if matches!(way, Fixed::Session | Fixed::LoneRun) && r.below(4) == 0
+                        {
                             Opcode::SendImm
                         } else {
                             Opcode::Send
@@ -855,7 +890,7 @@ mod real {
             lib.record();
             // A session's WRs are posted one at a time (each with its own doorbell, as a
             // lone send_now); every other way's as one list.
-            let posted = if matches!(fixed, Some((Fixed::Session, _))) {
+            let posted = if matches!(fixed, Some((Fixed::Session | Fixed::LoneRun, _))) {
                 (0..n).try_for_each(|i| {
                     // SAFETY: inline SGEs point at live vectors.
                     unsafe { lib.post_send(&lib_wrs[i..=i]) }.map_err(|(rc, _)| (rc, i as i32))
@@ -1140,10 +1175,17 @@ mod real {
         let fixed = |w: Fixed| FIXED[w as usize].load(Ordering::Relaxed);
         println!(
             "golden: {w} WRs and {c} CQEs compared, {d} differences (session {}, window {}, \
-             post_list {})",
+             post_list {}, lone run {}: {} on the lone path)",
             fixed(Fixed::Session),
             fixed(Fixed::Window),
-            fixed(Fixed::PostList)
+            fixed(Fixed::PostList),
+            fixed(Fixed::LoneRun),
+            LONE_FAST.load(Ordering::Relaxed)
+        );
+        assert!(
+            LONE_FAST.load(Ordering::Relaxed) > 1000
+                || std::env::var("HOTVERBS_GOLDEN_WRS").is_ok(),
+            "the lone runs took the lone path"
         );
         assert_eq!(d, 0, "golden: {d} differences (printed above)");
         assert!(

@@ -111,9 +111,15 @@ struct State {
     /// A [`DirectSession`] is open (or was leaked): `batch_open` is set too, so that every
     /// call after a leak takes the slow path, which catches up from the doorbell record.
     session_open: bool,
-    /// The sequence number of the open (or leaked) session's first WR. The session's fast
-    /// path writes no `wrid` entry; [`write_session_ids`](DirectRing::write_session_ids)
-    /// writes those of `sess_s0..` when the session closes or a completion needs one.
+    /// A lone run is open: `send_now`'s lone path posts without writing the ring's
+    /// counters or `wrid` entries (see [`DirectRing::send_now`]). Like a session's, its
+    /// WRs are one block each from `sess_s0` on, with `cur - seq` constant, and the
+    /// doorbell record says how many it posted since the counters were last written.
+    lone_run: bool,
+    /// The sequence number of the open (or leaked) session's or lone run's first WR. Their
+    /// fast paths write no `wrid` entry;
+    /// [`write_session_ids`](DirectRing::write_session_ids) writes those of `sess_s0..`
+    /// when the session or run ends or a completion needs one.
     sess_s0: u64,
     /// The session's WRs from `sess_s0` up to this one have their `wrid` entries (set by
     /// `write_session_ids`).
@@ -141,17 +147,44 @@ struct State {
     bf_max_ds: u32,
     /// BlueFlame takes a one-block WQE (`bf_max_ds >= 4`).
     bf_one: bool,
-    /// The largest inline SEND of `send_now`'s lone path (one block, BlueFlame): 44 or
-    /// `max_inline` if smaller; 0 (no lone path) for UD or without BlueFlame. A `usize`,
-    /// so the length test compares with memory directly.
-    lone_max: usize,
-    /// `send_now`'s lone path may post sequence number `seq` iff `seq < lone_event`:
-    /// `event` when nothing is staged and no batch is open, else 0 (see
-    /// [`set_event`](DirectRing::set_event)). One test instead of three.
-    lone_event: u64,
+    /// `send_now`'s lone path exists (44: it takes inline SENDs of 1 to 44 bytes, one
+    /// block), or not (0): a UD ring, no BlueFlame, or `max_inline` below 44. One bound
+    /// for every ring, so that the lone path tests a message's length against a constant
+    /// (nothing at all for a length known at compile time).
+    lone_cap: usize,
+    /// The doorbell record's send counter while the lone path is open (a lone run,
+    /// nothing staged, no batch open), else [`LONE_CLOSED`]: reading `cur_post` from it
+    /// is also the test of whether the lone path is open.
+    lone_dbr: *mut u32,
+    /// The lone path is open (`lone_dbr` is the doorbell record).
+    lone_open: bool,
+    /// While the lone path is open, it posts at `cur_post` `c` (read at `lone_dbr`, 16
+    /// bits) iff `c != lone_stop`, the `cur_post` of the event: every lone post is one
+    /// block, so the run reaches it exactly (see [`set_event`](DirectRing::set_event)).
+    /// 0 while it is closed: `LONE_CLOSED` reads as 0, so a closed lone path stops at
+    /// once. One test instead of four.
+    lone_stop: u32,
+    /// The ctrl segment's first word as stored for a SEND of `ds` 2, 3 and 4 at counter 0
+    /// (`ctrl_word(0, SEND, qpn << 8 | ds)`).
+    lone_w0: [u64; 3],
 }
 
+/// What the lone path reads its `cur_post` from while it is closed: 0, as `lone_stop` is
+/// then (never written: the lone path writes the doorbell record only when open).
+static LONE_CLOSED: u32 = 0;
+
 impl State {
+    /// Closes the lone path (see `lone_dbr`).
+    #[inline(always)]
+    fn close_lone(&mut self) {
+        // One test when closed already (the common case of rings used without `send_now`).
+        if self.lone_open {
+            self.lone_dbr = core::ptr::addr_of!(LONE_CLOSED).cast_mut();
+            self.lone_open = false;
+            self.lone_stop = 0;
+        }
+    }
+
     /// Writes the `wrid` entry of sequence number `seq` at `cur_post` `cur`: what the
     /// ring's own paths write there (`encode(ring, seq)`), for a session's WR.
     ///
@@ -638,7 +671,11 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
 /// mode) with libmlx5's WQE layout and doorbell (see the [module docs](super)).
 ///
 /// Completions come from a [`DirectPoller`](super::DirectPoller) the ring's SQ is attached
-/// to (or any poller that yields the same `wr_id`s).
+/// to. Another poller reading the same `wrid` table (libmlx5's `ibv_poll_cq`) names the
+/// right WR in every successful completion, but not in the error completion of a WR that a
+/// lone run or a session posted before its entry was written (see
+/// [`send_now`](Self::send_now)), which `DirectPoller` resolves with the CQE's
+/// `wqe_counter`.
 ///
 /// # Per-message cost
 /// No call into the provider: a message is a few stores into the SQ, its `wr_id` into the
@@ -706,8 +743,9 @@ impl<D: Doorbell> DirectRing<D> {
     /// ring posts, created with `sq_sig_all = 0`, whose SQ, doorbell record and doorbell
     /// register only this ring uses (no `ibv_post_send`, no `ibv_wr_*`; a register no other
     /// thread rings: a QP of its own thread domain) and which outlives the ring; `sq.wrid`
-    /// has `wqe_cnt` entries the ring owns. Its send completions are given to
-    /// [`on_completion`](Self::on_completion) (or a [`SendRetirer`](crate::SendRetirer)).
+    /// has `wqe_cnt` entries the ring owns (it writes each once here). Its send completions
+    /// are given to [`on_completion`](Self::on_completion) (or a
+    /// [`SendRetirer`](crate::SendRetirer)).
     /// `cfg.ring_id` is unique among the rings sharing the CQ; `cfg.remote`'s rkey and
     /// `ud.av` stay valid while the ring uses them.
     pub unsafe fn with_doorbell(
@@ -800,6 +838,7 @@ impl<D: Doorbell> DirectRing<D> {
                 id_bits: wr_id::encode(cfg.ring_id, 0),
                 batch_open: false,
                 session_open: false,
+                lone_run: false,
                 sess_s0: 0,
                 sess_ids: 0,
                 sess_cur0: 0,
@@ -819,17 +858,28 @@ impl<D: Doorbell> DirectRing<D> {
                 bf_size: sq.bf_size,
                 bf_max_ds: sq.bf_size / 16,
                 bf_one: sq.bf_size >= 64,
-                lone_max: 0,
-                lone_event: 0,
+                lone_cap: 0,
+                lone_dbr: core::ptr::addr_of!(LONE_CLOSED).cast_mut(),
+                lone_open: false,
+                lone_stop: 0,
+                lone_w0: [2, 3, 4].map(|ds| ctrl_word(0, super::opcode::SEND, sq.qp_num << 8 | ds)),
             },
             db,
             error: None,
         };
-        ring.st.lone_max = if ring.st.bf_one {
-            ring.st.f.one_max as usize
+        ring.st.lone_cap = if ring.st.bf_one && ring.st.f.one_max == 44 {
+            44
         } else {
             0
         };
+        // Every entry starts as a receive `wr_id` of this ring's id, which names none of its
+        // send WRs: an error CQE of a WR whose entry a lone run or session left unwritten
+        // (see `write_session_ids`) then never passes for an outstanding WR before the
+        // entries are written (a never-written entry could hold anything).
+        for i in 0..sq.wqe_cnt as usize {
+            // SAFETY: `sq.wrid` has `wqe_cnt` entries the ring owns (the caller's contract).
+            unsafe { sq.wrid.add(i).write(ring.st.id_bits | wr_id::RECV_BIT) };
+        }
         ring.set_event(ring.event_at());
         Ok(ring)
     }
@@ -841,6 +891,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// `cur` is the QP's current `sq.cur_post` (its doorbell record's last value, modulo
     /// 2^16, for a QP in RTS).
     pub unsafe fn set_cur_post(&mut self, cur: u32) {
+        self.end_run();
         assert_eq!(
             self.st.f.seq, self.st.retired,
             "DirectRing::set_cur_post with WRs staged or outstanding"
@@ -854,19 +905,48 @@ impl<D: Doorbell> DirectRing<D> {
     }
 
     /// Sets `event` (the next sequence number that must take the slow path) and, from it,
-    /// the lone path's `lone_event`: the same when nothing is staged and no batch is open
-    /// (then a lone post needs only `seq < lone_event`), else 0. Every change of the ring's
-    /// own `event` goes through here, except a batch's write-back, which its `finish` /
-    /// `drop` follows with this.
+    /// the lone path's `lone_stop`: the event's `cur_post` while a lone run is open, nothing
+    /// is staged and no batch is open, else closed. Every change of the ring's own
+    /// `event` goes through here, except a batch's write-back, which its `finish` / `drop`
+    /// follows with this. With a lone run open, the counters must be caught up
+    /// ([`catch_up_session`](Self::catch_up_session)) first.
     #[inline(always)]
     fn set_event(&mut self, e: u64) {
         self.st.f.set_epoch(self.st.id_bits);
         self.st.f.event = e;
-        self.st.lone_event = if self.st.f.seq == self.st.posted && !self.st.batch_open {
-            e
+        self.set_lone_stop();
+    }
+
+    /// `lone_stop` from the ring's event (see [`set_event`](Self::set_event)).
+    #[inline(always)]
+    fn set_lone_stop(&mut self) {
+        let st = &mut self.st;
+        debug_assert!(
+            !st.lone_run || st.session_open || {
+                // SAFETY: the QP's doorbell record (new's contract).
+                let dbr = unsafe { st.dbrec.add(super::SND_DBR).read_volatile() };
+                u32::from_be(dbr) == st.f.cur & 0xffff || st.f.seq != st.posted
+            }
+        );
+        if !st.lone_run {
+            // Closed already (`lone_open` only while a run is open): rings used without
+            // `send_now` pay one test here.
+            debug_assert!(!st.lone_open);
+            return;
+        }
+        if st.f.seq == st.posted && !st.batch_open {
+            // Every WR up to the event is one block: its `cur_post` is the event's
+            // distance on (at most `depth` <= 2^15: no 16-bit wrap is ambiguous).
+            st.lone_stop =
+                st.f.cur
+                    .wrapping_add(st.f.event.max(st.f.seq).wrapping_sub(st.f.seq) as u32)
+                    & 0xffff;
+            // SAFETY: the QP's doorbell record (new's contract).
+            st.lone_dbr = unsafe { st.dbrec.add(super::SND_DBR) };
+            st.lone_open = true;
         } else {
-            0
-        };
+            st.close_lone();
+        }
     }
 
     /// Sends the next lone post, batch post or session post to the slow path, which
@@ -875,7 +955,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(always)]
     pub(super) fn park_event(&mut self) {
         self.st.f.event = 0;
-        self.st.lone_event = 0;
+        self.st.close_lone();
     }
 
     /// The sequence number of the next WR that must take the slow path.
@@ -963,7 +1043,7 @@ impl<D: Doorbell> DirectRing<D> {
                 }
             } else {
                 // Staged, not posted: no lone post until the doorbell (`flush`).
-                self.st.lone_event = 0;
+                self.st.close_lone();
             }
         } else {
             if self.st.batch_open {
@@ -1150,32 +1230,254 @@ impl<D: Doorbell> DirectRing<D> {
     /// [`SendConfig::inline_bufs`]`(false)`.
     #[inline(always)]
     pub unsafe fn stage(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        self.end_run();
         self.stage_own(msg, Gather::One, false)
     }
 
     /// Stages `msg` and posts it at once with anything already staged (one doorbell). Only
     /// inline or empty payloads ([`SendError::NotInline`]).
+    ///
+    /// # The lone path
+    /// A small inline SEND (1 to 44 bytes: one basic block) on a ring with BlueFlame and
+    /// `max_inline >= 44`, not UD, not split, with nothing staged and nothing to decide (no
+    /// signal due, room, no error) is a *lone post*: its WQE, the doorbell record, the
+    /// BlueFlame copy and the buffer switch, and nothing else (`cargo xtask insn`: 46.9
+    /// own instructions a message against the floor's 34.0, about 12 more before this
+    /// path existed).
+    ///
+    /// The first such `send_now` opens a *lone run* (through the slow path). In a run the
+    /// ring does not keep its counters, as a held [`DirectSession`] does not: every WQE of
+    /// the run is one block with its own doorbell, so the doorbell record, which holds the
+    /// last doorbell's `cur_post`, says how many the run posted since the ring last wrote
+    /// its counters. The lone path reads its `cur_post` there (the record the doorbell
+    /// writes anyway) instead of loading and storing `seq`, `cur_post` and `posted`, and
+    /// stops at the `cur_post` of the next WR with something to decide (the signal every
+    /// `signal_every`, the WR that fills the ring), which an out-of-line function decides
+    /// as the session's does. The run writes no `wrid` entry on the lone path: only
+    /// signaled WRs complete successfully, and the stops write theirs; the others are
+    /// written when the run ends, or before an error CQE (the failing WR, then a flush of
+    /// every later one) is resolved: [`DirectPoller`](super::DirectPoller) hands over the
+    /// CQE's `wqe_counter`, and [`on_completion`](Self::on_completion) reads the entry there
+    /// again (so completions of a ring with a lone run come from a `DirectPoller`). Every
+    /// call other than `send_now` of such a message and `on_completion` ends the run first:
+    /// the counters caught up from the doorbell record, the entries written, as if each
+    /// post had written its own (the golden comparison checks the table against libmlx5's
+    /// once the run ends). In split mode the poller thread reads the entries, which the ring
+    /// cannot write for it first: no run opens there.
     #[inline(always)]
     pub fn send_now(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
         // The lone small inline SEND (the opcode and payload kind are known where the
         // message is built, so after inlining this is one length test, one counter test
-        // and the WQE): one block, BlueFlame, nothing to decide.
+        // and the WQE).
         if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
-            let seq = self.st.f.seq;
-            if d.len().wrapping_sub(1) < self.st.lone_max && seq < self.st.lone_event {
-                // SAFETY: an RC SEND of 1..=44 inline bytes within max_inline (lone_max),
-                // one block; `seq < lone_event` means nothing staged, no batch open, room,
-                // no signal.
-                let (ctrl, _) = unsafe { self.st.f.build_one_block(&msg, d, false, 0, false) };
-                self.st.f.seq = seq + 1;
-                self.bf_lone(ctrl);
+            if d.len().wrapping_sub(1) < 44 {
+                // SAFETY: the QP's doorbell record's send counter (new's contract), or
+                // LONE_CLOSED: `cur_post`'s low 16 bits, big-endian, in a 32-bit word:
+                // these are its two low-order bytes.
+                let c = u32::from(u16::from_be(unsafe {
+                    self.st.lone_dbr.cast::<u16>().add(1).read_volatile()
+                }));
+                let st = &self.st;
+                let seq = st.f.seq + u64::from(c.wrapping_sub(st.f.cur) & 0xffff);
+                if c == st.lone_stop {
+                    if !st.lone_open {
+                        // No lone run yet, something staged, a batch open, or no lone
+                        // path on this ring.
+                        let seq = self.lone_slow(msg)?;
+                        return Ok(seq);
+                    }
+                    // The signal, a full ring or the error state: decided out of line,
+                    // the post written again in this cold block (a signal bit chosen
+                    // here would take a register on the fast path).
+                    let fm = self.lone_decide(c)?;
+                    // SAFETY: as below; lone_decide found room.
+                    unsafe { self.lone_post(c, &msg, d, fm) };
+                    return Ok(seq);
+                }
+                // SAFETY: an RC SEND of 1..=44 inline bytes (the lone path is open, so
+                // the ring has one: max_inline >= 44, BlueFlame, not UD), one block, in a
+                // lone run with nothing staged and no batch open; room (`c != lone_stop`).
+                unsafe { self.lone_post(c, &msg, d, 0) };
                 return Ok(seq);
             }
         }
         if !msg.is_borrow_free() {
             return Err(SendError::NotInline);
         }
+        self.end_run();
         self.stage_own(msg, Gather::One, true)
+    }
+
+    /// A lone post at `cur_post` `c` (16 bits; `raw`: as the doorbell record holds it,
+    /// big-endian): the WQE of `msg` (an RC SEND / SEND_IMM of
+    /// the inline bytes `d`) with the signal bits `fm` (`fm_ce_se << 24`), without a
+    /// `wrid` entry, then its doorbell.
+    ///
+    /// # Safety
+    /// As [`Fast::build_one_block`], at `c`, in a lone run, with room.
+    #[inline(always)]
+    unsafe fn lone_post(&mut self, c: u32, msg: &Msg<'_>, d: &[u8], fm: u64) {
+        // Everything read before the WQE's stores, which the compiler cannot tell apart
+        // from the ring's fields (it would load them again).
+        let st = &self.st;
+        let (sq, mask) = (st.f.sq, st.f.mask);
+        let (dbr, dst, bf_size) = (st.lone_dbr, st.bf_cur, st.bf_size as usize);
+        // `c` as the doorbell record holds it (big-endian), read again here rather than
+        // kept in a register across the stops' test.
+        // SAFETY: the caller's `lone_dbr` (the doorbell record: the lone path is open).
+        let raw = unsafe { dbr.cast::<u16>().add(1).read_volatile() };
+        let len = d.len() as u32;
+        // 2 to 4: the ctrl segment and 1 to 3 of inline data.
+        let ds = 1 + ((len + 19) >> 4);
+        // `ctrl_word(c, op, qpn << 8 | ds)` as stored: the counter's two bytes are the
+        // doorbell record's as it holds them (`raw`), in place; the rest is the ring's
+        // constant for this `ds` (the opcode's difference from SEND is known where the
+        // message is built, and lands in byte 3). No byte swap, no 64-bit constant.
+        let op = u64::from(MLX5_OP[msg.op as usize] - MLX5_OP[Opcode::Send as usize]);
+        let w = (u64::from(raw) << 8) | (st.lone_w0[(ds - 2) as usize] + (op << 24));
+        let imm = if matches!(msg.op, Opcode::SendImm) {
+            msg.imm.to_be()
+        } else {
+            0
+        };
+        // SAFETY: idx < wqe_cnt and the WQE fits the block (the caller's contract).
+        let ctrl = unsafe {
+            let ctrl = sq.add(((c & mask) as usize) << 6);
+            // The ctrl segment first: `raw` and `w` end here (fewer registers live).
+            ctrl.cast::<u64>().write(w);
+            ctrl.add(8)
+                .cast::<u64>()
+                .write(fm | (msg.mlx5_flags() as u64) << 24 | (imm as u64) << 32);
+            let seg = ctrl.add(16);
+            seg.cast::<u32>()
+                .write_unaligned((len | INLINE_SEG).to_be());
+            copy_upto44(d.as_ptr(), seg.add(4), d.len());
+            ctrl
+        };
+        let db = &mut self.db;
+        db.to_device_barrier();
+        // SAFETY: the QP's doorbell record and register (new's contract); the BlueFlame
+        // source is the WQE's one block in the SQ, the destination the 64-byte aligned
+        // start of the current BlueFlame buffer.
+        unsafe {
+            db.write_dbr(dbr, (c.wrapping_add(1) & 0xffff).to_be());
+            db.wc_start();
+            db.bf_block(dst.cast::<u64>(), ctrl.cast::<u64>());
+        }
+        db.flush_writes();
+        self.st.bf_cur = dst.map_addr(|a| a ^ bf_size);
+    }
+
+    /// The lone path at its stop, `cur_post` `c` (a signal due, the WR that fills the
+    /// ring, a full ring, the error state): the run's counters caught up (the posts since
+    /// they were written: the doorbell record's `c` says how many), room, the signal, this
+    /// WR's `wrid` entry, and the counters and next stop as they will be once it is posted
+    /// (the caller posts it at once; nothing looks at the ring in between). Returns the
+    /// signal bits. As a session's `session_decide`: takes and returns values.
+    #[cold]
+    #[inline(never)]
+    fn lone_decide(&mut self, c: u32) -> Result<u64, SendError> {
+        let st = &mut self.st;
+        let seq = st.f.seq + u64::from(c.wrapping_sub(st.f.cur) & 0xffff);
+        st.f.seq = seq;
+        st.posted = seq;
+        st.f.cur = c;
+        if !crate::split::has_room(seq, st.retired, st.limit) {
+            self.set_event(seq);
+            return Err(self.blocked());
+        }
+        // One past the last sequence number with room (`seq < end`, checked above).
+        let end = st.retired + st.limit;
+        let ns = st.next_signal;
+        let scheduled = seq >= ns;
+        let fm = if scheduled || seq + 1 == end {
+            u64::from(CTRL_CQ_UPDATE) << 24
+        } else {
+            0
+        };
+        let ns = if scheduled {
+            let n = seq + st.signal_every;
+            st.next_signal = n;
+            n
+        } else {
+            ns
+        };
+        // SAFETY: `c & mask` < wqe_cnt: an entry of the table; the WR has room.
+        unsafe { st.write_id(c, seq) };
+        st.f.seq = seq + 1;
+        st.posted = seq + 1;
+        st.f.cur = c.wrapping_add(1);
+        // The next stop: the next signal, or the WR that fills the ring, or the next WR
+        // when this one fills it (no batch end: every lone post rings; no `wr_id` epoch:
+        // every entry is computed for its own WR). The ring's own event is left to the
+        // call that ends the run (`end_lone_run`): every other path starts there.
+        let ev = ns.min(end - 1).max(seq + 1);
+        st.lone_stop = c.wrapping_add(1).wrapping_add((ev - (seq + 1)) as u32) & 0xffff;
+        st.f.event = 0;
+        Ok(fm)
+    }
+
+    /// `send_now` of a message the lone path takes, while the lone path is closed (no lone
+    /// run yet, something staged, a batch open): the slow path, then a lone run with its
+    /// first stop.
+    #[cold]
+    #[inline(never)]
+    fn lone_slow(&mut self, msg: Msg<'_>) -> Result<u64, SendError> {
+        if self.st.lone_run {
+            // The counters of the run's posts so far (the run goes on: this WR is one
+            // block too, and the slow path writes its `wrid` entry).
+            self.catch_up_session();
+        }
+        let r = self.stage_own(msg, Gather::One, true);
+        let st = &mut self.st;
+        // A run starts with nothing staged: the doorbell record then holds `cur_post`,
+        // from which it counts its posts.
+        if !st.lone_run
+            && st.lone_cap != 0
+            && st.f.seq == st.posted
+            && !st.batch_open
+            && !st.session_open
+            && st.split_key == 0
+        {
+            st.lone_run = true;
+            st.sess_s0 = st.f.seq;
+            st.sess_ids = st.f.seq;
+            st.sess_cur0 = st.f.cur;
+        }
+        self.set_lone_stop();
+        r
+    }
+
+    /// Ends an open lone run: counters caught up from the doorbell record, the run's
+    /// `wrid` entries written, the lone path closed until the next `send_now` opens a run.
+    /// What every call but `send_now`'s lone path and `on_completion` does first.
+    #[inline(always)]
+    fn end_run(&mut self) {
+        if self.st.lone_run {
+            self.end_lone_run();
+        }
+    }
+
+    /// [`end_run`](Self::end_run) and a leaked batch's or session's repair, out of line:
+    /// what a call that opens something of its own (a session) does first.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn settle(&mut self) {
+        self.end_run();
+        if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn end_lone_run(&mut self) {
+        self.catch_up_session();
+        self.write_session_ids();
+        self.st.close_lone();
+        self.st.lone_run = false;
+        // The event too (the run's stops left it to here: see `lone_decide`).
+        self.set_event(self.event_at());
     }
 
     /// Stages `msg` (whose own payload must be [`Local::Empty`]) with the inline gather
@@ -1194,6 +1496,7 @@ impl<D: Doorbell> DirectRing<D> {
         if parts.is_empty() || parts.len() > self.st.max_sge as usize {
             return Err(SendError::Config(ConfigError::Slots));
         }
+        self.end_run();
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
@@ -1218,6 +1521,7 @@ impl<D: Doorbell> DirectRing<D> {
         if sges.is_empty() || sges.len() > self.st.max_sge as usize {
             return Err(SendError::Config(ConfigError::Slots));
         }
+        self.end_run();
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
@@ -1228,8 +1532,8 @@ impl<D: Doorbell> DirectRing<D> {
     /// auto-flushes, on [`DirectBatch::finish`], or when it is dropped.
     #[inline]
     pub fn batch<'d>(&mut self) -> DirectBatch<'_, 'd, D> {
-        if self.st.batch_open {
-            self.drop_leaked_batch();
+        if self.st.batch_open | self.st.lone_run {
+            self.settle();
         }
         self.st.batch_open = true;
         let f = self.st.f;
@@ -1279,6 +1583,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// stores.
     #[inline]
     pub fn flush(&mut self) -> Result<(), SendError> {
+        self.end_run();
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
@@ -1343,7 +1648,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[cold]
     #[inline(never)]
     fn stale_or_session(&mut self, c: &Completion) -> Result<u64, WcError> {
-        if !self.st.session_open {
+        if !self.st.session_open && !self.st.lone_run {
             return Ok(0);
         }
         // Counters from the doorbell record, and the entries the session's fast path left
@@ -1391,14 +1696,22 @@ impl<D: Doorbell> DirectRing<D> {
     fn refuse(&mut self, c: &Completion) -> Result<u64, WcError> {
         // An error CQE for a session's WR whose entry was never written (another ring's,
         // or none yet): found at its `wqe_counter`.
-        if self.st.session_open && c.qp_num() == self.st.qp_num && c.status().is_err() {
+        if (self.st.session_open || self.st.lone_run)
+            && c.qp_num() == self.st.qp_num
+            && c.status().is_err()
+        {
             return self.stale_or_session(c);
         }
         crate::cq::refuse_send(c, self.ring_id())
     }
 
     #[cold]
+    #[inline(never)]
     fn enter_error(&mut self, e: WcError) {
+        if self.st.lone_run {
+            // The event below is the run's true `seq` (see `set_event`).
+            self.catch_up_session();
+        }
         if self.error.is_none() {
             self.error = Some(e);
         }
@@ -1415,6 +1728,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// Split mode: counters and a retirer for the poller thread, as
     /// [`SendRing::split`](crate::SendRing::split).
     pub fn split(&mut self) -> (crate::split::SendCounters, crate::split::SendRetirer) {
+        self.end_run();
         if self.st.batch_open {
             self.drop_leaked_batch();
         }
@@ -1467,6 +1781,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// number after the move to RESET and before this, unless every outstanding WR was
     /// retired.
     pub unsafe fn reset(&mut self) -> u64 {
+        self.end_run();
         if self.st.session_open {
             self.end_leaked_session();
         }
@@ -1526,6 +1841,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// Makes the next staged WR signaled, whatever the schedule says.
     #[inline]
     pub fn signal_next(&mut self) {
+        self.end_run();
         self.st.next_signal = self.st.f.seq;
         self.set_event(self.st.f.seq);
     }
@@ -1558,7 +1874,7 @@ impl<D: Doorbell> DirectRing<D> {
     pub fn free(&self) -> u64 {
         self.st
             .limit
-            .saturating_sub(self.st.f.seq - self.st.retired)
+            .saturating_sub(self.st.f.seq + self.session_delta() - self.st.retired)
     }
     /// Total WRs posted since creation.
     #[inline(always)]
@@ -1594,10 +1910,21 @@ impl<D: Doorbell> DirectRing<D> {
     /// session, from the doorbell record, as the ring's next call takes it back).
     #[inline]
     pub fn cur_post(&self) -> u32 {
-        if self.st.session_open {
+        if self.st.session_open || self.st.lone_run {
             return self.session_cur().wrapping_add(self.session_delta() as u32);
         }
         self.st.f.cur
+    }
+    /// True when the next `send_now` of a small inline SEND (1 to 44 bytes) takes the lone
+    /// path without deciding anything: a lone run is open, nothing is staged, and the next
+    /// WR needs no signal and has room (see [`send_now`](Self::send_now)). For tests and
+    /// for checking that a ring is configured for it (`max_inline` >= 44, BlueFlame, not
+    /// UD, not split).
+    #[inline]
+    pub fn lone_ready(&self) -> bool {
+        // SAFETY: the doorbell record (new's contract) or LONE_CLOSED.
+        let raw = unsafe { self.st.lone_dbr.cast::<u16>().add(1).read_volatile() };
+        self.st.lone_open && u32::from(u16::from_be(raw)) != self.st.lone_stop
     }
     /// The BlueFlame buffer offset the next doorbell uses (after a leaked session: the
     /// session's first, switched once per doorbell it rang).
@@ -1767,8 +2094,9 @@ mod tests {
     /// ring that has retired everything has them) crosses it, and every WQE's `wrid` entry
     /// is `encode(ring, seq)`: an unsignaled WQE in a batch at the boundary (which the
     /// epoch's event sends to the slow path), the posts after staged WRs that crossed it
-    /// were rewound by a leaked batch (`set_event` resets the epoch), and the completions,
-    /// which retire exactly everything.
+    /// were rewound by a leaked batch (`set_event` resets the epoch), lone runs (whose
+    /// entries are written when the run ends), and the completions, which retire exactly
+    /// everything.
     #[test]
     fn sequence_numbers_cross_the_wr_id_epoch() {
         let (mut sim, mut r, mut poll, start) = ring_before_the_epoch_end();
@@ -1816,7 +2144,13 @@ mod tests {
                 }
                 b.finish().unwrap();
             } else {
-                last = r.send_now(msg).unwrap();
+                // A lone run (the first post opens it): its entries are written when
+                // the run ends, here at `flush`.
+                for _ in 0..3 {
+                    last = r.send_now(msg).unwrap();
+                }
+                assert_eq!(r.posted_total(), last + 1);
+                r.flush().unwrap();
             }
             assert_eq!(r.posted_total(), last + 1);
             check(first, last);

@@ -167,8 +167,8 @@ impl<D: Doorbell> DirectRing<D> {
                  does: use send_now, batch or window in split mode",
             )));
         }
-        if self.st.batch_open {
-            self.drop_leaked_batch();
+        if self.st.batch_open | self.st.lone_run {
+            self.settle();
         }
         // Post what is staged, so that every WR from here on is one the session posts.
         self.ring_doorbell();
@@ -294,7 +294,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// one block, one doorbell): from the doorbell record's `cur_post`. 0 without a session.
     #[inline]
     pub(super) fn session_delta(&self) -> u64 {
-        if !self.st.session_open {
+        if !self.st.session_open && !self.st.lone_run {
             return 0;
         }
         // SAFETY: the QP's doorbell record (new's contract), which only this ring (through
@@ -349,8 +349,8 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(always)]
     fn open_list<const LEN: usize>(&mut self, max: u64) -> Result<List, SendError> {
         check_len(self, LEN)?;
-        if self.st.batch_open {
-            self.drop_leaked_batch();
+        if self.st.batch_open | self.st.lone_run {
+            self.settle();
         }
         let st = &self.st;
         let seq = st.f.seq;
@@ -640,7 +640,7 @@ fn word0(c: u64, w0: u64) -> u64 {
 /// xtask insn`, x86-64; elsewhere, and under miri, the identity).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[inline(always)]
-fn opaque(mut x: u32) -> u32 {
+pub(super) fn opaque(mut x: u32) -> u32 {
     // SAFETY: an empty template (the operand only named in a comment): no instruction, no
     // memory or stack access, flags untouched; `x` comes back as it went in.
     unsafe {
@@ -656,7 +656,7 @@ fn opaque(mut x: u32) -> u32 {
 /// See the x86-64 version (miri does not run `asm!`).
 #[cfg(not(all(target_arch = "x86_64", not(miri))))]
 #[inline(always)]
-fn opaque(x: u32) -> u32 {
+pub(super) fn opaque(x: u32) -> u32 {
     x
 }
 

@@ -1429,8 +1429,9 @@ pub const ROWS: &[Row] = &[
     // lone post (doorbell record, both sfences and the BlueFlame copy included); the
     // generic `send_now(Msg)` at most 1.4x the floor; a post list of 32 through a window
     // at most 1.25x the floor. The mlx5 table has the same rows beside libmlx5's code.
-    // The session's target is met and gated; the rows not met yet are goals (reported with
-    // their verdict, never failing --gate).
+    // The session's and send_now's targets are met and gated (send_now since its lone
+    // runs); the window row is a goal (reported with its verdict, never failing --gate:
+    // `post_list` meets the post-list target).
     row(
         "direct session [u8; 32], mlx5 sim",
         "floor-now-sim",
@@ -1441,7 +1442,6 @@ pub const ROWS: &[Row] = &[
     ),
     Row {
         ratio_own: true,
-        ratio_goal: true,
         ..row(
             "direct send_now [u8; 32], mlx5 sim",
             "floor-now-sim",
@@ -1465,7 +1465,6 @@ pub const ROWS: &[Row] = &[
     },
     Row {
         ratio_own: true,
-        ratio_goal: true,
         ..row(
             "direct post_list 32, mlx5 sim",
             "floor-32-sim",

@@ -259,8 +259,9 @@ fn an_error_completion_retires_exactly_and_flushes_the_rest() {
     assert!(r.on_completion(&cs[2]).is_err());
     assert_eq!(r.outstanding(), 0, "every WR accounted");
     // RESET -> RTS: the device restarts at index 0, and so does the ring.
+    r.settle();
     sim.reset_qp();
-    // SAFETY: the simulated QP went to RESET.
+    // SAFETY: the ring was settled, then the simulated QP went to RESET.
     assert_eq!(unsafe { r.reset() }, 0);
     assert_eq!(r.cur_post(), 0);
     r.signal_next();
@@ -782,7 +783,9 @@ fn clean_after_a_reset_removes_that_qps_stale_cqes_and_nothing_else() {
         }
         assert_eq!(sim.process(), 3, "an error CQE and two flushes");
         sim.write_cqe_of(QPN + 1, 0, 0x0a, 5);
-        // Nothing polled: the QP goes to RESET with its three CQEs in the CQ.
+        // Nothing polled: the QP goes to RESET with its three CQEs in the CQ (the ring
+        // settled first: the lone run's posts are counted from the doorbell record).
+        r.settle();
         sim.reset_qp();
         if clean {
             assert_eq!(p.clean(QPN + 7), 0, "no CQE of an unknown QP");
@@ -790,7 +793,8 @@ fn clean_after_a_reset_removes_that_qps_stale_cqes_and_nothing_else() {
             assert_eq!(p.cons_index(), 3, "the freed CQEs count as consumed");
             assert_eq!(sim.cq_ci(), 3, "and the doorbell record says so");
         }
-        // SAFETY: the simulated QP went to RESET (and, with `clean`, its CQEs are gone).
+        // SAFETY: the ring was settled, the simulated QP went to RESET (and, with `clean`,
+        // its CQEs are gone).
         assert_eq!(unsafe { r.reset() }, 3, "three WRs never completed");
         r.signal_next();
         let seq = r.send_now(Msg::send(Local::Inline(b"again"))).unwrap();
@@ -994,10 +998,14 @@ mod prop {
         }
 
         fn reset(&mut self) {
+            self.r.settle();
+            let never = self.r.staged() + self.r.outstanding();
             self.sim.reset_qp();
             self.p.clean(QPN);
-            // SAFETY: the simulated QP went to RESET and its CQEs were cleaned.
-            unsafe { self.r.reset() };
+            // SAFETY: the ring was settled, the simulated QP went to RESET and its CQEs
+            // were cleaned.
+            let dropped = unsafe { self.r.reset() };
+            assert_eq!(dropped, never, "reset drops what never completed");
             self.floor = self.r.retired_total();
         }
 

@@ -533,3 +533,205 @@ fn a_panic_with_a_window_or_session_open_leaves_the_ring_consistent() {
     b.ring.send_now(Msg::send(Local::Inline(&msg(6)))).unwrap();
     assert_eq!(b.drain(), 7, "every WR retired once");
 }
+
+/// `send_now`'s lone run: unsignaled WRs the lone path posted (no `wrid` entry written)
+/// fail and are flushed while the run is still open (completions only, no other call), or
+/// after a call ended it: every error CQE names its WR (the first the failing WR's own
+/// status, never a flush), every WR retires exactly once, and the ring refuses the next
+/// post with the error.
+#[test]
+fn error_completions_of_a_lone_runs_wrs_name_their_wrs() {
+    for end in ["open", "ended"] {
+        let mut b = bed(64, cfg());
+        let Bed { sim, ring, .. } = &mut b;
+        let send = |r: &mut DirectRing<RecordingDoorbell>, i: u64| {
+            r.send_now(Msg::send(Local::Inline(&msg(i)))).unwrap()
+        };
+        // wr 0 opens the run (the slow path); 1..=4 take the lone path.
+        assert!(!ring.lone_ready());
+        send(ring, 0);
+        for i in 1..5 {
+            assert!(ring.lone_ready(), "{end}: wr {i} on the lone path");
+            assert_eq!(send(ring, i), i);
+        }
+        sim.process();
+        // wr 5 (unsignaled, lone) fails; 6..=11 are flushed (wr 7 is the signal's stop).
+        sim.fail_next(0x04, 0x51);
+        for i in 5..12 {
+            assert_eq!(send(ring, i), i);
+        }
+        assert_eq!(
+            ring.posted_total(),
+            12,
+            "{end}: counted from the doorbell record"
+        );
+        assert_eq!(ring.cur_post(), 12, "{end}");
+        sim.process();
+        if end == "ended" {
+            ring.flush().unwrap();
+            assert_ids(&mut b, 12);
+        }
+        let Bed { ring, poller, .. } = &mut b;
+        let mut retired = 0;
+        let mut errors = Vec::new();
+        let mut seen = 0;
+        for c in poller.poll().unwrap() {
+            seen += 1;
+            match ring.on_completion(c) {
+                Ok(n) => retired += n,
+                Err(e) => errors.push(e),
+            }
+        }
+        assert_eq!(
+            seen, 7,
+            "{end}: CQEs (errors {errors:?}, retired {retired})"
+        );
+        assert_eq!(
+            errors.first().copied(),
+            Some(hotverbs_datapath::WcError::LocProt),
+            "{end}: the first error names the failing WR's status"
+        );
+        assert_eq!(retired, 0, "{end}: nothing completed successfully");
+        assert_eq!(ring.retired_total(), 12, "{end}: every WR retired once");
+        assert_eq!(ring.outstanding(), 0, "{end}");
+        assert!(matches!(
+            ring.send_now(Msg::send(Local::Inline(&msg(12)))),
+            Err(SendError::QpError(hotverbs_datapath::WcError::LocProt))
+        ));
+        assert_eq!(
+            ring.posted_total(),
+            12,
+            "{end}: the refused post counts nothing"
+        );
+    }
+}
+
+/// A lone run long enough that `cur_post`'s low 16 bits (what the doorbell record holds,
+/// and the lone path counts from) wrap twice: every WR is posted, signaled on schedule,
+/// retired exactly once, and the `wrid` table is right when the run ends.
+#[test]
+fn a_lone_run_counts_across_the_16_bit_wrap() {
+    let mut b = bed(64, cfg());
+    let n = 140_000u64;
+    let (mut sent, mut retired, mut lone) = (0u64, 0u64, 0u64);
+    while sent < n {
+        lone += u64::from(b.ring.lone_ready());
+        match b.ring.send_now(Msg::send(Local::Inline(&msg(sent)))) {
+            Ok(s) => {
+                assert_eq!(s, sent);
+                sent += 1;
+            }
+            Err(SendError::WouldBlock) => retired += b.reap(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(b.ring.posted_total(), n);
+    assert_eq!(b.ring.cur_post(), n as u32);
+    assert_eq!(b.sim.sq_dbr(), (n & 0xffff) as u32);
+    retired += b.drain();
+    assert_eq!(retired, n, "every WR retired once");
+    // The stops: one in signal_every (8), and the WR that fills the ring (depth 32) and
+    // its retry; the others take the lone path (27 of 32).
+    assert!(lone >= n * 26 / 32, "{lone} of {n} on the lone path");
+    b.ring.flush().unwrap();
+    assert_ids(&mut b, n);
+}
+
+/// Every call but `send_now` and `on_completion` ends an open lone run first: the counters
+/// caught up from the doorbell record, the run's `wrid` entries written, the lone path
+/// closed; the call then does what it does on a ring that never had a run, and a later
+/// `send_now` opens a new run. Checked against a ring that posts the same WRs with
+/// `stage` and `flush` (no run): the same bytes, entries, doorbell record and register
+/// stores.
+#[test]
+fn every_other_call_ends_a_lone_run() {
+    type Call = fn(&mut DirectRing<RecordingDoorbell>);
+    let calls: [(&str, Call); 8] = [
+        ("stage", |r| {
+            // SAFETY: an inline payload.
+            unsafe { r.stage(Msg::send(Local::Inline(&msg(5)))) }.unwrap();
+            r.flush().unwrap();
+        }),
+        ("flush", |r| r.flush().unwrap()),
+        ("batch", |r| {
+            let m = msg(5);
+            let mut b = r.batch();
+            b.push(Msg::send(Local::Inline(&m))).unwrap();
+            b.finish().unwrap();
+        }),
+        ("session", |r| {
+            r.session::<32>().unwrap().send(&msg(5)).unwrap();
+        }),
+        ("window", |r| {
+            let mut w = r.window::<32>(1).unwrap();
+            w.push(&msg(5)).unwrap();
+            w.finish();
+        }),
+        ("post_list", |r| {
+            assert_eq!(r.post_list(&[msg(5)]).unwrap(), 1);
+        }),
+        ("signal_next", |r| r.signal_next()),
+        ("inline gather", |r| {
+            let m = msg(5);
+            r.stage_inline_gather(Msg::send(Local::Empty), &[&m[..]])
+                .unwrap();
+            r.flush().unwrap();
+        }),
+    ];
+    for (name, call) in calls {
+        let mut b = bed(64, cfg());
+        for i in 0..5 {
+            b.ring.send_now(Msg::send(Local::Inline(&msg(i)))).unwrap();
+        }
+        assert!(b.ring.lone_ready(), "{name}: a lone run is open");
+        call(&mut b.ring);
+        assert!(!b.ring.lone_ready(), "{name}: the call ended the run");
+        let posted = b.ring.posted_total();
+        assert_eq!(
+            posted,
+            if name == "signal_next" || name == "flush" {
+                5
+            } else {
+                6
+            }
+        );
+        assert_eq!(b.ring.cur_post(), posted as u32, "{name}");
+        assert_eq!(b.sim.sq_dbr(), posted as u32, "{name}");
+        assert_ids(&mut b, posted);
+        // The ring goes on: a new run, then everything retires (the last WR signaled, so
+        // that a completion covers it).
+        let total = posted + 20;
+        for i in posted..total {
+            if i == total - 1 {
+                b.ring.signal_next();
+            }
+            match b.ring.send_now(Msg::send(Local::Inline(&msg(i)))) {
+                Ok(s) => assert_eq!(s, i, "{name}"),
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        assert_eq!(b.drain(), total, "{name}: every WR retired once");
+        b.ring.flush().unwrap();
+        assert_ids(&mut b, total);
+
+        // The same WRs staged and flushed one at a time on a ring that never opens a run.
+        let mut c = bed(64, cfg());
+        for i in 0..total {
+            let m = msg(i);
+            if (name == "signal_next" && i == 5) || i == total - 1 {
+                c.ring.signal_next();
+            }
+            // SAFETY: an inline payload.
+            unsafe { c.ring.stage(Msg::send(Local::Inline(&m))) }.unwrap();
+            c.ring.flush().unwrap();
+            if i % 8 == 7 {
+                c.reap();
+            }
+        }
+        c.drain();
+        let (sa, sb) = (snapshot(&mut b), snapshot(&mut c));
+        assert_eq!(sa.0, sb.0, "{name}: SQ bytes");
+        assert_eq!(sa.1, sb.1, "{name}: wrid tables");
+        assert_eq!(sa.2, sb.2, "{name}: doorbell records");
+    }
+}

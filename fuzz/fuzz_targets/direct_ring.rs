@@ -319,17 +319,32 @@ impl World {
                 return;
             }
             for c in cs.iter() {
-                let _ = self.r.on_completion(c);
+                let first = self.r.error().is_none();
+                if let Err(e) = self.r.on_completion(c) {
+                    // The failing WR's CQE comes before the flushes of the WRs after it:
+                    // the ring's first error is its status, whoever posted the WR (a lone
+                    // run's WRs have no `wrid` entry until the ring resolves the CQE).
+                    assert!(
+                        !first || e != WcError::WrFlush,
+                        "the first error completion is a flush: the failing WR's was lost"
+                    );
+                }
             }
         }
         panic!("the poller never ran dry");
     }
 
     fn reset(&mut self) {
+        // What the reset must drop: everything staged or posted and not retired (a lone
+        // run's posts counted from the doorbell record, which the QP's reset clears).
+        self.r.settle();
+        let never = self.r.staged() + self.r.outstanding();
         self.sim.reset_qp();
         self.p.clean(QPN);
-        // SAFETY: the simulated QP went to RESET and its CQEs were cleaned.
-        unsafe { self.r.reset() };
+        // SAFETY: the ring was settled, the simulated QP went to RESET and its CQEs were
+        // cleaned.
+        let dropped = unsafe { self.r.reset() };
+        assert_eq!(dropped, never, "reset drops what never completed");
         self.floor = self.r.retired_total();
     }
 

@@ -510,11 +510,15 @@ impl<'q> DirectRing<'q> {
         const VERB: &str = "DirectRing::reset_qp";
         self.check_reset(VERB, poller)?;
         refuse_recv_owned(VERB, self.qp, "DirectRing")?;
+        // A lone run's or leaked session's posts are counted from the doorbell record,
+        // which the move to RESET clears.
+        self.ring.settle();
         self.qp.reset_by_rings()?;
         poller.poller.clean(self.qp.qp_num());
-        // SAFETY: the QP just went to RESET (libmlx5 zeroed its doorbell record, the device
-        // no longer uses its WRs), none of its CQEs is left unconsumed in the send CQ (just
-        // cleaned), and the ring is not in split mode (checked).
+        // SAFETY: the ring was settled, then the QP went to RESET (libmlx5 zeroed its
+        // doorbell record, the device no longer uses its WRs), none of its CQEs is left
+        // unconsumed in the send CQ (just cleaned), and the ring is not in split mode
+        // (checked).
         Ok(unsafe { self.ring.reset() })
     }
 
@@ -540,6 +544,7 @@ impl<'q> DirectRing<'q> {
                  side with RecvRing::reset_qp_direct after dropping the send ring",
             ));
         }
+        self.ring.settle();
         self.qp.reset_by_rings()?;
         poller.poller.clean(self.qp.qp_num());
         // SAFETY: as in reset_qp; the receive ring's receives went with the RESET.

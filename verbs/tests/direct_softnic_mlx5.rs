@@ -190,6 +190,15 @@ fn a_sessions_unsignaled_wrs_retire_once_when_flushed() {
     ));
 }
 
+/// The same through `send_now`: a lone run's unsignaled WRs (no `wrid` entry written on the
+/// lone path), flushed while the run is open, retire once.
+#[test]
+fn a_lone_runs_unsignaled_wrs_retire_once_when_flushed() {
+    mlx5_cases::a_lone_runs_unsignaled_wrs_retire_once_when_flushed(&spec_sim(
+        "softnic_mlx5_td_lone_flush",
+    ));
+}
+
 /// A softnic device whose mlx5 CQs have 128-byte CQEs (`SoftnicConfig::mlx5_cqe_size`,
 /// what libmlx5 makes with `MLX5_CQE_SIZE=128`): the direct poller reads them (the
 /// 64-byte CQE in each entry's second half) through writes and READs, errors and flushes,

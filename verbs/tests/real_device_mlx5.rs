@@ -116,6 +116,13 @@ fn a_sessions_unsignaled_wrs_retire_once_when_flushed() {
 }
 
 #[test]
+fn a_lone_runs_unsignaled_wrs_retire_once_when_flushed() {
+    if let Some(ctx) = mlx5() {
+        mlx5_cases::a_lone_runs_unsignaled_wrs_retire_once_when_flushed(&ctx);
+    }
+}
+
+#[test]
 fn fully_direct_ping_pong_on_connectx() {
     if let Some(ctx) = mlx5() {
         mlx5_cases::fully_direct_ping_pong(&ctx);

@@ -165,11 +165,15 @@ const MIRI_TESTS: &[MiriTest] = &[
             "sessions_swapped_between_rings_stay_with_their_rings",
             "a_panic_with_a_window_or_session_open_leaves_the_ring_consistent",
             "error_completions_of_unsignaled_session_wrs_name_their_wrs",
+            "error_completions_of_a_lone_runs_wrs_name_their_wrs",
+            "every_other_call_ends_a_lone_run",
         ],
         models: Models::Stacked,
         why: "issue 29: the fixed-size session, window and post list write WQEs through raw \
               SQ pointers and catch a leaked session up from the doorbell record; the \
-              session's late `wrid` entries, read again at an error CQE's `wqe_counter`",
+              session's late `wrid` entries, read again at an error CQE's `wqe_counter`; \
+              `send_now`'s lone runs, which read `cur_post` from the doorbell record (or a \
+              static while closed) and end at any other call",
     },
     MiriTest {
         package: "hotverbs",

@@ -955,7 +955,12 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(always)]
     pub(super) fn park_event(&mut self) {
         self.st.f.event = 0;
-        self.st.close_lone();
+        // Unconditionally (no test: the callers open a batch, window or session, whose
+        // loops the branch would reach into).
+        let st = &mut self.st;
+        st.lone_dbr = core::ptr::addr_of!(LONE_CLOSED).cast_mut();
+        st.lone_open = false;
+        st.lone_stop = 0;
     }
 
     /// The sequence number of the next WR that must take the slow path.
@@ -1462,9 +1467,22 @@ impl<D: Doorbell> DirectRing<D> {
     /// what a call that opens something of its own (a session) does first.
     #[cold]
     #[inline(never)]
-    pub(super) fn settle(&mut self) {
+    pub(super) fn repair(&mut self) {
         self.end_run();
         if self.st.batch_open {
+            self.drop_leaked_batch();
+        }
+    }
+
+    /// Writes back what a lone run of `send_now` (see its docs) or a leaked
+    /// [`DirectSession`] posted without the ring's counters: counted from the doorbell
+    /// record, with their `wrid` entries. Every call does this first when it needs to;
+    /// [`reset`](Self::reset) needs it done before the QP's move to RESET, which clears the
+    /// doorbell record. Posts nothing (a leaked batch stays as [`reset`](Self::reset) and
+    /// the next call find it).
+    pub fn settle(&mut self) {
+        self.end_run();
+        if self.st.session_open {
             self.drop_leaked_batch();
         }
     }
@@ -1533,7 +1551,7 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline]
     pub fn batch<'d>(&mut self) -> DirectBatch<'_, 'd, D> {
         if self.st.batch_open | self.st.lone_run {
-            self.settle();
+            self.repair();
         }
         self.st.batch_open = true;
         let f = self.st.f;
@@ -1774,7 +1792,10 @@ impl<D: Doorbell> DirectRing<D> {
     /// # Safety
     /// As [`SendRing::reset`](crate::SendRing::reset): the QP went to RESET (the device no
     /// longer uses any WR of this ring, and libibverbs cleared the doorbell record), and in
-    /// split mode no retirer is running. Also: no CQE of this QP is left unconsumed in its
+    /// split mode no retirer is running. [`settle`](Self::settle) was called after the
+    /// ring's last post and before that move (a lone run's and a leaked session's posts are
+    /// counted from the doorbell record: after RESET the count would be wrong, though never
+    /// unsound). Also: no CQE of this QP is left unconsumed in its
     /// send CQ. libmlx5 does not clean a CQ that went through `mlx5dv_init_obj` (see
     /// [`DirectPoller::clean`](super::DirectPoller::clean)), and a stale CQE read after
     /// the reset would name a `wrid` entry this ring reuses: call `clean` with the QP's

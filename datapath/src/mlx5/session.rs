@@ -168,7 +168,7 @@ impl<D: Doorbell> DirectRing<D> {
             )));
         }
         if self.st.batch_open | self.st.lone_run {
-            self.settle();
+            self.repair();
         }
         // Post what is staged, so that every WR from here on is one the session posts.
         self.ring_doorbell();
@@ -350,7 +350,7 @@ impl<D: Doorbell> DirectRing<D> {
     fn open_list<const LEN: usize>(&mut self, max: u64) -> Result<List, SendError> {
         check_len(self, LEN)?;
         if self.st.batch_open | self.st.lone_run {
-            self.settle();
+            self.repair();
         }
         let st = &self.st;
         let seq = st.f.seq;

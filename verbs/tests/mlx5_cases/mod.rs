@@ -855,8 +855,19 @@ fn td_pair(ctx: &Context, o: &ConnectOptions) -> TdPair {
 /// wait; `to_error` then flushes them, each with an error CQE whose `wrid` entry the
 /// session's fast path never wrote (a ring that BlueFlames, in a thread domain, so the
 /// fast path runs). Every WR retires exactly once, through the session, each error a
-/// flush, and the ring counts them all; after the session the ring resets and works.
+/// flush, and the ring counts them all.
 pub fn a_sessions_unsignaled_wrs_retire_once_when_flushed(ctx: &Context) {
+    unsignaled_wrs_retire_once_when_flushed(ctx, false);
+}
+
+/// [`a_sessions_unsignaled_wrs_retire_once_when_flushed`] through `send_now`: a lone run,
+/// whose lone path writes no `wrid` entry either, flushed while the run is open (only
+/// polls and `on_completion` between the posts and the flush).
+pub fn a_lone_runs_unsignaled_wrs_retire_once_when_flushed(ctx: &Context) {
+    unsignaled_wrs_retire_once_when_flushed(ctx, true);
+}
+
+fn unsignaled_wrs_retire_once_when_flushed(ctx: &Context, lone: bool) {
     const N: u64 = 6;
     let o = ConnectOptions {
         rnr_retry: 7,
@@ -880,7 +891,47 @@ pub fn a_sessions_unsignaled_wrs_retire_once_when_flushed(ctx: &Context) {
     let (posted0, retired0) = (ring.posted_total(), ring.retired_total());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut flushed = 0u64;
-    {
+    let mut retire =
+        |c: &Completion, r: &mut dyn FnMut(&Completion) -> Result<u64, WcError>| match r(c) {
+            Ok(n) => panic!("{n} retired by a success after the move to ERR"),
+            Err(e) => {
+                assert_eq!(e, WcError::WrFlush, "a flushed WR's error");
+                flushed += 1;
+            }
+        };
+    if lone {
+        // All unsignaled (the first signal is the 16th); the first opens the run (its
+        // `wrid` entry written), the others take the lone path when the ring BlueFlames.
+        for i in 0..N {
+            if i > 0 && ring.blueflame() {
+                assert!(ring.lone_ready(), "wr {i} on the lone path");
+            }
+            let m = fixed_msg(i);
+            assert_eq!(
+                ring.send_now(Msg::send(Local::Inline(&m))).unwrap(),
+                posted0 + i
+            );
+        }
+        for _ in 0..4 {
+            let cs = poller.poll().unwrap();
+            assert!(cs.is_empty(), "a completion before the flush: {cs:?}");
+        }
+        a.to_error().unwrap();
+        while ring.outstanding() > 0 {
+            for c in poller.poll().unwrap() {
+                retire(c, &mut |c| ring.on_completion(c));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the flush never retired the run's WRs: {ring:?}"
+            );
+        }
+        let m = fixed_msg(N);
+        assert!(matches!(
+            ring.send_now(Msg::send(Local::Inline(&m))),
+            Err(SendError::QpError(_))
+        ));
+    } else {
         let mut s = ring.session::<32>().unwrap();
         // All unsignaled (the first signal is the 16th); only the first goes through the
         // session's slow path, which writes its `wrid` entry.
@@ -895,13 +946,7 @@ pub fn a_sessions_unsignaled_wrs_retire_once_when_flushed(ctx: &Context) {
         a.to_error().unwrap();
         while s.outstanding() > 0 {
             for c in poller.poll().unwrap() {
-                match s.on_completion(c) {
-                    Ok(n) => panic!("{n} retired by a success after the move to ERR"),
-                    Err(e) => {
-                        assert_eq!(e, WcError::WrFlush, "a flushed WR's error");
-                        flushed += 1;
-                    }
-                }
+                retire(c, &mut |c| s.on_completion(c));
             }
             assert!(
                 Instant::now() < deadline,

@@ -68,8 +68,9 @@ mod real {
         ),
         // Issue 29's targets against the floor rows of the same run (goals, `~`, until
         // met): a held fixed-size session <= 40 own instructions per lone post (met,
-        // gated), the generic send_now(Msg) <= 1.4x the floor, a post list of 32 <= 1.25x
-        // the floor.
+        // gated), the generic send_now(Msg) <= 1.4x the floor (met with lone runs, gated),
+        // a post list of 32 <= 1.25x the floor (met by post_list, gated; the window row
+        // stays a goal).
         (
             "lone post: direct session vs floor",
             "floor-now",
@@ -82,7 +83,7 @@ mod real {
             "lone post: send_now [u8; 32] vs floor",
             "floor-now",
             "direct-now-fixed",
-            "~o1.40",
+            "o1.40",
             "-",
             "msg",
         ),
@@ -90,7 +91,7 @@ mod real {
             "list 32: post_list vs floor",
             "floor-32",
             "direct-list",
-            "~o1.25",
+            "o1.25",
             "-",
             "msg",
         ),

@@ -645,6 +645,9 @@ mod tests {
                 hv_measured_stream_direct(&mut r, &MSG, n).unwrap();
                 hv_measured_floor_32(&mut f, &MSG, n);
             }
+            // A lone run writes its `wrid` entries when it ends (the floor writes each with
+            // its WQE): `flush` ends it, posting nothing.
+            r.ring.flush().unwrap();
             let (a, b) = (snapshot(&mut r.sim), snapshot(&mut f.sim));
             assert_eq!(a.2, (n as u32).to_be(), "lone {lone}: doorbell record");
             for (blk, (x, y)) in a.0.chunks(64).zip(b.0.chunks(64)).enumerate() {

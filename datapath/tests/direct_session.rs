@@ -395,25 +395,37 @@ fn error_completions_of_unsignaled_session_wrs_name_their_wrs() {
                 }
             }
         }
-        // wr 7 was signaled and is flushed like the rest: one CQE per WR from 5 (the
-        // failing one) to 11, and the first names the protection error.
-        assert_eq!(
-            seen, 7,
-            "{end}: CQEs (errors {errors:?}, retired {retired})"
-        );
-        assert_eq!(
-            errors.first().copied(),
-            Some(hotverbs_datapath::WcError::LocProt),
-            "{end}: the first error names the failing WR's status"
-        );
-        assert_eq!(retired, 0, "{end}: nothing completed successfully");
-        // Every WR is accounted: 0..=11 retired by the error CQEs (the one of wr 5 retires
-        // 0..=5), nothing left outstanding, nothing retired twice.
-        assert_eq!(ring.posted_total(), 12, "{end}");
-        assert_eq!(ring.retired_total(), 12, "{end}: every WR retired once");
-        assert_eq!(ring.outstanding(), 0, "{end}");
+        assert_failed_at_5(ring, end, seen, retired, &errors);
         assert!(ring.error().is_some(), "{end}");
     }
+}
+
+/// What the completions of WRs 0..=11, of which WR 5 failed (`LocProt`) and 6..=11 were
+/// flushed, did to `ring`: `seen` CQEs gave `retired` by successes and `errors`.
+fn assert_failed_at_5(
+    ring: &DirectRing<RecordingDoorbell>,
+    end: &str,
+    seen: u64,
+    retired: u64,
+    errors: &[hotverbs_datapath::WcError],
+) {
+    // wr 7 was signaled and is flushed like the rest: one CQE per WR from 5 (the failing
+    // one) to 11, and the first names the protection error.
+    assert_eq!(
+        seen, 7,
+        "{end}: CQEs (errors {errors:?}, retired {retired})"
+    );
+    assert_eq!(
+        errors.first().copied(),
+        Some(hotverbs_datapath::WcError::LocProt),
+        "{end}: the first error names the failing WR's status"
+    );
+    assert_eq!(retired, 0, "{end}: nothing completed successfully");
+    // Every WR is accounted: 0..=11 retired by the error CQEs (the one of wr 5 retires
+    // 0..=5), nothing left outstanding, nothing retired twice.
+    assert_eq!(ring.posted_total(), 12, "{end}");
+    assert_eq!(ring.retired_total(), 12, "{end}: every WR retired once");
+    assert_eq!(ring.outstanding(), 0, "{end}");
 }
 
 #[test]
@@ -582,18 +594,7 @@ fn error_completions_of_a_lone_runs_wrs_name_their_wrs() {
                 Err(e) => errors.push(e),
             }
         }
-        assert_eq!(
-            seen, 7,
-            "{end}: CQEs (errors {errors:?}, retired {retired})"
-        );
-        assert_eq!(
-            errors.first().copied(),
-            Some(hotverbs_datapath::WcError::LocProt),
-            "{end}: the first error names the failing WR's status"
-        );
-        assert_eq!(retired, 0, "{end}: nothing completed successfully");
-        assert_eq!(ring.retired_total(), 12, "{end}: every WR retired once");
-        assert_eq!(ring.outstanding(), 0, "{end}");
+        assert_failed_at_5(ring, end, seen, retired, &errors);
         assert!(matches!(
             ring.send_now(Msg::send(Local::Inline(&msg(12)))),
             Err(SendError::QpError(hotverbs_datapath::WcError::LocProt))

@@ -13,6 +13,13 @@
 //!   or in error), as for [`WrRing`](crate::WrRing).
 //! - A message is checked completely before any byte of its WQE is written: a refused
 //!   message leaves the SQ, `cur_post` and the counters as they were.
+//! - While a lone run of `send_now` (or a leaked session) is open, `seq`, `posted` and
+//!   `cur_post` lag the doorbell record by the run's posts since they were last written,
+//!   each one block with its own doorbell: the record's `cur_post` minus the ring's, modulo
+//!   2^16, is their number (at most `depth`), and `sess_cur0 - sess_s0` is `cur_post - seq`
+//!   for every WR of the run. Entries of `wrid` from `sess_ids` on may be unwritten; every
+//!   signaled one is written. Any call that reads or changes the counters catches up
+//!   first (or computes the lag, for `&self` getters).
 
 use core::marker::PhantomData;
 

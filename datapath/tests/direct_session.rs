@@ -387,16 +387,28 @@ fn error_completions_of_unsignaled_session_wrs_name_their_wrs() {
             _ => std::mem::forget(s),
         }
         if end != "open" {
-            for c in poller.poll().unwrap() {
-                seen += 1;
-                match ring.on_completion(c) {
-                    Ok(n) => retired += n,
-                    Err(e) => errors.push(e),
-                }
-            }
+            retire_polled(poller, ring, &mut seen, &mut retired, &mut errors);
         }
         assert_failed_at_5(ring, end, seen, retired, &errors);
         assert!(ring.error().is_some(), "{end}");
+    }
+}
+
+/// One poll's completions given to `ring`: counted in `seen`, successes' WRs in `retired`,
+/// errors in `errors`.
+fn retire_polled(
+    poller: &mut DirectPoller<16>,
+    ring: &mut DirectRing<RecordingDoorbell>,
+    seen: &mut u64,
+    retired: &mut u64,
+    errors: &mut Vec<hotverbs_datapath::WcError>,
+) {
+    for c in poller.poll().unwrap() {
+        *seen += 1;
+        match ring.on_completion(c) {
+            Ok(n) => *retired += n,
+            Err(e) => errors.push(e),
+        }
     }
 }
 
@@ -587,13 +599,7 @@ fn error_completions_of_a_lone_runs_wrs_name_their_wrs() {
         let mut retired = 0;
         let mut errors = Vec::new();
         let mut seen = 0;
-        for c in poller.poll().unwrap() {
-            seen += 1;
-            match ring.on_completion(c) {
-                Ok(n) => retired += n,
-                Err(e) => errors.push(e),
-            }
-        }
+        retire_polled(poller, ring, &mut seen, &mut retired, &mut errors);
         assert_failed_at_5(ring, end, seen, retired, &errors);
         assert!(matches!(
             ring.send_now(Msg::send(Local::Inline(&msg(12)))),
@@ -734,5 +740,45 @@ fn every_other_call_ends_a_lone_run() {
         assert_eq!(sa.0, sb.0, "{name}: SQ bytes");
         assert_eq!(sa.1, sb.1, "{name}: wrid tables");
         assert_eq!(sa.2, sb.2, "{name}: doorbell records");
+    }
+}
+
+/// Lone runs under `mem::swap` and a panic: two rings with runs open swap places (each
+/// keeps its own QP: the run's counter is the ring's own doorbell record), post through
+/// the other's handle, swap back; a panic between lone posts unwinds past the ring. Every
+/// WR retires exactly once on its own ring, and each ring's table and doorbell record are
+/// its own posts'.
+#[test]
+fn lone_runs_survive_swap_and_a_panic() {
+    let (mut a, mut b) = (bed(64, cfg()), bed(64, cfg()));
+    let send = |r: &mut DirectRing<RecordingDoorbell>, i: u64| {
+        r.send_now(Msg::send(Local::Inline(&msg(i)))).unwrap()
+    };
+    for i in 0..3 {
+        send(&mut a.ring, i);
+    }
+    for i in 0..5 {
+        send(&mut b.ring, i);
+    }
+    assert!(a.ring.lone_ready() && b.ring.lone_ready());
+    std::mem::swap(&mut a.ring, &mut b.ring);
+    // `a.ring` is b's ring now (b's SQ and record): its next sequence number is b's.
+    assert_eq!(send(&mut a.ring, 5), 5);
+    assert_eq!(send(&mut b.ring, 3), 3);
+    std::mem::swap(&mut a.ring, &mut b.ring);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        send(&mut a.ring, 4);
+        panic!("between lone posts");
+    }));
+    assert!(r.is_err());
+    assert_eq!(send(&mut a.ring, 5), 5, "the run goes on after the panic");
+    for (name, bd, n) in [("a", &mut a, 6u64), ("b", &mut b, 6)] {
+        assert_eq!(bd.ring.posted_total(), n, "{name}");
+        assert_eq!(bd.sim.sq_dbr(), n as u32, "{name}: its own doorbell record");
+        bd.ring.signal_next();
+        assert_eq!(send(&mut bd.ring, n), n);
+        assert_eq!(bd.drain(), n + 1, "{name}: every WR retired once");
+        bd.ring.flush().unwrap();
+        assert_ids(bd, n + 1);
     }
 }

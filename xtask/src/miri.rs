@@ -167,6 +167,7 @@ const MIRI_TESTS: &[MiriTest] = &[
             "error_completions_of_unsignaled_session_wrs_name_their_wrs",
             "error_completions_of_a_lone_runs_wrs_name_their_wrs",
             "every_other_call_ends_a_lone_run",
+            "lone_runs_survive_swap_and_a_panic",
         ],
         models: Models::Stacked,
         why: "issue 29: the fixed-size session, window and post list write WQEs through raw \

@@ -180,16 +180,35 @@ struct State {
 /// then (never written: the lone path writes the doorbell record only when open).
 static LONE_CLOSED: u32 = 0;
 
+/// The send counter at `dbr` (the doorbell record's, or [`LONE_CLOSED`]) as the record
+/// holds it: `cur_post`'s low 16 bits, big-endian, in a 32-bit word, so its two low-order
+/// bytes.
+///
+/// # Safety
+/// `dbr` is `State::lone_dbr`.
+#[inline(always)]
+unsafe fn lone_counter_be(dbr: *const u32) -> u16 {
+    // SAFETY: the caller's contract: the QP's doorbell record (new's contract) or the
+    // static, 4 bytes either way.
+    unsafe { dbr.cast::<u16>().add(1).read_volatile() }
+}
+
 impl State {
     /// Closes the lone path (see `lone_dbr`).
     #[inline(always)]
     fn close_lone(&mut self) {
         // One test when closed already (the common case of rings used without `send_now`).
         if self.lone_open {
-            self.lone_dbr = core::ptr::addr_of!(LONE_CLOSED).cast_mut();
-            self.lone_open = false;
-            self.lone_stop = 0;
+            self.close_lone_now();
         }
+    }
+
+    /// [`close_lone`](Self::close_lone) without the test.
+    #[inline(always)]
+    fn close_lone_now(&mut self) {
+        self.lone_dbr = core::ptr::addr_of!(LONE_CLOSED).cast_mut();
+        self.lone_open = false;
+        self.lone_stop = 0;
     }
 
     /// Writes the `wrid` entry of sequence number `seq` at `cur_post` `cur`: what the
@@ -962,12 +981,9 @@ impl<D: Doorbell> DirectRing<D> {
     #[inline(always)]
     pub(super) fn park_event(&mut self) {
         self.st.f.event = 0;
-        // Unconditionally (no test: the callers open a batch, window or session, whose
-        // loops the branch would reach into).
-        let st = &mut self.st;
-        st.lone_dbr = core::ptr::addr_of!(LONE_CLOSED).cast_mut();
-        st.lone_open = false;
-        st.lone_stop = 0;
+        // Without a test: the callers open a batch, window or session, whose loops the
+        // branch would reach into.
+        self.st.close_lone_now();
     }
 
     /// The sequence number of the next WR that must take the slow path.
@@ -1283,12 +1299,8 @@ impl<D: Doorbell> DirectRing<D> {
         // and the WQE).
         if let (Local::Inline(d), Opcode::Send | Opcode::SendImm) = (msg.local, msg.op) {
             if d.len().wrapping_sub(1) < 44 {
-                // SAFETY: the QP's doorbell record's send counter (new's contract), or
-                // LONE_CLOSED: `cur_post`'s low 16 bits, big-endian, in a 32-bit word:
-                // these are its two low-order bytes.
-                let c = u32::from(u16::from_be(unsafe {
-                    self.st.lone_dbr.cast::<u16>().add(1).read_volatile()
-                }));
+                // SAFETY: `lone_dbr` itself.
+                let c = u32::from(u16::from_be(unsafe { lone_counter_be(self.st.lone_dbr) }));
                 let st = &self.st;
                 let seq = st.f.seq + u64::from(c.wrapping_sub(st.f.cur) & 0xffff);
                 if c == st.lone_stop {
@@ -1320,8 +1332,7 @@ impl<D: Doorbell> DirectRing<D> {
         self.stage_own(msg, Gather::One, true)
     }
 
-    /// A lone post at `cur_post` `c` (16 bits; `raw`: as the doorbell record holds it,
-    /// big-endian): the WQE of `msg` (an RC SEND / SEND_IMM of
+    /// A lone post at `cur_post` `c` (16 bits): the WQE of `msg` (an RC SEND / SEND_IMM of
     /// the inline bytes `d`) with the signal bits `fm` (`fm_ce_se << 24`), without a
     /// `wrid` entry, then its doorbell.
     ///
@@ -1336,8 +1347,8 @@ impl<D: Doorbell> DirectRing<D> {
         let (dbr, dst, bf_size) = (st.lone_dbr, st.bf_cur, st.bf_size as usize);
         // `c` as the doorbell record holds it (big-endian), read again here rather than
         // kept in a register across the stops' test.
-        // SAFETY: the caller's `lone_dbr` (the doorbell record: the lone path is open).
-        let raw = unsafe { dbr.cast::<u16>().add(1).read_volatile() };
+        // SAFETY: `lone_dbr` itself (the doorbell record: the lone path is open).
+        let raw = unsafe { lone_counter_be(dbr) };
         let len = d.len() as u32;
         // 2 to 4: the ctrl segment and 1 to 3 of inline data.
         let ds = 1 + ((len + 19) >> 4);
@@ -1950,8 +1961,8 @@ impl<D: Doorbell> DirectRing<D> {
     /// UD, not split).
     #[inline]
     pub fn lone_ready(&self) -> bool {
-        // SAFETY: the doorbell record (new's contract) or LONE_CLOSED.
-        let raw = unsafe { self.st.lone_dbr.cast::<u16>().add(1).read_volatile() };
+        // SAFETY: `lone_dbr` itself.
+        let raw = unsafe { lone_counter_be(self.st.lone_dbr) };
         self.st.lone_open && u32::from(u16::from_be(raw)) != self.st.lone_stop
     }
     /// The BlueFlame buffer offset the next doorbell uses (after a leaked session: the

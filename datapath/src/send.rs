@@ -121,18 +121,20 @@ pub struct Msg<'d> {
     pub(crate) imm: u32,
     pub(crate) compare_add: u64,
     pub(crate) swap: u64,
-    /// [`fence`](Self::fence) / [`solicited`](Self::solicited), as the bits of a
-    /// [`SendRing`] slot format ([`MSG_FENCE`], [`MSG_SOLICITED`]): the verbs ring ORs them
-    /// into a message's format as they are (its event path reads messages from memory, so
-    /// a shift there costs every `signal_every`-th message), the direct ring moves them to
-    /// the ctrl segment's `fm_ce_se` ([`Msg::mlx5_flags`]), where a message built in place
-    /// folds them away. 0 for a message built without them.
-    pub(crate) flags: u8,
+    /// The opcode (`op as u8`) with [`fence`](Self::fence) / [`solicited`](Self::solicited)
+    /// as the bits of a [`SendRing`] slot format ([`MSG_FENCE`], [`MSG_SOLICITED`]): the
+    /// verbs ring's format of the message is this byte OR its local kind (its event path
+    /// reads messages from memory: one load there, as before the flags existed, where a
+    /// separate flags byte cost every `signal_every`-th message two instructions); the
+    /// direct ring moves the flags to the ctrl segment's `fm_ce_se` ([`Msg::mlx5_flags`]),
+    /// where a message built in place folds them away. `op as u8` for a message built
+    /// without them.
+    pub(crate) op_flags: u8,
 }
 
-/// [`Msg::flags`] bit of [`Msg::fence`] (`IBV_SEND_FENCE`): the format bit `FMT_FENCE`.
+/// [`Msg::op_flags`] bit of [`Msg::fence`] (`IBV_SEND_FENCE`): the format bit `FMT_FENCE`.
 pub(crate) const MSG_FENCE: u8 = 1 << 5;
-/// [`Msg::flags`] bit of [`Msg::solicited`] (`IBV_SEND_SOLICITED`): the format bit
+/// [`Msg::op_flags`] bit of [`Msg::solicited`] (`IBV_SEND_SOLICITED`): the format bit
 /// `FMT_SOLICITED`.
 pub(crate) const MSG_SOLICITED: u8 = 1 << 6;
 
@@ -146,7 +148,7 @@ impl<'d> Msg<'d> {
             imm: 0,
             compare_add: 0,
             swap: 0,
-            flags: 0,
+            op_flags: op as u8,
         }
     }
 
@@ -155,7 +157,7 @@ impl<'d> Msg<'d> {
     /// mlx5 direct ring writes `MLX5_WQE_CTRL_FENCE` into the WQE, as libmlx5 does for it.
     #[inline(always)]
     pub const fn fence(mut self) -> Self {
-        self.flags |= MSG_FENCE;
+        self.op_flags |= MSG_FENCE;
         self
     }
 
@@ -164,27 +166,27 @@ impl<'d> Msg<'d> {
     /// immediate.
     #[inline(always)]
     pub const fn solicited(mut self) -> Self {
-        self.flags |= MSG_SOLICITED;
+        self.op_flags |= MSG_SOLICITED;
         self
     }
 
     /// Whether [`fence`](Self::fence) was set.
     #[inline(always)]
     pub const fn is_fenced(&self) -> bool {
-        self.flags & MSG_FENCE != 0
+        self.op_flags & MSG_FENCE != 0
     }
 
     /// Whether [`solicited`](Self::solicited) was set.
     #[inline(always)]
     pub const fn is_solicited(&self) -> bool {
-        self.flags & MSG_SOLICITED != 0
+        self.op_flags & MSG_SOLICITED != 0
     }
 
     /// The message's flags as an mlx5 ctrl segment's `fm_ce_se` bits:
     /// `MLX5_WQE_CTRL_FENCE` (`4 << 5`) and `MLX5_WQE_CTRL_SOLICITED` (`1 << 1`).
     #[inline(always)]
     pub(crate) const fn mlx5_flags(&self) -> u8 {
-        (self.flags & MSG_FENCE) << 2 | (self.flags & MSG_SOLICITED) >> 5
+        (self.op_flags & MSG_FENCE) << 2 | (self.op_flags & MSG_SOLICITED) >> 5
     }
 
     /// The `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` bits of the message.
@@ -542,39 +544,46 @@ const FMT_SOLICITED: u8 = 1 << 6;
 /// The `send_flags` of a format besides `IBV_SEND_SIGNALED`.
 #[inline(always)]
 fn fmt_send_flags(fmt: u8) -> u32 {
-    // One load (the event paths write a format every `batch`-th message, from a message in
-    // memory): indexed by the kind and flag bits, 3..=6.
-    const FLAGS: [u32; 16] = {
-        let mut t = [0u32; 16];
-        let mut i = 0;
-        while i < 16 {
-            let fmt = (i as u8) << 3;
-            let kind = fmt & KIND_MASK;
-            t[i] = if kind == KIND_INLINE || kind == KIND_BUF_INLINE {
-                IBV_SEND_INLINE
-            } else {
-                0
-            } | if fmt & FMT_FENCE != 0 {
-                IBV_SEND_FENCE
-            } else {
-                0
-            } | if fmt & FMT_SOLICITED != 0 {
-                IBV_SEND_SOLICITED
-            } else {
-                0
-            };
-            i += 1;
-        }
-        t
-    };
-    FLAGS[usize::from(fmt >> 3) & 15]
+    // The inline kinds have the bit `IBV_SEND_INLINE` is: one `and`. A fenced or solicited
+    // format adds its flags behind one test. (A 16-entry table of every kind and flag cost
+    // the event paths, which read messages from memory, four more instructions per format
+    // written: `cargo xtask insn`, `send_now` on the counting device.)
+    let inline = u32::from(fmt & KIND_INLINE_BIT);
+    if fmt & (FMT_FENCE | FMT_SOLICITED) == 0 {
+        inline
+    } else {
+        inline | fmt_flag_bits(fmt)
+    }
+}
+
+/// `IBV_SEND_FENCE` / `IBV_SEND_SOLICITED` of a format's flag bits.
+#[inline(always)]
+fn fmt_flag_bits(fmt: u8) -> u32 {
+    (if fmt & FMT_FENCE != 0 {
+        IBV_SEND_FENCE
+    } else {
+        0
+    }) | if fmt & FMT_SOLICITED != 0 {
+        IBV_SEND_SOLICITED
+    } else {
+        0
+    }
 }
 
 /// Local kinds of a format.
 const KIND_EMPTY: u8 = 0;
 const KIND_INLINE: u8 = 1 << 3;
-const KIND_BUF_INLINE: u8 = 2 << 3;
-const KIND_BUF: u8 = 3 << 3;
+const KIND_BUF: u8 = 2 << 3;
+const KIND_BUF_INLINE: u8 = 3 << 3;
+/// Set in exactly the kinds sent inline; equal to `IBV_SEND_INLINE`.
+const KIND_INLINE_BIT: u8 = 1 << 3;
+const _: () = assert!(
+    KIND_INLINE & KIND_INLINE_BIT != 0
+        && KIND_BUF_INLINE & KIND_INLINE_BIT != 0
+        && KIND_BUF & KIND_INLINE_BIT == 0
+        && KIND_EMPTY & KIND_INLINE_BIT == 0
+        && KIND_INLINE_BIT as u32 == IBV_SEND_INLINE
+);
 
 /// The format of a message: opcode, local kind (empty, inline, registered memory sent
 /// inline, registered memory) and the fence and solicited flags. Two messages of one format differ only in the per-message
@@ -606,7 +615,18 @@ fn fmt_of(msg: &Msg<'_>, max_inline: usize, buf_inline: usize) -> u8 {
     };
     // The message's flags moved to the format's bits (constants fold for a message built in
     // place: a message without flags pays nothing).
-    msg.op as u8 | kind | msg.flags
+    msg.op_flags | kind
+}
+
+/// What a format writes into a WR besides its kind, in one word for the out-of-line
+/// formatters: the raw opcode (bits 0..16), `num_sge` (16..24) and the `send_flags` of an
+/// unsignaled WR of format `fmt` (24..32). For a message built in place it is a constant;
+/// the formatters take the flags with one shift (from `fmt` it is a table load, in the
+/// cold function, where it cost the batch loops a register: `cargo xtask insn`, batch 8).
+#[inline(always)]
+fn op_word(msg: &Msg<'_>, fmt: u8) -> u32 {
+    let num_sge = !matches!(msg.local, Local::Empty) as u32;
+    msg.op.raw() | num_sge << 16 | fmt_send_flags(fmt) << 24
 }
 
 const _: () = assert!(
@@ -614,6 +634,9 @@ const _: () = assert!(
         && MSG_SOLICITED == FMT_SOLICITED
         && MSG_FENCE << 2 == crate::mlx5::CTRL_FENCE
         && MSG_SOLICITED >> 5 == crate::mlx5::CTRL_SOLICITED
+        // `Msg::op_flags`: the opcode in the format's opcode bits, below the kind and flags.
+        && (Opcode::CmpSwap as u8) < KIND_INLINE
+        && (Opcode::FetchAdd as u8) < KIND_INLINE
 );
 
 /// Error state, touched only when something went wrong.
@@ -1151,8 +1174,7 @@ impl<const N: usize> SendRing<N> {
         // SAFETY: i < N (masked); raw access only; as above.
         unsafe { self.write_per_message(i, msg, remote, id) };
         let fmt = fmt_of(msg, max_inline, self.st.buf_inline);
-        let num_sge = !matches!(msg.local, Local::Empty) as u32;
-        self.slow_stage(fmt, msg.op.raw() | num_sge << 16, post)
+        self.slow_stage(fmt, op_word(msg, fmt), post)
     }
 
     /// A message failed validation: the error it gets, unless the ring is full or in the
@@ -1170,8 +1192,8 @@ impl<const N: usize> SendRing<N> {
 
     /// The outlined part of the slow path: the WR at the cursor has its per-message fields;
     /// check for room (else mark the slot, remember the ring is blocked and say so), write
-    /// the format (`op_sge`: the raw opcode, `num_sge << 16`; `fmt`'s kind gives the inline
-    /// flag and lkey) and the signal flag (the schedule's turn, or the WR fills the ring),
+    /// the format (`op_sge`: [`op_word`]: opcode, `num_sge` and the format's `send_flags`;
+    /// `fmt`'s kind gives the lkey) and the signal flag (the schedule's turn, or the WR fills the ring),
     /// tag the slot, advance the schedule and the cursor, post if the batch is complete, the
     /// ring full or the caller posts anyway (`post`: [`send_now`](Self::send_now)), and mark
     /// the next event (after the post, which moves the batch's end).
@@ -1202,7 +1224,7 @@ impl<const N: usize> SendRing<N> {
         // therefore always has a signaled WR in flight and drains by polling.
         let signaled = scheduled || full;
         let kind = fmt & KIND_MASK;
-        let mut flags = fmt_send_flags(fmt);
+        let mut flags = op_sge >> 24;
         if signaled {
             flags |= IBV_SEND_SIGNALED;
         }
@@ -1228,8 +1250,8 @@ impl<const N: usize> SendRing<N> {
         Ok(seq)
     }
 
-    /// Writes a format into `wr`: `op_sge` (the raw opcode, `num_sge << 16`), the send
-    /// flags, the lkey of an inline SGE (0) and the rkey of a remote operation.
+    /// Writes a format into `wr`: `op_sge` (the raw opcode and `num_sge` of an [`op_word`]),
+    /// the send flags, the lkey of an inline SGE (0) and the rkey of a remote operation.
     ///
     /// # Safety
     /// `wr` is a WR of this ring (a slot or `lone`) that holds no staged WR, reached by a
@@ -1239,7 +1261,7 @@ impl<const N: usize> SendRing<N> {
         let op = op_sge & 0xFFFF;
         // SAFETY: the caller's contract; plain integer fields and Copy unions.
         unsafe {
-            (*wr).num_sge = (op_sge >> 16) as i32;
+            (*wr).num_sge = ((op_sge >> 16) & 0xFF) as i32;
             (*wr).opcode = op;
             (*wr).send_flags = flags;
             if kind == KIND_INLINE {
@@ -1511,8 +1533,7 @@ impl<const N: usize> SendRing<N> {
                 return false;
             }
         }
-        let num_sge = !matches!(msg.local, Local::Empty) as u32;
-        fmt == key || self.format_lone(fmt, msg.op.raw() | num_sge << 16)
+        fmt == key || self.format_lone(fmt, op_word(msg, fmt))
     }
 
     /// Posts `msg` alone through the lone WR ([`lone_ready`](Self::lone_ready), or with
@@ -1587,7 +1608,7 @@ impl<const N: usize> SendRing<N> {
         self.mark_event();
     }
 
-    /// Formats the lone WR for `fmt` (`op_sge`: raw opcode, `num_sge << 16`) unless a
+    /// Formats the lone WR for `fmt` (`op_sge`: its [`op_word`]) unless a
     /// batch is open (`lone_key` says which).
     #[cold]
     #[inline(never)]
@@ -1596,7 +1617,7 @@ impl<const N: usize> SendRing<N> {
             return false;
         }
         let kind = fmt & KIND_MASK;
-        let flags = fmt_send_flags(fmt);
+        let flags = op_sge >> 24;
         // SAFETY: the lone WR by raw pointer; it holds no staged WR.
         unsafe { self.write_format(self.lone.get(), kind, op_sge, flags) };
         self.st.lone_fmt = fmt;
@@ -1679,33 +1700,58 @@ impl<const N: usize> SendRing<N> {
     /// belongs to the ring the error names (route by [`Completion::ring`]).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        // Ring id, kind and QP in one test, one branch (two branches to the cold exit cost
-        // the callers' inlined post loops a register: `cargo xtask insn`, softnic batch 1).
-        let other = (c.wr_id() ^ self.st.id_bits) >> wr_id::KIND_SHIFT
-            | u64::from(c.qp_num() ^ self.st.qp_num);
-        if other != 0 {
-            return self.refuse(c);
+        // The full sequence number of a WR staged in the current 2^55 epoch of `wr_id`s is
+        // `wr_id - id_off` once ring id and kind are this ring's: no 64-bit mask constant,
+        // which the callers' inlined poll loops would hold in a register across their post
+        // loops (`cargo xtask insn`, the lone `send_now` row). Ring id, kind, QP and "an
+        // outstanding WR of this epoch" in one branch (two branches to the cold exit cost
+        // the callers' inlined post loops a register: softnic batch 1); everything else
+        // (another ring's, stale, a WR of the previous epoch) is decided out of line.
+        let st = &self.st;
+        let other =
+            (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT | u64::from(c.qp_num() ^ st.qp_num);
+        let s = c.wr_id().wrapping_sub(st.id_off);
+        let back = st.posted.wrapping_sub(1).wrapping_sub(s);
+        if (other != 0) | (back >= st.posted.wrapping_sub(st.retired)) {
+            return self.on_completion_odd(c);
         }
+        self.retire_through(s, c)
+    }
+
+    /// Retires every WR up to and including sequence `s`, the outstanding WR `c` completes.
+    #[inline(always)]
+    fn retire_through(&mut self, s: u64, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
-        let retired = match wr_id::full_seq(st.posted, st.retired, c.seq()) {
-            Some(s) => {
-                let n = s + 1 - st.retired;
-                st.retired = s + 1;
-                if st.blocked {
-                    self.unblock();
-                }
-                n
-            }
-            // Stale (e.g. a flush left in the CQ across a reset): ignored, whatever its
-            // status, so it cannot put a recovered ring back in the error state.
-            None => return Ok(0),
-        };
+        let retired = s + 1 - st.retired;
+        st.retired = s + 1;
+        if st.blocked {
+            self.unblock();
+        }
         match c.status() {
             Ok(()) => Ok(retired),
             Err(e) => {
                 self.enter_error(e);
                 Err(e)
             }
+        }
+    }
+
+    /// [`on_completion`](Self::on_completion) of anything but an outstanding WR of the
+    /// current epoch: another ring's completion ([`WcError::Misrouted`]), an outstanding WR
+    /// of the previous epoch, or a stale one (`Ok(0)`: e.g. a flush left in the CQ across a
+    /// reset, ignored whatever its status, so it cannot put a recovered ring back in the
+    /// error state).
+    #[cold]
+    #[inline(never)]
+    fn on_completion_odd(&mut self, c: &Completion) -> Result<u64, WcError> {
+        let other = (c.wr_id() ^ self.st.id_bits) >> wr_id::KIND_SHIFT
+            | u64::from(c.qp_num() ^ self.st.qp_num);
+        if other != 0 {
+            return self.refuse(c);
+        }
+        match wr_id::full_seq(self.st.posted, self.st.retired, c.seq()) {
+            Some(s) => self.retire_through(s, c),
+            None => Ok(0),
         }
     }
 
@@ -2130,6 +2176,68 @@ mod tests {
     use super::*;
     use crate::cq::CqPoller;
     use hotverbs_softnic::counting::CountingDevice;
+
+    impl<const N: usize> SendRing<N> {
+        /// A fresh ring (nothing staged or outstanding) as if `seq` WRs had been posted
+        /// and retired: the counters of a long-lived ring, e.g. near a 2^55 epoch end.
+        fn jump_to(&mut self, seq: u64) {
+            assert_eq!(self.outstanding(), 0);
+            let st = &mut self.st;
+            st.posted = seq;
+            st.retired = seq;
+            st.posting_from = seq;
+            st.next_signal = seq + st.signal_every - 1;
+            self.set_staged(seq);
+            self.mark_event();
+        }
+    }
+
+    /// WRs posted across the end of a 2^55 epoch of `wr_id`s retire on their completions,
+    /// whichever epoch they were staged in: those of the ending epoch are decided out of
+    /// line (`on_completion_odd`), those of the new one on the fast path; a completion
+    /// seen again afterwards is stale.
+    #[test]
+    fn completions_across_the_wr_id_epoch_retire_their_wrs() {
+        const N: usize = 16;
+        let dev = CountingDevice::new(256);
+        // SAFETY: the counting device's QP and CQ outlive the ring and poller; nothing else
+        // uses them.
+        let mut r: SendRing<N> = unsafe {
+            SendRing::new(
+                dev.qp(),
+                SendConfig::new(3, N as u32, 64).signal_every(4).batch(16),
+            )
+        }
+        .unwrap();
+        // SAFETY: as above.
+        let mut p: CqPoller<8> = unsafe { CqPoller::new(dev.cq()) };
+        let epoch = wr_id::SEQ_MASK + 1;
+        r.jump_to(epoch - 8);
+        let data = [5u8; 8];
+        let mut b = r.batch();
+        for k in 0..12u64 {
+            assert_eq!(
+                b.push(Msg::send(Local::Inline(&data))),
+                Ok(epoch - 8 + k),
+                "message {k}"
+            );
+        }
+        b.finish().unwrap();
+        assert_eq!(r.outstanding(), 12);
+        let cs = p.poll().unwrap();
+        // Signaled: epoch - 5 and epoch - 1 (the ending epoch), epoch + 3 (the new one).
+        let seqs: Vec<u64> = cs.iter().map(|c| c.seq()).collect();
+        assert_eq!(seqs, [wr_id::SEQ_MASK - 4, wr_id::SEQ_MASK, 3]);
+        let retired: Vec<u64> = cs.iter().map(|c| r.on_completion(c).unwrap()).collect();
+        assert_eq!(retired, [4, 4, 4]);
+        assert_eq!(r.outstanding(), 0);
+        // Seen again: stale, whatever the epoch it came from.
+        for c in cs.iter() {
+            assert_eq!(r.on_completion(c), Ok(0));
+        }
+        // The ring goes on in the new epoch.
+        assert_eq!(r.send_now(Msg::send(Local::Inline(&data))), Ok(epoch + 4));
+    }
 
     /// Drains the CQ into the ring; returns the completions seen.
     fn drain<const N: usize>(p: &mut CqPoller<8>, r: &mut SendRing<N>) -> usize {

@@ -63,6 +63,63 @@ const fn op_bit(op: Opcode) -> u8 {
     1 << (op as u8)
 }
 
+/// Declares [`Slots`] (the `ibv_qp_ex` functions a [`WrRing`] calls, read once in
+/// [`WrRing::new`]), their stand-ins for slots a QP does not fill, and `Slots::read`.
+macro_rules! slots {
+    ($($name:ident => $slot:ident ( $($arg:ident : $ty:ty),* ) $(-> $ret:ty)?;)*) => {
+        /// The provider's `ibv_qp_ex` functions the ring calls, read from the QP once, in
+        /// [`WrRing::new`] (which refuses a QP without the ones every ring needs): each call
+        /// is then one indirect call, where `ibv_wr_*` reads the slot and tests it for NULL
+        /// on every call (6 to 16 instructions per message in the `WrRing` rows of `cargo
+        /// xtask insn`, the tests' abort paths holding registers in the callers' loops).
+        /// Providers fill these slots when they create the QP and never change them
+        /// (rdma-core's mlx5, rxe, efa, softnic), so these are the functions `ibv_wr_*`
+        /// would call. A slot the QP left NULL holds a stand-in that aborts naming the
+        /// slot, as `ibv_wr_*` does: a builder the QP lacks is never called (its opcode bit
+        /// is clear in `ops`, which `check` tests first).
+        #[derive(Clone, Copy, Debug)]
+        struct Slots {
+            $($name: unsafe extern "C" fn(*mut ibv_qp_ex $(, $ty)*) $(-> $ret)?,)*
+        }
+
+        /// Stand-ins for NULL slots: abort (a panic cannot unwind out of an `extern "C"`
+        /// function) with the slot's name.
+        mod absent {
+            use super::*;
+            $(
+                pub(super) unsafe extern "C" fn $name(_: *mut ibv_qp_ex $(, _: $ty)*) $(-> $ret)? {
+                    panic!(concat!("ibv_qp_ex.", stringify!($slot), " is NULL: the QP was not created with this op"))
+                }
+            )*
+        }
+
+        impl Slots {
+            /// The QP's slots, NULL ones replaced by their stand-ins.
+            fn read(q: &ibv_qp_ex) -> Self {
+                Self {
+                    $($name: q.$slot.unwrap_or(absent::$name),)*
+                }
+            }
+        }
+    };
+}
+
+slots! {
+    start => wr_start();
+    complete => wr_complete() -> core::ffi::c_int;
+    send => wr_send();
+    send_imm => wr_send_imm(imm: __be32);
+    rdma_write => wr_rdma_write(rkey: u32, addr: u64);
+    rdma_write_imm => wr_rdma_write_imm(rkey: u32, addr: u64, imm: __be32);
+    rdma_read => wr_rdma_read(rkey: u32, addr: u64);
+    fetch_add => wr_atomic_fetch_add(rkey: u32, addr: u64, add: u64);
+    cmp_swp => wr_atomic_cmp_swp(rkey: u32, addr: u64, compare: u64, swap: u64);
+    set_ud_addr => wr_set_ud_addr(ah: *mut ibv_ah, qpn: u32, qkey: u32);
+    set_sge_list => wr_set_sge_list(n: usize, list: *const ibv_sge);
+    set_inline_data => wr_set_inline_data(addr: *mut c_void, len: usize);
+    set_sge => wr_set_sge(lkey: u32, addr: u64, len: u32);
+}
+
 /// What the fast path reads: copied out of the ring into a [`WrBatch`] (or a local of
 /// [`WrRing::stage`] / [`WrRing::send_now`]), so a caller's loop keeps it in registers
 /// across the provider calls, which the compiler must assume may write any memory they can
@@ -86,6 +143,9 @@ struct Fast {
     ops: u8,
     /// UD: the destination set on every WR.
     ud: Option<crate::desc::UdDest>,
+    /// The QP's `ibv_qp_ex` functions (only those a message uses are read: the copy is
+    /// per field).
+    slots: Slots,
 }
 
 #[derive(Debug)]
@@ -108,6 +168,10 @@ struct State {
     depth: u64,
     qp_num: u32,
     split_key: u64,
+    /// `wr_id - seq` for the WRs of the 2^55 epoch of sequence numbers the last completion
+    /// decided out of line was in (`id_bits` at first): [`WrRing::on_completion`]'s fast
+    /// path. Set by its out-of-line path, so a ring past 2^55 WRs finds it again.
+    id_off: u64,
 }
 
 impl Fast {
@@ -178,7 +242,7 @@ impl Fast {
         // registered buffers are the caller's contract (`stage`).
         unsafe {
             if !*open {
-                ibv_wr_start(qp);
+                (self.slots.start)(qp);
                 *open = true;
             }
             // `src` is the payload's address: its own pointer for `Local::Inline` (provenance
@@ -206,25 +270,25 @@ impl Fast {
                 | msg.ibv_flags();
             let rkey = self.remote.rkey;
             match msg.op {
-                Opcode::Send => ibv_wr_send(qp),
-                Opcode::SendImm => ibv_wr_send_imm(qp, msg.imm.to_be()),
-                Opcode::Write => ibv_wr_rdma_write(qp, rkey, remote),
-                Opcode::WriteImm => ibv_wr_rdma_write_imm(qp, rkey, remote, msg.imm.to_be()),
-                Opcode::Read => ibv_wr_rdma_read(qp, rkey, remote),
-                Opcode::FetchAdd => ibv_wr_atomic_fetch_add(qp, rkey, remote, msg.compare_add),
+                Opcode::Send => (self.slots.send)(qp),
+                Opcode::SendImm => (self.slots.send_imm)(qp, msg.imm.to_be()),
+                Opcode::Write => (self.slots.rdma_write)(qp, rkey, remote),
+                Opcode::WriteImm => (self.slots.rdma_write_imm)(qp, rkey, remote, msg.imm.to_be()),
+                Opcode::Read => (self.slots.rdma_read)(qp, rkey, remote),
+                Opcode::FetchAdd => (self.slots.fetch_add)(qp, rkey, remote, msg.compare_add),
                 Opcode::CmpSwap => {
-                    ibv_wr_atomic_cmp_swp(qp, rkey, remote, msg.compare_add, msg.swap)
+                    (self.slots.cmp_swp)(qp, rkey, remote, msg.compare_add, msg.swap)
                 }
             }
             if let Some(ud) = self.ud {
-                ibv_wr_set_ud_addr(qp, ud.ah, ud.remote_qpn, ud.remote_qkey);
+                (self.slots.set_ud_addr)(qp, ud.ah, ud.remote_qpn, ud.remote_qkey);
             }
             if matches!(msg.local, Local::Empty) {
-                ibv_wr_set_sge_list(qp, 0, core::ptr::null());
+                (self.slots.set_sge_list)(qp, 0, core::ptr::null());
             } else if inline {
-                ibv_wr_set_inline_data(qp, src as *mut c_void, len as usize);
+                (self.slots.set_inline_data)(qp, src as *mut c_void, len as usize);
             } else {
-                ibv_wr_set_sge(qp, lkey, src as u64, len);
+                (self.slots.set_sge)(qp, lkey, src as u64, len);
             }
         }
     }
@@ -380,6 +444,7 @@ impl WrRing {
                     has_remote: cfg.remote.is_some(),
                     ops,
                     ud: cfg.ud,
+                    slots: Slots::read(q),
                 },
                 open: false,
                 batch_open: false,
@@ -392,6 +457,7 @@ impl WrRing {
                 depth,
                 qp_num: q.qp_base.qp_num,
                 split_key: 0,
+                id_off: wr_id::encode(cfg.ring_id, 0),
             },
             error: None,
             deferred: None,
@@ -605,7 +671,7 @@ impl WrRing {
         }
         self.st.open = false;
         // SAFETY: a region is open on the live QP (module invariant, new's contract).
-        let rc = unsafe { ibv_wr_complete(self.st.f.qpx) };
+        let rc = unsafe { (self.st.f.slots.complete)(self.st.f.qpx) };
         if rc == 0 {
             self.st.posted = self.st.f.seq;
             Ok(())
@@ -670,16 +736,27 @@ impl WrRing {
     /// # Errors
     /// The completion's error status, or [`WcError::Misrouted`] for a completion that is
     /// not this ring's (another ring id, a receive, another QP; nothing changes).
-    #[inline]
+    #[inline(always)]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        if (c.wr_id() ^ self.st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num
-        {
-            return self.refuse(c);
+        // As `SendRing::on_completion`: an outstanding WR of the epoch `id_off` is for is
+        // `wr_id - id_off`, decided in one branch with ring id, kind and QP, without a
+        // 64-bit mask constant in the callers' inlined loops (`cargo xtask insn`, the
+        // `WrRing` rows); anything else out of line.
+        let st = &self.st;
+        let other =
+            (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT | u64::from(c.qp_num() ^ st.qp_num);
+        let s = c.wr_id().wrapping_sub(st.id_off);
+        let back = st.posted.wrapping_sub(1).wrapping_sub(s);
+        if (other != 0) | (back >= st.posted.wrapping_sub(st.retired)) {
+            return self.on_completion_odd(c);
         }
+        self.retire_through(s, c)
+    }
+
+    /// Retires every WR up to and including sequence `s`, the outstanding WR `c` completes.
+    #[inline(always)]
+    fn retire_through(&mut self, s: u64, c: &Completion) -> Result<u64, WcError> {
         let st = &mut self.st;
-        let Some(s) = wr_id::full_seq(st.posted, st.retired, c.seq()) else {
-            return Ok(0);
-        };
         let n = s + 1 - st.retired;
         st.retired = s + 1;
         match c.status() {
@@ -688,6 +765,25 @@ impl WrRing {
                 self.enter_error(e);
                 Err(e)
             }
+        }
+    }
+
+    /// [`on_completion`](Self::on_completion) of anything but an outstanding WR of the
+    /// epoch `id_off` is for: another ring's completion ([`WcError::Misrouted`]), a stale
+    /// one (`Ok(0)`), or an outstanding WR of another epoch (`id_off` moves to it).
+    #[cold]
+    #[inline(never)]
+    fn on_completion_odd(&mut self, c: &Completion) -> Result<u64, WcError> {
+        if (c.wr_id() ^ self.st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num
+        {
+            return self.refuse(c);
+        }
+        match wr_id::full_seq(self.st.posted, self.st.retired, c.seq()) {
+            Some(s) => {
+                self.st.id_off = c.wr_id().wrapping_sub(s);
+                self.retire_through(s, c)
+            }
+            None => Ok(0),
         }
     }
 

@@ -1057,3 +1057,78 @@ impl Drop for WrBatch<'_, '_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq::CqPoller;
+    use hotverbs_softnic::counting::CountingDevice;
+
+    impl WrRing {
+        /// A fresh ring (nothing staged or outstanding) as if `seq` WRs had been posted and
+        /// retired: the counters of a long-lived ring.
+        fn jump_to(&mut self, seq: u64) {
+            assert_eq!(self.outstanding(), 0);
+            let st = &mut self.st;
+            st.f.seq = seq;
+            st.posted = seq;
+            st.retired = seq;
+            st.next_signal = seq + st.signal_every - 1;
+            self.st.f.event = self.event_at();
+        }
+    }
+
+    /// WRs posted across the end of a 2^55 epoch of `wr_id`s retire on their completions:
+    /// `id_off` (the fast path's) is for the first epoch until a completion of the second
+    /// comes, which the out-of-line path decides and moves it to; a completion seen again
+    /// is stale either way.
+    #[test]
+    fn completions_across_the_wr_id_epoch_retire_their_wrs() {
+        let dev = CountingDevice::new(256);
+        // SAFETY: the counting device's extended QP and CQ outlive the ring and poller;
+        // nothing else uses them.
+        let mut r = unsafe {
+            WrRing::new(
+                dev.qp_ex(),
+                SendConfig::new(2, 16, 64).signal_every(4).batch(16),
+            )
+        }
+        .unwrap();
+        // SAFETY: as above (the extended CQ is an ibv_cq too).
+        let mut p: CqPoller<8> =
+            unsafe { CqPoller::new(hotverbs_ffi::inline::ibv_cq_ex_to_cq(dev.cq_ex())) };
+        let epoch = wr_id::SEQ_MASK + 1;
+        r.jump_to(epoch - 8);
+        let data = [6u8; 8];
+        let mut b = r.batch();
+        for k in 0..12u64 {
+            assert_eq!(b.push(Msg::send(Local::Inline(&data))), Ok(epoch - 8 + k));
+        }
+        b.finish().unwrap();
+        assert_eq!(r.outstanding(), 12);
+        let cs = p.poll().unwrap();
+        // Signaled: epoch - 5 and epoch - 1 (the ending epoch), epoch + 3 (the new one).
+        let seqs: Vec<u64> = cs.iter().map(|c| c.seq()).collect();
+        assert_eq!(seqs, [wr_id::SEQ_MASK - 4, wr_id::SEQ_MASK, 3]);
+        let retired: Vec<u64> = cs.iter().map(|c| r.on_completion(c).unwrap()).collect();
+        assert_eq!(retired, [4, 4, 4]);
+        assert_eq!(r.outstanding(), 0);
+        assert_eq!(r.st.id_off, wr_id::encode(2, 0).wrapping_sub(epoch));
+        for c in cs.iter() {
+            assert_eq!(r.on_completion(c), Ok(0));
+        }
+        // The ring goes on in the new epoch, on the fast path.
+        let mut b = r.batch();
+        for k in 0..4u64 {
+            assert_eq!(b.push(Msg::send(Local::Inline(&data))), Ok(epoch + 4 + k));
+        }
+        b.finish().unwrap();
+        let n: u64 = p
+            .poll()
+            .unwrap()
+            .iter()
+            .map(|c| r.on_completion(c).unwrap())
+            .sum();
+        assert_eq!((n, r.outstanding()), (4, 0));
+    }
+}

@@ -1705,22 +1705,22 @@ impl<const N: usize> SendRing<N> {
     /// belongs to the ring the error names (route by [`Completion::ring`]).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        // The full sequence number of a WR staged in the current 2^55 epoch of `wr_id`s is
-        // `wr_id - id_off` once ring id and kind are this ring's: no 64-bit mask constant,
-        // which the callers' inlined poll loops would hold in a register across their post
-        // loops (`cargo xtask insn`, the lone `send_now` row). Ring id, kind, QP and "an
-        // outstanding WR of this epoch" in one branch (two branches to the cold exit cost
-        // the callers' inlined post loops a register: softnic batch 1); everything else
-        // (another ring's, stale, a WR of the previous epoch) is decided out of line.
+        // An outstanding WR of the current 2^55 epoch of `wr_id`s is `wr_id - id_off`;
+        // everything else (another ring's, stale, a WR of the previous epoch) is decided
+        // out of line.
         let st = &self.st;
-        let other =
-            (c.wr_id() ^ st.id_bits) >> wr_id::KIND_SHIFT | u64::from(c.qp_num() ^ st.qp_num);
-        let s = c.wr_id().wrapping_sub(st.id_off);
-        let back = st.posted.wrapping_sub(1).wrapping_sub(s);
-        if (other != 0) | (back >= st.posted.wrapping_sub(st.retired)) {
-            return self.on_completion_odd(c);
+        match wr_id::outstanding_in_epoch(
+            c.wr_id(),
+            c.qp_num(),
+            st.id_bits,
+            st.qp_num,
+            st.id_off,
+            st.posted,
+            st.retired,
+        ) {
+            Some(s) => self.retire_through(s, c),
+            None => self.on_completion_odd(c),
         }
-        self.retire_through(s, c)
     }
 
     /// Retires every WR up to and including sequence `s`, the outstanding WR `c` completes.

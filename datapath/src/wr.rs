@@ -739,18 +739,20 @@ impl WrRing {
     #[inline(always)]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         // As `SendRing::on_completion`: an outstanding WR of the epoch `id_off` is for is
-        // `wr_id - id_off`, decided in one branch with ring id, kind and QP, without a
-        // 64-bit mask constant in the callers' inlined loops (`cargo xtask insn`, the
-        // `WrRing` rows); anything else out of line.
+        // `wr_id - id_off`; anything else out of line.
         let st = &self.st;
-        let other =
-            (c.wr_id() ^ st.f.id_bits) >> wr_id::KIND_SHIFT | u64::from(c.qp_num() ^ st.qp_num);
-        let s = c.wr_id().wrapping_sub(st.id_off);
-        let back = st.posted.wrapping_sub(1).wrapping_sub(s);
-        if (other != 0) | (back >= st.posted.wrapping_sub(st.retired)) {
-            return self.on_completion_odd(c);
+        match wr_id::outstanding_in_epoch(
+            c.wr_id(),
+            c.qp_num(),
+            st.f.id_bits,
+            st.qp_num,
+            st.id_off,
+            st.posted,
+            st.retired,
+        ) {
+            Some(s) => self.retire_through(s, c),
+            None => self.on_completion_odd(c),
         }
-        self.retire_through(s, c)
     }
 
     /// Retires every WR up to and including sequence `s`, the outstanding WR `c` completes.

@@ -80,6 +80,36 @@ pub const fn full_seq(posted: u64, retired: u64, seq55: u64) -> Option<u64> {
     }
 }
 
+/// A send ring's fast test of a completion: the full sequence number of `wr_id` if it is
+/// a WR of the ring with id and kind bits `id_bits` on QP `my_qp` (`qp_num` the
+/// completion's), outstanding (`retired..posted`) and staged in the epoch of sequence
+/// numbers whose `wr_id - seq` is `id_off`; `None` for anything else (another ring's, a
+/// stale one, one of another epoch), which [`full_seq`] and the ring decide out of line.
+/// No 64-bit mask constant (a caller's inlined poll loop would hold it in a register across
+/// its post loop: `cargo xtask insn`, the lone `send_now` row), and one branch for all of it
+/// (two branches to the rings' cold exits cost the callers' inlined post loops a register:
+/// softnic batch 1).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub const fn outstanding_in_epoch(
+    wr_id: u64,
+    qp_num: u32,
+    id_bits: u64,
+    my_qp: u32,
+    id_off: u64,
+    posted: u64,
+    retired: u64,
+) -> Option<u64> {
+    let other = (wr_id ^ id_bits) >> KIND_SHIFT | (qp_num ^ my_qp) as u64;
+    let s = wr_id.wrapping_sub(id_off);
+    let back = posted.wrapping_sub(1).wrapping_sub(s);
+    if (other != 0) | (back >= posted.wrapping_sub(retired)) {
+        None
+    } else {
+        Some(s)
+    }
+}
+
 /// Rebuilds the full sequence number of a send completion from its 55-bit part, against
 /// the window `retired .. retired + depth` of WRs that may be outstanding (a ring never has
 /// more than `depth`). Unlike [`full_seq`] it needs no count of posted WRs, so it works on
@@ -98,6 +128,39 @@ pub const fn full_seq_in_window(retired: u64, depth: u64, seq55: u64) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outstanding_in_epoch_takes_only_this_epochs_outstanding_wrs() {
+        let bits = encode(7, 0);
+        let epoch = SEQ_MASK + 1;
+        // Ring 7 on QP 9, WRs 10..20 outstanding in the first epoch (id_off = bits).
+        let f = |wr_id, qp| outstanding_in_epoch(wr_id, qp, bits, 9, bits, 20, 10);
+        assert_eq!(f(encode(7, 10), 9), Some(10));
+        assert_eq!(f(encode(7, 19), 9), Some(19));
+        assert_eq!(f(encode(7, 9), 9), None, "retired");
+        assert_eq!(f(encode(7, 20), 9), None, "not posted");
+        assert_eq!(f(encode(6, 12), 9), None, "another ring");
+        assert_eq!(f(encode(7, 12) | RECV_BIT, 9), None, "a receive");
+        assert_eq!(f(encode(7, 12), 8), None, "another QP");
+        // Outstanding across the epoch end: the fast test knows one epoch, `full_seq` both.
+        let (posted, retired) = (epoch + 2, epoch - 2);
+        let last = encode(7, epoch - 1);
+        assert_eq!(
+            outstanding_in_epoch(last, 9, bits, 9, bits, posted, retired),
+            Some(epoch - 1)
+        );
+        let next_off = bits.wrapping_sub(epoch);
+        assert_eq!(
+            outstanding_in_epoch(last, 9, bits, 9, next_off, posted, retired),
+            None
+        );
+        assert_eq!(full_seq(posted, retired, seq_of(last)), Some(epoch - 1));
+        let first = encode(7, epoch);
+        assert_eq!(
+            outstanding_in_epoch(first, 9, bits, 9, next_off, posted, retired),
+            Some(epoch)
+        );
+    }
 
     #[test]
     fn roundtrip() {

@@ -128,8 +128,21 @@ pub struct ExCqPoller<const B: usize> {
     pending: Option<ExPollError>,
     /// [`one_per_poll`](Self::one_per_poll): never `ibv_next_poll`.
     one_per_poll: bool,
+    /// The CQ's poll functions, read once in [`new`](Self::new) (which refuses a CQ
+    /// without them), as `WrRing` reads its QP's (`wr.rs`, `Slots`): the calls skip
+    /// `ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll`'s per-call slot load and NULL
+    /// test. Providers fill these slots when they create the CQ and never change them.
+    polls: PollFns,
     wcs: [Completion; B],
     ts: [u64; B],
+}
+
+/// An extended CQ's `start_poll`, `next_poll` and `end_poll`.
+#[derive(Clone, Copy, Debug)]
+struct PollFns {
+    start: unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> core::ffi::c_int,
+    next: unsafe extern "C" fn(*mut ibv_cq_ex) -> core::ffi::c_int,
+    end: unsafe extern "C" fn(*mut ibv_cq_ex),
 }
 
 // SAFETY: the poll verbs may be called from any thread; `&mut self` makes this poller the
@@ -188,12 +201,10 @@ impl<const B: usize> ExCqPoller<B> {
             (ExFields::SL, c.read_sl.is_some()),
             (ExFields::COMPLETION_TS, c.read_completion_ts.is_some()),
         ];
-        if c.start_poll.is_none() || c.end_poll.is_none() {
-            return Err(ConfigError::WcFields);
-        }
-        if c.next_poll.is_none() {
-            return Err(ConfigError::WcFields);
-        }
+        let polls = match (c.start_poll, c.next_poll, c.end_poll) {
+            (Some(start), Some(next), Some(end)) => PollFns { start, next, end },
+            _ => return Err(ConfigError::WcFields),
+        };
         for (f, present) in needs {
             if fields.contains(f) && !present {
                 return Err(ConfigError::WcFields);
@@ -205,6 +216,7 @@ impl<const B: usize> ExCqPoller<B> {
             qp_num: 0,
             pending: None,
             one_per_poll: false,
+            polls,
             wcs: [const { Completion::PLACEHOLDER }; B],
             ts: [0; B],
         })
@@ -262,10 +274,11 @@ impl<const B: usize> ExCqPoller<B> {
         if self.one_per_poll {
             return self.poll_one_each();
         }
-        let cq = self.cq;
+        let (cq, polls) = (self.cq, self.polls);
         let mut attr = ibv_poll_cq_attr { comp_mask: 0 };
-        // SAFETY: a live extended CQ, polled only here (new's contract).
-        let rc = unsafe { ibv_start_poll(cq, &mut attr) };
+        // SAFETY: a live extended CQ, polled only here (new's contract); `start` is its
+        // `start_poll`.
+        let rc = unsafe { (polls.start)(cq, &mut attr) };
         if rc != 0 {
             return if rc == ENOENT {
                 Ok(0)
@@ -288,8 +301,8 @@ impl<const B: usize> ExCqPoller<B> {
             if n == B {
                 break;
             }
-            // SAFETY: as above.
-            let rc = unsafe { ibv_next_poll(cq) };
+            // SAFETY: as above; `next` is the CQ's `next_poll`.
+            let rc = unsafe { (polls.next)(cq) };
             if rc != 0 {
                 if rc != ENOENT {
                     self.pending = Some(ExPollError {
@@ -300,8 +313,8 @@ impl<const B: usize> ExCqPoller<B> {
                 break;
             }
         }
-        // SAFETY: closes the poll started above.
-        unsafe { ibv_end_poll(cq) };
+        // SAFETY: closes the poll started above (`end` is the CQ's `end_poll`).
+        unsafe { (polls.end)(cq) };
         Ok(n)
     }
 
@@ -309,14 +322,14 @@ impl<const B: usize> ExCqPoller<B> {
     /// `ibv_end_poll`; no `ibv_next_poll`.
     #[inline(never)]
     fn poll_one_each(&mut self) -> Result<usize, ExPollError> {
-        let cq = self.cq;
+        let (cq, polls) = (self.cq, self.polls);
         let (fields, qp_num) = (self.fields, self.qp_num);
         let mut n = 0;
         while n < B {
             let mut attr = ibv_poll_cq_attr { comp_mask: 0 };
             // SAFETY: a live extended CQ, polled only here (new's contract); the previous
-            // round's poll was closed by its end poll.
-            let rc = unsafe { ibv_start_poll(cq, &mut attr) };
+            // round's poll was closed by its end poll; `start` is the CQ's `start_poll`.
+            let rc = unsafe { (polls.start)(cq, &mut attr) };
             if rc != 0 {
                 if rc == ENOENT {
                     break;
@@ -335,8 +348,8 @@ impl<const B: usize> ExCqPoller<B> {
             // checked at construction; n < B.
             unsafe { self.read(cq, fields, qp_num, n) };
             n += 1;
-            // SAFETY: closes the poll started above.
-            unsafe { ibv_end_poll(cq) };
+            // SAFETY: closes the poll started above (`end` is the CQ's `end_poll`).
+            unsafe { (polls.end)(cq) };
         }
         Ok(n)
     }

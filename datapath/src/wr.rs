@@ -70,7 +70,7 @@ macro_rules! slots {
         /// The provider's `ibv_qp_ex` functions the ring calls, read from the QP once, in
         /// [`WrRing::new`] (which refuses a QP without the ones every ring needs): each call
         /// is then one indirect call, where `ibv_wr_*` reads the slot and tests it for NULL
-        /// on every call (6 to 16 instructions per message in the `WrRing` rows of `cargo
+        /// on every call (3 to 15 instructions per message in the `WrRing` rows of `cargo
         /// xtask insn`, the tests' abort paths holding registers in the callers' loops).
         /// Providers fill these slots when they create the QP and never change them
         /// (rdma-core's mlx5, rxe, efa, softnic), so these are the functions `ibv_wr_*`
@@ -736,7 +736,7 @@ impl WrRing {
     /// # Errors
     /// The completion's error status, or [`WcError::Misrouted`] for a completion that is
     /// not this ring's (another ring id, a receive, another QP; nothing changes).
-    #[inline(always)]
+    #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
         // As `SendRing::on_completion`: an outstanding WR of the epoch `id_off` is for is
         // `wr_id - id_off`; anything else out of line.
@@ -776,8 +776,7 @@ impl WrRing {
     #[cold]
     #[inline(never)]
     fn on_completion_odd(&mut self, c: &Completion) -> Result<u64, WcError> {
-        if (c.wr_id() ^ self.st.f.id_bits) >> wr_id::KIND_SHIFT != 0 || c.qp_num() != self.st.qp_num
-        {
+        if wr_id::foreign(c.wr_id(), c.qp_num(), self.st.f.id_bits, self.st.qp_num) {
             return self.refuse(c);
         }
         match wr_id::full_seq(self.st.posted, self.st.retired, c.seq()) {

@@ -80,6 +80,15 @@ pub const fn full_seq(posted: u64, retired: u64, seq55: u64) -> Option<u64> {
     }
 }
 
+/// True if the completion of `wr_id` on QP `qp_num` is not a send WR of the ring with id
+/// and kind bits `id_bits` on QP `my_qp`: another ring's, a receive, another QP's. One
+/// branch for all three (two branches to the rings' cold exits cost the callers' inlined
+/// post loops a register: `cargo xtask insn`, softnic batch 1).
+#[inline(always)]
+pub const fn foreign(wr_id: u64, qp_num: u32, id_bits: u64, my_qp: u32) -> bool {
+    ((wr_id ^ id_bits) >> KIND_SHIFT | (qp_num ^ my_qp) as u64) != 0
+}
+
 /// A send ring's fast test of a completion: the full sequence number of `wr_id` if it is
 /// a WR of the ring with id and kind bits `id_bits` on QP `my_qp` (`qp_num` the
 /// completion's), outstanding (`retired..posted`) and staged in the epoch of sequence
@@ -87,8 +96,7 @@ pub const fn full_seq(posted: u64, retired: u64, seq55: u64) -> Option<u64> {
 /// stale one, one of another epoch), which [`full_seq`] and the ring decide out of line.
 /// No 64-bit mask constant (a caller's inlined poll loop would hold it in a register across
 /// its post loop: `cargo xtask insn`, the lone `send_now` row), and one branch for all of it
-/// (two branches to the rings' cold exits cost the callers' inlined post loops a register:
-/// softnic batch 1).
+/// (as [`foreign`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub const fn outstanding_in_epoch(
@@ -100,10 +108,9 @@ pub const fn outstanding_in_epoch(
     posted: u64,
     retired: u64,
 ) -> Option<u64> {
-    let other = (wr_id ^ id_bits) >> KIND_SHIFT | (qp_num ^ my_qp) as u64;
     let s = wr_id.wrapping_sub(id_off);
     let back = posted.wrapping_sub(1).wrapping_sub(s);
-    if (other != 0) | (back >= posted.wrapping_sub(retired)) {
+    if foreign(wr_id, qp_num, id_bits, my_qp) | (back >= posted.wrapping_sub(retired)) {
         None
     } else {
         Some(s)

@@ -1672,9 +1672,7 @@ impl<D: Doorbell> DirectRing<D> {
     /// not this ring's (another ring id, a receive, another QP; nothing changes).
     #[inline]
     pub fn on_completion(&mut self, c: &Completion) -> Result<u64, WcError> {
-        let other = (c.wr_id() ^ self.st.id_bits) >> wr_id::KIND_SHIFT
-            | u64::from(c.qp_num() ^ self.st.qp_num);
-        if other != 0 {
+        if wr_id::foreign(c.wr_id(), c.qp_num(), self.st.id_bits, self.st.qp_num) {
             return self.refuse(c);
         }
         let st = &mut self.st;

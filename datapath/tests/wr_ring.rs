@@ -779,3 +779,46 @@ fn one_per_poll_never_calls_next_poll_and_returns_the_same_completions() {
     // and fourth).
     assert_eq!(starts_o, 22);
 }
+
+/// The QP and CQ functions a `WrRing` and an `ExCqPoller` read once at creation move with
+/// them: swapped rings (and pollers) of two devices post to (and poll) their own QP (CQ); a
+/// batch dropped by a panic in the middle posts what it built, a forgotten one is aborted,
+/// and afterwards every WR of both rings retires through the poller of its own CQ.
+#[test]
+fn cached_functions_move_with_rings_and_pollers_through_swap_forget_and_a_panic() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let (dev1, dev2) = (CountingDevice::new(64), CountingDevice::new(64));
+    let cfg = || SendConfig::new(1, 16, 64).signal_every(1);
+    let (mut r1, mut r2) = (ring(&dev1, cfg()), ring(&dev2, cfg()));
+    let (mut p1, mut p2) = (
+        poller(&dev1, ExFields::QP_NUM),
+        poller(&dev2, ExFields::QP_NUM),
+    );
+    std::mem::swap(&mut r1, &mut r2);
+    std::mem::swap(&mut p1, &mut p2);
+    let d = [3u8; 8];
+    // r1 is dev2's ring now, r2 dev1's.
+    r1.send_now(Msg::send(Local::Inline(&d))).unwrap();
+    assert_eq!((dev1.send_wrs(), dev2.send_wrs()), (0, 1));
+    // A panic with a batch open on r2 (dev1): the batch's drop completes its region.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut b = r2.batch();
+        b.push(Msg::send(Local::Inline(&d))).unwrap();
+        b.push(Msg::send(Local::Inline(&d))).unwrap();
+        std::panic::resume_unwind(Box::new(0u8));
+    }));
+    assert!(r.is_err());
+    assert!(!dev1.wr_region_open());
+    assert_eq!((dev1.send_wrs(), dev2.send_wrs()), (2, 1));
+    // A forgotten batch on r1 (dev2): its region is aborted at the next call.
+    let mut b = r1.batch();
+    b.push(Msg::send(Local::Inline(&d))).unwrap();
+    std::mem::forget(b);
+    assert!(dev2.wr_region_open());
+    assert_eq!(r1.flush(), Ok(()));
+    assert_eq!((dev2.wr_aborts(), dev1.wr_aborts()), (1, 0));
+    // p1 is dev2's poller (r1's CQ), p2 dev1's (r2's).
+    assert_eq!(drain(&mut p1, &mut r1), (1, 1));
+    assert_eq!(drain(&mut p2, &mut r2), (2, 2));
+    assert_eq!((r1.outstanding(), r2.outstanding()), (0, 0));
+}
